@@ -1,1 +1,37 @@
-//! weft-opensm
+//! The OpenSM driver: applies a partitions config that the fabric model has already
+//! validated to one or more OpenSM subnet managers, and proves it landed.
+//!
+//! It owns the mechanics and none of the policy: atomic writes of `partitions.conf`
+//! on each SM host, checksums compared between primary and standby, the reread
+//! (SIGHUP, which makes OpenSM run a heavy sweep), waiting for that sweep in the SM's
+//! log rather than sleeping, reading every end port's P_Key table back with the
+//! diagnostic tools, and restoring the previous file when anything fails. What the
+//! partitions should be is decided by `weft-fabric`; this crate never edits a config.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weft_opensm::{Applier, DiagTools, LocalSm};
+//! # fn demo(conf: weft_fabric::conf::Conf, primary: LocalSm, standby: LocalSm) -> Result<(), weft_opensm::ApplyError> {
+//! let applier = Applier {
+//!     sms: vec![Box::new(primary), Box::new(standby)],
+//!     diag: DiagTools::default(),
+//!     sm_options: Default::default(),
+//!     sweep_timeout: Duration::from_secs(5),
+//!     verify_timeout: Duration::from_secs(5),
+//! };
+//! let report = applier.apply(&conf)?;
+//! println!("{} ports verified in {:.0} ms", report.ports_verified, report.total_ms);
+//! # Ok(()) }
+//! ```
+
+mod apply;
+mod diag;
+mod process;
+mod sm;
+
+pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification};
+pub use diag::{
+    DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
+};
+pub use process::{Invocation, ProcessError, run_bounded};
+pub use sm::{LocalSm, SmError, SmHost, checksum, write_atomically};

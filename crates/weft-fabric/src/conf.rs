@@ -1,0 +1,1038 @@
+//! OpenSM 3.3.23 `partitions.conf`: an AST faithful to the file, a strict parser and
+//! a canonical renderer.
+//!
+//! The parser accepts a subset of what OpenSM accepts and refuses, with line and
+//! column, every input that OpenSM would silently read differently from how it looks:
+//!
+//! * membership and keyword words must be exact (`full`, `limited`, `both`, `ALL`, ...);
+//!   OpenSM matches prefixes (`limi`, `A`) and treats unknown membership words as `limited`;
+//! * P_Keys must be 0x0001..=0x7fff (OpenSM keeps the low 15 bits, so `0x8c0c` or
+//!   `0x17fff` would land on another partition or on Default);
+//! * numbers are hex with `0x` or decimal without a leading zero (OpenSM reads `010` as octal);
+//! * P_Keys and partition names must be unique (OpenSM merges repeated keys);
+//! * an explicit P_Key may not equal one OpenSM generates for an earlier partition;
+//! * a file with no partition is refused (OpenSM falls back to `Default=0x7fff : ALL=full`);
+//! * the header `Name[=PKey][,flags] :` must be on one line, as OpenSM reads it;
+//! * after `mgid=...` the rest of the line may hold only group flags (OpenSM drops
+//!   anything else there without a word);
+//! * lines longer than OpenSM's 4094-byte line buffer, NUL and CR characters are refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::Ipv6Addr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::types::{Guid, Membership, PKey, parse_number};
+
+/// OpenSM's default multicast rate (10 Gb/s) when a partition gives none.
+pub const DEFAULT_RATE: u8 = 3;
+/// OpenSM's default multicast MTU (2048) when a partition gives none.
+pub const DEFAULT_MTU: u8 = 4;
+/// OpenSM keeps partition names in a 32-byte buffer.
+pub const MAX_NAME_LEN: usize = 31;
+/// OpenSM reads the file with `fgets` into a 4096-byte buffer, `sizeof - 1`: longer lines split.
+pub const MAX_LINE_LEN: usize = 4093;
+
+/// A whole partitions.conf.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Conf {
+    /// Partition statements in file order (order matters to OpenSM).
+    pub partitions: Vec<Partition>,
+}
+
+/// One statement `Name[=PKey][,flags] : members ;`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    /// Partition name.
+    pub name: String,
+    /// Its P_Key; `None` lets OpenSM generate one (see [`Conf::effective_pkeys`]).
+    pub pkey: Option<PKey>,
+    /// Header flags.
+    pub flags: Flags,
+    /// Port specifiers in file order.
+    pub members: Vec<Member>,
+    /// `mgid=` lines in file order.
+    pub mcast_groups: Vec<McastGroup>,
+}
+
+/// Header flags of a partition. Values use IBTA encodings (`mtu=4` is 2048).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Flags {
+    /// `indx0`: put the key at block 0, index 0.
+    pub indx0: bool,
+    /// `ipoib`: create the IPoIB broadcast group.
+    pub ipoib: bool,
+    /// `mtu=` 1..=5.
+    pub mtu: Option<u8>,
+    /// `rate=` 2..=18.
+    pub rate: Option<u8>,
+    /// `sl=` 0..=15.
+    pub sl: Option<u8>,
+    /// `scope=` 1..=15.
+    pub scope: Option<u8>,
+    /// `Q_Key=`.
+    pub qkey: Option<u32>,
+    /// `TClass=`.
+    pub tclass: Option<u8>,
+    /// `FlowLabel=` 0..=0xfffff.
+    pub flow_label: Option<u32>,
+    /// `defmember=`: membership of ports that name none (OpenSM's default: limited).
+    pub defmember: Option<Membership>,
+}
+
+/// Which ports a specifier names. `NONE` and an empty list name no ports.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selector {
+    /// One port GUID.
+    Guid(Guid),
+    /// `ALL`: every end port.
+    All,
+    /// `ALL_CAS`.
+    AllCas,
+    /// `ALL_SWITCHES`.
+    AllSwitches,
+    /// `ALL_ROUTERS`.
+    AllRouters,
+    /// `SELF`: the SM's own port.
+    SelfPort,
+}
+
+impl Selector {
+    fn keyword(&self) -> Option<&'static str> {
+        match self {
+            Selector::Guid(_) => None,
+            Selector::All => Some("ALL"),
+            Selector::AllCas => Some("ALL_CAS"),
+            Selector::AllSwitches => Some("ALL_SWITCHES"),
+            Selector::AllRouters => Some("ALL_ROUTERS"),
+            Selector::SelfPort => Some("SELF"),
+        }
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Selector::Guid(g) => write!(f, "{g}"),
+            other => f.write_str(other.keyword().unwrap_or_default()),
+        }
+    }
+}
+
+/// A port specifier `<selector>[=full|limited|both]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Which ports.
+    pub selector: Selector,
+    /// Membership as written; `None` means the partition's `defmember` (else limited).
+    pub membership: Option<Membership>,
+}
+
+/// A multicast GID (an IPv6-form address whose first byte is 0xff).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Gid(pub Ipv6Addr);
+
+impl Gid {
+    /// True for IPoIB groups (signature 0x401b or 0x601b in bytes 2..4).
+    pub fn is_ip(&self) -> bool {
+        let o = self.0.octets();
+        matches!((o[2], o[3]), (0x40, 0x1b) | (0x60, 0x1b))
+    }
+
+    /// The P_Key field of an IP group's MGID (bytes 4..6).
+    pub fn ip_pkey_field(&self) -> u16 {
+        let o = self.0.octets();
+        u16::from_be_bytes([o[4], o[5]])
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for Gid {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let addr: Ipv6Addr = s
+            .parse()
+            .map_err(|_| format!("`{s}` is not a GID (IPv6 form, for example ff12:401b::1)"))?;
+        if addr.octets()[0] != 0xff {
+            return Err(format!(
+                "`{s}` is not a multicast GID (the first byte must be 0xff)"
+            ));
+        }
+        Ok(Gid(addr))
+    }
+}
+
+impl Serialize for Gid {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Gid {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// An `mgid=<gid>[,flags]` line: a multicast group OpenSM creates up front.
+/// Flags not given are inherited from the partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McastGroup {
+    /// The group's MGID.
+    pub mgid: Gid,
+    /// `mtu=`.
+    pub mtu: Option<u8>,
+    /// `rate=`.
+    pub rate: Option<u8>,
+    /// `sl=`.
+    pub sl: Option<u8>,
+    /// `scope=`.
+    pub scope: Option<u8>,
+    /// `Q_Key=`.
+    pub qkey: Option<u32>,
+    /// `TClass=`.
+    pub tclass: Option<u8>,
+    /// `FlowLabel=`.
+    pub flow_label: Option<u32>,
+}
+
+impl McastGroup {
+    /// A group with no flags of its own.
+    pub fn new(mgid: Gid) -> Self {
+        McastGroup {
+            mgid,
+            mtu: None,
+            rate: None,
+            sl: None,
+            scope: None,
+            qkey: None,
+            tclass: None,
+            flow_label: None,
+        }
+    }
+}
+
+/// A parse error, 1-based line and column (columns count characters).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("line {line}, column {column}: {message}")]
+pub struct ParseError {
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column, in characters.
+    pub column: usize,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl Conf {
+    /// The P_Key OpenSM gives each partition, in order: the written one, 0x7fff for a
+    /// `Default` without one, or one generated counting up from 0x0001 past keys in use
+    /// by partitions defined before it (OpenSM's `generate_pkey`). `None` when the
+    /// generator runs out.
+    pub fn effective_pkeys(&self) -> Vec<Option<PKey>> {
+        let mut used: BTreeSet<u16> = BTreeSet::from([PKey::DEFAULT.base()]);
+        let mut counter: u16 = 0;
+        let mut out = Vec::with_capacity(self.partitions.len());
+        for p in &self.partitions {
+            let key = match p.pkey {
+                Some(k) => Some(k),
+                None if p.name == "Default" => Some(PKey::DEFAULT),
+                None => {
+                    let mut found = None;
+                    while counter < 0x7ffe {
+                        counter += 1;
+                        if !used.contains(&counter) {
+                            found = PKey::new(counter).ok();
+                            break;
+                        }
+                    }
+                    found
+                }
+            };
+            if let Some(k) = key {
+                used.insert(k.base());
+            }
+            out.push(key);
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------- parser
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+    line: usize,
+    col: usize,
+}
+
+type PResult<T> = Result<T, ParseError>;
+
+#[derive(Clone, Copy)]
+struct Mark {
+    line: usize,
+    col: usize,
+}
+
+fn is_delim(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '=' | ',' | ':' | ';' | '#')
+}
+
+impl<'a> Parser<'a> {
+    fn mark(&self) -> Mark {
+        Mark {
+            line: self.line,
+            col: self.col,
+        }
+    }
+
+    fn err_at<T>(&self, m: Mark, message: impl Into<String>) -> PResult<T> {
+        Err(ParseError {
+            line: m.line,
+            column: m.col,
+            message: message.into(),
+        })
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.text[self.pos..].chars().next()
+    }
+
+    fn bump(&mut self) -> Option<char> {
+        let c = self.peek()?;
+        self.pos += c.len_utf8();
+        if c == '\n' {
+            self.line += 1;
+            self.col = 1;
+        } else {
+            self.col += 1;
+        }
+        Some(c)
+    }
+
+    /// Skips spaces, tabs and a comment, not the newline.
+    fn skip_inline(&mut self) {
+        while let Some(c) = self.peek() {
+            match c {
+                ' ' | '\t' => {
+                    self.bump();
+                }
+                '#' => {
+                    while let Some(c) = self.peek() {
+                        if c == '\n' {
+                            break;
+                        }
+                        self.bump();
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Skips whitespace, comments and newlines.
+    fn skip_all(&mut self) {
+        loop {
+            self.skip_inline();
+            if self.peek() == Some('\n') {
+                self.bump();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn word(&mut self) -> (Mark, &'a str) {
+        let m = self.mark();
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if is_delim(c) {
+                break;
+            }
+            self.bump();
+        }
+        (m, &self.text[start..self.pos])
+    }
+
+    fn value_word(&mut self, what: &str) -> PResult<(Mark, &'a str)> {
+        self.skip_inline();
+        let (m, w) = self.word();
+        if w.is_empty() {
+            return self.err_at(m, format!("expected {what}, found {}", self.found()));
+        }
+        Ok((m, w))
+    }
+
+    fn found(&self) -> String {
+        match self.peek() {
+            None => "end of file".into(),
+            Some('\n') => "end of line".into(),
+            Some(c) => {
+                let rest = &self.text[self.pos..];
+                let end = rest
+                    .char_indices()
+                    .skip(1)
+                    .find(|&(_, ch)| is_delim(ch))
+                    .map_or(rest.len(), |(i, _)| i);
+                if is_delim(c) {
+                    format!("`{c}`")
+                } else {
+                    format!("`{}`", &rest[..end])
+                }
+            }
+        }
+    }
+
+    fn expect_eq(&mut self, after: &str) -> PResult<()> {
+        self.skip_inline();
+        if self.peek() == Some('=') {
+            self.bump();
+            Ok(())
+        } else {
+            let m = self.mark();
+            self.err_at(
+                m,
+                format!("expected `=` after `{after}`, found {}", self.found()),
+            )
+        }
+    }
+
+    fn number(&mut self, what: &str, max: u64, min: u64) -> PResult<u64> {
+        let (m, w) = self.value_word(what)?;
+        let v = parse_number(w)
+            .or_else(|r| self.err_at(m, format!("expected {what}, found `{w}`: {r}")))?;
+        if v < min || v > max {
+            return self.err_at(m, format!("{what} must be {min}..={max}, found `{w}`"));
+        }
+        Ok(v)
+    }
+
+    fn parse_file(&mut self) -> PResult<Conf> {
+        self.check_chars()?;
+        let mut conf = Conf::default();
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut keys: BTreeMap<u16, (usize, String)> = BTreeMap::new();
+        let mut global_mgids: BTreeMap<Gid, String> = BTreeMap::new();
+        loop {
+            self.skip_all();
+            if self.peek().is_none() {
+                break;
+            }
+            let start = self.mark();
+            let (p, key_mark) = self.statement()?;
+            if let Some(&line) = names.get(&p.name) {
+                return self.err_at(
+                    start,
+                    format!("partition name `{}` is already used on line {line}", p.name),
+                );
+            }
+            names.insert(p.name.clone(), start.line);
+            if let Some(k) = p.pkey {
+                if let Some((line, name)) = keys.get(&k.base()) {
+                    return self.err_at(
+                        key_mark,
+                        format!(
+                            "P_Key {k} is already used by partition `{name}` on line {line}; OpenSM would merge the two"
+                        ),
+                    );
+                }
+                keys.insert(k.base(), (start.line, p.name.clone()));
+            }
+            for g in &p.mcast_groups {
+                if g.mgid.is_ip() {
+                    continue;
+                }
+                if let Some(other) = global_mgids.get(&g.mgid) {
+                    return self.err_at(
+                        start,
+                        format!(
+                            "mgid {} is already defined in partition `{other}`; OpenSM creates it once",
+                            g.mgid
+                        ),
+                    );
+                }
+                global_mgids.insert(g.mgid, p.name.clone());
+            }
+            conf.partitions.push(p);
+        }
+        if conf.partitions.is_empty() {
+            let m = self.mark();
+            return self.err_at(
+                m,
+                "no partition in the file; OpenSM would fall back to `Default=0x7fff : ALL=full`",
+            );
+        }
+        // Explicit keys that collide with a key OpenSM generates for an earlier partition.
+        let eff = conf.effective_pkeys();
+        let mut seen: BTreeMap<u16, &str> = BTreeMap::new();
+        for (p, k) in conf.partitions.iter().zip(&eff) {
+            match k {
+                None => {
+                    return Err(ParseError {
+                        line: 1,
+                        column: 1,
+                        message: format!(
+                            "OpenSM cannot generate a P_Key for partition `{}`",
+                            p.name
+                        ),
+                    });
+                }
+                Some(k) => {
+                    if let Some(first) = seen.get(&k.base()) {
+                        let line = names.get(&p.name).copied().unwrap_or(1);
+                        return Err(ParseError {
+                            line,
+                            column: 1,
+                            message: format!(
+                                "partition `{}` gets P_Key {k}, which OpenSM already generated for partition `{first}`; give every partition an explicit P_Key",
+                                p.name
+                            ),
+                        });
+                    }
+                    seen.insert(k.base(), &p.name);
+                }
+            }
+        }
+        Ok(conf)
+    }
+
+    fn check_chars(&self) -> PResult<()> {
+        for (i, line) in self.text.split('\n').enumerate() {
+            if line.len() > MAX_LINE_LEN {
+                return Err(ParseError {
+                    line: i + 1,
+                    column: MAX_LINE_LEN + 1,
+                    message: format!(
+                        "line is {} bytes long; OpenSM splits lines over {MAX_LINE_LEN} bytes",
+                        line.len()
+                    ),
+                });
+            }
+            for (col, c) in line.chars().enumerate() {
+                let bad = match c {
+                    '\0' => Some("a NUL character"),
+                    '\r' => Some(
+                        "a carriage return (CR); OpenSM reads it as part of the word; use LF line endings",
+                    ),
+                    c if c.is_control() && c != '\t' => Some("a control character"),
+                    _ => None,
+                };
+                if let Some(what) = bad {
+                    return Err(ParseError {
+                        line: i + 1,
+                        column: col + 1,
+                        message: format!("unexpected {what}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn statement(&mut self) -> PResult<(Partition, Mark)> {
+        // Header: on one line, up to ':'.
+        let (nm, name) = self.word();
+        if name.is_empty() {
+            return self.err_at(
+                nm,
+                format!("expected a partition name, found {}", self.found()),
+            );
+        }
+        check_name(name).or_else(|msg| self.err_at(nm, msg))?;
+        let mut key_mark = nm;
+        let mut pkey = None;
+        self.skip_inline();
+        if self.peek() == Some('=') {
+            self.bump();
+            let (m, w) = self.value_word("a P_Key")?;
+            key_mark = m;
+            let v = parse_number(w)
+                .or_else(|r| self.err_at(m, format!("expected a P_Key, found `{w}`: {r}")))?;
+            if v > 0xffff {
+                return self.err_at(m, format!("P_Key `{w}` is more than 16 bits"));
+            }
+            // Checked just above: v fits in 16 bits.
+            let k = PKey::new(v as u16).or_else(|e| self.err_at(m, e.to_string()))?;
+            if k.is_default() && name != "Default" {
+                return self.err_at(
+                    m,
+                    format!("P_Key 0x7fff belongs to the Default partition; `{name}` would be merged into it"),
+                );
+            }
+            pkey = Some(k);
+        }
+        if name == "Default" && pkey.is_some_and(|k| !k.is_default()) {
+            return self.err_at(key_mark, "the Default partition's P_Key is 0x7fff");
+        }
+        let mut flags = Flags::default();
+        let mut seen_flags: BTreeSet<&str> = BTreeSet::new();
+        loop {
+            self.skip_inline();
+            match self.peek() {
+                Some(',') => {
+                    self.bump();
+                    self.skip_inline();
+                    let (m, f) = self.word();
+                    if f.is_empty() {
+                        return self.err_at(
+                            m,
+                            format!("expected a partition flag, found {}", self.found()),
+                        );
+                    }
+                    if !seen_flags.insert(f) {
+                        return self.err_at(m, format!("flag `{f}` is given twice"));
+                    }
+                    self.header_flag(m, f, &mut flags)?;
+                }
+                Some(':') => {
+                    self.bump();
+                    break;
+                }
+                Some('\n') | None => {
+                    let m = self.mark();
+                    return self.err_at(
+                        m,
+                        format!(
+                            "expected `:` after the header of partition `{name}` (OpenSM needs the header and `:` on one line), found {}",
+                            self.found()
+                        ),
+                    );
+                }
+                _ => {
+                    let m = self.mark();
+                    return self.err_at(
+                        m,
+                        format!(
+                            "expected `,` or `:` in the header of partition `{name}`, found {}",
+                            self.found()
+                        ),
+                    );
+                }
+            }
+        }
+        let mut part = Partition {
+            name: name.to_string(),
+            pkey,
+            flags,
+            members: Vec::new(),
+            mcast_groups: Vec::new(),
+        };
+        self.member_list(&mut part, nm)?;
+        Ok((part, key_mark))
+    }
+
+    fn header_flag(&mut self, m: Mark, f: &str, flags: &mut Flags) -> PResult<()> {
+        match f {
+            "indx0" => flags.indx0 = true,
+            "ipoib" => flags.ipoib = true,
+            "defmember" => {
+                self.expect_eq(f)?;
+                let (vm, w) = self.value_word("`full`, `limited` or `both`")?;
+                flags.defmember = Some(self.membership(vm, w)?);
+            }
+            _ => {
+                let mut g = McastGroup::new(Gid(Ipv6Addr::UNSPECIFIED));
+                if !self.group_flag(m, f, &mut g)? {
+                    return self.err_at(
+                        m,
+                        format!(
+                            "unknown partition flag `{f}` (known: indx0, ipoib, mtu, rate, sl, scope, Q_Key, TClass, FlowLabel, defmember)"
+                        ),
+                    );
+                }
+                flags.rate = flags.rate.or(g.rate);
+                flags.mtu = flags.mtu.or(g.mtu);
+                flags.sl = flags.sl.or(g.sl);
+                flags.scope = flags.scope.or(g.scope);
+                flags.qkey = flags.qkey.or(g.qkey);
+                flags.tclass = flags.tclass.or(g.tclass);
+                flags.flow_label = flags.flow_label.or(g.flow_label);
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses `=value` of a group flag into `g`; false when `f` is no group flag.
+    fn group_flag(&mut self, _m: Mark, f: &str, g: &mut McastGroup) -> PResult<bool> {
+        let (what, min, max) = match f {
+            "mtu" => ("an MTU code (1=256 .. 5=4096)", 1, 5),
+            "rate" => ("a rate code", 2, 18),
+            "sl" => ("a service level", 0, 15),
+            "scope" => ("a multicast scope", 1, 15),
+            "Q_Key" => ("a Q_Key", 0, u64::from(u32::MAX)),
+            "TClass" => ("a traffic class", 0, 255),
+            "FlowLabel" => ("a flow label", 0, 0xfffff),
+            _ => return Ok(false),
+        };
+        self.expect_eq(f)?;
+        let v = self.number(what, max, min)?;
+        // Each value was range-checked against its field's width just above.
+        match f {
+            "mtu" => g.mtu = Some(v as u8),
+            "rate" => g.rate = Some(v as u8),
+            "sl" => g.sl = Some(v as u8),
+            "scope" => g.scope = Some(v as u8),
+            "Q_Key" => g.qkey = Some(v as u32),
+            "TClass" => g.tclass = Some(v as u8),
+            _ => g.flow_label = Some(v as u32),
+        }
+        Ok(true)
+    }
+
+    fn membership(&self, m: Mark, w: &str) -> PResult<Membership> {
+        w.parse::<Membership>().or_else(|_| {
+            self.err_at(
+                m,
+                format!(
+                    "unknown membership `{w}`: expected exactly `full`, `limited` or `both` (OpenSM would take it as `limited`)"
+                ),
+            )
+        })
+    }
+
+    fn member_list(&mut self, part: &mut Partition, start: Mark) -> PResult<()> {
+        let mut need_sep = false;
+        let mut after_comma = true; // `:` counts as a separator
+        let mut none_at: Option<Mark> = None;
+        let mut selectors: BTreeSet<Selector> = BTreeSet::new();
+        loop {
+            self.skip_inline();
+            let m = self.mark();
+            match self.peek() {
+                None => {
+                    return self.err_at(
+                        m,
+                        format!(
+                            "missing `;` at the end of partition `{}` (line {})",
+                            part.name, start.line
+                        ),
+                    );
+                }
+                Some(';') => {
+                    self.bump();
+                    break;
+                }
+                Some('\n') => {
+                    self.bump();
+                    need_sep = false;
+                    after_comma = false;
+                }
+                Some(',') => {
+                    if !need_sep && after_comma {
+                        return self.err_at(m, "expected a port specifier before `,`");
+                    }
+                    self.bump();
+                    need_sep = false;
+                    after_comma = true;
+                }
+                Some(_) => {
+                    if need_sep {
+                        return self
+                            .err_at(m, format!("expected `,` or `;`, found {}", self.found()));
+                    }
+                    let (wm, w) = self.word();
+                    if w.is_empty() {
+                        return self.err_at(
+                            wm,
+                            format!("expected a port specifier, found {}", self.found()),
+                        );
+                    }
+                    if w == "mgid" {
+                        let g = self.mgid_entry(wm, part)?;
+                        part.mcast_groups.push(g);
+                    } else if w == "NONE" {
+                        none_at = Some(wm);
+                    } else {
+                        let selector = match w {
+                            "ALL" => Selector::All,
+                            "ALL_CAS" => Selector::AllCas,
+                            "ALL_SWITCHES" => Selector::AllSwitches,
+                            "ALL_ROUTERS" => Selector::AllRouters,
+                            "SELF" => Selector::SelfPort,
+                            _ => {
+                                let v = parse_number(w).or_else(|_| {
+                                    self.err_at(wm, format!("expected a port GUID, found `{w}`"))
+                                })?;
+                                if v == 0 {
+                                    return self.err_at(wm, "port GUID 0 is not valid");
+                                }
+                                Selector::Guid(Guid(v))
+                            }
+                        };
+                        self.skip_inline();
+                        let mut membership = None;
+                        if self.peek() == Some('=') {
+                            self.bump();
+                            let (vm, v) = self.value_word("`full`, `limited` or `both`")?;
+                            membership = Some(self.membership(vm, v)?);
+                        }
+                        if !selectors.insert(selector.clone()) {
+                            return self.err_at(
+                                wm,
+                                format!("`{w}` is listed twice in partition `{}`", part.name),
+                            );
+                        }
+                        part.members.push(Member {
+                            selector,
+                            membership,
+                        });
+                    }
+                    need_sep = true;
+                    after_comma = false;
+                }
+            }
+        }
+        if let Some(m) = none_at
+            && (!part.members.is_empty() || !part.mcast_groups.is_empty())
+        {
+            return self.err_at(
+                m,
+                "`NONE` means no ports; it cannot stand beside other entries",
+            );
+        }
+        Ok(())
+    }
+
+    fn mgid_entry(&mut self, wm: Mark, part: &Partition) -> PResult<McastGroup> {
+        self.expect_eq("mgid")?;
+        self.skip_inline();
+        let m = self.mark();
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c.is_whitespace() || matches!(c, ',' | ';' | '#') {
+                break;
+            }
+            self.bump();
+        }
+        let text = &self.text[start..self.pos];
+        let mgid: Gid = text.parse().or_else(|e: String| self.err_at(m, e))?;
+        let mut g = McastGroup::new(mgid);
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        loop {
+            self.skip_inline();
+            if self.peek() != Some(',') {
+                break;
+            }
+            self.bump();
+            self.skip_inline();
+            let (fm, f) = self.word();
+            if f.is_empty() {
+                return self.err_at(
+                    fm,
+                    format!(
+                        "expected a multicast group flag after `,` (OpenSM reads the rest of an mgid line as group flags), found {}",
+                        self.found()
+                    ),
+                );
+            }
+            if !seen.insert(f) {
+                return self.err_at(fm, format!("flag `{f}` is given twice"));
+            }
+            if !self.group_flag(fm, f, &mut g)? {
+                return self.err_at(
+                    fm,
+                    format!(
+                        "`{f}` is not a multicast group flag; OpenSM reads the rest of an mgid line as group flags and would drop it: put it on its own line"
+                    ),
+                );
+            }
+        }
+        match self.peek() {
+            None | Some('\n') | Some(';') => {}
+            _ => {
+                let m = self.mark();
+                return self.err_at(
+                    m,
+                    format!("expected the end of the mgid line, found {}", self.found()),
+                );
+            }
+        }
+        if part.mcast_groups.iter().any(|o| o.mgid == g.mgid) {
+            return self.err_at(
+                m,
+                format!(
+                    "mgid {} is given twice in partition `{}`",
+                    g.mgid, part.name
+                ),
+            );
+        }
+        if g.mgid.is_ip() {
+            if g.mgid.ip_pkey_field() != 0 {
+                return self.err_at(
+                    m,
+                    "write 0000 in the P_Key field of an IP multicast group (bytes 4..6); OpenSM fills in the partition's key",
+                );
+            }
+            let prate = part.flags.rate.unwrap_or(DEFAULT_RATE);
+            let pmtu = part.flags.mtu.unwrap_or(DEFAULT_MTU);
+            if g.rate.is_some_and(|r| r != prate) || g.mtu.is_some_and(|x| x != pmtu) {
+                return self.err_at(
+                    wm,
+                    format!(
+                        "IP multicast group {} must have the rate ({prate}) and mtu ({pmtu}) of partition `{}`; OpenSM would not create it",
+                        g.mgid, part.name
+                    ),
+                );
+            }
+        }
+        Ok(g)
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !first_ok {
+        return Err(format!(
+            "partition name `{name}` must start with a letter or `_` (OpenSM reads a leading digit as a P_Key)"
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(format!(
+            "partition name `{name}` may hold only letters, digits, `_`, `-` and `.`"
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "partition name `{name}` is longer than {MAX_NAME_LEN} characters (OpenSM's limit)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a partition name against the rules of [`parse`].
+pub fn validate_name(name: &str) -> Result<(), String> {
+    check_name(name)
+}
+
+/// Parses partitions.conf text strictly (see the module documentation).
+pub fn parse(text: &str) -> Result<Conf, ParseError> {
+    let mut p = Parser {
+        text,
+        pos: 0,
+        line: 1,
+        col: 1,
+    };
+    p.parse_file()
+}
+
+// ---------------------------------------------------------------- renderer
+
+/// Members written on the header line when there are at most this many (and no mgid).
+const INLINE_MEMBERS: usize = 4;
+
+/// Renders canonically: a comment header, then one statement per partition in order,
+/// header flags in a fixed order, long member lists one per line.
+pub fn render(conf: &Conf) -> String {
+    let mut out = String::with_capacity(64 + conf.partitions.len() * 128);
+    out.push_str("# partitions.conf for OpenSM 3.3.23, rendered by weft; edits are overwritten.\n");
+    for p in &conf.partitions {
+        render_partition(&mut out, p);
+    }
+    out
+}
+
+fn render_group_flags(out: &mut String, g: &McastGroup) {
+    use std::fmt::Write;
+    // Writing to a String cannot fail.
+    if let Some(v) = g.mtu {
+        let _ = write!(out, ",mtu={v}");
+    }
+    if let Some(v) = g.rate {
+        let _ = write!(out, ",rate={v}");
+    }
+    if let Some(v) = g.sl {
+        let _ = write!(out, ",sl={v}");
+    }
+    if let Some(v) = g.scope {
+        let _ = write!(out, ",scope={v}");
+    }
+    if let Some(v) = g.qkey {
+        let _ = write!(out, ",Q_Key=0x{v:08x}");
+    }
+    if let Some(v) = g.tclass {
+        let _ = write!(out, ",TClass={v}");
+    }
+    if let Some(v) = g.flow_label {
+        let _ = write!(out, ",FlowLabel=0x{v:05x}");
+    }
+}
+
+fn render_partition(out: &mut String, p: &Partition) {
+    use std::fmt::Write;
+    out.push_str(&p.name);
+    if let Some(k) = p.pkey {
+        let _ = write!(out, "={k}");
+    }
+    let f = &p.flags;
+    if f.indx0 {
+        out.push_str(",indx0");
+    }
+    if f.ipoib {
+        out.push_str(",ipoib");
+    }
+    let as_group = McastGroup {
+        mgid: Gid(Ipv6Addr::UNSPECIFIED),
+        mtu: f.mtu,
+        rate: f.rate,
+        sl: f.sl,
+        scope: f.scope,
+        qkey: f.qkey,
+        tclass: f.tclass,
+        flow_label: f.flow_label,
+    };
+    render_group_flags(out, &as_group);
+    if let Some(m) = f.defmember {
+        let _ = write!(out, ",defmember={m}");
+    }
+    out.push_str(" :");
+    let member = |out: &mut String, m: &Member| {
+        let _ = write!(out, "{}", m.selector);
+        if let Some(ms) = m.membership {
+            let _ = write!(out, "={ms}");
+        }
+    };
+    if p.members.is_empty() && p.mcast_groups.is_empty() {
+        out.push_str(" NONE ;\n");
+        return;
+    }
+    if p.mcast_groups.is_empty() && p.members.len() <= INLINE_MEMBERS {
+        for (i, m) in p.members.iter().enumerate() {
+            out.push_str(if i == 0 { " " } else { ", " });
+            member(out, m);
+        }
+        out.push_str(" ;\n");
+        return;
+    }
+    out.push('\n');
+    for g in &p.mcast_groups {
+        let _ = write!(out, "    mgid={}", g.mgid);
+        render_group_flags(out, g);
+        out.push('\n');
+    }
+    for (i, m) in p.members.iter().enumerate() {
+        out.push_str("    ");
+        member(out, m);
+        if i + 1 < p.members.len() {
+            out.push(',');
+        }
+        out.push('\n');
+    }
+    out.push_str("    ;\n");
+}

@@ -1,0 +1,283 @@
+//! Applying a partitions config to the primary and standby SMs, verifying it on the
+//! ports, and rolling back when the fabric does not match.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use weft_fabric::conf::{self, Conf};
+use weft_fabric::{Guid, PortMismatch, SmOptions, expected_tables};
+
+use crate::diag::{DiagError, DiagTools, FabricSnapshot};
+use crate::sm::{SmError, SmHost, checksum};
+
+/// Why an apply or a verification did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("refusing to hand OpenSM this file: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Sm(#[from] SmError),
+    #[error(transparent)]
+    Diag(#[from] DiagError),
+    #[error("the master SM's port {master} belongs to none of the configured SMs ({configured})")]
+    UnknownMaster { master: Guid, configured: String },
+    #[error("no standby SM became master within {timeout:?}")]
+    NoFailover { timeout: Duration },
+    #[error("applied config failed ({cause}); rolled back: {rollback}")]
+    RolledBack {
+        cause: String,
+        mismatches: Vec<PortMismatch>,
+        rollback: String,
+    },
+}
+
+/// One SM's state after an apply.
+#[derive(Debug, Clone, Serialize)]
+pub struct SmState {
+    pub name: String,
+    pub master: bool,
+    pub checksum: Option<String>,
+}
+
+/// What an apply did and how long each phase took.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApplyReport {
+    pub changed: bool,
+    pub checksum: String,
+    pub sms: Vec<SmState>,
+    pub ports_verified: usize,
+    pub write_ms: f64,
+    pub sweep_ms: f64,
+    pub verify_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The outcome of comparing the fabric with a config.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verification {
+    pub master: Guid,
+    pub ports_checked: usize,
+    pub mismatches: Vec<PortMismatch>,
+}
+
+/// Drives a set of OpenSM instances (one master, any number of standbys) that share one
+/// partitions config, and the fabric they manage.
+pub struct Applier {
+    pub sms: Vec<Box<dyn SmHost>>,
+    pub diag: DiagTools,
+    pub sm_options: SmOptions,
+    /// How long the master may take to finish the sweep after a reread.
+    pub sweep_timeout: Duration,
+    /// How long the ports may take to show the expected tables after the sweep.
+    pub verify_timeout: Duration,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl Applier {
+    /// The file text for `conf`, proven to parse back to `conf`.
+    pub fn render_checked(conf: &Conf) -> Result<String, ApplyError> {
+        let text = conf::render(conf);
+        match conf::parse(&text) {
+            Ok(back) if &back == conf => Ok(text),
+            Ok(_) => Err(ApplyError::Refused(
+                "the rendered file parses to a different config".into(),
+            )),
+            Err(e) => Err(ApplyError::Refused(format!("the rendered file: {e}"))),
+        }
+    }
+
+    fn master_index(&self, snapshot: &FabricSnapshot) -> Result<usize, ApplyError> {
+        let master = snapshot.inventory.sm_port_guid.unwrap_or(Guid(0));
+        self.sms
+            .iter()
+            .position(|s| s.port_guid() == master)
+            .ok_or_else(|| ApplyError::UnknownMaster {
+                master,
+                configured: self
+                    .sms
+                    .iter()
+                    .map(|s| format!("{} on {}", s.name(), s.port_guid()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// Compares `conf`'s expected tables with a snapshot.
+    pub fn compare(&self, conf: &Conf, snapshot: &FabricSnapshot) -> Verification {
+        let expected = expected_tables(conf, &snapshot.inventory, self.sm_options);
+        Verification {
+            master: snapshot.inventory.sm_port_guid.unwrap_or(Guid(0)),
+            ports_checked: expected.0.len(),
+            mismatches: expected.compare(&snapshot.tables),
+        }
+    }
+
+    /// Reads the fabric once and compares it with `conf`.
+    pub fn verify(&self, conf: &Conf) -> Result<Verification, ApplyError> {
+        Ok(self.compare(conf, &self.diag.snapshot()?))
+    }
+
+    /// Polls the P_Key tables until they match `conf` or `verify_timeout` passes.
+    fn verify_until(&self, conf: &Conf, base: &FabricSnapshot) -> Result<Verification, ApplyError> {
+        let deadline = Instant::now() + self.verify_timeout;
+        let mut snapshot = base.clone();
+        loop {
+            let tables = self.diag.read_tables(&snapshot.inventory.ports)?;
+            snapshot.tables =
+                weft_fabric::ObservedTables(tables.into_iter().map(|(g, (t, _))| (g, t)).collect());
+            let v = self.compare(conf, &snapshot);
+            if v.mismatches.is_empty() || Instant::now() >= deadline {
+                return Ok(v);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Each SM's current checksum and whether it is the master.
+    pub fn sm_states(&self, master: Option<usize>) -> Vec<SmState> {
+        self.sms
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SmState {
+                name: s.name().to_string(),
+                master: Some(i) == master,
+                checksum: s.read_partitions().ok().flatten().map(|b| checksum(&b)),
+            })
+            .collect()
+    }
+
+    /// Writes `bytes` to every SM, checks their checksums, and makes the master reread.
+    fn deliver(&self, master: usize, bytes: &[u8]) -> Result<(Duration, Duration), ApplyError> {
+        let t0 = Instant::now();
+        // Standbys first: if the master dies mid-apply, its successor already has the file.
+        let order = (0..self.sms.len())
+            .filter(|&i| i != master)
+            .chain(std::iter::once(master));
+        for i in order {
+            self.sms[i].write_partitions(bytes)?;
+        }
+        let want = checksum(bytes);
+        for sm in &self.sms {
+            let got = sm.read_partitions()?.map(|b| checksum(&b));
+            if got.as_deref() != Some(want.as_str()) {
+                return Err(ApplyError::Refused(format!(
+                    "SM `{}` holds checksum {} after the write, expected {want}",
+                    sm.name(),
+                    got.unwrap_or_else(|| "none".into())
+                )));
+            }
+        }
+        let written = t0.elapsed();
+        let sm = &self.sms[master];
+        let cursor = sm.log_cursor()?;
+        sm.request_reread()?;
+        sm.wait_for_sweep(cursor, self.sweep_timeout)?;
+        Ok((written, t0.elapsed() - written))
+    }
+
+    /// Applies `conf`: every SM gets the same file, the master rereads it, and every end
+    /// port is checked. Any failure after the first write restores the previous file on
+    /// every SM and rereads it again.
+    pub fn apply(&self, conf: &Conf) -> Result<ApplyReport, ApplyError> {
+        let start = Instant::now();
+        let text = Self::render_checked(conf)?;
+        let before = self.diag.snapshot()?;
+        let master = self.master_index(&before)?;
+        let previous: Vec<Option<Vec<u8>>> = self
+            .sms
+            .iter()
+            .map(|s| s.read_partitions())
+            .collect::<Result<_, _>>()?;
+        let changed = previous
+            .iter()
+            .any(|p| p.as_deref() != Some(text.as_bytes()));
+
+        let outcome = self
+            .deliver(master, text.as_bytes())
+            .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, &before)?)));
+        match outcome {
+            Ok((write, sweep, v)) if v.mismatches.is_empty() => Ok(ApplyReport {
+                changed,
+                checksum: checksum(text.as_bytes()),
+                sms: self.sm_states(Some(master)),
+                ports_verified: v.ports_checked,
+                write_ms: ms(write),
+                sweep_ms: ms(sweep),
+                verify_ms: ms(start.elapsed() - write - sweep),
+                total_ms: ms(start.elapsed()),
+            }),
+            Ok((_, _, v)) => Err(self.roll_back(
+                master,
+                &previous,
+                format!(
+                    "{} port(s) do not hold the planned P_Keys",
+                    v.mismatches.len()
+                ),
+                v.mismatches,
+            )),
+            Err(e) => Err(self.roll_back(master, &previous, e.to_string(), Vec::new())),
+        }
+    }
+
+    fn roll_back(
+        &self,
+        master: usize,
+        previous: &[Option<Vec<u8>>],
+        cause: String,
+        mismatches: Vec<PortMismatch>,
+    ) -> ApplyError {
+        tracing::warn!(%cause, "rolling back the partitions config");
+        let mut problems = Vec::new();
+        for (sm, old) in self.sms.iter().zip(previous) {
+            let restored = match old {
+                Some(bytes) => sm.write_partitions(bytes),
+                None => sm.remove_partitions(),
+            };
+            if let Err(e) = restored {
+                problems.push(e.to_string());
+            }
+        }
+        let sm = &self.sms[master];
+        let reread = sm
+            .log_cursor()
+            .and_then(|c| sm.request_reread().map(|_| c))
+            .and_then(|c| sm.wait_for_sweep(c, self.sweep_timeout));
+        if let Err(e) = reread {
+            problems.push(e.to_string());
+        }
+        ApplyError::RolledBack {
+            cause,
+            mismatches,
+            rollback: if problems.is_empty() {
+                "previous file restored and reread".into()
+            } else {
+                format!("incomplete: {}", problems.join("; "))
+            },
+        }
+    }
+
+    /// Waits until `sminfo` names a master among the configured SMs other than `not`;
+    /// returns its index and how long it took. Used to observe a failover.
+    pub fn wait_for_new_master(
+        &self,
+        not: Guid,
+        timeout: Duration,
+    ) -> Result<(usize, Duration), ApplyError> {
+        let start = Instant::now();
+        loop {
+            if let Ok(g) = self.diag.master_sm()
+                && g != not
+                && let Some(i) = self.sms.iter().position(|s| s.port_guid() == g)
+            {
+                return Ok((i, start.elapsed()));
+            }
+            if start.elapsed() >= timeout {
+                return Err(ApplyError::NoFailover { timeout });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

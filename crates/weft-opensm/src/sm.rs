@@ -1,0 +1,331 @@
+//! Subnet-manager hosts: where an OpenSM's partitions.conf lives and how to make it reread.
+//!
+//! [`SmHost`] is the seam between the applier (what to do) and a host (how to do it). The
+//! local implementation, [`LocalSm`], works on files and signals on this machine; a remote
+//! one (over SSH) implements the same trait.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use weft_fabric::Guid;
+
+/// What went wrong on an SM host. Every variant names the host.
+#[derive(Debug, thiserror::Error)]
+pub enum SmError {
+    #[error("SM `{sm}`: {what} {}: {source}", path.display())]
+    Io {
+        sm: String,
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("SM `{sm}`: no running OpenSM: {detail}")]
+    NotRunning { sm: String, detail: String },
+    #[error("SM `{sm}`: no sweep finished within {timeout:?} after the reread")]
+    SweepTimeout { sm: String, timeout: Duration },
+    #[error("SM `{sm}` rejected the partitions file: {line}")]
+    ConfigRejected { sm: String, line: String },
+    #[error("SM `{sm}` exited while it was rereading")]
+    DiedDuringSweep { sm: String },
+}
+
+/// A hex SHA-256 of a config's bytes; compared between primary and standby.
+pub fn checksum(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One OpenSM instance as the applier sees it.
+pub trait SmHost: Send + Sync {
+    /// The name the operator gave this SM; used in every message.
+    fn name(&self) -> &str;
+    /// The GUID of the port this SM is bound to, which `sminfo` reports for the master.
+    fn port_guid(&self) -> Guid;
+    /// The current partitions file, or `None` when there is none.
+    fn read_partitions(&self) -> Result<Option<Vec<u8>>, SmError>;
+    /// Replaces the partitions file so that a reader sees either the old or the new bytes,
+    /// never a mix, even if this process is killed half way.
+    fn write_partitions(&self, bytes: &[u8]) -> Result<(), SmError>;
+    /// Removes the partitions file; restores the state of an SM that had none.
+    fn remove_partitions(&self) -> Result<(), SmError>;
+    /// A position in the SM's log; [`SmHost::wait_for_sweep`] looks only after it.
+    fn log_cursor(&self) -> Result<u64, SmError>;
+    /// Asks OpenSM to reread its partitions file (a heavy sweep).
+    fn request_reread(&self) -> Result<(), SmError>;
+    /// Waits until the log shows a finished sweep after `cursor`; fails fast when the
+    /// SM rejects the file or exits.
+    fn wait_for_sweep(&self, cursor: u64, timeout: Duration) -> Result<(), SmError>;
+}
+
+/// An OpenSM on this machine: its partitions file, its pid file and its log.
+#[derive(Debug, Clone)]
+pub struct LocalSm {
+    pub name: String,
+    pub port_guid: Guid,
+    pub partitions_file: PathBuf,
+    pub pid_file: PathBuf,
+    pub log_file: PathBuf,
+}
+
+/// The log line OpenSM writes when a sweep has programmed the fabric.
+const SWEEP_DONE: &str = "SUBNET UP";
+/// Lines OpenSM writes when it throws a partitions file away and opens the fabric.
+const CONFIG_REJECTED: [&str; 2] = ["PARSE ERROR", "Partition configuration in error"];
+
+impl LocalSm {
+    fn io(&self, what: &'static str, path: &Path, source: std::io::Error) -> SmError {
+        SmError::Io {
+            sm: self.name.clone(),
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn pid(&self) -> Result<nix::unistd::Pid, SmError> {
+        let text = fs::read_to_string(&self.pid_file).map_err(|e| SmError::NotRunning {
+            sm: self.name.clone(),
+            detail: format!("cannot read pid file {}: {e}", self.pid_file.display()),
+        })?;
+        let pid: i32 = text.trim().parse().map_err(|_| SmError::NotRunning {
+            sm: self.name.clone(),
+            detail: format!(
+                "pid file {} holds `{}`, not a process id",
+                self.pid_file.display(),
+                text.trim()
+            ),
+        })?;
+        Ok(nix::unistd::Pid::from_raw(pid))
+    }
+
+    fn alive(&self) -> Result<bool, SmError> {
+        let pid = self.pid()?;
+        // Signal 0 checks existence without delivering anything. A zombie still exists
+        // for kill(2), so also look at its state.
+        if nix::sys::signal::kill(pid, None).is_err() {
+            return Ok(false);
+        }
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        Ok(!matches!(state, Some("Z") | Some("X")))
+    }
+
+    fn temp_path(&self) -> PathBuf {
+        let file_name = self
+            .partitions_file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "partitions.conf".into());
+        self.partitions_file
+            .with_file_name(format!(".{file_name}.weft-{}.tmp", std::process::id()))
+    }
+}
+
+/// Writes `bytes` to `target` through a temporary file in the same directory: write,
+/// fsync, rename, fsync the directory. A crash at any point leaves `target` whole.
+pub fn write_atomically(target: &Path, temp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(temp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(temp, target)?;
+        File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(temp);
+    }
+    result
+}
+
+impl SmHost for LocalSm {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn port_guid(&self) -> Guid {
+        self.port_guid
+    }
+
+    fn read_partitions(&self) -> Result<Option<Vec<u8>>, SmError> {
+        match fs::read(&self.partitions_file) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("cannot read", &self.partitions_file, e)),
+        }
+    }
+
+    fn write_partitions(&self, bytes: &[u8]) -> Result<(), SmError> {
+        write_atomically(&self.partitions_file, &self.temp_path(), bytes)
+            .map_err(|e| self.io("cannot write", &self.partitions_file, e))
+    }
+
+    fn remove_partitions(&self) -> Result<(), SmError> {
+        match fs::remove_file(&self.partitions_file) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io("cannot remove", &self.partitions_file, e)),
+        }
+    }
+
+    fn log_cursor(&self) -> Result<u64, SmError> {
+        match fs::metadata(&self.log_file) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(self.io("cannot stat log", &self.log_file, e)),
+        }
+    }
+
+    fn request_reread(&self) -> Result<(), SmError> {
+        let pid = self.pid()?;
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).map_err(|e| {
+            SmError::NotRunning {
+                sm: self.name.clone(),
+                detail: format!("cannot signal pid {pid}: {e}"),
+            }
+        })
+    }
+
+    fn wait_for_sweep(&self, cursor: u64, timeout: Duration) -> Result<(), SmError> {
+        let deadline = Instant::now() + timeout;
+        let mut offset = cursor;
+        let mut pending = String::new();
+        loop {
+            let mut chunk = String::new();
+            if let Ok(mut f) = File::open(&self.log_file) {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if len < offset {
+                    offset = 0; // the log was rotated or truncated
+                }
+                f.seek(SeekFrom::Start(offset))
+                    .and_then(|_| f.read_to_string(&mut chunk))
+                    .map_err(|e| self.io("cannot read log", &self.log_file, e))?;
+                offset += chunk.len() as u64;
+            }
+            pending.push_str(&chunk);
+            // Only complete lines are judged; a half-written line waits for the next round.
+            while let Some(end) = pending.find('\n') {
+                let line: String = pending.drain(..=end).collect();
+                if let Some(bad) = CONFIG_REJECTED.iter().find(|m| line.contains(*m)) {
+                    tracing::warn!(sm = %self.name, marker = bad, "OpenSM rejected the file");
+                    return Err(SmError::ConfigRejected {
+                        sm: self.name.clone(),
+                        line: line.trim().to_string(),
+                    });
+                }
+                if line.contains(SWEEP_DONE) {
+                    return Ok(());
+                }
+            }
+            if !self.alive()? {
+                return Err(SmError::DiedDuringSweep {
+                    sm: self.name.clone(),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(SmError::SweepTimeout {
+                    sm: self.name.clone(),
+                    timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sm_in(dir: &Path) -> LocalSm {
+        LocalSm {
+            name: "t".into(),
+            port_guid: Guid(1),
+            partitions_file: dir.join("partitions.conf"),
+            pid_file: dir.join("opensm.pid"),
+            log_file: dir.join("osm.log"),
+        }
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        sm.write_partitions(b"one").unwrap();
+        sm.write_partitions(b"two").unwrap();
+        assert_eq!(sm.read_partitions().unwrap().unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("partitions.conf")]);
+    }
+
+    #[test]
+    fn sweep_wait_sees_only_lines_after_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        fs::write(&sm.pid_file, std::process::id().to_string()).unwrap();
+        fs::write(&sm.log_file, "x 0x02 -> SUBNET UP\n").unwrap();
+        let cursor = sm.log_cursor().unwrap();
+        let err = sm
+            .wait_for_sweep(cursor, Duration::from_millis(100))
+            .unwrap_err();
+        assert!(matches!(err, SmError::SweepTimeout { .. }), "{err}");
+        let mut f = OpenOptions::new().append(true).open(&sm.log_file).unwrap();
+        writeln!(f, "y 0x02 -> SUBNET UP").unwrap();
+        sm.wait_for_sweep(cursor, Duration::from_secs(2)).unwrap();
+    }
+
+    #[test]
+    fn sweep_wait_reports_a_rejected_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        fs::write(&sm.pid_file, std::process::id().to_string()).unwrap();
+        fs::write(
+            &sm.log_file,
+            "PARSE ERROR: line 3: bad PortGUID\nSUBNET UP\n",
+        )
+        .unwrap();
+        let err = sm.wait_for_sweep(0, Duration::from_secs(1)).unwrap_err();
+        assert!(
+            matches!(&err, SmError::ConfigRejected { line, .. } if line.contains("line 3")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_dead_sm_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        fs::write(&sm.pid_file, pid.to_string()).unwrap();
+        let err = sm.wait_for_sweep(0, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, SmError::DiedDuringSweep { .. }), "{err}");
+    }
+
+    #[test]
+    fn checksum_is_sha256_hex() {
+        assert_eq!(
+            checksum(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

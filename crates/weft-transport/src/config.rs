@@ -1,0 +1,308 @@
+//! Configuration: which interfaces carry the handshake and the data, how many streams and
+//! threads a connection uses, and how long any network wait may last.
+//!
+//! Everything has a default and can be set from the environment (see [`Config::from_env`]),
+//! which is how the NCCL plugin is configured; a bench binary may build a [`Config`] directly.
+
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Most data streams a connection may use (NCCL's own socket transport caps at 64 too).
+pub const MAX_STREAMS: usize = 64;
+/// Most helper threads a connection may use.
+pub const MAX_THREADS: usize = 16;
+
+/// One element of an interface selection list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfMatch {
+    /// Interface name starts with this prefix (or equals it, with `=`).
+    Name(String),
+    /// Interface has an address in this subnet (`10.1.0.0/16`, `fd00::/64`).
+    Subnet(IpAddr, u8),
+}
+
+/// An interface selection in NCCL's `NCCL_SOCKET_IFNAME` syntax, extended with subnets.
+///
+/// * `eth,ib` — names starting with `eth` or `ib`;
+/// * `^docker,lo` — every interface except those starting with `docker` or `lo`;
+/// * `=eth0` — exactly `eth0` (`^=eth0`: all but exactly `eth0`);
+/// * `10.1.0.0/16` — interfaces with an address in that subnet (weft extension; may be mixed with names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfSpec {
+    /// `^`: the list says what to exclude.
+    pub exclude: bool,
+    /// `=`: names must match exactly instead of by prefix.
+    pub exact: bool,
+    /// The list.
+    pub items: Vec<IfMatch>,
+}
+
+impl FromStr for IfSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<IfSpec> {
+        let mut rest = s.trim();
+        let exclude = rest.starts_with('^');
+        if exclude {
+            rest = &rest[1..];
+        }
+        let exact = rest.starts_with('=');
+        if exact {
+            rest = &rest[1..];
+        }
+        let mut items = Vec::new();
+        for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Some((ip, bits)) = part.split_once('/') {
+                let ip: IpAddr = ip
+                    .parse()
+                    .map_err(|_| Error::Config(format!("bad subnet address {part:?} in interface list {s:?}")))?;
+                let max = if ip.is_ipv4() { 32 } else { 128 };
+                let bits: u8 = bits
+                    .parse()
+                    .ok()
+                    .filter(|b| *b <= max)
+                    .ok_or_else(|| Error::Config(format!("bad prefix length in {part:?} of interface list {s:?}")))?;
+                items.push(IfMatch::Subnet(ip, bits));
+            } else {
+                // NCCL allows `name:port` for IB devices; the port means nothing for TCP.
+                let name = part.split(':').next().unwrap_or(part);
+                items.push(IfMatch::Name(name.to_string()));
+            }
+        }
+        if items.is_empty() {
+            return Err(Error::Config(format!("empty interface list {s:?}")));
+        }
+        Ok(IfSpec { exclude, exact, items })
+    }
+}
+
+impl IfSpec {
+    /// Whether an interface with this name and addresses is selected.
+    pub fn matches(&self, name: &str, addrs: &[IpAddr]) -> bool {
+        let hit = self.items.iter().any(|m| match m {
+            IfMatch::Name(n) => {
+                if self.exact {
+                    name == n
+                } else {
+                    name.starts_with(n.as_str())
+                }
+            }
+            IfMatch::Subnet(net, bits) => addrs.iter().any(|a| in_subnet(*a, *net, *bits)),
+        });
+        hit != self.exclude
+    }
+}
+
+/// Whether `addr` lies in `net/bits`.
+pub fn in_subnet(addr: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (addr, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - u32::from(bits.min(32))) };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - u32::from(bits.min(128))) };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Transport configuration. `Default` gives the documented defaults; [`Config::from_env`]
+/// overlays the `WEFT_*` environment variables.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Interface(s) for the handshake (first match is used). `None`: automatic, as NCCL does
+    /// (first up interface with an address that is not `lo`, `docker*`, `virbr*`; `lo` last).
+    pub mgmt_ifname: Option<IfSpec>,
+    /// Interfaces that carry data; each match is one device. `None`: the management interface.
+    pub data_ifname: Option<IfSpec>,
+    /// Present all data interfaces as one device whose streams are striped over them.
+    pub merge_rails: bool,
+    /// Bound on every network wait: connect, handshake, a stalled message, a dead peer.
+    pub timeout: Duration,
+    /// Helper threads per connection; 0 means the caller's `test()` moves the bytes itself.
+    pub nthreads: usize,
+    /// Data streams per helper thread (per connection when `nthreads` is 0).
+    pub nsocks_per_thread: usize,
+    /// Messages up to this size travel inline on the control stream.
+    pub inline_max: usize,
+    /// Smallest chunk a large message is split into across data streams.
+    pub min_chunk: usize,
+    /// Socket send/receive buffer size in bytes (0: kernel default / autotuning).
+    pub sock_buf: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            mgmt_ifname: None,
+            data_ifname: None,
+            merge_rails: false,
+            timeout: Duration::from_secs(30),
+            nthreads: 2,
+            nsocks_per_thread: 2,
+            inline_max: 1024,
+            min_chunk: 64 * 1024,
+            sock_buf: 0,
+        }
+    }
+}
+
+/// The environment variables [`Config::from_env`] reads, with their meaning.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("WEFT_MGMT_IFNAME", "handshake interface, NCCL syntax (falls back to NCCL_SOCKET_IFNAME); default: auto"),
+    ("WEFT_DATA_IFNAME", "data interfaces, NCCL syntax or subnets (a.b.c.d/n); one device each; default: the management interface"),
+    ("WEFT_MERGE_RAILS", "1: one device striping every connection over all data interfaces; default 0"),
+    ("WEFT_TIMEOUT_MS", "bound on every network wait in milliseconds; default 30000"),
+    ("WEFT_NTHREADS", "helper threads per connection (0..16; 0 = progress in test()); default 2"),
+    ("WEFT_NSOCKS_PERTHREAD", "data streams per helper thread (1..64, threads*socks <= 64); default 2"),
+    ("WEFT_INLINE_BYTES", "messages up to this size go inline on the control stream; default 1024"),
+    ("WEFT_MIN_CHUNK_BYTES", "smallest chunk of a message split over streams; default 65536"),
+    ("WEFT_SOCK_BUF_BYTES", "SO_SNDBUF/SO_RCVBUF per socket; default 0 (kernel autotuning)"),
+];
+
+impl Config {
+    /// Defaults overlaid with the environment (see [`ENV_VARS`]). A variable that is set but
+    /// does not parse is an error naming it, never silently ignored.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`Config::from_env`] with a custom lookup (tests, or a config file).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::default();
+        let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        if let Some(v) = nonempty("WEFT_MGMT_IFNAME").or_else(|| nonempty("NCCL_SOCKET_IFNAME")) {
+            c.mgmt_ifname = Some(v.parse()?);
+        }
+        if let Some(v) = nonempty("WEFT_DATA_IFNAME") {
+            c.data_ifname = Some(v.parse()?);
+        }
+        fn num(get: &dyn Fn(&str) -> Option<String>, k: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) if v.trim().is_empty() => Ok(None),
+                Some(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (lo..=hi).contains(n))
+                    .map(Some)
+                    .ok_or_else(|| Error::Config(format!("{k}={v:?}: expected an integer in {lo}..={hi}"))),
+            }
+        }
+        if let Some(v) = num(&get, "WEFT_MERGE_RAILS", 0, 1)? {
+            c.merge_rails = v == 1;
+        }
+        if let Some(v) = num(&get, "WEFT_TIMEOUT_MS", 1, 24 * 3600 * 1000)? {
+            c.timeout = Duration::from_millis(v as u64);
+        }
+        if let Some(v) = num(&get, "WEFT_NTHREADS", 0, MAX_THREADS)? {
+            c.nthreads = v;
+        }
+        if let Some(v) = num(&get, "WEFT_NSOCKS_PERTHREAD", 1, MAX_STREAMS)? {
+            c.nsocks_per_thread = v;
+        }
+        if let Some(v) = num(&get, "WEFT_INLINE_BYTES", 0, 1 << 20)? {
+            c.inline_max = v;
+        }
+        if let Some(v) = num(&get, "WEFT_MIN_CHUNK_BYTES", 4096, 1 << 30)? {
+            c.min_chunk = v;
+        }
+        if let Some(v) = num(&get, "WEFT_SOCK_BUF_BYTES", 0, 1 << 30)? {
+            c.sock_buf = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the limits that span several fields.
+    pub fn validate(&self) -> Result<()> {
+        if self.nthreads > MAX_THREADS {
+            return Err(Error::Config(format!("nthreads {} > {MAX_THREADS}", self.nthreads)));
+        }
+        if self.nsocks_per_thread == 0 || self.streams() > MAX_STREAMS {
+            return Err(Error::Config(format!(
+                "nthreads {} x nsocks_per_thread {} must give 1..={MAX_STREAMS} streams",
+                self.nthreads, self.nsocks_per_thread
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Config("timeout must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// Data streams per connection.
+    pub fn streams(&self) -> usize {
+        self.nthreads.max(1) * self.nsocks_per_thread
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(spec: &str, name: &str, addrs: &[&str]) -> bool {
+        let addrs: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        spec.parse::<IfSpec>().unwrap().matches(name, &addrs)
+    }
+
+    #[test]
+    fn nccl_ifname_syntax() {
+        let table: &[(&str, &str, bool)] = &[
+            ("eth", "eth0", true),
+            ("eth", "eth10", true),
+            ("eth,ib", "ib0", true),
+            ("eth", "enp1s0", false),
+            ("^docker,lo", "docker0", false),
+            ("^docker,lo", "lo", false),
+            ("^docker,lo", "eth0", true),
+            ("=eth0", "eth0", true),
+            ("=eth0", "eth01", false),
+            ("^=eth0", "eth01", true),
+            ("^=eth0", "eth0", false),
+            ("mlx5_0:1", "mlx5_0", true),
+        ];
+        for (spec, name, want) in table {
+            assert_eq!(sel(spec, name, &[]), *want, "{spec} vs {name}");
+        }
+    }
+
+    #[test]
+    fn subnets() {
+        assert!(sel("10.1.0.0/16", "x", &["10.1.2.3"]));
+        assert!(!sel("10.1.0.0/16", "x", &["10.2.2.3"]));
+        assert!(sel("^10.1.0.0/16", "x", &["192.168.0.1"]));
+        assert!(sel("fd00::/64", "x", &["fd00::2"]));
+        assert!(!sel("fd00::/64", "x", &["10.1.2.3"]));
+        assert!(sel("0.0.0.0/0", "x", &["1.2.3.4"]));
+        assert!("10.0.0.0/33".parse::<IfSpec>().is_err());
+        assert!("nonsense/8".parse::<IfSpec>().is_err());
+        assert!("^".parse::<IfSpec>().is_err());
+    }
+
+    #[test]
+    fn env_overlay_and_errors_name_the_variable() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let c = Config::from_lookup(env(&[
+            ("WEFT_TIMEOUT_MS", "1500"),
+            ("WEFT_NTHREADS", "0"),
+            ("WEFT_NSOCKS_PERTHREAD", "4"),
+            ("NCCL_SOCKET_IFNAME", "=lo"),
+        ]))
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(c.streams(), 4);
+        assert!(c.mgmt_ifname.unwrap().matches("lo", &[]));
+        let e = Config::from_lookup(env(&[("WEFT_NTHREADS", "many")])).unwrap_err();
+        assert!(e.to_string().contains("WEFT_NTHREADS"), "{e}");
+        let e = Config::from_lookup(env(&[("WEFT_NTHREADS", "16"), ("WEFT_NSOCKS_PERTHREAD", "8")])).unwrap_err();
+        assert!(e.to_string().contains("64"), "{e}");
+    }
+}

@@ -1,0 +1,412 @@
+//! `weft fabric`: partitions as code.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use weft_fabric::conf::{self, Conf};
+use weft_fabric::{Compiled, Inventory, Plan, PortMismatch, SmOptions, Violation};
+use weft_opensm::{Applier, ApplyError, FabricSnapshot, SmHost};
+
+use crate::config::{Config, FabricConfig};
+use crate::output::{json, keys, table};
+use crate::{EXIT_CHECK_FAILED, EXIT_OK};
+
+#[derive(Subcommand)]
+pub enum FabricCommand {
+    /// Validate a plan and show the partitions it makes; with --live, against the fabric.
+    #[command(
+        after_help = "Examples:\n  weft fabric check plan.toml\n  weft fabric check plan.toml --live --render > partitions.conf"
+    )]
+    Check {
+        /// The plan (TOML).
+        plan: PathBuf,
+        /// Also check GUIDs, node names and table capacities against the live fabric.
+        #[arg(long)]
+        live: bool,
+        /// Print the partitions.conf the plan renders to instead of the summary.
+        #[arg(long)]
+        render: bool,
+    },
+    /// Show what applying a plan would change on each port, and on each SM's file.
+    #[command(after_help = "Example:\n  weft fabric diff plan.toml")]
+    Diff { plan: PathBuf },
+    /// Apply a plan: write it to every SM, reread, verify every port, roll back on failure.
+    #[command(after_help = "Example:\n  weft --config weft.toml fabric apply plan.toml")]
+    Apply {
+        plan: PathBuf,
+        #[command(flatten)]
+        timeouts: Timeouts,
+    },
+    /// Compare the fabric's P_Key tables with a plan, or with the master SM's current file.
+    #[command(after_help = "Examples:\n  weft fabric verify plan.toml\n  weft fabric verify")]
+    Verify { plan: Option<PathBuf> },
+    /// Turn an existing partitions.conf into a plan (TOML on stdout).
+    #[command(
+        after_help = "Example:\n  weft fabric import /etc/opensm/partitions.conf > plan.toml"
+    )]
+    Import { file: PathBuf },
+    /// Show each configured SM: master or standby, and whether their files agree.
+    #[command(after_help = "Example:\n  weft fabric status --json")]
+    Status,
+}
+
+#[derive(Args)]
+pub struct Timeouts {
+    /// Bound on the sweep after a reread, in ms (overrides fabric.sweep_timeout_ms).
+    #[arg(long, env = "WEFT_SWEEP_TIMEOUT_MS")]
+    sweep_timeout_ms: Option<u64>,
+    /// Bound on the ports showing the planned tables, in ms.
+    #[arg(long, env = "WEFT_VERIFY_TIMEOUT_MS")]
+    verify_timeout_ms: Option<u64>,
+}
+
+pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
+    let fc = &cfg.fabric;
+    match cmd {
+        FabricCommand::Check { plan, live, render } => {
+            let plan = load_plan(&plan)?;
+            let inventory = if live {
+                Some(applier(fc, None)?.diag.snapshot()?.inventory)
+            } else {
+                None
+            };
+            match compile(&plan, inventory.as_ref()) {
+                Err(v) => report_violations(&v, as_json),
+                Ok(c) if render => {
+                    print!("{}", conf::render(&c.conf));
+                    Ok(EXIT_OK)
+                }
+                Ok(c) => {
+                    print_summary(&c, as_json)?;
+                    Ok(EXIT_OK)
+                }
+            }
+        }
+        FabricCommand::Diff { plan } => {
+            let plan = load_plan(&plan)?;
+            let a = applier(fc, None)?;
+            let snapshot = a.diag.snapshot()?;
+            let compiled = match compile(&plan, Some(&snapshot.inventory)) {
+                Ok(c) => c,
+                Err(v) => return report_violations(&v, as_json),
+            };
+            let v = a.compare(&compiled.conf, &snapshot);
+            let text = conf::render(&compiled.conf);
+            let files: Vec<FileState> = a
+                .sms
+                .iter()
+                .map(|s| FileState::of(s.as_ref(), &text))
+                .collect();
+            if as_json {
+                json(&DiffJson {
+                    ports: port_rows(&v.mismatches, &snapshot),
+                    files,
+                })?;
+            } else {
+                print_port_changes(&v.mismatches, &snapshot, "change");
+                for f in files {
+                    println!("SM {}: {}", f.sm, f.state);
+                }
+            }
+            Ok(EXIT_OK)
+        }
+        FabricCommand::Apply { plan, timeouts } => {
+            let plan = load_plan(&plan)?;
+            let a = applier(fc, Some(&timeouts))?;
+            let snapshot = a.diag.snapshot()?;
+            let compiled = match compile(&plan, Some(&snapshot.inventory)) {
+                Ok(c) => c,
+                Err(v) => return report_violations(&v, as_json),
+            };
+            match a.apply(&compiled.conf) {
+                Ok(r) => {
+                    if as_json {
+                        json(&r)?;
+                    } else {
+                        println!(
+                            "applied: {} ports verified in {:.0} ms (write {:.0} ms, sweep {:.0} ms, verify {:.0} ms){}",
+                            r.ports_verified,
+                            r.total_ms,
+                            r.write_ms,
+                            r.sweep_ms,
+                            r.verify_ms,
+                            if r.changed {
+                                ""
+                            } else {
+                                "; the file was already current"
+                            }
+                        );
+                        print_sm_states(&r.sms);
+                    }
+                    Ok(EXIT_OK)
+                }
+                Err(ApplyError::RolledBack {
+                    cause,
+                    mismatches,
+                    rollback,
+                }) => {
+                    if as_json {
+                        json(&serde_json::json!({
+                            "error": cause, "rollback": rollback,
+                            "ports": port_rows(&mismatches, &snapshot),
+                        }))?;
+                    } else {
+                        eprintln!("weft: apply failed: {cause}");
+                        print_port_changes(&mismatches, &snapshot, "wrong");
+                        eprintln!("rollback: {rollback}");
+                    }
+                    Ok(EXIT_CHECK_FAILED)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        FabricCommand::Verify { plan } => {
+            let a = applier(fc, None)?;
+            let snapshot = a.diag.snapshot()?;
+            let conf = match plan {
+                Some(p) => match compile(&load_plan(&p)?, Some(&snapshot.inventory)) {
+                    Ok(c) => c.conf,
+                    Err(v) => return report_violations(&v, as_json),
+                },
+                None => master_conf(&a, &snapshot)?,
+            };
+            let v = a.compare(&conf, &snapshot);
+            if as_json {
+                json(&v)?;
+            } else if v.mismatches.is_empty() {
+                println!(
+                    "verified: all {} ports hold the planned P_Keys (master SM port {})",
+                    v.ports_checked, v.master
+                );
+            } else {
+                print_port_changes(&v.mismatches, &snapshot, "wrong");
+            }
+            Ok(if v.mismatches.is_empty() {
+                EXIT_OK
+            } else {
+                EXIT_CHECK_FAILED
+            })
+        }
+        FabricCommand::Import { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            match conf::parse(&text) {
+                Ok(c) => {
+                    let plan = Plan::from_conf(&c);
+                    if as_json {
+                        json(&plan)?;
+                    } else {
+                        print!("{}", plan.to_toml());
+                    }
+                    Ok(EXIT_OK)
+                }
+                Err(e) => {
+                    eprintln!("weft: {}: {e}", file.display());
+                    Ok(EXIT_CHECK_FAILED)
+                }
+            }
+        }
+        FabricCommand::Status => {
+            let a = applier(fc, None)?;
+            let master = a.diag.master_sm().ok();
+            let states: Vec<_> =
+                a.sm_states(master.and_then(|g| a.sms.iter().position(|s| s.port_guid() == g)));
+            let in_sync = states.windows(2).all(|w| w[0].checksum == w[1].checksum)
+                && states.iter().all(|s| s.checksum.is_some());
+            if as_json {
+                json(&serde_json::json!({ "sms": states, "in_sync": in_sync }))?;
+            } else {
+                print_sm_states(&states);
+                println!(
+                    "{}",
+                    if in_sync {
+                        "in sync"
+                    } else {
+                        "OUT OF SYNC: the SMs hold different partition files"
+                    }
+                );
+            }
+            Ok(if in_sync { EXIT_OK } else { EXIT_CHECK_FAILED })
+        }
+    }
+}
+
+fn load_plan(path: &Path) -> Result<Plan> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Plan::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
+    weft_fabric::compile(plan, inventory)
+}
+
+fn applier(fc: &FabricConfig, timeouts: Option<&Timeouts>) -> Result<Applier> {
+    let sms = fc.local_sms()?;
+    let sweep = timeouts
+        .and_then(|t| t.sweep_timeout_ms)
+        .unwrap_or(fc.sweep_timeout_ms);
+    let verify = timeouts
+        .and_then(|t| t.verify_timeout_ms)
+        .unwrap_or(fc.verify_timeout_ms);
+    Ok(Applier {
+        sms: sms
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn SmHost>)
+            .collect(),
+        diag: fc.diag_tools(),
+        sm_options: SmOptions {
+            allow_both_pkeys: fc.allow_both_pkeys,
+        },
+        sweep_timeout: Duration::from_millis(sweep),
+        verify_timeout: Duration::from_millis(verify),
+    })
+}
+
+/// The config the master SM holds now, parsed strictly.
+fn master_conf(a: &Applier, snapshot: &FabricSnapshot) -> Result<Conf> {
+    let master = snapshot.inventory.sm_port_guid;
+    let sm = a
+        .sms
+        .iter()
+        .find(|s| Some(s.port_guid()) == master)
+        .or(a.sms.first())
+        .context("no SM is configured (add [[fabric.sm]] to the config)")?;
+    let bytes = sm
+        .read_partitions()?
+        .with_context(|| format!("SM `{}` has no partitions file", sm.name()))?;
+    conf::parse(&String::from_utf8_lossy(&bytes))
+        .map_err(|e| anyhow::anyhow!("SM `{}`'s partitions file: {e}", sm.name()))
+}
+
+fn report_violations(v: &[Violation], as_json: bool) -> Result<u8> {
+    if as_json {
+        json(&serde_json::json!({ "violations": v }))?;
+    } else {
+        for x in v {
+            eprintln!("FAIL {x}");
+        }
+        eprintln!("{} problem(s); nothing was written", v.len());
+    }
+    Ok(EXIT_CHECK_FAILED)
+}
+
+fn print_summary(c: &Compiled, as_json: bool) -> Result<()> {
+    if as_json {
+        return json(&serde_json::json!({ "conf": c.conf, "owners": c.owners }));
+    }
+    let rows = c.conf.partitions.iter().map(|p| {
+        let tenant = p
+            .pkey
+            .and_then(|k| c.owners.get(&k).cloned())
+            .unwrap_or_else(|| "-".into());
+        [
+            p.name.clone(),
+            p.pkey
+                .map(|k| k.to_string())
+                .unwrap_or_else(|| "auto".into()),
+            tenant,
+            p.members.len().to_string(),
+            if p.flags.ipoib { "yes" } else { "no" }.to_string(),
+        ]
+    });
+    println!(
+        "{}",
+        table(["PARTITION", "PKEY", "TENANT", "MEMBERS", "IPOIB"], rows)
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct PortRow {
+    port: String,
+    node: String,
+    lid: u16,
+    missing: Vec<String>,
+    unexpected: Vec<String>,
+}
+
+fn port_rows(m: &[PortMismatch], snapshot: &FabricSnapshot) -> Vec<PortRow> {
+    m.iter()
+        .map(|x| {
+            let port = snapshot.inventory.port(x.port);
+            PortRow {
+                port: x.port.to_string(),
+                node: port.map(|p| p.node_desc.clone()).unwrap_or_default(),
+                lid: port.map(|p| p.lid).unwrap_or(0),
+                missing: x.missing.iter().map(|k| format!("{k:#06x}")).collect(),
+                unexpected: x.unexpected.iter().map(|k| format!("{k:#06x}")).collect(),
+            }
+        })
+        .collect()
+}
+
+fn print_port_changes(m: &[PortMismatch], snapshot: &FabricSnapshot, what: &str) {
+    if m.is_empty() {
+        println!("no port would change");
+        return;
+    }
+    let rows = m.iter().map(|x| {
+        let port = snapshot.inventory.port(x.port);
+        [
+            port.map(|p| p.node_desc.clone()).unwrap_or_default(),
+            x.port.to_string(),
+            port.map(|p| p.lid.to_string()).unwrap_or_default(),
+            keys(&x.missing),
+            keys(&x.unexpected),
+        ]
+    });
+    println!(
+        "{}",
+        table(["NODE", "PORT GUID", "LID", "+ P_KEYS", "- P_KEYS"], rows)
+    );
+    println!("{} port(s) {what}", m.len());
+}
+
+fn print_sm_states(states: &[weft_opensm::SmState]) {
+    let rows = states.iter().map(|s| {
+        [
+            s.name.clone(),
+            if s.master { "master" } else { "standby" }.to_string(),
+            s.checksum
+                .as_deref()
+                .map(|c| c[..12.min(c.len())].to_string())
+                .unwrap_or_else(|| "none".into()),
+        ]
+    });
+    println!("{}", table(["SM", "ROLE", "SHA-256"], rows));
+}
+
+#[derive(Serialize)]
+struct FileState {
+    sm: String,
+    state: String,
+}
+
+impl FileState {
+    fn of(sm: &dyn SmHost, planned: &str) -> FileState {
+        let state = match sm.read_partitions() {
+            Ok(Some(b)) if b == planned.as_bytes() => "file already current".to_string(),
+            Ok(Some(b)) => format!(
+                "file would change ({} -> {} lines)",
+                String::from_utf8_lossy(&b).lines().count(),
+                planned.lines().count()
+            ),
+            Ok(None) => "no file yet; it would be created".to_string(),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        FileState {
+            sm: sm.name().to_string(),
+            state,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct DiffJson {
+    ports: Vec<PortRow>,
+    files: Vec<FileState>,
+}
