@@ -1036,3 +1036,42 @@ fn render_partition(out: &mut String, p: &Partition) {
     }
     out.push_str("    ;\n");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_pkeys_follow_opensm_generation() {
+        let c = parse("a : ALL ;\nb=0x0002 : ALL ;\nc : ALL ;\nDefault : SELF=full ;").unwrap();
+        let keys: Vec<u16> = c
+            .effective_pkeys()
+            .into_iter()
+            .flatten()
+            .map(PKey::base)
+            .collect();
+        assert_eq!(keys, vec![1, 2, 3, 0x7fff]);
+    }
+
+    #[test]
+    fn gid_checks() {
+        assert!("ff12:401b::1".parse::<Gid>().unwrap().is_ip());
+        assert!(!"ff12::1".parse::<Gid>().unwrap().is_ip());
+        assert!("fe80::1".parse::<Gid>().is_err());
+        assert_eq!(
+            "ff12:401b:8a0a::1".parse::<Gid>().unwrap().ip_pkey_field(),
+            0x8a0a
+        );
+    }
+
+    #[test]
+    fn render_is_canonical() {
+        let c = parse("t = 0x10 , ipoib , defmember = full : ALL , SELF = full ;").unwrap();
+        assert_eq!(
+            render(&c).lines().nth(1),
+            Some("t=0x0010,ipoib,defmember=full : ALL, SELF=full ;")
+        );
+        let c = parse("e=0x11 : ;").unwrap();
+        assert_eq!(render(&c).lines().nth(1), Some("e=0x0011 : NONE ;"));
+    }
+}

@@ -320,3 +320,34 @@ impl Inventory {
 pub(crate) fn node_matches(desc: &str, name: &str) -> bool {
     desc == name || desc.split_whitespace().next() == Some(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_number("0x10"), Ok(16));
+        assert_eq!(parse_number("10"), Ok(10));
+        assert_eq!(parse_number("0"), Ok(0));
+        assert!(parse_number("010").unwrap_err().contains("octal"));
+        assert!(parse_number("0x").is_err());
+        assert!(parse_number("-1").is_err());
+        assert!(parse_number("0x1ffffffffffffffff").is_err());
+        assert_eq!(parse_number("0x0000000000000000001"), Ok(1));
+    }
+
+    #[test]
+    fn membership_words_are_exact() {
+        assert_eq!("both".parse::<Membership>(), Ok(Membership::Both));
+        assert!("limi".parse::<Membership>().is_err());
+        assert!("Full".parse::<Membership>().is_err());
+    }
+
+    #[test]
+    fn node_names_match_first_word() {
+        assert!(node_matches("node1 mlx5_0", "node1"));
+        assert!(node_matches("node1", "node1"));
+        assert!(!node_matches("node10 mlx5_0", "node1"));
+    }
+}

@@ -15,9 +15,12 @@ fn g(x: u64) -> Guid {
 
 // ------------------------------------------------------------ parse: accepted
 
+/// (name, P_Key, member count) of one parsed partition.
+type Expect<'a> = (&'a str, Option<u16>, usize);
+
 #[test]
 fn parse_accepts_examples() {
-    let cases: &[(&str, usize, &[(&str, Option<u16>, usize)])] = &[
+    let cases: &[(&str, usize, &[Expect])] = &[
         (
             "Default=0x7fff, ipoib : ALL=full ;",
             1,
@@ -167,7 +170,7 @@ fn parse_errors_have_line_and_column() {
         ("t=0x10 : 010 ;", 1, 10, "expected a port GUID"),
         ("t=010 : ALL ;", 1, 3, "octal"),
         ("t=0x10 : A ;", 1, 10, "expected a port GUID, found `A`"),
-        ("t=0x10,mtu=9 : ALL ;", 1, 12, "mtu"),
+        ("t=0x10,mtu=9 : ALL ;", 1, 12, "MTU code"),
         (
             "t=0x10,bogus : ALL ;",
             1,
@@ -252,7 +255,7 @@ fn guid_forms() {
         "0x0002c90300000101",
         "0002:c903:0000:0101",
         "0X2C90300000101",
-        "784484924817665",
+        "783964675506433",
     ] {
         assert_eq!(s.parse::<Guid>().unwrap(), want, "{s}");
     }
@@ -411,14 +414,15 @@ fn compare_ignores_holes_and_order() {
     obs.insert(Guid(0x0201), vec![0x7fff, 0x8b0b]);
     obs.insert(Guid(0x0301), vec![]);
     let m = e.compare(&ObservedTables(obs));
-    assert_eq!(m.len(), 4, "{m:?}");
+    assert_eq!(m.len(), 3, "{m:?}");
     assert_eq!(
         (m[0].port, &m[0].missing, &m[0].unexpected),
         (Guid(0x0201), &vec![], &vec![0x8b0b])
     );
     assert_eq!((m[1].port, &m[1].missing), (Guid(0x0301), &vec![0x7fff]));
     assert_eq!((m[2].port, &m[2].missing), (Guid(0x1000), &vec![0x7fff]));
-    assert_eq!(m[3].port, Guid(0x0a01 + 0x0a01 - 0x0a01 + 0)); // placeholder replaced below
+    // the SM port matched despite its holes; the switch port was not observed at all
+    assert!(m.iter().all(|x| x.port != Guid(0x0a01)));
 }
 
 // ------------------------------------------------------------ plans and compile
@@ -717,7 +721,8 @@ fn arb_partition(idx: u16) -> impl Strategy<Value = Partition> {
             let mcast_groups = groups.into_iter().filter(|g| seen.insert(g.mgid)).collect();
             Partition {
                 name: format!("{name}_{idx}"),
-                pkey: (idx % 3 != 0).then(|| PKey::new(0x100 + idx).unwrap_or(PKey::DEFAULT)),
+                pkey: (!idx.is_multiple_of(3))
+                    .then(|| PKey::new(0x100 + idx).unwrap_or(PKey::DEFAULT)),
                 flags,
                 members,
                 mcast_groups,
