@@ -55,15 +55,17 @@ impl FromStr for IfSpec {
         let mut items = Vec::new();
         for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if let Some((ip, bits)) = part.split_once('/') {
-                let ip: IpAddr = ip
-                    .parse()
-                    .map_err(|_| Error::Config(format!("bad subnet address {part:?} in interface list {s:?}")))?;
+                let ip: IpAddr = ip.parse().map_err(|_| {
+                    Error::Config(format!(
+                        "bad subnet address {part:?} in interface list {s:?}"
+                    ))
+                })?;
                 let max = if ip.is_ipv4() { 32 } else { 128 };
-                let bits: u8 = bits
-                    .parse()
-                    .ok()
-                    .filter(|b| *b <= max)
-                    .ok_or_else(|| Error::Config(format!("bad prefix length in {part:?} of interface list {s:?}")))?;
+                let bits: u8 = bits.parse().ok().filter(|b| *b <= max).ok_or_else(|| {
+                    Error::Config(format!(
+                        "bad prefix length in {part:?} of interface list {s:?}"
+                    ))
+                })?;
                 items.push(IfMatch::Subnet(ip, bits));
             } else {
                 // NCCL allows `name:port` for IB devices; the port means nothing for TCP.
@@ -74,7 +76,11 @@ impl FromStr for IfSpec {
         if items.is_empty() {
             return Err(Error::Config(format!("empty interface list {s:?}")));
         }
-        Ok(IfSpec { exclude, exact, items })
+        Ok(IfSpec {
+            exclude,
+            exact,
+            items,
+        })
     }
 }
 
@@ -99,11 +105,19 @@ impl IfSpec {
 pub fn in_subnet(addr: IpAddr, net: IpAddr, bits: u8) -> bool {
     match (addr, net) {
         (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - u32::from(bits.min(32))) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(bits.min(32)))
+            };
             u32::from(a) & mask == u32::from(n) & mask
         }
         (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - u32::from(bits.min(128))) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(bits.min(128)))
+            };
             u128::from(a) & mask == u128::from(n) & mask
         }
         _ => false,
@@ -123,6 +137,9 @@ pub struct Config {
     pub merge_rails: bool,
     /// Bound on every network wait: connect, handshake, a stalled message, a dead peer.
     pub timeout: Duration,
+    /// Bound on how long a listener waits with no peer connecting at all. Longer than `timeout`
+    /// by default because a peer rank may legitimately start its side much later.
+    pub accept_timeout: Duration,
     /// Helper threads per connection; 0 means the caller's `test()` moves the bytes itself.
     pub nthreads: usize,
     /// Data streams per helper thread (per connection when `nthreads` is 0).
@@ -131,6 +148,10 @@ pub struct Config {
     pub inline_max: usize,
     /// Smallest chunk a large message is split into across data streams.
     pub min_chunk: usize,
+    /// `TCP_USER_TIMEOUT` for every socket (zero: not set). Bounds how long sent data may stay
+    /// unacknowledged (a dead host while sending) but also how long a receiver may keep its window
+    /// closed, so set it well above the longest pause between a peer's receives.
+    pub tcp_user_timeout: Duration,
     /// Socket send/receive buffer size in bytes (0: kernel default / autotuning).
     pub sock_buf: usize,
 }
@@ -142,26 +163,63 @@ impl Default for Config {
             data_ifname: None,
             merge_rails: false,
             timeout: Duration::from_secs(30),
+            accept_timeout: Duration::from_secs(300),
             nthreads: 2,
             nsocks_per_thread: 2,
             inline_max: 1024,
             min_chunk: 64 * 1024,
             sock_buf: 0,
+            tcp_user_timeout: Duration::ZERO,
         }
     }
 }
 
 /// The environment variables [`Config::from_env`] reads, with their meaning.
 pub const ENV_VARS: &[(&str, &str)] = &[
-    ("WEFT_MGMT_IFNAME", "handshake interface, NCCL syntax (falls back to NCCL_SOCKET_IFNAME); default: auto"),
-    ("WEFT_DATA_IFNAME", "data interfaces, NCCL syntax or subnets (a.b.c.d/n); one device each; default: the management interface"),
-    ("WEFT_MERGE_RAILS", "1: one device striping every connection over all data interfaces; default 0"),
-    ("WEFT_TIMEOUT_MS", "bound on every network wait in milliseconds; default 30000"),
-    ("WEFT_NTHREADS", "helper threads per connection (0..16; 0 = progress in test()); default 2"),
-    ("WEFT_NSOCKS_PERTHREAD", "data streams per helper thread (1..64, threads*socks <= 64); default 2"),
-    ("WEFT_INLINE_BYTES", "messages up to this size go inline on the control stream; default 1024"),
-    ("WEFT_MIN_CHUNK_BYTES", "smallest chunk of a message split over streams; default 65536"),
-    ("WEFT_SOCK_BUF_BYTES", "SO_SNDBUF/SO_RCVBUF per socket; default 0 (kernel autotuning)"),
+    (
+        "WEFT_MGMT_IFNAME",
+        "handshake interface, NCCL syntax (falls back to NCCL_SOCKET_IFNAME); default: auto",
+    ),
+    (
+        "WEFT_DATA_IFNAME",
+        "data interfaces, NCCL syntax or subnets (a.b.c.d/n); one device each; default: the management interface",
+    ),
+    (
+        "WEFT_MERGE_RAILS",
+        "1: one device striping every connection over all data interfaces; default 0",
+    ),
+    (
+        "WEFT_TIMEOUT_MS",
+        "bound on every network wait in milliseconds; default 30000",
+    ),
+    (
+        "WEFT_ACCEPT_TIMEOUT_MS",
+        "how long a listener waits with no peer connecting at all; default 300000",
+    ),
+    (
+        "WEFT_NTHREADS",
+        "helper threads per connection (0..16; 0 = progress in test()); default 2",
+    ),
+    (
+        "WEFT_NSOCKS_PERTHREAD",
+        "data streams per helper thread (1..64, threads*socks <= 64); default 2",
+    ),
+    (
+        "WEFT_INLINE_BYTES",
+        "messages up to this size go inline on the control stream; default 1024",
+    ),
+    (
+        "WEFT_MIN_CHUNK_BYTES",
+        "smallest chunk of a message split over streams; default 65536",
+    ),
+    (
+        "WEFT_TCP_USER_TIMEOUT_MS",
+        "TCP_USER_TIMEOUT per socket (dead host while sending); also bounds a receiver's closed window; default 0 (off)",
+    ),
+    (
+        "WEFT_SOCK_BUF_BYTES",
+        "SO_SNDBUF/SO_RCVBUF per socket; default 0 (kernel autotuning)",
+    ),
 ];
 
 impl Config {
@@ -181,7 +239,12 @@ impl Config {
         if let Some(v) = nonempty("WEFT_DATA_IFNAME") {
             c.data_ifname = Some(v.parse()?);
         }
-        fn num(get: &dyn Fn(&str) -> Option<String>, k: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+        fn num(
+            get: &dyn Fn(&str) -> Option<String>,
+            k: &str,
+            lo: usize,
+            hi: usize,
+        ) -> Result<Option<usize>> {
             match get(k) {
                 None => Ok(None),
                 Some(v) if v.trim().is_empty() => Ok(None),
@@ -191,7 +254,9 @@ impl Config {
                     .ok()
                     .filter(|n| (lo..=hi).contains(n))
                     .map(Some)
-                    .ok_or_else(|| Error::Config(format!("{k}={v:?}: expected an integer in {lo}..={hi}"))),
+                    .ok_or_else(|| {
+                        Error::Config(format!("{k}={v:?}: expected an integer in {lo}..={hi}"))
+                    }),
             }
         }
         if let Some(v) = num(&get, "WEFT_MERGE_RAILS", 0, 1)? {
@@ -199,6 +264,9 @@ impl Config {
         }
         if let Some(v) = num(&get, "WEFT_TIMEOUT_MS", 1, 24 * 3600 * 1000)? {
             c.timeout = Duration::from_millis(v as u64);
+        }
+        if let Some(v) = num(&get, "WEFT_ACCEPT_TIMEOUT_MS", 1, 24 * 3600 * 1000)? {
+            c.accept_timeout = Duration::from_millis(v as u64);
         }
         if let Some(v) = num(&get, "WEFT_NTHREADS", 0, MAX_THREADS)? {
             c.nthreads = v;
@@ -212,6 +280,9 @@ impl Config {
         if let Some(v) = num(&get, "WEFT_MIN_CHUNK_BYTES", 4096, 1 << 30)? {
             c.min_chunk = v;
         }
+        if let Some(v) = num(&get, "WEFT_TCP_USER_TIMEOUT_MS", 0, 24 * 3600 * 1000)? {
+            c.tcp_user_timeout = Duration::from_millis(v as u64);
+        }
         if let Some(v) = num(&get, "WEFT_SOCK_BUF_BYTES", 0, 1 << 30)? {
             c.sock_buf = v;
         }
@@ -222,7 +293,10 @@ impl Config {
     /// Checks the limits that span several fields.
     pub fn validate(&self) -> Result<()> {
         if self.nthreads > MAX_THREADS {
-            return Err(Error::Config(format!("nthreads {} > {MAX_THREADS}", self.nthreads)));
+            return Err(Error::Config(format!(
+                "nthreads {} > {MAX_THREADS}",
+                self.nthreads
+            )));
         }
         if self.nsocks_per_thread == 0 || self.streams() > MAX_STREAMS {
             return Err(Error::Config(format!(
@@ -288,7 +362,12 @@ mod tests {
     #[test]
     fn env_overlay_and_errors_name_the_variable() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
         let c = Config::from_lookup(env(&[
             ("WEFT_TIMEOUT_MS", "1500"),
@@ -302,7 +381,11 @@ mod tests {
         assert!(c.mgmt_ifname.unwrap().matches("lo", &[]));
         let e = Config::from_lookup(env(&[("WEFT_NTHREADS", "many")])).unwrap_err();
         assert!(e.to_string().contains("WEFT_NTHREADS"), "{e}");
-        let e = Config::from_lookup(env(&[("WEFT_NTHREADS", "16"), ("WEFT_NSOCKS_PERTHREAD", "8")])).unwrap_err();
+        let e = Config::from_lookup(env(&[
+            ("WEFT_NTHREADS", "16"),
+            ("WEFT_NSOCKS_PERTHREAD", "8"),
+        ]))
+        .unwrap_err();
         assert!(e.to_string().contains("64"), "{e}");
     }
 }

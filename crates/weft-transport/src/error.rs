@@ -102,7 +102,9 @@ pub enum Error {
         after: Duration,
     },
     /// The sender sent more bytes than the posted receive buffer holds.
-    #[error("message truncated: peer {peer} sent {sent} bytes (tag {tag}) into a {posted}-byte receive buffer")]
+    #[error(
+        "message truncated: peer {peer} sent {sent} bytes (tag {tag}) into a {posted}-byte receive buffer"
+    )]
     Truncated {
         /// Remote address.
         peer: SocketAddr,
@@ -138,20 +140,30 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn local(op: impl Into<String>, e: &io::Error) -> Error {
-        Error::Local { op: op.into(), kind: e.kind(), message: e.to_string() }
+        Error::Local {
+            op: op.into(),
+            kind: e.kind(),
+            message: e.to_string(),
+        }
     }
 
     /// Whether this error is the caller's fault (maps to ncclInvalidUsage / ncclInternalError)
     /// rather than the network's (ncclSystemError / ncclRemoteError).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Error::Usage(_) | Error::Truncated { .. } | Error::TagMismatch { .. })
+        matches!(
+            self,
+            Error::Usage(_) | Error::Truncated { .. } | Error::TagMismatch { .. }
+        )
     }
 
     /// Whether the remote side is to blame (it sent garbage, rejected us or went away).
     pub fn is_remote(&self) -> bool {
         matches!(
             self,
-            Error::Protocol { .. } | Error::Rejected { .. } | Error::Closed { .. } | Error::Timeout { .. }
+            Error::Protocol { .. }
+                | Error::Rejected { .. }
+                | Error::Closed { .. }
+                | Error::Timeout { .. }
         )
     }
 }
@@ -178,12 +190,26 @@ impl Link {
         }
     }
     pub fn closed(&self, stage: Stage) -> Error {
-        Error::Closed { peer: self.peer, iface: self.iface.clone(), stage }
+        Error::Closed {
+            peer: self.peer,
+            iface: self.iface.clone(),
+            stage,
+        }
     }
     pub fn timeout(&self, stage: Stage, after: Duration) -> Error {
-        Error::Timeout { peer: self.peer, iface: self.iface.clone(), stage, after }
+        Error::Timeout {
+            peer: self.peer,
+            iface: self.iface.clone(),
+            stage,
+            after,
+        }
     }
     pub fn protocol(&self, stage: Stage, source: FrameError) -> Error {
-        Error::Protocol { peer: self.peer, iface: self.iface.clone(), stage, source }
+        Error::Protocol {
+            peer: self.peer,
+            iface: self.iface.clone(),
+            stage,
+            source,
+        }
     }
 }

@@ -32,21 +32,28 @@ impl Interface {
 
     /// Link speed in Mbit/s from `/sys/class/net/<if>/speed`; `None` if unknown (virtual NICs).
     pub fn speed_mbps(&self) -> Option<u32> {
-        let s = std::fs::read_to_string(Path::new("/sys/class/net").join(&self.name).join("speed")).ok()?;
-        s.trim().parse::<i64>().ok().filter(|v| *v > 0).and_then(|v| u32::try_from(v).ok())
+        let s = std::fs::read_to_string(Path::new("/sys/class/net").join(&self.name).join("speed"))
+            .ok()?;
+        s.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|v| *v > 0)
+            .and_then(|v| u32::try_from(v).ok())
     }
 
     /// Canonical sysfs path of the PCI device behind the interface; `None` for virtual ones.
     pub fn pci_path(&self) -> Option<String> {
-        let p = std::fs::canonicalize(Path::new("/sys/class/net").join(&self.name).join("device")).ok()?;
+        let p = std::fs::canonicalize(Path::new("/sys/class/net").join(&self.name).join("device"))
+            .ok()?;
         Some(p.to_string_lossy().into_owned())
     }
 
     /// A 64-bit identity of the port: the MAC address when there is one, else a hash of the name.
     /// Two devices with the same GUID are one physical port to NCCL.
     pub fn guid(&self) -> u64 {
-        let mac = std::fs::read_to_string(Path::new("/sys/class/net").join(&self.name).join("address"))
-            .unwrap_or_default();
+        let mac =
+            std::fs::read_to_string(Path::new("/sys/class/net").join(&self.name).join("address"))
+                .unwrap_or_default();
         let mut v: u64 = 0;
         let mut n = 0;
         for b in mac.trim().split(':') {
@@ -59,7 +66,9 @@ impl Interface {
             return v;
         }
         // FNV-1a of the name.
-        self.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        self.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
     }
 }
 
@@ -84,7 +93,9 @@ pub fn list() -> Result<Vec<Interface>> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: ifa_addr is non-null and points at a sockaddr of the family it names.
         let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
         let addr = match family {
@@ -103,7 +114,11 @@ pub fn list() -> Result<Vec<Interface>> {
         let up = ifa.ifa_flags & (libc::IFF_UP as libc::c_uint) != 0;
         match out.iter_mut().find(|i| i.name == name) {
             Some(i) => i.addrs.push(addr),
-            None => out.push(Interface { name, addrs: vec![addr], up }),
+            None => out.push(Interface {
+                name,
+                addrs: vec![addr],
+                up,
+            }),
         }
     }
     // SAFETY: `head` came from getifaddrs and is freed exactly once.
@@ -144,20 +159,34 @@ mod tests {
     use super::*;
 
     fn ifc(name: &str, addrs: &[&str]) -> Interface {
-        Interface { name: name.into(), addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(), up: true }
+        Interface {
+            name: name.into(),
+            addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            up: true,
+        }
     }
 
     #[test]
     fn auto_order_puts_lo_and_docker_last() {
-        let all = vec![ifc("lo", &["127.0.0.1"]), ifc("docker0", &["172.17.0.1"]), ifc("eth0", &["10.0.0.2"])];
+        let all = vec![
+            ifc("lo", &["127.0.0.1"]),
+            ifc("docker0", &["172.17.0.1"]),
+            ifc("eth0", &["10.0.0.2"]),
+        ];
         let names: Vec<_> = select(&all, None).into_iter().map(|i| i.name).collect();
         assert_eq!(names, ["eth0", "docker0", "lo"]);
     }
 
     #[test]
     fn best_addr_skips_link_local_v6() {
-        assert_eq!(ifc("a", &["fe80::1", "fd00::2"]).best_addr(), Some("fd00::2".parse().unwrap()));
-        assert_eq!(ifc("a", &["fd00::2", "10.0.0.1"]).best_addr(), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(
+            ifc("a", &["fe80::1", "fd00::2"]).best_addr(),
+            Some("fd00::2".parse().unwrap())
+        );
+        assert_eq!(
+            ifc("a", &["fd00::2", "10.0.0.1"]).best_addr(),
+            Some("10.0.0.1".parse().unwrap())
+        );
         assert_eq!(ifc("a", &["fe80::1"]).best_addr(), None);
     }
 

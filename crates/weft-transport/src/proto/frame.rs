@@ -182,10 +182,22 @@ impl Frame {
     pub fn encode(&self, out: &mut Vec<u8>) {
         let magic = u32::from_be_bytes(MAGIC);
         let (kind, flags, a, b, c, d) = match self {
-            Frame::Hello { nonce, conn_id, nstreams } => (K_HELLO, VERSION, *nstreams, magic, *nonce, *conn_id),
-            Frame::Stream { nonce, conn_id, idx } => (K_STREAM, VERSION, *idx, magic, *nonce, *conn_id),
+            Frame::Hello {
+                nonce,
+                conn_id,
+                nstreams,
+            } => (K_HELLO, VERSION, *nstreams, magic, *nonce, *conn_id),
+            Frame::Stream {
+                nonce,
+                conn_id,
+                idx,
+            } => (K_STREAM, VERSION, *idx, magic, *nonce, *conn_id),
             Frame::Ack { nonce, conn_id } => (K_ACK, VERSION, 0, magic, *nonce, *conn_id),
-            Frame::Reject { nonce, conn_id, reason } => (K_REJECT, VERSION, reason.code(), magic, *nonce, *conn_id),
+            Frame::Reject {
+                nonce,
+                conn_id,
+                reason,
+            } => (K_REJECT, VERSION, reason.code(), magic, *nonce, *conn_id),
             Frame::Msg(h) => {
                 let flags = if h.inline.is_some() { F_INLINE } else { 0 };
                 (K_MSG, flags, 0, h.tag as u32, h.size, h.chunk)
@@ -197,7 +209,10 @@ impl Frame {
         out.extend_from_slice(&b.to_be_bytes());
         out.extend_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&d.to_be_bytes());
-        if let Frame::Msg(MsgHeader { inline: Some(p), .. }) = self {
+        if let Frame::Msg(MsgHeader {
+            inline: Some(p), ..
+        }) = self
+        {
             out.extend_from_slice(p);
         }
     }
@@ -286,26 +301,44 @@ impl FrameDecoder {
                 return Err(FrameError::Magic(b));
             }
             if flags != VERSION {
-                return Err(FrameError::Version { found: flags, supported: VERSION });
+                return Err(FrameError::Version {
+                    found: flags,
+                    supported: VERSION,
+                });
             }
             Ok(())
         };
         let frame = match kind {
             K_HELLO => {
                 check_hs()?;
-                Frame::Hello { nonce: c, conn_id: d, nstreams: a }
+                Frame::Hello {
+                    nonce: c,
+                    conn_id: d,
+                    nstreams: a,
+                }
             }
             K_STREAM => {
                 check_hs()?;
-                Frame::Stream { nonce: c, conn_id: d, idx: a }
+                Frame::Stream {
+                    nonce: c,
+                    conn_id: d,
+                    idx: a,
+                }
             }
             K_ACK => {
                 check_hs()?;
-                Frame::Ack { nonce: c, conn_id: d }
+                Frame::Ack {
+                    nonce: c,
+                    conn_id: d,
+                }
             }
             K_REJECT => {
                 check_hs()?;
-                Frame::Reject { nonce: c, conn_id: d, reason: RejectReason::from_code(a) }
+                Frame::Reject {
+                    nonce: c,
+                    conn_id: d,
+                    reason: RejectReason::from_code(a),
+                }
             }
             K_MSG => {
                 let (size, chunk) = (c, d);
@@ -319,12 +352,22 @@ impl FrameDecoder {
                     }
                     let payload = avail[FRAME_LEN..FRAME_LEN + n].to_vec();
                     self.pos += FRAME_LEN + n;
-                    return Ok(Some(Frame::Msg(MsgHeader { tag: b as i32, size, chunk: 0, inline: Some(payload) })));
+                    return Ok(Some(Frame::Msg(MsgHeader {
+                        tag: b as i32,
+                        size,
+                        chunk: 0,
+                        inline: Some(payload),
+                    })));
                 }
                 if size > 0 && (chunk == 0 || size.div_ceil(chunk) > MAX_CHUNKS) {
                     return Err(FrameError::Chunk { size, chunk });
                 }
-                Frame::Msg(MsgHeader { tag: b as i32, size, chunk, inline: None })
+                Frame::Msg(MsgHeader {
+                    tag: b as i32,
+                    size,
+                    chunk,
+                    inline: None,
+                })
             }
             k => return Err(FrameError::Kind(k)),
         };
@@ -340,13 +383,43 @@ mod tests {
 
     fn all_frames() -> Vec<Frame> {
         vec![
-            Frame::Hello { nonce: 7, conn_id: 9, nstreams: 4 },
-            Frame::Stream { nonce: 7, conn_id: 9, idx: 3 },
-            Frame::Ack { nonce: 7, conn_id: 9 },
-            Frame::Reject { nonce: 7, conn_id: 9, reason: RejectReason::WrongNonce },
-            Frame::Msg(MsgHeader { tag: -5, size: 3, chunk: 0, inline: Some(vec![1, 2, 3]) }),
-            Frame::Msg(MsgHeader { tag: 1, size: 1 << 30, chunk: 1 << 20, inline: None }),
-            Frame::Msg(MsgHeader { tag: 0, size: 0, chunk: 0, inline: Some(vec![]) }),
+            Frame::Hello {
+                nonce: 7,
+                conn_id: 9,
+                nstreams: 4,
+            },
+            Frame::Stream {
+                nonce: 7,
+                conn_id: 9,
+                idx: 3,
+            },
+            Frame::Ack {
+                nonce: 7,
+                conn_id: 9,
+            },
+            Frame::Reject {
+                nonce: 7,
+                conn_id: 9,
+                reason: RejectReason::WrongNonce,
+            },
+            Frame::Msg(MsgHeader {
+                tag: -5,
+                size: 3,
+                chunk: 0,
+                inline: Some(vec![1, 2, 3]),
+            }),
+            Frame::Msg(MsgHeader {
+                tag: 1,
+                size: 1 << 30,
+                chunk: 1 << 20,
+                inline: None,
+            }),
+            Frame::Msg(MsgHeader {
+                tag: 0,
+                size: 0,
+                chunk: 0,
+                inline: Some(vec![]),
+            }),
         ]
     }
 
@@ -374,11 +447,22 @@ mod tests {
         d.handle_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(d.poll_frame(), Err(FrameError::Kind(b'G')));
         let mut bytes = Vec::new();
-        Frame::Hello { nonce: 1, conn_id: 2, nstreams: 1 }.encode(&mut bytes);
+        Frame::Hello {
+            nonce: 1,
+            conn_id: 2,
+            nstreams: 1,
+        }
+        .encode(&mut bytes);
         bytes[1] = 99;
         let mut d = FrameDecoder::new();
         d.handle_bytes(&bytes);
-        assert_eq!(d.poll_frame(), Err(FrameError::Version { found: 99, supported: VERSION }));
+        assert_eq!(
+            d.poll_frame(),
+            Err(FrameError::Version {
+                found: 99,
+                supported: VERSION
+            })
+        );
     }
 
     proptest! {
@@ -388,12 +472,7 @@ mod tests {
             for c in chunks {
                 d.handle_bytes(&c);
                 let _ = d.wanted();
-                loop {
-                    match d.poll_frame() {
-                        Ok(Some(_)) => continue,
-                        _ => break,
-                    }
-                }
+                while let Ok(Some(_)) = d.poll_frame() {}
             }
         }
 

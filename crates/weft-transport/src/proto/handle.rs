@@ -68,7 +68,9 @@ pub struct ListenHandle {
 }
 
 fn fnv1a32(b: &[u8]) -> u32 {
-    b.iter().fold(0x811c_9dc5u32, |h, x| (h ^ u32::from(*x)).wrapping_mul(0x0100_0193))
+    b.iter().fold(0x811c_9dc5u32, |h, x| {
+        (h ^ u32::from(*x)).wrapping_mul(0x0100_0193)
+    })
 }
 
 fn put_addr(out: &mut [u8], a: &SocketAddr) {
@@ -137,7 +139,10 @@ impl ListenHandle {
             return Err(HandleError::BadMagic(magic));
         }
         if b[4] != VERSION {
-            return Err(HandleError::Version { found: b[4], supported: VERSION });
+            return Err(HandleError::Version {
+                found: b[4],
+                supported: VERSION,
+            });
         }
         let n = b[5];
         if usize::from(n) > MAX_DATA_ADDRS {
@@ -146,7 +151,10 @@ impl ListenHandle {
         let len = Self::encoded_len(usize::from(n));
         let found = u16::from_be_bytes([b[6], b[7]]);
         if usize::from(found) != len {
-            return Err(HandleError::Length { found, expected: len as u16 });
+            return Err(HandleError::Length {
+                found,
+                expected: len as u16,
+            });
         }
         if b.len() < len {
             return Err(HandleError::TooShort(b.len()));
@@ -164,7 +172,11 @@ impl ListenHandle {
                 get_addr(&b[at..at + ADDR])
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(ListenHandle { nonce: u64::from_be_bytes(nonce), mgmt, data })
+        Ok(ListenHandle {
+            nonce: u64::from_be_bytes(nonce),
+            mgmt,
+            data,
+        })
     }
 }
 
@@ -179,7 +191,10 @@ mod tests {
         ListenHandle {
             nonce: 0x0123_4567_89ab_cdef,
             mgmt: "10.0.0.1:4000".parse().unwrap(),
-            data: vec!["192.168.1.1:5000".parse().unwrap(), "[fd00::2]:5001".parse().unwrap()],
+            data: vec![
+                "192.168.1.1:5000".parse().unwrap(),
+                "[fd00::2]:5001".parse().unwrap(),
+            ],
         }
     }
 
@@ -194,14 +209,29 @@ mod tests {
         let good = sample().encode();
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(ListenHandle::decode(&b), Err(HandleError::BadMagic(_))));
+        assert!(matches!(
+            ListenHandle::decode(&b),
+            Err(HandleError::BadMagic(_))
+        ));
         let mut b = good;
         b[4] = 9;
-        assert_eq!(ListenHandle::decode(&b), Err(HandleError::Version { found: 9, supported: VERSION }));
+        assert_eq!(
+            ListenHandle::decode(&b),
+            Err(HandleError::Version {
+                found: 9,
+                supported: VERSION
+            })
+        );
         let mut b = good;
         b[7] ^= 1;
-        assert!(matches!(ListenHandle::decode(&b), Err(HandleError::Length { .. })));
-        assert_eq!(ListenHandle::decode(&good[..20]), Err(HandleError::TooShort(20)));
+        assert!(matches!(
+            ListenHandle::decode(&b),
+            Err(HandleError::Length { .. })
+        ));
+        assert_eq!(
+            ListenHandle::decode(&good[..20]),
+            Err(HandleError::TooShort(20))
+        );
         let mut b = good;
         b[20] ^= 0x40;
         assert_eq!(ListenHandle::decode(&b), Err(HandleError::Checksum));

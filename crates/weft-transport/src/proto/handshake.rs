@@ -37,27 +37,54 @@ pub struct Connector {
 
 impl Connector {
     /// Starts a handshake at `now` that must finish within `timeout`.
-    pub fn new(now: Instant, timeout: Duration, nonce: u64, conn_id: u64, nstreams: u16) -> Connector {
-        Connector { nonce, conn_id, nstreams, deadline: now + timeout, dec: FrameDecoder::new(), event: None }
+    pub fn new(
+        now: Instant,
+        timeout: Duration,
+        nonce: u64,
+        conn_id: u64,
+        nstreams: u16,
+    ) -> Connector {
+        Connector {
+            nonce,
+            conn_id,
+            nstreams,
+            deadline: now + timeout,
+            dec: FrameDecoder::new(),
+            event: None,
+        }
     }
 
     /// Bytes to write first on the control stream.
     pub fn hello(&self) -> Vec<u8> {
         let mut v = Vec::new();
-        Frame::Hello { nonce: self.nonce, conn_id: self.conn_id, nstreams: self.nstreams }.encode(&mut v);
+        Frame::Hello {
+            nonce: self.nonce,
+            conn_id: self.conn_id,
+            nstreams: self.nstreams,
+        }
+        .encode(&mut v);
         v
     }
 
     /// Bytes to write first on data stream `idx`.
     pub fn stream_hello(&self, idx: u16) -> Vec<u8> {
         let mut v = Vec::new();
-        Frame::Stream { nonce: self.nonce, conn_id: self.conn_id, idx }.encode(&mut v);
+        Frame::Stream {
+            nonce: self.nonce,
+            conn_id: self.conn_id,
+            idx,
+        }
+        .encode(&mut v);
         v
     }
 
     /// How many bytes to read from the control stream at most (never reads past the ACK).
     pub fn wanted(&self) -> usize {
-        if self.event.is_some() { 0 } else { self.dec.wanted() }
+        if self.event.is_some() {
+            0
+        } else {
+            self.dec.wanted()
+        }
     }
 
     /// Bytes read from the control stream.
@@ -68,12 +95,17 @@ impl Connector {
         self.dec.handle_bytes(bytes);
         self.event = match self.dec.poll_frame() {
             Ok(None) => None,
-            Ok(Some(Frame::Ack { nonce, conn_id })) if nonce == self.nonce && conn_id == self.conn_id => {
+            Ok(Some(Frame::Ack { nonce, conn_id }))
+                if nonce == self.nonce && conn_id == self.conn_id =>
+            {
                 Some(ConnectEvent::Established)
             }
             Ok(Some(Frame::Ack { .. })) => Some(ConnectEvent::Protocol(FrameError::Nonce)),
             Ok(Some(Frame::Reject { reason, .. })) => Some(ConnectEvent::Rejected(reason)),
-            Ok(Some(f)) => Some(ConnectEvent::Protocol(FrameError::Unexpected { got: f.name(), expected: "ACK" })),
+            Ok(Some(f)) => Some(ConnectEvent::Protocol(FrameError::Unexpected {
+                got: f.name(),
+                expected: "ACK",
+            })),
             Err(e) => Some(ConnectEvent::Protocol(e)),
         };
     }
@@ -179,12 +211,19 @@ impl<K: Copy + Eq> Acceptor<K> {
 
     /// A socket was accepted.
     pub fn handle_new(&mut self, now: Instant, key: K) {
-        self.incoming.push(Incoming { key, since: now, dec: FrameDecoder::new() });
+        self.incoming.push(Incoming {
+            key,
+            since: now,
+            dec: FrameDecoder::new(),
+        });
     }
 
     /// Bytes to read from `key` at most, so that nothing past the first frame is consumed.
     pub fn wanted(&self, key: K) -> usize {
-        self.incoming.iter().find(|i| i.key == key).map_or(0, |i| i.dec.wanted())
+        self.incoming
+            .iter()
+            .find(|i| i.key == key)
+            .map_or(0, |i| i.dec.wanted())
     }
 
     /// Sockets still waiting for their first frame.
@@ -198,7 +237,8 @@ impl<K: Copy + Eq> Acceptor<K> {
     }
 
     fn refuse(&mut self, key: K, reply: Option<Vec<u8>>, error: AcceptError) {
-        self.events.push_back(AcceptEvent::Refused { key, reply, error });
+        self.events
+            .push_back(AcceptEvent::Refused { key, reply, error });
     }
 
     /// `key` reached end of stream or failed before its first frame.
@@ -211,7 +251,9 @@ impl<K: Copy + Eq> Acceptor<K> {
 
     /// Bytes read from `key`.
     pub fn handle_bytes(&mut self, now: Instant, key: K, bytes: &[u8]) {
-        let Some(pos) = self.incoming.iter().position(|i| i.key == key) else { return };
+        let Some(pos) = self.incoming.iter().position(|i| i.key == key) else {
+            return;
+        };
         self.incoming[pos].dec.handle_bytes(bytes);
         let frame = match self.incoming[pos].dec.poll_frame() {
             Ok(None) => return,
@@ -223,21 +265,37 @@ impl<K: Copy + Eq> Acceptor<K> {
         };
         self.incoming.swap_remove(pos);
         let (nonce, conn_id) = match &frame {
-            Frame::Hello { nonce, conn_id, .. } | Frame::Stream { nonce, conn_id, .. } => (*nonce, *conn_id),
+            Frame::Hello { nonce, conn_id, .. } | Frame::Stream { nonce, conn_id, .. } => {
+                (*nonce, *conn_id)
+            }
             f => {
-                let e = FrameError::Unexpected { got: f.name(), expected: "HELLO or STREAM" };
+                let e = FrameError::Unexpected {
+                    got: f.name(),
+                    expected: "HELLO or STREAM",
+                };
                 return self.refuse(key, None, e.into());
             }
         };
         if nonce != self.nonce {
             let mut reply = Vec::new();
-            Frame::Reject { nonce, conn_id, reason: RejectReason::WrongNonce }.encode(&mut reply);
+            Frame::Reject {
+                nonce,
+                conn_id,
+                reason: RejectReason::WrongNonce,
+            }
+            .encode(&mut reply);
             return self.refuse(key, Some(reply), AcceptError::WrongNonce);
         }
         let p = match self.pending.iter().position(|p| p.conn_id == conn_id) {
             Some(p) => p,
             None => {
-                self.pending.push(Pending { conn_id, since: now, ctrl: None, nstreams: None, streams: Vec::new() });
+                self.pending.push(Pending {
+                    conn_id,
+                    since: now,
+                    ctrl: None,
+                    nstreams: None,
+                    streams: Vec::new(),
+                });
                 self.pending.len() - 1
             }
         };
@@ -245,8 +303,16 @@ impl<K: Copy + Eq> Acceptor<K> {
             Frame::Hello { nstreams, .. } => {
                 if self.pending[p].ctrl.is_some() || nstreams == 0 || nstreams > self.max_streams {
                     let mut reply = Vec::new();
-                    Frame::Reject { nonce, conn_id, reason: RejectReason::TooManyStreams }.encode(&mut reply);
-                    let why = format!("{nstreams} streams (allowed 1..={}) or duplicate hello", self.max_streams);
+                    Frame::Reject {
+                        nonce,
+                        conn_id,
+                        reason: RejectReason::TooManyStreams,
+                    }
+                    .encode(&mut reply);
+                    let why = format!(
+                        "{nstreams} streams (allowed 1..={}) or duplicate hello",
+                        self.max_streams
+                    );
                     return self.refuse(key, Some(reply), AcceptError::Streams(why));
                 }
                 self.pending[p].ctrl = Some(key);
@@ -271,7 +337,9 @@ impl<K: Copy + Eq> Acceptor<K> {
 
     fn check_complete(&mut self, p: usize) {
         let pend = &self.pending[p];
-        let (Some(ctrl), Some(n)) = (pend.ctrl, pend.nstreams) else { return };
+        let (Some(ctrl), Some(n)) = (pend.ctrl, pend.nstreams) else {
+            return;
+        };
         let n = usize::from(n);
         if pend.streams.len() > n {
             // A stream index beyond what the hello announced.
@@ -281,8 +349,12 @@ impl<K: Copy + Eq> Acceptor<K> {
                 self.refuse(k, None, AcceptError::Streams(why.clone()));
             }
             let mut reply = Vec::new();
-            Frame::Reject { nonce: self.nonce, conn_id: pend.conn_id, reason: RejectReason::TooManyStreams }
-                .encode(&mut reply);
+            Frame::Reject {
+                nonce: self.nonce,
+                conn_id: pend.conn_id,
+                reason: RejectReason::TooManyStreams,
+            }
+            .encode(&mut reply);
             return self.refuse(ctrl, Some(reply), AcceptError::Streams(why));
         }
         if pend.streams.len() < n || pend.streams.iter().any(Option::is_none) {
@@ -290,9 +362,18 @@ impl<K: Copy + Eq> Acceptor<K> {
         }
         let pend = self.pending.swap_remove(p);
         let mut ack = Vec::new();
-        Frame::Ack { nonce: self.nonce, conn_id: pend.conn_id }.encode(&mut ack);
+        Frame::Ack {
+            nonce: self.nonce,
+            conn_id: pend.conn_id,
+        }
+        .encode(&mut ack);
         let streams = pend.streams.into_iter().flatten().collect();
-        self.events.push_back(AcceptEvent::Ready { conn_id: pend.conn_id, ctrl, streams, ack });
+        self.events.push_back(AcceptEvent::Ready {
+            conn_id: pend.conn_id,
+            ctrl,
+            streams,
+            ack,
+        });
     }
 
     /// Time passes: drops sockets and connections that ran past the timeout.
@@ -302,7 +383,11 @@ impl<K: Copy + Eq> Acceptor<K> {
         while i < self.incoming.len() {
             if now.saturating_duration_since(self.incoming[i].since) >= t {
                 let inc = self.incoming.swap_remove(i);
-                self.refuse(inc.key, None, AcceptError::TimedOut("no hello on an accepted socket"));
+                self.refuse(
+                    inc.key,
+                    None,
+                    AcceptError::TimedOut("no hello on an accepted socket"),
+                );
             } else {
                 i += 1;
             }
@@ -311,14 +396,22 @@ impl<K: Copy + Eq> Acceptor<K> {
         while i < self.pending.len() {
             if now.saturating_duration_since(self.pending[i].since) >= t {
                 let pend = self.pending.swap_remove(i);
-                let what = if pend.ctrl.is_none() { "data streams but no control stream" } else { "missing data streams" };
+                let what = if pend.ctrl.is_none() {
+                    "data streams but no control stream"
+                } else {
+                    "missing data streams"
+                };
                 for k in pend.streams.into_iter().flatten() {
                     self.refuse(k, None, AcceptError::TimedOut(what));
                 }
                 if let Some(c) = pend.ctrl {
                     let mut reply = Vec::new();
-                    Frame::Reject { nonce: self.nonce, conn_id: pend.conn_id, reason: RejectReason::StreamsTimedOut }
-                        .encode(&mut reply);
+                    Frame::Reject {
+                        nonce: self.nonce,
+                        conn_id: pend.conn_id,
+                        reason: RejectReason::StreamsTimedOut,
+                    }
+                    .encode(&mut reply);
                     self.refuse(c, Some(reply), AcceptError::TimedOut(what));
                 }
             } else {
@@ -347,7 +440,12 @@ mod tests {
         let c = Connector::new(now, Duration::from_secs(1), 42, 7, 3);
         let mut a: Acceptor<u32> = Acceptor::new(42, 8, Duration::from_secs(1));
         // Data streams first, in reverse order, then the control stream, each byte by byte.
-        let order = [(3u32, c.stream_hello(2)), (2, c.stream_hello(1)), (0, c.hello()), (1, c.stream_hello(0))];
+        let order = [
+            (3u32, c.stream_hello(2)),
+            (2, c.stream_hello(1)),
+            (0, c.hello()),
+            (1, c.stream_hello(0)),
+        ];
         for (k, bytes) in &order {
             a.handle_new(now, *k);
             for b in bytes {
@@ -355,7 +453,15 @@ mod tests {
                 a.handle_bytes(now, *k, &[*b]);
             }
         }
-        let Some(AcceptEvent::Ready { conn_id, ctrl, streams, ack }) = a.poll_event() else { panic!() };
+        let Some(AcceptEvent::Ready {
+            conn_id,
+            ctrl,
+            streams,
+            ack,
+        }) = a.poll_event()
+        else {
+            panic!()
+        };
         assert_eq!((conn_id, ctrl, streams), (7, 0, vec![1, 2, 3]));
         let mut c = c;
         c.handle_ctrl_bytes(&ack);
@@ -370,12 +476,19 @@ mod tests {
         let mut a: Acceptor<u32> = Acceptor::new(2, 8, Duration::from_secs(1));
         a.handle_new(now, 0);
         a.handle_bytes(now, 0, &c.hello());
-        let Some(AcceptEvent::Refused { key: 0, reply: Some(r), error: AcceptError::WrongNonce }) = a.poll_event()
+        let Some(AcceptEvent::Refused {
+            key: 0,
+            reply: Some(r),
+            error: AcceptError::WrongNonce,
+        }) = a.poll_event()
         else {
             panic!()
         };
         c.handle_ctrl_bytes(&r);
-        assert_eq!(c.poll_event(), Some(ConnectEvent::Rejected(RejectReason::WrongNonce)));
+        assert_eq!(
+            c.poll_event(),
+            Some(ConnectEvent::Rejected(RejectReason::WrongNonce))
+        );
     }
 
     #[test]
@@ -394,7 +507,12 @@ mod tests {
         a.handle_timeout(now + Duration::from_millis(100));
         assert_eq!(c.poll_event(), Some(ConnectEvent::TimedOut));
         let mut keys = vec![];
-        while let Some(AcceptEvent::Refused { key, error: AcceptError::TimedOut(_), .. }) = a.poll_event() {
+        while let Some(AcceptEvent::Refused {
+            key,
+            error: AcceptError::TimedOut(_),
+            ..
+        }) = a.poll_event()
+        {
             keys.push(key);
         }
         keys.sort();
@@ -409,7 +527,14 @@ mod tests {
         let mut a: Acceptor<u32> = Acceptor::new(1, 4, Duration::from_secs(1));
         a.handle_new(now, 0);
         a.handle_bytes(now, 0, &[0xff; 24]);
-        assert!(matches!(a.poll_event(), Some(AcceptEvent::Refused { key: 0, error: AcceptError::Frame(_), .. })));
+        assert!(matches!(
+            a.poll_event(),
+            Some(AcceptEvent::Refused {
+                key: 0,
+                error: AcceptError::Frame(_),
+                ..
+            })
+        ));
         // A stream index past the announced count.
         a.handle_new(now, 1);
         a.handle_bytes(now, 1, &c.stream_hello(3));
@@ -417,13 +542,25 @@ mod tests {
         a.handle_bytes(now, 2, &c.hello());
         let mut n = 0;
         while let Some(e) = a.poll_event() {
-            assert!(matches!(e, AcceptEvent::Refused { error: AcceptError::Streams(_), .. }), "{e:?}");
+            assert!(
+                matches!(
+                    e,
+                    AcceptEvent::Refused {
+                        error: AcceptError::Streams(_),
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
             n += 1;
         }
         assert_eq!(n, 2);
         // Sender told garbage instead of an ACK.
         let mut c = c;
         c.handle_ctrl_bytes(b"HTTP/1.1 400 Bad Request\r\n\r\n");
-        assert!(matches!(c.poll_event(), Some(ConnectEvent::Protocol(FrameError::Kind(b'H')))));
+        assert!(matches!(
+            c.poll_event(),
+            Some(ConnectEvent::Protocol(FrameError::Kind(b'H')))
+        ));
     }
 }

@@ -28,7 +28,11 @@ pub fn chunks(size: u64, chunk: u64, nstreams: usize, start: usize) -> impl Iter
     let nstreams = nstreams.max(1);
     (0..n).map(move |i| {
         let offset = i * chunk;
-        Chunk { stream: ((start as u64 + i) % nstreams as u64) as usize, offset, len: chunk.min(size - offset) }
+        Chunk {
+            stream: ((start as u64 + i) % nstreams as u64) as usize,
+            offset,
+            len: chunk.min(size - offset),
+        }
     })
 }
 
@@ -52,9 +56,21 @@ mod tests {
         assert_eq!(
             c,
             [
-                Chunk { stream: 1, offset: 0, len: 4 },
-                Chunk { stream: 0, offset: 4, len: 4 },
-                Chunk { stream: 1, offset: 8, len: 2 }
+                Chunk {
+                    stream: 1,
+                    offset: 0,
+                    len: 4
+                },
+                Chunk {
+                    stream: 0,
+                    offset: 4,
+                    len: 4
+                },
+                Chunk {
+                    stream: 1,
+                    offset: 8,
+                    len: 2
+                }
             ]
         );
         assert_eq!(chunks(0, 4, 2, 0).count(), 0);

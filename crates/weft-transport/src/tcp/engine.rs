@@ -47,7 +47,12 @@ pub(crate) struct Stream {
 
 impl Stream {
     pub fn new(sock: TcpStream, link: Link) -> Stream {
-        Stream { sock, link, queue: VecDeque::new(), last_progress: Instant::now() }
+        Stream {
+            sock,
+            link,
+            queue: VecDeque::new(),
+            last_progress: Instant::now(),
+        }
     }
 
     fn push(&mut self, now: Instant, t: Task) {
@@ -88,10 +93,10 @@ impl Stream {
                     t.done += n;
                     moved = true;
                     self.last_progress = now;
-                    if t.done == t.len {
-                        if let Some(t) = self.queue.pop_front() {
-                            t.req.remaining.fetch_sub(1, Ordering::AcqRel);
-                        }
+                    if t.done == t.len
+                        && let Some(t) = self.queue.pop_front()
+                    {
+                        t.req.remaining.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -102,7 +107,11 @@ impl Stream {
                 }
             }
         }
-        if dir == Dir::Recv && !moved && !self.queue.is_empty() && now.duration_since(self.last_progress) >= timeout {
+        if dir == Dir::Recv
+            && !moved
+            && !self.queue.is_empty()
+            && now.duration_since(self.last_progress) >= timeout
+        {
             return Err(self.link.timeout(Stage::Data, timeout));
         }
         Ok(moved)
@@ -174,11 +183,23 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub fn new(dir: Dir, streams: Vec<Stream>, nthreads: usize, timeout: Duration) -> Result<Engine, Error> {
+    pub fn new(
+        dir: Dir,
+        streams: Vec<Stream>,
+        nthreads: usize,
+        timeout: Duration,
+    ) -> Result<Engine, Error> {
         let nstreams = streams.len();
         let shared = Arc::new(Shared::default());
         if nthreads == 0 {
-            return Ok(Engine { dir, timeout, shared, local: streams, workers: Vec::new(), nstreams });
+            return Ok(Engine {
+                dir,
+                timeout,
+                shared,
+                local: streams,
+                workers: Vec::new(),
+                nstreams,
+            });
         }
         let nthreads = nthreads.min(nstreams.max(1));
         let mut per: Vec<Vec<Stream>> = (0..nthreads).map(|_| Vec::new()).collect();
@@ -191,12 +212,26 @@ impl Engine {
             let wake = Arc::new(eventfd().map_err(|e| Error::local("eventfd", &e))?);
             let (inbox2, wake2, shared2) = (inbox.clone(), wake.clone(), shared.clone());
             let join = std::thread::Builder::new()
-                .name(format!("weft-{}{t}", if dir == Dir::Send { "tx" } else { "rx" }))
+                .name(format!(
+                    "weft-{}{t}",
+                    if dir == Dir::Send { "tx" } else { "rx" }
+                ))
                 .spawn(move || worker_loop(dir, timeout, nthreads, mine, &inbox2, &wake2, &shared2))
                 .map_err(|e| Error::local("spawn helper thread", &e))?;
-            workers.push(Worker { inbox, wake, join: Some(join) });
+            workers.push(Worker {
+                inbox,
+                wake,
+                join: Some(join),
+            });
         }
-        Ok(Engine { dir, timeout, shared, local: Vec::new(), workers, nstreams })
+        Ok(Engine {
+            dir,
+            timeout,
+            shared,
+            local: Vec::new(),
+            workers,
+            nstreams,
+        })
     }
 
     pub fn nstreams(&self) -> usize {
@@ -241,10 +276,10 @@ impl Engine {
     }
 
     pub fn error(&self) -> Result<(), Error> {
-        if self.shared.failed.load(Ordering::Acquire) {
-            if let Some(e) = lock(&self.shared.error).clone() {
-                return Err(e);
-            }
+        if self.shared.failed.load(Ordering::Acquire)
+            && let Some(e) = lock(&self.shared.error).clone()
+        {
+            return Err(e);
         }
         Ok(())
     }
@@ -303,12 +338,24 @@ fn worker_loop(
             continue;
         }
         pfds.clear();
-        pfds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        pfds.push(libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         let failed = shared.failed.load(Ordering::Acquire);
         for s in &mine {
             if !failed && !s.queue.is_empty() {
-                let ev = if dir == Dir::Send { libc::POLLOUT } else { libc::POLLIN };
-                pfds.push(libc::pollfd { fd: s.sock.as_raw_fd(), events: ev, revents: 0 });
+                let ev = if dir == Dir::Send {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                };
+                pfds.push(libc::pollfd {
+                    fd: s.sock.as_raw_fd(),
+                    events: ev,
+                    revents: 0,
+                });
             }
         }
         let ms = if pfds.len() > 1 { 100 } else { 1000 };

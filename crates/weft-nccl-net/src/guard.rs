@@ -1,0 +1,167 @@
+//! The boundary: the one error-to-`ncclResult_t` translation, the panic guard every `extern "C"`
+//! body runs in, NCCL's logger, and typed helpers for the opaque pointers NCCL hands back.
+
+use std::ffi::{CString, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::ffi::{self, ncclResult_t};
+
+/// Everything that can go wrong at the boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The transport failed (network, peer, configuration).
+    #[error("{0}")]
+    Transport(#[from] weft_transport::Error),
+    /// NCCL passed a NULL where a pointer is required.
+    #[error("{0} is NULL")]
+    Null(&'static str),
+    /// NCCL called something the plugin does not support or called it wrongly.
+    #[error("{0}")]
+    Usage(String),
+    /// Called before `init` (or after the last `finalize`).
+    #[error("plugin not initialised")]
+    NotInitialised,
+}
+
+impl PluginError {
+    /// The single translation to NCCL's result codes.
+    pub fn code(&self) -> ncclResult_t {
+        match self {
+            PluginError::Transport(e) => match e {
+                weft_transport::Error::Config(_) | weft_transport::Error::Handle(_) => {
+                    ffi::ncclInvalidUsage
+                }
+                weft_transport::Error::Usage(_) => ffi::ncclInternalError,
+                e if e.is_usage() => ffi::ncclInvalidUsage,
+                e if e.is_remote() => ffi::ncclRemoteError,
+                _ => ffi::ncclSystemError,
+            },
+            PluginError::Null(_) | PluginError::Usage(_) | PluginError::NotInitialised => {
+                ffi::ncclInternalError
+            }
+        }
+    }
+}
+
+pub type Result<T, E = PluginError> = std::result::Result<T, E>;
+
+static LOGGER: AtomicUsize = AtomicUsize::new(0);
+
+/// Remembers NCCL's logger (a NULL one turns logging off).
+pub fn set_logger(l: ffi::ncclDebugLogger_t) {
+    LOGGER.store(l.map_or(0, |f| f as usize), Ordering::Release);
+}
+
+/// Logs one line through NCCL's logger, as `NET/weft : <msg>` under the NET subsystem.
+pub fn log(level: c_int, msg: &str) {
+    let f = LOGGER.load(Ordering::Acquire);
+    if f == 0 {
+        if level == ffi::NCCL_LOG_WARN {
+            eprintln!("NET/weft WARN : {msg}");
+        }
+        return;
+    }
+    let text = CString::new(format!("NET/weft : {msg}").replace('\0', " ")).unwrap_or_default();
+    // SAFETY: `f` was stored from a non-null `ncclDebugLogger_t` by `set_logger`, so it is a
+    // function of exactly this type; NCCL keeps its logger alive while the plugin is loaded.
+    let logger: unsafe extern "C" fn(
+        c_int,
+        std::ffi::c_ulong,
+        *const c_char,
+        c_int,
+        *const c_char,
+        ...
+    ) = unsafe { std::mem::transmute(f) };
+    // SAFETY: all strings are NUL-terminated and outlive the call; "%s" consumes exactly the one
+    // `char*` vararg we pass.
+    unsafe {
+        logger(
+            level,
+            ffi::NCCL_NET,
+            c"weft".as_ptr(),
+            0,
+            c"%s".as_ptr(),
+            text.as_ptr(),
+        )
+    };
+}
+
+/// Logs a warning.
+pub fn warn(msg: &str) {
+    log(ffi::NCCL_LOG_WARN, msg);
+}
+
+/// Logs an info line.
+pub fn info(msg: &str) {
+    log(ffi::NCCL_LOG_INFO, msg);
+}
+
+/// Runs one entry point: catches panics, logs every error as WARN, returns the NCCL code.
+pub fn run(what: &str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => ffi::ncclSuccess,
+        Ok(Err(e)) => {
+            warn(&format!("{what} failed: {e}"));
+            e.code()
+        }
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            warn(&format!(
+                "{what} panicked: {why} (reported as ncclInternalError)"
+            ));
+            ffi::ncclInternalError
+        }
+    }
+}
+
+/// Wraps an `extern "C"` body: `guard!("isend", { ... Ok(()) })`.
+macro_rules! guard {
+    ($what:expr, $body:block) => {
+        $crate::guard::run($what, || $body)
+    };
+}
+pub(crate) use guard;
+
+/// Writes through an out-pointer NCCL gave us.
+pub fn out<T>(p: *mut T, what: &'static str, v: T) -> Result<()> {
+    if p.is_null() {
+        return Err(PluginError::Null(what));
+    }
+    // SAFETY: NCCL passes valid, aligned out-pointers; we checked for NULL.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// Moves a value to the heap and hands NCCL an opaque pointer to it.
+pub fn into_handle<T>(v: Box<T>) -> *mut std::ffi::c_void {
+    Box::into_raw(v).cast()
+}
+
+/// Borrows the object behind an opaque pointer made by [`into_handle`] for the same `T`.
+///
+/// # Safety
+/// `p` must come from `into_handle::<T>` and not have been passed to [`free_handle`].
+pub unsafe fn handle_ref<'a, T>(p: *mut std::ffi::c_void, what: &'static str) -> Result<&'a T> {
+    if p.is_null() {
+        return Err(PluginError::Null(what));
+    }
+    // SAFETY: per the contract, `p` points at a live `T` made by `into_handle`.
+    Ok(unsafe { &*p.cast::<T>() })
+}
+
+/// Takes back ownership of an opaque pointer made by [`into_handle`].
+///
+/// # Safety
+/// As for [`handle_ref`]; afterwards `p` is dangling.
+pub unsafe fn free_handle<T>(p: *mut std::ffi::c_void, what: &'static str) -> Result<Box<T>> {
+    if p.is_null() {
+        return Err(PluginError::Null(what));
+    }
+    // SAFETY: per the contract, `p` came from `Box::into_raw` of a `Box<T>` and is freed once.
+    Ok(unsafe { Box::from_raw(p.cast::<T>()) })
+}

@@ -1,0 +1,473 @@
+//! The plugin's one internal API, independent of ncclNet versions: global init/finalize,
+//! device properties, and the comm objects behind NCCL's opaque pointers. The per-version tables
+//! in `tables` are thin adapters over these functions.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use weft_transport::{
+    Config, Connecting, Listener, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, RecvBuf,
+    RecvConn, RequestId, SendConn, Transport,
+};
+
+use crate::ffi;
+use crate::guard::{PluginError, Result, info, warn};
+
+struct Global {
+    transport: Arc<Transport>,
+    inits: usize,
+}
+
+static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of our locks is caught at the boundary; the data is plain values
+    // that stay consistent, so keep using it.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Initialises (or, for v11+ per-communicator inits, references) the global transport.
+pub fn init() -> Result<()> {
+    let mut g = lock(&GLOBAL);
+    if let Some(g) = g.as_mut() {
+        g.inits += 1;
+        return Ok(());
+    }
+    let cfg = Config::from_env()?;
+    let t = Transport::new(cfg)?;
+    let devs: Vec<String> = t
+        .devices()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let rails: Vec<String> = d
+                .rails
+                .iter()
+                .map(|r| format!("{}:{}", r.iface, r.addr))
+                .collect();
+            format!(
+                "[{i}]{} ({}, {} Mb/s)",
+                d.name,
+                rails.join(" "),
+                d.speed_mbps
+            )
+        })
+        .collect();
+    let c = t.config();
+    info(&format!(
+        "Using {}; OOB {}:{}; streams {}x{} threads; timeout {:?}",
+        devs.join(" "),
+        t.mgmt().iface,
+        t.mgmt().addr,
+        c.nsocks_per_thread,
+        c.nthreads,
+        c.timeout
+    ));
+    if t.devices().is_empty() {
+        return Err(PluginError::Usage("no data device found".into()));
+    }
+    *g = Some(Global {
+        transport: Arc::new(t),
+        inits: 1,
+    });
+    Ok(())
+}
+
+/// Drops one reference; the last one releases the transport.
+pub fn finalize() -> Result<()> {
+    let mut g = lock(&GLOBAL);
+    match g.as_mut() {
+        None => Err(PluginError::NotInitialised),
+        Some(gl) => {
+            gl.inits -= 1;
+            if gl.inits == 0 {
+                *g = None;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn transport() -> Result<Arc<Transport>> {
+    lock(&GLOBAL)
+        .as_ref()
+        .map(|g| g.transport.clone())
+        .ok_or(PluginError::NotInitialised)
+}
+
+/// Number of devices.
+pub fn devices() -> Result<usize> {
+    Ok(transport()?.devices().len())
+}
+
+fn dev_index(dev: i32) -> Result<usize> {
+    let n = devices()?;
+    usize::try_from(dev)
+        .ok()
+        .filter(|d| *d < n)
+        .ok_or_else(|| PluginError::Usage(format!("device {dev} out of range ({n} devices)")))
+}
+
+/// Interned C strings: NCCL keeps the `name`/`pciPath` pointers of the properties, so they live
+/// as long as the library.
+fn intern(s: &str) -> *mut c_char {
+    static STRINGS: Mutex<Option<HashMap<String, CString>>> = Mutex::new(None);
+    let mut g = lock(&STRINGS);
+    let map = g.get_or_insert_with(HashMap::new);
+    map.entry(s.to_string())
+        .or_insert_with(|| CString::new(s.replace('\0', "")).unwrap_or_default())
+        .as_ptr()
+        .cast_mut()
+}
+
+/// Version-independent device properties.
+#[derive(Debug, Clone, Copy)]
+pub struct Props {
+    pub name: *mut c_char,
+    pub pci_path: *mut c_char,
+    pub guid: u64,
+    pub speed: i32,
+    pub dev: i32,
+}
+
+/// Properties of device `dev`.
+pub fn props(dev: i32) -> Result<Props> {
+    let t = transport()?;
+    let d = &t.devices()[dev_index(dev)?];
+    Ok(Props {
+        name: intern(&d.name),
+        pci_path: d.pci_path.as_deref().map_or(std::ptr::null_mut(), intern),
+        guid: d.guid,
+        speed: i32::try_from(d.speed_mbps).unwrap_or(i32::MAX),
+        dev,
+    })
+}
+
+/// Largest grouped receive, as advertised in `maxRecvs`.
+pub const MAX_RECVS_ADVERTISED: i32 = MAX_RECVS as i32;
+/// `maxComms` advertised.
+pub const MAX_COMMS: i32 = 65536;
+
+/// Behind a listenComm.
+pub struct ListenComm {
+    listener: Mutex<Listener>,
+}
+
+/// Opens a listener on `dev`, writes the handle.
+pub fn listen(dev: i32, handle: *mut c_void, listen_comm: *mut *mut c_void) -> Result<()> {
+    if handle.is_null() {
+        return Err(PluginError::Null("handle"));
+    }
+    let t = transport()?;
+    let l = t.listen(dev_index(dev)?)?;
+    let bytes = l.handle();
+    // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE (128) bytes, the size of `bytes`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), handle.cast::<u8>(), bytes.len()) };
+    crate::guard::out(
+        listen_comm,
+        "listenComm",
+        crate::guard::into_handle(Box::new(ListenComm {
+            listener: Mutex::new(l),
+        })),
+    )
+}
+
+/// Where in the handle an in-progress connect keeps its state between NCCL's retries (the
+/// encoded handle uses at most 115 bytes; NCCL passes the same buffer on every retry).
+const STAGE_MARK_AT: usize = 116;
+const STAGE_PTR_AT: usize = 120;
+const STAGE_MARK: [u8; 4] = *b"WCON";
+const _: () = assert!(weft_transport::proto::ListenHandle::encoded_len(4) <= STAGE_MARK_AT);
+
+/// Non-blocking connect: `*send_comm` stays NULL until the connection is up.
+pub fn connect(dev: i32, handle: *mut c_void, send_comm: *mut *mut c_void) -> Result<()> {
+    if handle.is_null() {
+        return Err(PluginError::Null("handle"));
+    }
+    crate::guard::out(send_comm, "sendComm", std::ptr::null_mut())?;
+    // SAFETY: NCCL's handle buffer is 128 bytes and not used by anyone else during connect.
+    let h = unsafe {
+        std::slice::from_raw_parts_mut(handle.cast::<u8>(), ffi::NCCL_NET_HANDLE_MAXSIZE)
+    };
+    let staged = h[STAGE_MARK_AT..STAGE_MARK_AT + 4] == STAGE_MARK;
+    let mut conn: Box<Connecting> = if staged {
+        let mut p = [0u8; 8];
+        p.copy_from_slice(&h[STAGE_PTR_AT..STAGE_PTR_AT + 8]);
+        // SAFETY: the mark says this pointer was written by a previous call below from
+        // `Box::into_raw` and not yet reclaimed (we clear the mark whenever we reclaim it).
+        unsafe { Box::from_raw(usize::from_ne_bytes(p) as *mut Connecting) }
+    } else {
+        let t = transport()?;
+        Box::new(t.connect(dev_index(dev)?, &h[..STAGE_MARK_AT])?)
+    };
+    h[STAGE_MARK_AT..STAGE_MARK_AT + 4].fill(0);
+    match conn.poll()? {
+        Some(c) => {
+            let comm = SendComm::into_raw(c);
+            crate::guard::out(send_comm, "sendComm", comm)
+        }
+        None => {
+            let p = Box::into_raw(conn) as usize;
+            h[STAGE_PTR_AT..STAGE_PTR_AT + 8].copy_from_slice(&p.to_ne_bytes());
+            h[STAGE_MARK_AT..STAGE_MARK_AT + 4].copy_from_slice(&STAGE_MARK);
+            Ok(())
+        }
+    }
+}
+
+/// Non-blocking accept: `*recv_comm` stays NULL until a sender has connected.
+pub fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
+    crate::guard::out(recv_comm, "recvComm", std::ptr::null_mut())?;
+    // SAFETY: NCCL passes back the listenComm `listen` created, until closeListen.
+    let l = unsafe { crate::guard::handle_ref::<ListenComm>(listen_comm, "listenComm")? };
+    if let Some(c) = lock(&l.listener).accept()? {
+        crate::guard::out(recv_comm, "recvComm", RecvComm::into_raw(c))?;
+    }
+    Ok(())
+}
+
+/// Frees a listenComm.
+pub fn close_listen(listen_comm: *mut c_void) -> Result<()> {
+    // SAFETY: NCCL calls closeListen once with the pointer `listen` made.
+    drop(unsafe { crate::guard::free_handle::<ListenComm>(listen_comm, "listenComm")? });
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Send(*const SendComm),
+    Recv(*const RecvComm),
+}
+
+/// What NCCL's `void* request` points at: a slot of its comm, allocated with the comm and
+/// freed with it, so a request pointer stays valid until its comm is closed.
+pub struct Request {
+    owner: Owner,
+    id: AtomicU64,
+}
+
+/// Behind a sendComm.
+pub struct SendComm {
+    conn: Mutex<SendConn>,
+    reqs: Vec<Request>,
+}
+
+impl SendComm {
+    fn into_raw(c: SendConn) -> *mut c_void {
+        let mut b = Box::new(SendComm {
+            conn: Mutex::new(c),
+            reqs: Vec::new(),
+        });
+        let me: *const SendComm = &*b;
+        b.reqs = (0..MAX_SEND_REQUESTS)
+            .map(|_| Request {
+                owner: Owner::Send(me),
+                id: AtomicU64::new(0),
+            })
+            .collect();
+        crate::guard::into_handle(b)
+    }
+}
+
+/// Behind a recvComm.
+pub struct RecvComm {
+    conn: Mutex<RecvConn>,
+    reqs: Vec<Request>,
+}
+
+impl RecvComm {
+    fn into_raw(c: RecvConn) -> *mut c_void {
+        let mut b = Box::new(RecvComm {
+            conn: Mutex::new(c),
+            reqs: Vec::new(),
+        });
+        let me: *const RecvComm = &*b;
+        b.reqs = (0..MAX_RECV_REQUESTS)
+            .map(|_| Request {
+                owner: Owner::Recv(me),
+                id: AtomicU64::new(0),
+            })
+            .collect();
+        crate::guard::into_handle(b)
+    }
+}
+
+/// Starts a send; `*request` is NULL when the comm is busy (NCCL retries).
+pub fn isend(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: i32,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    crate::guard::out(request, "request", std::ptr::null_mut())?;
+    // SAFETY: NCCL passes back a sendComm made by `connect`, until closeSend.
+    let s = unsafe { crate::guard::handle_ref::<SendComm>(send_comm, "sendComm")? };
+    if data.is_null() && size > 0 {
+        return Err(PluginError::Null("data"));
+    }
+    // SAFETY: NCCL keeps `data..data+size` registered and untouched until test() reports done,
+    // and closes the comm (which joins the helper threads) before freeing it.
+    let id = unsafe { lock(&s.conn).isend(data.cast::<u8>(), size, tag)? };
+    if let Some(id) = id {
+        let slot = &s.reqs[id.index()];
+        slot.id.store(id.raw(), Ordering::Release);
+        crate::guard::out(
+            request,
+            "request",
+            (slot as *const Request).cast_mut().cast(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Starts a grouped receive of `n` buffers; `*request` NULL when busy.
+pub fn irecv(
+    recv_comm: *mut c_void,
+    n: i32,
+    data: *mut *mut c_void,
+    size_of: impl Fn(usize) -> usize,
+    tags: *mut i32,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    crate::guard::out(request, "request", std::ptr::null_mut())?;
+    // SAFETY: NCCL passes back a recvComm made by `accept`, until closeRecv.
+    let r = unsafe { crate::guard::handle_ref::<RecvComm>(recv_comm, "recvComm")? };
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_RECVS).contains(n));
+    let n = n.ok_or_else(|| PluginError::Usage(format!("irecv with n outside 1..={MAX_RECVS}")))?;
+    if data.is_null() || tags.is_null() {
+        return Err(PluginError::Null("irecv data/tags"));
+    }
+    let mut bufs = [RecvBuf {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+        tag: 0,
+    }; MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n) {
+        // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
+        let (p, tag) = unsafe { (*data.add(i), *tags.add(i)) };
+        *b = RecvBuf {
+            ptr: p.cast(),
+            len: size_of(i),
+            tag,
+        };
+    }
+    // SAFETY: NCCL keeps the buffers registered and untouched until test() reports done, and
+    // closes the comm (joining helper threads) before freeing them.
+    let id = unsafe { lock(&r.conn).irecv(&bufs[..n])? };
+    if let Some(id) = id {
+        let slot = &r.reqs[id.index()];
+        slot.id.store(id.raw(), Ordering::Release);
+        crate::guard::out(
+            request,
+            "request",
+            (slot as *const Request).cast_mut().cast(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Polls a request; writes `*done` and, when done, the sizes (one per buffer for receives).
+pub fn test(request: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()> {
+    crate::guard::out(done, "done", 0)?;
+    // SAFETY: NCCL passes a request pointer we returned, which points into its comm's slot
+    // array; the comm is alive because NCCL never tests after closing it.
+    let req = unsafe { crate::guard::handle_ref::<Request>(request, "request")? };
+    let id = RequestId::from_raw(req.id.load(Ordering::Acquire));
+    let clamp = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    match req.owner {
+        Owner::Send(c) => {
+            // SAFETY: see above: the owner comm outlives its requests.
+            let c = unsafe { &*c };
+            if let Some(n) = lock(&c.conn).test(id)? {
+                if !sizes.is_null() {
+                    // SAFETY: NCCL passes room for one int for a send.
+                    unsafe { sizes.write(clamp(n)) };
+                }
+                crate::guard::out(done, "done", 1)?;
+            }
+        }
+        Owner::Recv(c) => {
+            // SAFETY: see above.
+            let c = unsafe { &*c };
+            if let Some(done_req) = lock(&c.conn).test(id)? {
+                if !sizes.is_null() {
+                    for (i, s) in done_req.sizes().iter().enumerate() {
+                        // SAFETY: NCCL passes room for `n` ints, n being the irecv's count.
+                        unsafe { sizes.add(i).write(clamp(*s)) };
+                    }
+                }
+                crate::guard::out(done, "done", 1)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Closes a send comm: joins its threads, closes its sockets; in-flight requests are dropped.
+pub fn close_send(send_comm: *mut c_void) -> Result<()> {
+    // SAFETY: NCCL calls closeSend once with the pointer `connect` made.
+    drop(unsafe { crate::guard::free_handle::<SendComm>(send_comm, "sendComm")? });
+    Ok(())
+}
+
+/// Closes a receive comm.
+pub fn close_recv(recv_comm: *mut c_void) -> Result<()> {
+    // SAFETY: NCCL calls closeRecv once with the pointer `accept` made.
+    drop(unsafe { crate::guard::free_handle::<RecvComm>(recv_comm, "recvComm")? });
+    Ok(())
+}
+
+/// A memory registration: TCP needs none, but the handle records what was registered.
+pub struct MemReg {
+    _addr: usize,
+    _size: usize,
+}
+
+/// Registers memory; only host memory is supported.
+pub fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: i32,
+    mhandle: *mut *mut c_void,
+) -> Result<()> {
+    if comm.is_null() {
+        return Err(PluginError::Null("comm"));
+    }
+    if ty != ffi::NCCL_PTR_HOST {
+        return Err(PluginError::Usage(format!(
+            "regMr of memory type {ty}: weft moves host memory only (ptrSupport=NCCL_PTR_HOST)"
+        )));
+    }
+    crate::guard::out(
+        mhandle,
+        "mhandle",
+        crate::guard::into_handle(Box::new(MemReg {
+            _addr: data as usize,
+            _size: size,
+        })),
+    )
+}
+
+/// Frees a registration.
+pub fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
+    // SAFETY: NCCL deregisters each handle that regMr returned exactly once.
+    drop(unsafe { crate::guard::free_handle::<MemReg>(mhandle, "mhandle")? });
+    Ok(())
+}
+
+/// Host memory needs no flush: no request.
+pub fn iflush(request: *mut *mut c_void) -> Result<()> {
+    crate::guard::out(request, "request", std::ptr::null_mut())
+}
+
+/// Warns about, and refuses, a call the plugin does not implement.
+pub fn unsupported(what: &str) -> Result<()> {
+    warn(&format!("{what} is not supported"));
+    Err(PluginError::Usage(format!("{what} is not supported")))
+}

@@ -1,0 +1,1130 @@
+//! The TCP backend: a control stream on the management interface plus `n` data streams on the
+//! data rails per connection. Messages up to `inline_max` bytes travel inline on the control
+//! stream; larger ones are cut into chunks spread round-robin over the data streams.
+//!
+//! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
+//! `Listener::accept`, `test`), except chunk I/O, which helper threads do when `nthreads > 0`.
+
+mod engine;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+
+use crate::config::{Config, MAX_STREAMS};
+use crate::error::{Error, Link, Result, Stage};
+use crate::iface::{self, Interface};
+use crate::proto::{
+    self, AcceptEvent, Acceptor, ConnectEvent, Connector, Frame, FrameDecoder, ListenHandle,
+    MAX_DATA_ADDRS,
+};
+use engine::{Dir, Engine, ReqState, Stream, Task};
+
+/// Most buffers one grouped receive may have.
+pub const MAX_RECVS: usize = 8;
+/// Requests one receive connection keeps in flight.
+pub const MAX_RECV_REQUESTS: usize = 64;
+/// Requests one send connection keeps in flight (NCCL: 32 x maxRecvs).
+pub const MAX_SEND_REQUESTS: usize = 32 * MAX_RECVS;
+
+/// One data interface of a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rail {
+    /// Interface name.
+    pub iface: String,
+    /// Address weft binds on it.
+    pub addr: IpAddr,
+}
+
+/// A device as NCCL sees it: one data interface, or all of them when rails are merged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Name shown in logs (`eth1`, or `eth1+eth2` for merged rails).
+    pub name: String,
+    /// Data interfaces.
+    pub rails: Vec<Rail>,
+    /// Sum of the rails' link speeds in Mbit/s; 10000 per rail whose speed is unknown.
+    pub speed_mbps: u32,
+    /// PCI path of the first rail, if it is a PCI device.
+    pub pci_path: Option<String>,
+    /// Port identity of the first rail.
+    pub guid: u64,
+}
+
+/// Request handle returned by `isend` / `irecv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId(u64);
+
+impl RequestId {
+    /// The raw value (index and generation).
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+    /// Rebuilds an id from [`RequestId::raw`].
+    pub fn from_raw(v: u64) -> RequestId {
+        RequestId(v)
+    }
+    /// Slot index: unique among the requests in flight on one connection.
+    pub fn index(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+}
+
+#[derive(Debug)]
+struct Slab<T> {
+    slots: Vec<(u32, Option<T>)>,
+    free: Vec<usize>,
+}
+
+impl<T> Slab<T> {
+    fn new(cap: usize) -> Slab<T> {
+        Slab {
+            slots: (0..cap).map(|_| (0, None)).collect(),
+            free: (0..cap).rev().collect(),
+        }
+    }
+    fn insert(&mut self, v: T) -> Option<RequestId> {
+        let i = self.free.pop()?;
+        let slot = &mut self.slots[i];
+        slot.0 = slot.0.wrapping_add(1);
+        slot.1 = Some(v);
+        Some(RequestId((u64::from(slot.0) << 32) | i as u64))
+    }
+    fn get_mut(&mut self, id: RequestId) -> Option<&mut T> {
+        let (g, v) = self.slots.get_mut(id.index())?;
+        if u64::from(*g) != id.0 >> 32 {
+            return None;
+        }
+        v.as_mut()
+    }
+    fn remove(&mut self, id: RequestId) -> Option<T> {
+        let i = id.index();
+        let (g, v) = self.slots.get_mut(i)?;
+        if u64::from(*g) != id.0 >> 32 {
+            return None;
+        }
+        let out = v.take();
+        if out.is_some() {
+            self.free.push(i);
+        }
+        out
+    }
+    fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut v = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into the live array.
+    let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 8, 0) };
+    if n != 8 {
+        // Fallback: time and address entropy; only uniqueness matters, not secrecy.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return (t as u64)
+            ^ ((&v as *const _ as u64).rotate_left(32))
+            ^ u64::from(std::process::id());
+    }
+    u64::from_ne_bytes(v)
+}
+
+fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
+    s.set_tcp_nodelay(true)?;
+    s.set_keepalive(true)?;
+    let idle = (cfg.timeout / 3).max(Duration::from_secs(1));
+    let ka = TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    s.set_tcp_keepalive(&ka)?;
+    // Off by default: Linux applies TCP_USER_TIMEOUT to zero-window probing too, so it would
+    // also kill a live receiver that is slow to post receives (legitimate in NCCL).
+    if !cfg.tcp_user_timeout.is_zero() {
+        s.set_tcp_user_timeout(Some(cfg.tcp_user_timeout))?;
+    }
+    if cfg.sock_buf > 0 {
+        s.set_send_buffer_size(cfg.sock_buf)?;
+        s.set_recv_buffer_size(cfg.sock_buf)?;
+    }
+    Ok(())
+}
+
+fn poll_fd(fd: i32, events: i16) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r > 0 { p.revents } else { 0 }
+}
+
+/// The TCP transport of this host: the management interface and the data devices.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    cfg: Config,
+    mgmt: Rail,
+    devices: Vec<Device>,
+}
+
+impl Transport {
+    /// Selects the interfaces named by `cfg` on this host.
+    pub fn new(cfg: Config) -> Result<Transport> {
+        cfg.validate()?;
+        let all = iface::list()?;
+        Transport::with_interfaces(cfg, &all)
+    }
+
+    /// Like [`Transport::new`] over a given interface list (tests, or a host model).
+    pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<Transport> {
+        let names = || {
+            all.iter()
+                .map(|i| i.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mgmt_if = iface::select(all, cfg.mgmt_ifname.as_ref()).into_iter().next().ok_or_else(|| {
+            Error::Config(format!(
+                "no usable management interface matches {:?} (WEFT_MGMT_IFNAME); interfaces: {}",
+                cfg.mgmt_ifname,
+                names()
+            ))
+        })?;
+        let rail = |i: &Interface| Rail {
+            iface: i.name.clone(),
+            addr: i.best_addr().unwrap_or(IpAddr::from([0u8; 4])),
+        };
+        let mgmt = rail(&mgmt_if);
+        let data_ifs = match &cfg.data_ifname {
+            None => vec![mgmt_if.clone()],
+            Some(spec) => iface::select(all, Some(spec)),
+        };
+        if data_ifs.is_empty() {
+            return Err(Error::Config(format!(
+                "no usable data interface matches {:?} (WEFT_DATA_IFNAME); interfaces: {}",
+                cfg.data_ifname,
+                names()
+            )));
+        }
+        let dev = |ifs: &[Interface]| Device {
+            name: ifs
+                .iter()
+                .map(|i| i.name.as_str())
+                .collect::<Vec<_>>()
+                .join("+"),
+            rails: ifs.iter().map(rail).collect(),
+            speed_mbps: ifs
+                .iter()
+                .map(|i| i.speed_mbps().unwrap_or(10_000))
+                .fold(0u32, u32::saturating_add),
+            pci_path: ifs.first().and_then(Interface::pci_path),
+            guid: ifs.first().map_or(0, Interface::guid),
+        };
+        let devices = if cfg.merge_rails {
+            vec![dev(&data_ifs[..data_ifs.len().min(MAX_DATA_ADDRS)])]
+        } else {
+            data_ifs
+                .iter()
+                .map(|i| dev(std::slice::from_ref(i)))
+                .collect()
+        };
+        Ok(Transport { cfg, mgmt, devices })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The management interface and address.
+    pub fn mgmt(&self) -> &Rail {
+        &self.mgmt
+    }
+
+    /// The data devices.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    fn device(&self, dev: usize) -> Result<&Device> {
+        self.devices.get(dev).ok_or_else(|| {
+            Error::Usage(format!(
+                "device {dev} does not exist ({} devices)",
+                self.devices.len()
+            ))
+        })
+    }
+
+    /// Opens the listeners of device `dev` and returns them with the handle to send to the peer.
+    pub fn listen(&self, dev: usize) -> Result<Listener> {
+        let d = self.device(dev)?;
+        let bind = |addr: IpAddr, what: &str| -> Result<TcpListener> {
+            let sa = SocketAddr::new(addr, 0);
+            let op = || format!("{what} listener on {sa}");
+            let s = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
+                .map_err(|e| Error::local(op(), &e))?;
+            s.bind(&sa.into()).map_err(|e| Error::local(op(), &e))?;
+            s.listen(1024).map_err(|e| Error::local(op(), &e))?;
+            s.set_nonblocking(true)
+                .map_err(|e| Error::local(op(), &e))?;
+            Ok(s.into())
+        };
+        let mut listeners = vec![(bind(self.mgmt.addr, "management")?, self.mgmt.iface.clone())];
+        let only_mgmt = d.rails.len() == 1 && d.rails[0] == self.mgmt;
+        let mut data = Vec::new();
+        if !only_mgmt {
+            for r in d.rails.iter().take(MAX_DATA_ADDRS) {
+                let l = bind(r.addr, "data")?;
+                data.push(l.local_addr().map_err(|e| Error::local("local_addr", &e))?);
+                listeners.push((l, r.iface.clone()));
+            }
+        }
+        let mgmt = listeners[0]
+            .0
+            .local_addr()
+            .map_err(|e| Error::local("local_addr", &e))?;
+        let nonce = random_u64();
+        let handle = ListenHandle { nonce, mgmt, data };
+        Ok(Listener {
+            cfg: self.cfg.clone(),
+            handle,
+            listeners,
+            acceptor: Acceptor::new(nonce, MAX_STREAMS as u16, self.cfg.timeout),
+            socks: HashMap::new(),
+            next_key: 0,
+            idle_since: None,
+        })
+    }
+
+    /// Starts connecting device `dev` to the listener described by `handle` (the bytes the
+    /// peer's [`Listener::handle`] produced). Non-blocking: drive it with [`Connecting::poll`].
+    pub fn connect(&self, dev: usize, handle: &[u8]) -> Result<Connecting> {
+        let d = self.device(dev)?;
+        let h = ListenHandle::decode(handle)?;
+        let now = Instant::now();
+        let nstreams = self.cfg.streams();
+        let remote_data = if h.data.is_empty() {
+            vec![h.mgmt]
+        } else {
+            h.data.clone()
+        };
+        let compatible = |local: IpAddr, remote: IpAddr| {
+            local.is_ipv4() == remote.is_ipv4() && local.is_loopback() == remote.is_loopback()
+        };
+        let mgmt_local = compatible(self.mgmt.addr, h.mgmt.ip()).then_some(self.mgmt.addr);
+        let ctrl = PendingSock::new(h.mgmt, mgmt_local, self.mgmt.iface.clone(), now, &self.cfg)?;
+        let hs = Connector::new(
+            now,
+            self.cfg.timeout,
+            h.nonce,
+            random_u64(),
+            nstreams as u16,
+        );
+        let mut ctrl = ctrl;
+        ctrl.out = hs.hello();
+        let mut streams = Vec::with_capacity(nstreams);
+        for k in 0..nstreams {
+            let remote = remote_data[k % remote_data.len()];
+            let rail = &d.rails[k % d.rails.len()];
+            let local = compatible(rail.addr, remote.ip()).then_some(rail.addr);
+            let mut p = PendingSock::new(remote, local, rail.iface.clone(), now, &self.cfg)?;
+            p.out = hs.stream_hello(k as u16);
+            streams.push(p);
+        }
+        Ok(Connecting {
+            cfg: self.cfg.clone(),
+            hs,
+            ctrl,
+            streams,
+            dec_buf: Vec::new(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct PendingSock {
+    sock: Socket,
+    remote: SocketAddr,
+    local: Option<IpAddr>,
+    link: Link,
+    connected: bool,
+    retry_at: Option<Instant>,
+    out: Vec<u8>,
+    out_pos: usize,
+}
+
+impl PendingSock {
+    fn open(
+        remote: SocketAddr,
+        local: Option<IpAddr>,
+        cfg: &Config,
+        link: &Link,
+    ) -> Result<Socket> {
+        let s = Socket::new(
+            Domain::for_address(remote),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )
+        .map_err(|e| link.io("socket", Stage::Connect, &e))?;
+        s.set_nonblocking(true)
+            .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
+        tune(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
+        if let Some(l) = local {
+            s.bind(&SocketAddr::new(l, 0).into())
+                .map_err(|e| link.io("bind", Stage::Connect, &e))?;
+        }
+        match s.connect(&SockAddr::from(remote)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(link.io("connect", Stage::Connect, &e)),
+        }
+        Ok(s)
+    }
+
+    fn new(
+        remote: SocketAddr,
+        local: Option<IpAddr>,
+        iface: String,
+        _now: Instant,
+        cfg: &Config,
+    ) -> Result<PendingSock> {
+        let link = Link {
+            peer: remote,
+            iface,
+        };
+        let sock = PendingSock::open(remote, local, cfg, &link)?;
+        Ok(PendingSock {
+            sock,
+            remote,
+            local,
+            link,
+            connected: false,
+            retry_at: None,
+            out: Vec::new(),
+            out_pos: 0,
+        })
+    }
+
+    /// Advances connect + hello write. Returns true when connected and the hello is written.
+    fn poll(&mut self, now: Instant, cfg: &Config) -> Result<bool> {
+        if let Some(t) = self.retry_at {
+            if now < t {
+                return Ok(false);
+            }
+            self.retry_at = None;
+            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link)?;
+        }
+        if !self.connected {
+            let rev = poll_fd(self.sock.as_raw_fd(), libc::POLLOUT);
+            if rev == 0 {
+                return Ok(false);
+            }
+            match self.sock.take_error() {
+                Ok(None) => self.connected = true,
+                Ok(Some(e)) | Err(e) => {
+                    if e.kind() == io::ErrorKind::ConnectionRefused {
+                        // The listener may not be up yet (or a stale handle): retry until the deadline.
+                        self.retry_at = Some(now + Duration::from_millis(100));
+                        return Ok(false);
+                    }
+                    return Err(self.link.io("connect", Stage::Connect, &e));
+                }
+            }
+        }
+        while self.out_pos < self.out.len() {
+            match (&self.sock).write(&self.out[self.out_pos..]) {
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.link.io("send hello", Stage::Handshake, &e)),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A connection being set up by the sender. Poll it until it yields a [`SendConn`].
+#[derive(Debug)]
+pub struct Connecting {
+    cfg: Config,
+    hs: Connector,
+    ctrl: PendingSock,
+    streams: Vec<PendingSock>,
+    dec_buf: Vec<u8>,
+}
+
+impl Connecting {
+    /// Advances the handshake without blocking. `Ok(None)`: call again later.
+    pub fn poll(&mut self) -> Result<Option<SendConn>> {
+        let now = Instant::now();
+        let mut all = self.ctrl.poll(now, &self.cfg)?;
+        for s in &mut self.streams {
+            all &= s.poll(now, &self.cfg)?;
+        }
+        if all {
+            let want = self.hs.wanted();
+            if want > 0 {
+                self.dec_buf.resize(want, 0);
+                match (&self.ctrl.sock).read(&mut self.dec_buf) {
+                    Ok(0) => return Err(self.ctrl.link.closed(Stage::Handshake)),
+                    Ok(n) => self.hs.handle_ctrl_bytes(&self.dec_buf[..n]),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(self.ctrl.link.io("recv ack", Stage::Handshake, &e)),
+                }
+            }
+        }
+        self.hs.handle_timeout(now);
+        match self.hs.poll_event() {
+            None => Ok(None),
+            Some(ConnectEvent::Established) => {
+                let ctrl: TcpStream = self
+                    .ctrl
+                    .sock
+                    .try_clone()
+                    .map_err(|e| Error::local("dup", &e))?
+                    .into();
+                let mut streams = Vec::new();
+                for s in &self.streams {
+                    let t: TcpStream = s
+                        .sock
+                        .try_clone()
+                        .map_err(|e| Error::local("dup", &e))?
+                        .into();
+                    streams.push(Stream::new(t, s.link.clone()));
+                }
+                let engine = Engine::new(Dir::Send, streams, self.cfg.nthreads, self.cfg.timeout)?;
+                Ok(Some(SendConn {
+                    ctrl,
+                    link: self.ctrl.link.clone(),
+                    engine,
+                    inline_max: self.cfg.inline_max,
+                    min_chunk: self.cfg.min_chunk as u64,
+                    out: Vec::new(),
+                    out_pos: 0,
+                    queued: 0,
+                    flushed: 0,
+                    reqs: Slab::new(MAX_SEND_REQUESTS),
+                    next_stream: 0,
+                    error: None,
+                }))
+            }
+            Some(ConnectEvent::Rejected(r)) => Err(Error::Rejected {
+                peer: self.ctrl.link.peer,
+                iface: self.ctrl.link.iface.clone(),
+                reason: r.to_string(),
+            }),
+            Some(ConnectEvent::Protocol(e)) => Err(self.ctrl.link.protocol(Stage::Handshake, e)),
+            Some(ConnectEvent::TimedOut) => {
+                // Name the first socket that is not connected, else the control stream (no ACK).
+                let (link, stage) = std::iter::once(&self.ctrl)
+                    .chain(&self.streams)
+                    .find(|s| !s.connected)
+                    .map_or((&self.ctrl.link, Stage::Handshake), |s| {
+                        (&s.link, Stage::Connect)
+                    });
+                Err(link.timeout(stage, self.cfg.timeout))
+            }
+        }
+    }
+
+    /// Polls until connected or failed (at most the configured timeout). For tools and tests.
+    pub fn wait(mut self) -> Result<SendConn> {
+        loop {
+            if let Some(c) = self.poll()? {
+                return Ok(c);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// The receiver's listening side of a device: accepts connections made with its handle.
+#[derive(Debug)]
+pub struct Listener {
+    cfg: Config,
+    handle: ListenHandle,
+    listeners: Vec<(TcpListener, String)>,
+    acceptor: Acceptor<u64>,
+    socks: HashMap<u64, (TcpStream, Link)>,
+    next_key: u64,
+    idle_since: Option<Instant>,
+}
+
+impl Listener {
+    /// The handle to give the sender (128 bytes, see [`proto::HANDLE_SIZE`]).
+    pub fn handle(&self) -> [u8; proto::HANDLE_SIZE] {
+        self.handle.encode()
+    }
+
+    /// The decoded handle (addresses and nonce).
+    pub fn handle_info(&self) -> &ListenHandle {
+        &self.handle
+    }
+
+    /// Accepts without blocking. `Ok(None)`: no connection is complete yet, call again.
+    /// A socket that sends garbage, a foreign nonce or stalls is closed and reported as an error
+    /// (the listener stays usable). With nothing arriving for `accept_timeout`, times out.
+    pub fn accept(&mut self) -> Result<Option<RecvConn>> {
+        let now = Instant::now();
+        let idle_since = *self.idle_since.get_or_insert(now);
+        for (l, iface) in &self.listeners {
+            loop {
+                match l.accept() {
+                    Ok((s, peer)) => {
+                        let key = self.next_key;
+                        self.next_key += 1;
+                        let link = Link {
+                            peer,
+                            iface: iface.clone(),
+                        };
+                        let sock = Socket::from(s);
+                        sock.set_nonblocking(true)
+                            .and_then(|()| tune(&sock, &self.cfg))
+                            .map_err(|e| link.io("setsockopt", Stage::Accept, &e))?;
+                        self.socks.insert(key, (sock.into(), link));
+                        self.acceptor.handle_new(now, key);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Error::local(format!("accept on {iface}"), &e)),
+                }
+            }
+        }
+        let waiting: Vec<u64> = self.acceptor.waiting().collect();
+        let mut buf = [0u8; proto::FRAME_LEN];
+        for key in waiting {
+            let want = self.acceptor.wanted(key).min(buf.len());
+            let Some((s, _)) = self.socks.get(&key) else {
+                continue;
+            };
+            match (&*s).read(&mut buf[..want]) {
+                Ok(0) => self.acceptor.handle_closed(key),
+                Ok(n) => self.acceptor.handle_bytes(now, key, &buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => self.acceptor.handle_closed(key),
+            }
+        }
+        self.acceptor.handle_timeout(now);
+        if self.acceptor.busy() {
+            self.idle_since = Some(now);
+        }
+        if let Some(ev) = self.acceptor.poll_event() {
+            self.idle_since = Some(now);
+            return match ev {
+                AcceptEvent::Refused { key, reply, error } => {
+                    let (s, link) = self
+                        .socks
+                        .remove(&key)
+                        .ok_or_else(|| Error::Usage("unknown socket".into()))?;
+                    if let Some(r) = reply {
+                        let _ = (&s).write(&r);
+                    }
+                    let stage = Stage::Accept;
+                    Err(match error {
+                        proto::AcceptError::Frame(f) => link.protocol(stage, f),
+                        proto::AcceptError::TimedOut(_) => link.timeout(stage, self.cfg.timeout),
+                        proto::AcceptError::Closed => link.closed(stage),
+                        other => Error::Rejected {
+                            peer: link.peer,
+                            iface: link.iface,
+                            reason: format!("refused: {other}"),
+                        },
+                    })
+                }
+                AcceptEvent::Ready {
+                    ctrl, streams, ack, ..
+                } => {
+                    let (c, link) = self
+                        .socks
+                        .remove(&ctrl)
+                        .ok_or_else(|| Error::Usage("unknown socket".into()))?;
+                    let mut data = Vec::new();
+                    for k in streams {
+                        let (s, l) = self
+                            .socks
+                            .remove(&k)
+                            .ok_or_else(|| Error::Usage("unknown socket".into()))?;
+                        data.push(Stream::new(s, l));
+                    }
+                    write_all_until(&c, &ack, now + self.cfg.timeout)
+                        .map_err(|e| link.io("send ack", Stage::Accept, &e))?;
+                    let engine = Engine::new(Dir::Recv, data, self.cfg.nthreads, self.cfg.timeout)?;
+                    Ok(Some(RecvConn {
+                        ctrl: c,
+                        link,
+                        engine,
+                        dec: FrameDecoder::new(),
+                        msgs: VecDeque::new(),
+                        reqs: Slab::new(MAX_RECV_REQUESTS),
+                        order: VecDeque::new(),
+                        next_stream: 0,
+                        peer_closed: false,
+                        error: None,
+                        rbuf: vec![0; 64 * 1024],
+                    }))
+                }
+            };
+        }
+        if now.duration_since(idle_since) >= self.cfg.accept_timeout {
+            return Err(Error::Timeout {
+                peer: self.handle.mgmt,
+                iface: self.listeners[0].1.clone(),
+                stage: Stage::Accept,
+                after: self.cfg.accept_timeout,
+            });
+        }
+        Ok(None)
+    }
+
+    /// Polls until a connection arrives or the accept timeout passes. For tools and tests.
+    pub fn wait(&mut self) -> Result<RecvConn> {
+        loop {
+            if let Some(c) = self.accept()? {
+                return Ok(c);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+fn write_all_until(mut s: &TcpStream, mut b: &[u8], deadline: Instant) -> io::Result<()> {
+    while !b.is_empty() {
+        match s.write(b) {
+            Ok(n) => b = &b[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out"));
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+struct SendReq {
+    ctrl_end: u64,
+    size: usize,
+    chunks: Arc<ReqState>,
+}
+
+/// The sending end of a connection.
+#[derive(Debug)]
+pub struct SendConn {
+    ctrl: TcpStream,
+    link: Link,
+    engine: Engine,
+    inline_max: usize,
+    min_chunk: u64,
+    out: Vec<u8>,
+    out_pos: usize,
+    queued: u64,
+    flushed: u64,
+    reqs: Slab<SendReq>,
+    next_stream: usize,
+    error: Option<Error>,
+}
+
+impl SendConn {
+    /// Remote management address and local interface of the control stream.
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        (self.link.peer, &self.link.iface)
+    }
+
+    /// Number of data streams.
+    pub fn nstreams(&self) -> usize {
+        self.engine.nstreams()
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.reqs.live()
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.error.get_or_insert(e).clone()
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        while self.out_pos < self.out.len() {
+            match (&self.ctrl).write(&self.out[self.out_pos..]) {
+                Ok(n) => {
+                    self.out_pos += n;
+                    self.flushed += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let e = self.link.io("send", Stage::Data, &e);
+                    return Err(self.fail(e));
+                }
+            }
+        }
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+        }
+        if let Err(e) = self.engine.progress() {
+            return Err(self.fail(e));
+        }
+        Ok(())
+    }
+
+    /// Starts sending `len` bytes at `data` with `tag`. `Ok(None)`: too many requests in
+    /// flight, try again after testing some.
+    ///
+    /// # Safety
+    /// `data..data+len` must be readable and must not change until [`SendConn::test`] reports
+    /// the request done or the connection is dropped.
+    pub unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+    ) -> Result<Option<RequestId>> {
+        self.progress()?;
+        if self.reqs.live() >= MAX_SEND_REQUESTS {
+            return Ok(None);
+        }
+        let chunks = Arc::new(ReqState::default());
+        if len <= self.inline_max {
+            let payload = if len == 0 {
+                &[][..]
+            } else {
+                // SAFETY: the caller guarantees `data..data+len` is readable.
+                unsafe { std::slice::from_raw_parts(data, len) }
+            };
+            Frame::encode_msg(&mut self.out, tag, Some(payload), len as u64, 0);
+        } else {
+            let n = self.engine.nstreams();
+            let chunk = proto::chunk_size(len as u64, n, self.min_chunk);
+            Frame::encode_msg(&mut self.out, tag, None, len as u64, chunk);
+            let start = self.next_stream;
+            let count = (len as u64).div_ceil(chunk) as usize;
+            self.next_stream = (start + count) % n;
+            chunks.remaining.store(count, Ordering::Release);
+            let base = data as usize;
+            let tasks = proto::chunks(len as u64, chunk, n, start).map(|c| {
+                let t = Task {
+                    ptr: base + c.offset as usize,
+                    len: c.len as usize,
+                    done: 0,
+                    req: chunks.clone(),
+                };
+                (c.stream, t)
+            });
+            self.engine.push(tasks);
+        }
+        self.queued = self.flushed + (self.out.len() - self.out_pos) as u64;
+        let id = self.reqs.insert(SendReq {
+            ctrl_end: self.queued,
+            size: len,
+            chunks,
+        });
+        self.progress()?;
+        Ok(id)
+    }
+
+    /// Whether request `id` is done; `Some(bytes)` once it is (the id is then released).
+    pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
+        self.progress()?;
+        let flushed = self.flushed;
+        let r = self
+            .reqs
+            .get_mut(id)
+            .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
+        if flushed >= r.ctrl_end && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+            let size = r.size;
+            self.reqs.remove(id);
+            return Ok(Some(size));
+        }
+        Ok(None)
+    }
+
+    /// Sends `data` and waits until it is handed to the kernel. For tools and tests.
+    pub fn send(&mut self, data: &[u8], tag: i32) -> Result<()> {
+        let id = loop {
+            // SAFETY: `data` is borrowed for the whole call and we wait for completion below.
+            if let Some(id) = unsafe { self.isend(data.as_ptr(), data.len(), tag)? } {
+                break id;
+            }
+        };
+        while self.test(id)?.is_none() {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+}
+
+/// One buffer of a receive.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvBuf {
+    /// Start.
+    pub ptr: *mut u8,
+    /// Capacity.
+    pub len: usize,
+    /// Tag this buffer accepts.
+    pub tag: i32,
+}
+
+/// A finished receive: the byte count that landed in each buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completed {
+    /// Number of buffers.
+    pub n: usize,
+    /// Bytes per buffer (first `n` valid).
+    pub sizes: [usize; MAX_RECVS],
+}
+
+impl Completed {
+    /// The valid sizes.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes[..self.n]
+    }
+}
+
+#[derive(Debug)]
+struct RecvReq {
+    bufs: Vec<RecvBuf>,
+    filled: Vec<bool>,
+    sizes: [usize; MAX_RECVS],
+    matched: usize,
+    chunks: Arc<ReqState>,
+}
+
+/// The receiving end of a connection.
+#[derive(Debug)]
+pub struct RecvConn {
+    ctrl: TcpStream,
+    link: Link,
+    engine: Engine,
+    dec: FrameDecoder,
+    msgs: VecDeque<proto::MsgHeader>,
+    reqs: Slab<RecvReq>,
+    order: VecDeque<RequestId>,
+    next_stream: usize,
+    peer_closed: bool,
+    error: Option<Error>,
+    rbuf: Vec<u8>,
+}
+
+impl RecvConn {
+    /// Remote address and local interface of the control stream.
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        (self.link.peer, &self.link.iface)
+    }
+
+    /// Number of data streams.
+    pub fn nstreams(&self) -> usize {
+        self.engine.nstreams()
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.error.get_or_insert(e).clone()
+    }
+
+    fn read_ctrl(&mut self) -> Result<()> {
+        while !self.peer_closed {
+            match (&self.ctrl).read(&mut self.rbuf) {
+                Ok(0) => self.peer_closed = true,
+                Ok(n) => {
+                    self.dec.handle_bytes(&self.rbuf[..n]);
+                    if n < self.rbuf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.link.io("recv", Stage::Data, &e)),
+            }
+        }
+        loop {
+            match self.dec.poll_frame() {
+                Ok(None) => return Ok(()),
+                Ok(Some(Frame::Msg(h))) => self.msgs.push_back(h),
+                Ok(Some(f)) => {
+                    let e = proto::FrameError::Unexpected {
+                        got: f.name(),
+                        expected: "MSG",
+                    };
+                    return Err(self.link.protocol(Stage::Data, e));
+                }
+                Err(e) => return Err(self.link.protocol(Stage::Data, e)),
+            }
+        }
+    }
+
+    fn match_msgs(&mut self) -> Result<()> {
+        while let (Some(&id), false) = (self.order.front(), self.msgs.is_empty()) {
+            let Some(h) = self.msgs.pop_front() else {
+                break;
+            };
+            let peer = self.link.peer;
+            let n = self.engine.nstreams();
+            let r = self
+                .reqs
+                .get_mut(id)
+                .ok_or_else(|| Error::Usage("receive request vanished".into()))?;
+            let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
+            let slot = proto::select_slot(&tags, &r.filled, h.tag)
+                .ok_or(Error::TagMismatch { peer, tag: h.tag })?;
+            let buf = r.bufs[slot];
+            if h.size > buf.len as u64 {
+                return Err(Error::Truncated {
+                    peer,
+                    sent: h.size,
+                    posted: buf.len,
+                    tag: h.tag,
+                });
+            }
+            r.filled[slot] = true;
+            r.sizes[slot] = h.size as usize;
+            r.matched += 1;
+            if let Some(p) = &h.inline {
+                if !p.is_empty() {
+                    // SAFETY: the caller of irecv guarantees `buf.ptr..+buf.len` is writable and we
+                    // checked `p.len() == size <= buf.len`.
+                    unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.ptr, p.len()) };
+                }
+            } else if h.size > 0 {
+                let start = self.next_stream;
+                let count = h.size.div_ceil(h.chunk) as usize;
+                self.next_stream = (start + count) % n;
+                r.chunks.remaining.fetch_add(count, Ordering::AcqRel);
+                let chunks = r.chunks.clone();
+                let base = buf.ptr as usize;
+                let tasks = proto::chunks(h.size, h.chunk, n, start).map(|c| {
+                    let t = Task {
+                        ptr: base + c.offset as usize,
+                        len: c.len as usize,
+                        done: 0,
+                        req: chunks.clone(),
+                    };
+                    (c.stream, t)
+                });
+                self.engine.push(tasks);
+            }
+            if r.matched == r.bufs.len() {
+                self.order.pop_front();
+            }
+        }
+        if self.peer_closed && !self.order.is_empty() && self.msgs.is_empty() {
+            return Err(self.link.closed(Stage::Data));
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let r = self
+            .read_ctrl()
+            .and_then(|()| self.match_msgs())
+            .and_then(|()| self.engine.progress());
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Posts a receive of up to [`MAX_RECVS`] buffers; each incoming message lands in the first
+    /// empty buffer with its tag. `Ok(None)`: too many requests in flight, try again later.
+    ///
+    /// # Safety
+    /// Every buffer must be writable for its `len` bytes and not be read or written by anyone
+    /// else until [`RecvConn::test`] reports the request done or the connection is dropped.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::Usage(format!(
+                "irecv with {} buffers (1..={MAX_RECVS})",
+                bufs.len()
+            )));
+        }
+        self.progress()?;
+        if self.reqs.live() >= MAX_RECV_REQUESTS {
+            return Ok(None);
+        }
+        let req = RecvReq {
+            bufs: bufs.to_vec(),
+            filled: vec![false; bufs.len()],
+            sizes: [0; MAX_RECVS],
+            matched: 0,
+            chunks: Arc::new(ReqState::default()),
+        };
+        let id = self.reqs.insert(req);
+        if let Some(id) = id {
+            self.order.push_back(id);
+        }
+        self.progress()?;
+        Ok(id)
+    }
+
+    /// Whether request `id` is done; the sizes received once it is (the id is then released).
+    pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
+        self.progress()?;
+        let r = self
+            .reqs
+            .get_mut(id)
+            .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
+        if r.matched == r.bufs.len() && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+            let c = Completed {
+                n: r.bufs.len(),
+                sizes: r.sizes,
+            };
+            self.reqs.remove(id);
+            return Ok(Some(c));
+        }
+        Ok(None)
+    }
+
+    /// Receives one message into `buf` and waits for it. For tools and tests.
+    pub fn recv(&mut self, buf: &mut [u8], tag: i32) -> Result<usize> {
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag,
+        };
+        let id = loop {
+            // SAFETY: `buf` is mutably borrowed for the whole call and we wait for completion.
+            if let Some(id) = unsafe { self.irecv(&[b])? } {
+                break id;
+            }
+        };
+        loop {
+            if let Some(c) = self.test(id)? {
+                return Ok(c.sizes[0]);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+// The raw pointers in RecvBuf are only addresses that the caller vouched for in irecv.
+// SAFETY: RecvConn owns its sockets and engine; the buffers it writes are the caller's, who
+// promised exclusive access to them until completion, whichever thread drives the connection.
+unsafe impl Send for RecvConn {}

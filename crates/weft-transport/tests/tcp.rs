@@ -1,0 +1,443 @@
+//! Loopback tests of the TCP backend: what NCCL needs (sizes, tags, grouped receives, 32 in
+//! flight, receive larger than send, self-connection in one thread) and every failure bounded
+//! by the timeout with peer and interface named.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use weft_transport::proto::{Frame, ListenHandle};
+use weft_transport::{Config, Error, RecvBuf, RecvConn, SendConn, Stage, Transport};
+
+/// Short timeouts for the tests that wait for one; `roomy` for those that move data on a busy
+/// 2-core CI machine in debug mode.
+fn roomy(nthreads: usize, nsocks: usize) -> Config {
+    Config {
+        timeout: Duration::from_secs(20),
+        ..cfg(nthreads, nsocks)
+    }
+}
+
+fn cfg(nthreads: usize, nsocks: usize) -> Config {
+    Config {
+        mgmt_ifname: Some("=lo".parse().unwrap()),
+        timeout: Duration::from_millis(1500),
+        accept_timeout: Duration::from_millis(1500),
+        nthreads,
+        nsocks_per_thread: nsocks,
+        ..Config::default()
+    }
+}
+
+/// Connects in one thread by polling both ends, as NCCL's GDR probe does.
+fn pair(c: Config) -> (SendConn, RecvConn) {
+    let t = Transport::new(c).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let mut cg = t.connect(0, &l.handle()).unwrap();
+    let (mut tx, mut rx) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tx.is_none() || rx.is_none() {
+        assert!(Instant::now() < deadline, "connect/accept did not finish");
+        if tx.is_none() {
+            tx = cg.poll().unwrap();
+        }
+        if rx.is_none() {
+            rx = l.accept().unwrap();
+        }
+    }
+    (tx.unwrap(), rx.unwrap())
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn sizes() -> Vec<usize> {
+    let mut v = vec![
+        0,
+        1,
+        7,
+        8,
+        1023,
+        1024,
+        1025,
+        4096,
+        65535,
+        65536,
+        65537,
+        1 << 20,
+        (1 << 20) + 3,
+        16 << 20,
+        64 << 20,
+    ];
+    let mut x: u64 = 0x9e37_79b9;
+    for _ in 0..20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push((x % (4 << 20)) as usize);
+    }
+    v
+}
+
+fn transfer_all(c: Config) {
+    let (mut tx, mut rx) = pair(c);
+    let sizes = sizes();
+    let s2 = sizes.clone();
+    let h = thread::spawn(move || {
+        for (i, n) in s2.iter().enumerate() {
+            tx.send(&pattern(*n, i as u8), i as i32).unwrap();
+        }
+        tx
+    });
+    for (i, n) in sizes.iter().enumerate() {
+        // Receive buffer larger than the message: the actual size is reported.
+        let mut buf = vec![0u8; n + 100];
+        let got = rx.recv(&mut buf, i as i32).unwrap();
+        assert_eq!(got, *n);
+        assert!(
+            buf[..*n] == pattern(*n, i as u8)[..],
+            "payload of message {i} ({n} bytes) differs"
+        );
+        assert!(buf[*n..].iter().all(|b| *b == 0));
+    }
+    h.join().unwrap();
+}
+
+#[test]
+fn sizes_0_to_64mib_caller_driven() {
+    transfer_all(roomy(0, 1));
+    transfer_all(roomy(0, 4));
+}
+
+#[test]
+fn sizes_0_to_64mib_helper_threads() {
+    transfer_all(roomy(2, 2));
+    transfer_all(roomy(1, 1));
+}
+
+#[test]
+fn thirty_two_in_flight_and_grouped_receives_by_tag() {
+    let (mut tx, mut rx) = pair(roomy(2, 2));
+    let msgs: Vec<Vec<u8>> = (0..64)
+        .map(|i| pattern(1000 + i * 30_000, i as u8))
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
+    // 32 grouped receives of 2 buffers, tags 1 and 2 (sends arrive tag 2 first, then 1).
+    let mut rreqs = Vec::new();
+    for pair in bufs.chunks_mut(2) {
+        let (a, b) = pair.split_at_mut(1);
+        let rb = [
+            RecvBuf {
+                ptr: a[0].as_mut_ptr(),
+                len: a[0].len(),
+                tag: 1,
+            },
+            RecvBuf {
+                ptr: b[0].as_mut_ptr(),
+                len: b[0].len(),
+                tag: 2,
+            },
+        ];
+        // SAFETY: the buffers outlive the requests, which are all tested to completion below.
+        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
+    }
+    let mut sreqs = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let tag = if i % 2 == 0 { 2 } else { 1 };
+        // SAFETY: `msgs` outlives the requests, which are all tested to completion below.
+        sreqs.push(
+            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert!(tx.in_flight() >= 32);
+    let mut done_s = vec![false; sreqs.len()];
+    let mut done_r = vec![None; rreqs.len()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline);
+        for (i, r) in sreqs.iter().enumerate() {
+            if !done_s[i] {
+                done_s[i] = tx.test(*r).unwrap().is_some();
+            }
+        }
+        for (i, r) in rreqs.iter().enumerate() {
+            if done_r[i].is_none() {
+                done_r[i] = rx.test(*r).unwrap();
+            }
+        }
+    }
+    for (i, c) in done_r.iter().enumerate() {
+        let c = c.unwrap();
+        // Buffer 0 (tag 1) got message 2i+1, buffer 1 (tag 2) got message 2i.
+        assert_eq!(c.sizes(), &[msgs[2 * i + 1].len(), msgs[2 * i].len()]);
+        assert_eq!(&bufs[2 * i][..msgs[2 * i + 1].len()], &msgs[2 * i + 1][..]);
+        assert_eq!(&bufs[2 * i + 1][..msgs[2 * i].len()], &msgs[2 * i][..]);
+    }
+}
+
+#[test]
+fn truncation_and_tag_mismatch_are_errors() {
+    let (mut tx, mut rx) = pair(cfg(0, 1));
+    tx.send(&[1u8; 100], 5).unwrap();
+    let mut small = [0u8; 10];
+    match rx.recv(&mut small, 5) {
+        Err(Error::Truncated {
+            sent: 100,
+            posted: 10,
+            tag: 5,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let (mut tx, mut rx) = pair(cfg(0, 1));
+    tx.send(&[1u8; 10], 5).unwrap();
+    let mut buf = [0u8; 10];
+    assert!(matches!(
+        rx.recv(&mut buf, 6),
+        Err(Error::TagMismatch { tag: 5, .. })
+    ));
+}
+
+#[test]
+fn wrong_handles_are_refused_before_any_io() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let l = t.listen(0).unwrap();
+    let mut h = l.handle();
+    h[0] = b'X';
+    assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
+    let mut h = l.handle();
+    h[4] = 2;
+    assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
+    assert!(matches!(t.connect(0, &[0u8; 10]), Err(Error::Handle(_))));
+}
+
+#[test]
+fn listener_that_never_answers_times_out_naming_the_peer() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let h = ListenHandle {
+        nonce: 1,
+        mgmt: addr,
+        data: vec![],
+    }
+    .encode();
+    let t = Transport::new(cfg(0, 2)).unwrap();
+    let start = Instant::now();
+    let mut c = t.connect(0, &h).unwrap();
+    let err = loop {
+        match c.poll() {
+            Ok(None) => thread::sleep(Duration::from_millis(1)),
+            Ok(Some(_)) => panic!("connected to a silent listener"),
+            Err(e) => break e,
+        }
+    };
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    match &err {
+        Error::Timeout {
+            peer,
+            iface,
+            stage: Stage::Handshake,
+            ..
+        } => {
+            assert_eq!(*peer, addr);
+            assert_eq!(iface, "lo");
+        }
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&addr.to_string()) && msg.contains("lo"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn garbage_on_the_handshake_socket_is_an_error_naming_the_peer() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let mgmt = l.handle_info().mgmt;
+    let mut s = TcpStream::connect(mgmt).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: weft\r\n\r\n")
+        .unwrap();
+    let me = s.local_addr().unwrap();
+    let err = loop {
+        match l.accept() {
+            Ok(None) => thread::sleep(Duration::from_millis(1)),
+            Ok(Some(_)) => panic!("accepted garbage"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&err, Error::Protocol { peer, stage: Stage::Accept, .. } if *peer == me),
+        "{err}"
+    );
+    // The listener still works afterwards.
+    let mut cg = t.connect(0, &l.handle()).unwrap();
+    let (mut tx, mut rx) = (None, None);
+    while tx.is_none() || rx.is_none() {
+        if tx.is_none() {
+            tx = cg.poll().unwrap();
+        }
+        if rx.is_none() {
+            rx = l.accept().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_silent_socket_on_the_listener_times_out() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let _s = TcpStream::connect(l.handle_info().mgmt).unwrap();
+    let start = Instant::now();
+    let err = loop {
+        match l.accept() {
+            Ok(None) => thread::sleep(Duration::from_millis(2)),
+            Ok(Some(_)) => panic!(),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                stage: Stage::Accept,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(4));
+}
+
+#[test]
+fn accept_with_no_peer_at_all_times_out() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let start = Instant::now();
+    let err = l.wait().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                stage: Stage::Accept,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(4));
+}
+
+#[test]
+fn sender_dying_mid_message_is_an_error_not_a_hang() {
+    for nthreads in [0, 2] {
+        let (mut tx, mut rx) = pair(cfg(nthreads, 2));
+        let big = vec![7u8; 32 << 20];
+        // SAFETY: `big` outlives `tx`, which is dropped below before `big`.
+        let _ = unsafe { tx.isend(big.as_ptr(), big.len(), 0) }
+            .unwrap()
+            .unwrap();
+        thread::sleep(Duration::from_millis(50));
+        drop(tx);
+        let mut buf = vec![0u8; 32 << 20];
+        let start = Instant::now();
+        let err = rx.recv(&mut buf, 0).unwrap_err();
+        assert!(
+            matches!(err, Error::Closed { .. } | Error::Io { .. }),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(3));
+    }
+}
+
+/// A hand-made sender that completes the handshake, announces a 1 MiB message, sends half of it
+/// and then stops without closing: the receiver must give up after its timeout.
+#[test]
+fn sender_stalling_mid_message_times_out_naming_the_stream() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let h = l.handle_info().clone();
+    let fake = thread::spawn(move || {
+        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
+        let mut data = TcpStream::connect(h.mgmt).unwrap();
+        let mut v = Vec::new();
+        Frame::Hello {
+            nonce: h.nonce,
+            conn_id: 9,
+            nstreams: 1,
+        }
+        .encode(&mut v);
+        ctrl.write_all(&v).unwrap();
+        v.clear();
+        Frame::Stream {
+            nonce: h.nonce,
+            conn_id: 9,
+            idx: 0,
+        }
+        .encode(&mut v);
+        data.write_all(&v).unwrap();
+        let mut ack = [0u8; 24];
+        ctrl.read_exact(&mut ack).unwrap();
+        v.clear();
+        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
+        ctrl.write_all(&v).unwrap();
+        data.write_all(&vec![1u8; 1 << 19]).unwrap();
+        thread::sleep(Duration::from_secs(4));
+        (ctrl, data)
+    });
+    let mut rx = l.wait().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let start = Instant::now();
+    let err = rx.recv(&mut buf, 3).unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                stage: Stage::Data,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("lo"), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    fake.join().unwrap();
+}
+
+#[test]
+fn close_with_requests_in_flight_joins_threads_and_frees_everything() {
+    for nthreads in [0, 1, 4] {
+        let (mut tx, mut rx) = pair(cfg(nthreads, 1));
+        let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 4 << 20]).collect();
+        for b in &mut bufs {
+            let rb = [RecvBuf {
+                ptr: b.as_mut_ptr(),
+                len: b.len(),
+                tag: 0,
+            }];
+            // SAFETY: `bufs` outlives `rx`, which is dropped below.
+            unsafe { rx.irecv(&rb) }.unwrap().unwrap();
+        }
+        let src = vec![1u8; 4 << 20];
+        for _ in 0..4 {
+            // SAFETY: `src` outlives `tx`, which is dropped below.
+            unsafe { tx.isend(src.as_ptr(), src.len(), 0) }
+                .unwrap()
+                .unwrap();
+        }
+        drop(rx);
+        drop(tx);
+    }
+}
