@@ -116,7 +116,7 @@ pub fn run() -> Result<()> {
     }
 
     let mut config = String::from(
-        "[fabric]\nsweep_timeout_ms = 5000\nverify_timeout_ms = 5000\n\n[fabric.diag]\n",
+        "[fabric]\nsweep_timeout_ms = 5000\nverify_timeout_ms = 5000\n\n[fabric.diag]\nparallel = 6\n",
     );
     config.push_str(&format!("cwd = \"{}\"\n", dir.display()));
     config.push_str("[fabric.diag.env]\n");

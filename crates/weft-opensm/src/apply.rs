@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Guid, PortMismatch, SmOptions, expected_tables};
+use weft_fabric::{Guid, Inventory, PortMismatch, SmOptions, expected_tables};
 
 use crate::diag::{DiagError, DiagTools, FabricSnapshot};
 use crate::sm::{SmError, SmHost, checksum};
@@ -89,8 +89,8 @@ impl Applier {
         }
     }
 
-    fn master_index(&self, snapshot: &FabricSnapshot) -> Result<usize, ApplyError> {
-        let master = snapshot.inventory.sm_port_guid.unwrap_or(Guid(0));
+    fn master_index(&self, inventory: &Inventory) -> Result<usize, ApplyError> {
+        let master = inventory.sm_port_guid.unwrap_or(Guid(0));
         self.sms
             .iter()
             .position(|s| s.port_guid() == master)
@@ -121,9 +121,12 @@ impl Applier {
     }
 
     /// Polls the P_Key tables until they match `conf` or `verify_timeout` passes.
-    fn verify_until(&self, conf: &Conf, base: &FabricSnapshot) -> Result<Verification, ApplyError> {
+    fn verify_until(&self, conf: &Conf, inventory: &Inventory) -> Result<Verification, ApplyError> {
         let deadline = Instant::now() + self.verify_timeout;
-        let mut snapshot = base.clone();
+        let mut snapshot = FabricSnapshot {
+            inventory: inventory.clone(),
+            tables: Default::default(),
+        };
         loop {
             let tables = self.diag.read_tables(&snapshot.inventory.ports)?;
             snapshot.tables =
@@ -178,14 +181,14 @@ impl Applier {
         Ok((written, t0.elapsed() - written))
     }
 
-    /// Applies `conf`: every SM gets the same file, the master rereads it, and every end
-    /// port is checked. Any failure after the first write restores the previous file on
-    /// every SM and rereads it again.
-    pub fn apply(&self, conf: &Conf) -> Result<ApplyReport, ApplyError> {
+    /// Applies `conf` to the fabric described by `inventory` (a fresh
+    /// [`DiagTools::snapshot`]): every SM gets the same file, the master rereads it, and
+    /// every end port of the inventory is checked. Any failure after the first write
+    /// restores the previous file on every SM and rereads it again.
+    pub fn apply(&self, conf: &Conf, inventory: &Inventory) -> Result<ApplyReport, ApplyError> {
         let start = Instant::now();
         let text = Self::render_checked(conf)?;
-        let before = self.diag.snapshot()?;
-        let master = self.master_index(&before)?;
+        let master = self.master_index(inventory)?;
         let previous: Vec<Option<Vec<u8>>> = self
             .sms
             .iter()
@@ -197,7 +200,7 @@ impl Applier {
 
         let outcome = self
             .deliver(master, text.as_bytes())
-            .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, &before)?)));
+            .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, inventory)?)));
         match outcome {
             Ok((write, sweep, v)) if v.mismatches.is_empty() => Ok(ApplyReport {
                 changed,

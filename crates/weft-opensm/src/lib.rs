@@ -19,7 +19,8 @@
 //!     sweep_timeout: Duration::from_secs(5),
 //!     verify_timeout: Duration::from_secs(5),
 //! };
-//! let report = applier.apply(&conf)?;
+//! let inventory = applier.diag.snapshot()?.inventory;
+//! let report = applier.apply(&conf, &inventory)?;
 //! println!("{} ports verified in {:.0} ms", report.ports_verified, report.total_ms);
 //! # Ok(()) }
 //! ```

@@ -117,14 +117,40 @@ impl LocalSm {
         Ok(!matches!(state, Some("Z") | Some("X")))
     }
 
-    fn temp_path(&self) -> PathBuf {
+    /// `.partitions.conf.weft-` : the prefix of every temporary file this SM's writes use.
+    fn temp_prefix(&self) -> String {
         let file_name = self
             .partitions_file
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "partitions.conf".into());
-        self.partitions_file
-            .with_file_name(format!(".{file_name}.weft-{}.tmp", std::process::id()))
+        format!(".{file_name}.weft-")
+    }
+
+    fn temp_path(&self) -> PathBuf {
+        self.partitions_file.with_file_name(format!(
+            "{}{}.tmp",
+            self.temp_prefix(),
+            std::process::id()
+        ))
+    }
+
+    /// Removes temporary files that a killed writer left behind. OpenSM never reads
+    /// them; this only keeps the directory clean.
+    fn remove_stale_temps(&self) {
+        let prefix = self.temp_prefix();
+        let Some(dir) = self.partitions_file.parent() else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && name.ends_with(".tmp") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
     }
 }
 
@@ -171,6 +197,7 @@ impl SmHost for LocalSm {
     }
 
     fn write_partitions(&self, bytes: &[u8]) -> Result<(), SmError> {
+        self.remove_stale_temps();
         write_atomically(&self.partitions_file, &self.temp_path(), bytes)
             .map_err(|e| self.io("cannot write", &self.partitions_file, e))
     }
@@ -269,6 +296,19 @@ mod tests {
         sm.write_partitions(b"one").unwrap();
         sm.write_partitions(b"two").unwrap();
         assert_eq!(sm.read_partitions().unwrap().unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("partitions.conf")]);
+    }
+
+    #[test]
+    fn a_temp_file_left_by_a_killed_writer_is_cleared_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        fs::write(dir.path().join(".partitions.conf.weft-99999.tmp"), "half").unwrap();
+        sm.write_partitions(b"whole").unwrap();
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

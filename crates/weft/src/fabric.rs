@@ -67,7 +67,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
     let fc = &cfg.fabric;
     match cmd {
         FabricCommand::Check { plan, live, render } => {
-            let plan = load_plan(&plan)?;
+            let plan = plan_or_exit!(&plan, as_json);
             let inventory = if live {
                 Some(applier(fc, None)?.diag.snapshot()?.inventory)
             } else {
@@ -86,7 +86,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             }
         }
         FabricCommand::Diff { plan } => {
-            let plan = load_plan(&plan)?;
+            let plan = plan_or_exit!(&plan, as_json);
             let a = applier(fc, None)?;
             let snapshot = a.diag.snapshot()?;
             let compiled = match compile(&plan, Some(&snapshot.inventory)) {
@@ -114,14 +114,14 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             Ok(EXIT_OK)
         }
         FabricCommand::Apply { plan, timeouts } => {
-            let plan = load_plan(&plan)?;
+            let plan = plan_or_exit!(&plan, as_json);
             let a = applier(fc, Some(&timeouts))?;
             let snapshot = a.diag.snapshot()?;
             let compiled = match compile(&plan, Some(&snapshot.inventory)) {
                 Ok(c) => c,
                 Err(v) => return report_violations(&v, as_json),
             };
-            match a.apply(&compiled.conf) {
+            match a.apply(&compiled.conf, &snapshot.inventory) {
                 Ok(r) => {
                     if as_json {
                         json(&r)?;
@@ -167,7 +167,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             let a = applier(fc, None)?;
             let snapshot = a.diag.snapshot()?;
             let conf = match plan {
-                Some(p) => match compile(&load_plan(&p)?, Some(&snapshot.inventory)) {
+                Some(p) => match compile(&plan_or_exit!(&p, as_json), Some(&snapshot.inventory)) {
                     Ok(c) => c.conf,
                     Err(v) => return report_violations(&v, as_json),
                 },
@@ -203,10 +203,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                     }
                     Ok(EXIT_OK)
                 }
-                Err(e) => {
-                    eprintln!("weft: {}: {e}", file.display());
-                    Ok(EXIT_CHECK_FAILED)
-                }
+                Err(e) => bad_input(&format!("{}: {e}", file.display()), as_json),
             }
         }
         FabricCommand::Status => {
@@ -234,11 +231,34 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
     }
 }
 
-fn load_plan(path: &Path) -> Result<Plan> {
+/// Reads a plan. An unreadable file is an environment error (the outer `Err`, exit 2);
+/// a plan that does not parse is a failed check (the inner `Err`, exit 1).
+fn load_plan(path: &Path) -> Result<std::result::Result<Plan, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Plan::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    Ok(Plan::from_toml(&text).map_err(|e| format!("{}: {e}", path.display())))
 }
+
+/// Reports input that is wrong (a plan or a file that does not parse): exit 1.
+fn bad_input(message: &str, as_json: bool) -> Result<u8> {
+    if as_json {
+        json(&serde_json::json!({ "error": message }))?;
+    } else {
+        eprintln!("weft: {message}");
+    }
+    Ok(EXIT_CHECK_FAILED)
+}
+
+/// `load_plan` inside a command: returns from it with exit 1 on a bad plan.
+macro_rules! plan_or_exit {
+    ($path:expr, $json:expr) => {
+        match load_plan($path)? {
+            Ok(p) => p,
+            Err(msg) => return bad_input(&msg, $json),
+        }
+    };
+}
+use plan_or_exit;
 
 fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
     weft_fabric::compile(plan, inventory)

@@ -1,0 +1,139 @@
+//! Apply-to-verified and SM failover times on a 32-HCA simulated fabric.
+//!
+//! `cargo bench -p weft-opensm --bench apply` (add `-- --runs N` for more apply rounds).
+//! A two-level fat tree (4 leaves, 2 spines, 32 HCAs, every 4th dual-ported) under the
+//! real OpenSM with a primary and a standby. Each round alternates between two plans
+//! that move one node between tenants, so every apply changes the fabric. Reported: the
+//! median, min and max of `Applier::apply` (write to both SMs, reread, sweep, every end
+//! port read back and compared), and the time from kill -9 of the master to the standby
+//! being master and every port verified. Targets (issue: partitions as code): apply
+//! under 1 s; failover reported.
+
+use std::time::{Duration, Instant};
+
+use weft_fabric::{Guid, Plan, SmOptions};
+use weft_opensm::{Applier, DiagTools, LocalSm, SmHost};
+use weft_testbed::{Signal, SimFabric, SmSpec, Topology};
+
+/// Two tenants of 16 nodes; after the move, node5 belongs to bob.
+fn plan(moved: bool) -> String {
+    let owner = |n: usize| match n {
+        5 if moved => "bob",
+        1..=16 => "alice",
+        _ => "bob",
+    };
+    let mut text = String::from("[default]\npolicy = \"isolate\"\n");
+    for tenant in ["alice", "bob"] {
+        let members: Vec<String> = (1..=32)
+            .filter(|&n| owner(n) == tenant)
+            .map(|n| format!("{{ node = \"node{n}\" }}"))
+            .collect();
+        text.push_str(&format!(
+            "[[partition]]\nname = \"{tenant}\"\ntenant = \"{tenant}\"\nipoib = true\nmembers = [{}]\n",
+            members.join(", ")
+        ));
+    }
+    text
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let runs: usize = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(15);
+
+    let topology = Topology::fat_tree(4, 2, 32, 4);
+    let mut fabric = SimFabric::start(&topology)?;
+    let mut sms = Vec::new();
+    for (name, host, prio) in [("primary", "smhost", 10u8), ("standby", "smhost2", 5)] {
+        let etc = fabric.dir().join(format!("{name}-etc"));
+        std::fs::create_dir_all(&etc)?;
+        let file = etc.join("partitions.conf");
+        std::fs::write(&file, "Default=0x7fff, ipoib : ALL=full ;\n")?;
+        let h = fabric.start_sm(SmSpec {
+            name: name.into(),
+            sim_host: host.into(),
+            priority: prio,
+            partitions_file: file.clone(),
+            extra_config: Vec::new(),
+        })?;
+        sms.push(LocalSm {
+            name: name.into(),
+            port_guid: Guid(h.port_guid),
+            partitions_file: file,
+            pid_file: h.pid_file.clone(),
+            log_file: h.log_file.clone(),
+        });
+    }
+    let applier = Applier {
+        sms: sms
+            .iter()
+            .cloned()
+            .map(|s| Box::new(s) as Box<dyn SmHost>)
+            .collect(),
+        diag: DiagTools {
+            env: fabric.client_env("node1"),
+            cwd: Some(fabric.dir().to_path_buf()),
+            timeout: Duration::from_secs(10),
+            parallel: 6,
+        },
+        sm_options: SmOptions::default(),
+        sweep_timeout: Duration::from_secs(5),
+        verify_timeout: Duration::from_secs(5),
+    };
+    let inventory = applier.diag.snapshot()?.inventory;
+    let confs: Vec<_> = [false, true]
+        .iter()
+        .map(|&moved| {
+            let p = Plan::from_toml(&plan(moved)).expect("bench plan parses");
+            weft_fabric::compile(&p, Some(&inventory))
+                .expect("bench plan is valid")
+                .conf
+        })
+        .collect();
+
+    let mut totals = Vec::new();
+    for i in 0..runs {
+        let r = applier.apply(&confs[i % 2], &inventory)?;
+        totals.push(r.total_ms);
+    }
+    let ports = applier.verify(&confs[(runs + 1) % 2])?.ports_checked;
+    let apply_median = median(totals.clone());
+    println!(
+        "apply to verified, {} HCAs, {ports} end ports, 2 SMs, {runs} runs: median {:.0} ms, min {:.0} ms, max {:.0} ms; target 1000 ms; median/target = {:.2}",
+        topology.hcas().len(),
+        apply_median,
+        totals.iter().cloned().fold(f64::INFINITY, f64::min),
+        totals.iter().cloned().fold(0.0, f64::max),
+        apply_median / 1000.0
+    );
+
+    let current = &confs[(runs + 1) % 2];
+    let t0 = Instant::now();
+    fabric.kill_sm("primary", Signal::SIGKILL)?;
+    let (_, to_master) = applier.wait_for_new_master(sms[0].port_guid, Duration::from_secs(60))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if applier.verify(current)?.mismatches.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("ports did not match the plan after failover".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "failover (kill -9 master, sminfo_polling_timeout 1000 ms, polling_retry_number 2): standby master after {:.2} s, every port verified after {:.2} s",
+        to_master.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

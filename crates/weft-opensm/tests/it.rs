@@ -1,0 +1,279 @@
+//! The OpenSM driver against the real OpenSM 3.3.23 on an ibsim simulated fabric.
+//!
+//! Each test starts its own fabric (private IBSIM_SOCKNAME and scratch dir), so they run
+//! in parallel; the test bed kills every process it started when the fabric drops.
+
+use std::time::Duration;
+
+use weft_fabric::conf::{self, Conf};
+use weft_fabric::{Guid, Inventory, Plan, SmOptions};
+use weft_opensm::{Applier, ApplyError, DiagTools, LocalSm, SmHost, checksum};
+use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Topology};
+
+/// What a fresh install has: one partition for everyone.
+const OPEN: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
+
+struct Bed {
+    fabric: SimFabric,
+    sms: Vec<(SmHandle, std::path::PathBuf)>,
+}
+
+fn bed(topology: &Topology, standby: bool) -> Bed {
+    let mut fabric = SimFabric::start(topology).expect("ibsim starts");
+    let mut sms = Vec::new();
+    let hosts: &[(&str, &str, u8)] = if standby {
+        &[("primary", "smhost", 10), ("standby", "smhost2", 5)]
+    } else {
+        &[("primary", "smhost", 10)]
+    };
+    for (name, host, priority) in hosts {
+        let etc = fabric.dir().join(format!("{name}-etc"));
+        std::fs::create_dir_all(&etc).unwrap();
+        let file = etc.join("partitions.conf");
+        std::fs::write(&file, OPEN).unwrap();
+        let h = fabric
+            .start_sm(SmSpec {
+                name: name.to_string(),
+                sim_host: host.to_string(),
+                priority: *priority,
+                partitions_file: file.clone(),
+                extra_config: Vec::new(),
+            })
+            .expect("OpenSM starts");
+        sms.push((h, file));
+    }
+    Bed { fabric, sms }
+}
+
+impl Bed {
+    fn local_sm(&self, i: usize) -> LocalSm {
+        let (h, file) = &self.sms[i];
+        LocalSm {
+            name: h.name.clone(),
+            port_guid: Guid(h.port_guid),
+            partitions_file: file.clone(),
+            pid_file: h.pid_file.clone(),
+            log_file: h.log_file.clone(),
+        }
+    }
+
+    fn applier(&self, sm_options: SmOptions) -> Applier {
+        Applier {
+            sms: (0..self.sms.len())
+                .map(|i| Box::new(self.local_sm(i)) as Box<dyn SmHost>)
+                .collect(),
+            diag: DiagTools {
+                env: self.fabric.client_env("node1"),
+                cwd: Some(self.fabric.dir().to_path_buf()),
+                timeout: Duration::from_secs(10),
+                parallel: 4,
+            },
+            sm_options,
+            sweep_timeout: Duration::from_secs(5),
+            verify_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+fn compile(plan: &str, inventory: &Inventory) -> Conf {
+    let plan = Plan::from_toml(plan).expect("plan parses");
+    weft_fabric::compile(&plan, Some(inventory))
+        .expect("plan is valid")
+        .conf
+}
+
+const TWO_TENANTS: &str = r#"
+[default]
+policy = "isolate"
+[[partition]]
+name = "alice"
+tenant = "alice"
+pkey = "0x0a0a"
+members = [{ node = "node1" }, { node = "node2" }]
+[[partition]]
+name = "bob"
+tenant = "bob"
+pkey = "0x0b0b"
+members = [{ node = "node3" }, { node = "node4", membership = "limited" }]
+"#;
+
+fn port_of(inv: &Inventory, node: &str) -> Guid {
+    inv.ports_of_node(node)[0].port_guid
+}
+
+#[test]
+fn apply_programs_every_port_and_verify_agrees() {
+    let bed = bed(&Topology::single_switch(4), false);
+    let a = bed.applier(SmOptions::default());
+    let snap = a.diag.snapshot().unwrap();
+    let conf = compile(TWO_TENANTS, &snap.inventory);
+    let report = a.apply(&conf, &snap.inventory).unwrap();
+    assert!(report.changed);
+    assert!(report.ports_verified >= 6, "{report:?}");
+
+    let after = a.diag.snapshot().unwrap();
+    let table = |node: &str| after.tables.0[&port_of(&after.inventory, node)].clone();
+    assert!(table("node1").contains(&0x8a0a), "{:x?}", table("node1"));
+    assert!(table("node4").contains(&0x0b0b), "{:x?}", table("node4"));
+    assert!(!table("node3").contains(&0x8a0a), "{:x?}", table("node3"));
+    // Isolated Default: end ports are limited members, the SM's port is full.
+    assert!(table("node2").contains(&0x7fff) && !table("node2").contains(&0xffff));
+    assert!(a.verify(&conf).unwrap().mismatches.is_empty());
+    assert_eq!(
+        std::fs::read_to_string(&bed.sms[0].1).unwrap(),
+        conf::render(&conf)
+    );
+}
+
+#[test]
+fn verify_names_a_port_that_differs() {
+    let bed = bed(&Topology::single_switch(4), false);
+    let a = bed.applier(SmOptions::default());
+    let snap = a.diag.snapshot().unwrap();
+    let conf = compile(TWO_TENANTS, &snap.inventory);
+    // Nothing applied yet: the fabric still has the open Default partition.
+    let v = a.verify(&conf).unwrap();
+    let node1 = port_of(&snap.inventory, "node1");
+    let m = v
+        .mismatches
+        .iter()
+        .find(|m| m.port == node1)
+        .expect("node1 differs");
+    assert!(
+        m.missing.contains(&0x8a0a) && m.unexpected.contains(&0xffff),
+        "{m:?}"
+    );
+}
+
+/// A real fault: the plan expects `=both` to give both keys (allow_both_pkeys), but this
+/// OpenSM runs without -W and programs only the full key. Verification must fail and the
+/// previous file must come back on the SM.
+#[test]
+fn a_failed_verification_restores_the_previous_file() {
+    let bed = bed(&Topology::single_switch(4), false);
+    let a = bed.applier(SmOptions {
+        allow_both_pkeys: true,
+    });
+    let snap = a.diag.snapshot().unwrap();
+    let conf = compile(
+        &TWO_TENANTS.replace(
+            "{ node = \"node2\" }",
+            "{ node = \"node2\", membership = \"both\" }",
+        ),
+        &snap.inventory,
+    );
+    let err = a.apply(&conf, &snap.inventory).unwrap_err();
+    let ApplyError::RolledBack {
+        mismatches,
+        rollback,
+        ..
+    } = &err
+    else {
+        panic!("expected a rollback, got {err}");
+    };
+    let node2 = port_of(&snap.inventory, "node2");
+    assert!(
+        mismatches
+            .iter()
+            .any(|m| m.port == node2 && m.missing == vec![0x0a0a]),
+        "{mismatches:?}"
+    );
+    assert!(rollback.contains("restored"), "{rollback}");
+    assert_eq!(std::fs::read_to_string(&bed.sms[0].1).unwrap(), OPEN);
+    // And the fabric is back to the open partition.
+    let back = a.diag.snapshot().unwrap();
+    assert!(back.tables.0[&node2].contains(&0xffff));
+}
+
+/// An SM that does not come back from the reread (stopped, so it never sweeps): the
+/// apply fails within the sweep bound and the previous file is restored.
+#[test]
+fn an_sm_that_never_finishes_the_sweep_is_rolled_back_within_the_bound() {
+    let bed = bed(&Topology::single_switch(4), false);
+    let mut a = bed.applier(SmOptions::default());
+    a.sweep_timeout = Duration::from_millis(700);
+    let snap = a.diag.snapshot().unwrap();
+    let conf = compile(TWO_TENANTS, &snap.inventory);
+    let pid = nix::unistd::Pid::from_raw(bed.sms[0].0.pid as i32);
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    let start = std::time::Instant::now();
+    let err = a.apply(&conf, &snap.inventory).unwrap_err();
+    let took = start.elapsed();
+    nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
+    assert!(matches!(err, ApplyError::RolledBack { .. }), "{err}");
+    assert!(err.to_string().contains("primary"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(std::fs::read_to_string(&bed.sms[0].1).unwrap(), OPEN);
+}
+
+#[test]
+fn primary_and_standby_hold_the_same_file_and_failover_keeps_every_pkey() {
+    let mut bed = bed(&Topology::single_switch(4), true);
+    let a = bed.applier(SmOptions::default());
+    let snap = a.diag.snapshot().unwrap();
+    assert_eq!(
+        snap.inventory.sm_port_guid,
+        Some(Guid(bed.sms[0].0.port_guid))
+    );
+    let conf = compile(TWO_TENANTS, &snap.inventory);
+    let report = a.apply(&conf, &snap.inventory).unwrap();
+    let sums: Vec<_> = report.sms.iter().map(|s| s.checksum.clone()).collect();
+    assert_eq!(sums[0], sums[1]);
+    assert_eq!(
+        sums[0].as_deref(),
+        Some(checksum(conf::render(&conf).as_bytes()).as_str())
+    );
+
+    bed.fabric.kill_sm("primary", Signal::SIGKILL).unwrap();
+    let (new_master, took) = a
+        .wait_for_new_master(Guid(bed.sms[0].0.port_guid), Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(new_master, 1, "the standby took over after {took:?}");
+    // The new master swept with the same file: every tenant key is where it was; only
+    // the Default membership of the two SM ports changes (SELF=full follows the master).
+    let mut last = None;
+    for _ in 0..50 {
+        let v = a.verify(&conf).unwrap();
+        if v.mismatches.is_empty() {
+            last = None;
+            break;
+        }
+        last = Some(v.mismatches);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(last, None, "ports differ after failover");
+}
+
+#[test]
+fn a_fat_tree_with_dual_port_hcas_is_discovered_whole() {
+    let topology = Topology::fat_tree(4, 2, 32, 4);
+    let bed = bed(&topology, false);
+    let a = bed.applier(SmOptions::default());
+    let snap = a.diag.snapshot().unwrap();
+    for hca in topology.hcas() {
+        for (num, guid) in &hca.port_guids {
+            let p = snap
+                .inventory
+                .port(Guid(*guid))
+                .unwrap_or_else(|| panic!("{} port {num} missing", hca.name));
+            assert_eq!(p.node_desc, hca.name);
+            assert!(p.pkey_capacity > 0);
+        }
+    }
+    // Dual-port HCAs: a node name resolves to both ports, and both are programmed.
+    let dual = topology
+        .hcas()
+        .iter()
+        .find(|h| h.port_guids.len() == 2)
+        .expect("some HCA has two ports");
+    let plan = format!(
+        "[default]\npolicy = \"isolate\"\n[[partition]]\nname = \"t\"\ntenant = \"t\"\npkey = \"0x0123\"\nmembers = [{{ node = \"{}\" }}]\n",
+        dual.name
+    );
+    let conf = compile(&plan, &snap.inventory);
+    a.apply(&conf, &snap.inventory).unwrap();
+    let after = a.diag.snapshot().unwrap();
+    for (_, guid) in &dual.port_guids {
+        assert!(after.tables.0[&Guid(*guid)].contains(&0x8123));
+    }
+}

@@ -1,0 +1,261 @@
+//! The `weft` binary as a person runs it: exit codes, messages, `--json`, and the
+//! fabric verbs against the real OpenSM on an ibsim fabric.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use weft_testbed::{SimFabric, SmHandle, SmSpec, Topology};
+
+fn weft(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("WEFT_CONFIG")
+        .output()
+        .expect("weft runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn every_command_has_help_with_an_example() {
+    let dir = tempfile::tempdir().unwrap();
+    for verb in ["check", "diff", "apply", "verify", "import", "status"] {
+        let o = weft(dir.path(), &["fabric", verb, "--help"]);
+        assert_eq!(o.status.code(), Some(0), "{verb}");
+        assert!(text(&o).contains("Example"), "{verb}: {}", text(&o));
+    }
+    assert!(text(&weft(dir.path(), &["--help"])).contains("Exit codes"));
+}
+
+#[test]
+fn a_plan_that_does_not_parse_is_a_failed_check_naming_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("plan.toml"),
+        "[default]\npolicy = \"isolate\"\n\n[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = \"0x8001\"\n",
+    )
+    .unwrap();
+    let o = weft(dir.path(), &["fabric", "check", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("0x8001"), "{}", text(&o));
+}
+
+#[test]
+fn a_missing_file_or_bad_config_is_an_environment_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = weft(dir.path(), &["fabric", "check", "nothere.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("nothere.toml"));
+    std::fs::write(dir.path().join("weft.toml"), "[fabric]\nsweep_ms = 1\n").unwrap();
+    std::fs::write(
+        dir.path().join("plan.toml"),
+        "[default]\npolicy = \"isolate\"\n",
+    )
+    .unwrap();
+    let o = weft(dir.path(), &["fabric", "check", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("sweep_ms"), "{}", text(&o));
+    let o = weft(dir.path(), &["fabric", "frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn import_refuses_what_opensm_would_silently_misread() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("partitions.conf"),
+        "Default=0x7fff, ipoib : ALL=full ;\ntenantA=0x0a0a : 0x0002c90300000101=full,\n   node3=full ;\n",
+    )
+    .unwrap();
+    let o = weft(dir.path(), &["fabric", "import", "partitions.conf"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("line 3"), "{}", text(&o));
+}
+
+#[test]
+fn import_then_check_renders_the_same_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\n\
+                    tenantA=0x0a0a, ipoib, mtu=4 : 0x0002c90300000101=full, 0x0002c90300000201=limited ;\n";
+    std::fs::write(dir.path().join("partitions.conf"), original).unwrap();
+    let o = weft(dir.path(), &["fabric", "import", "partitions.conf"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::write(dir.path().join("plan.toml"), &o.stdout).unwrap();
+    let o = weft(dir.path(), &["fabric", "check", "plan.toml", "--render"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rendered = weft_fabric::conf::parse(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    assert_eq!(rendered, weft_fabric::conf::parse(original).unwrap());
+}
+
+/// A simulated fabric with one or two OpenSMs and a weft.toml that points at them.
+struct Live {
+    fabric: SimFabric,
+    sms: Vec<(SmHandle, PathBuf)>,
+}
+
+const OPEN: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
+
+fn live(n_sms: usize) -> Live {
+    let mut fabric = SimFabric::start(&Topology::single_switch(4)).expect("ibsim starts");
+    let mut sms = Vec::new();
+    for (name, host, priority) in [("primary", "smhost", 10), ("standby", "smhost2", 5)]
+        .into_iter()
+        .take(n_sms)
+    {
+        let etc = fabric.dir().join(format!("{name}-etc"));
+        std::fs::create_dir_all(&etc).unwrap();
+        let file = etc.join("partitions.conf");
+        std::fs::write(&file, OPEN).unwrap();
+        let h = fabric
+            .start_sm(SmSpec {
+                name: name.into(),
+                sim_host: host.into(),
+                priority,
+                partitions_file: file.clone(),
+                extra_config: Vec::new(),
+            })
+            .expect("OpenSM starts");
+        sms.push((h, file));
+    }
+    let mut cfg = format!(
+        "[fabric.diag]\ncwd = \"{}\"\n[fabric.diag.env]\n",
+        fabric.dir().display()
+    );
+    for (k, v) in fabric.client_env("node1") {
+        cfg.push_str(&format!("{k} = \"{v}\"\n"));
+    }
+    for (h, file) in &sms {
+        cfg.push_str(&format!(
+            "[[fabric.sm]]\nname = \"{}\"\nport_guid = \"{:#x}\"\npartitions_file = \"{}\"\npid_file = \"{}\"\nlog_file = \"{}\"\n",
+            h.name,
+            h.port_guid,
+            file.display(),
+            h.pid_file.display(),
+            h.log_file.display()
+        ));
+    }
+    std::fs::write(fabric.dir().join("weft.toml"), cfg).unwrap();
+    Live { fabric, sms }
+}
+
+const PLAN: &str = r#"
+[default]
+policy = "isolate"
+[[partition]]
+name = "alice"
+tenant = "alice"
+members = [{ node = "node1" }, { node = "node2" }]
+[[partition]]
+name = "bob"
+tenant = "bob"
+members = [{ node = "node3" }]
+"#;
+
+#[test]
+fn apply_refuses_an_unknown_node_and_touches_nothing() {
+    let l = live(1);
+    let dir = l.fabric.dir();
+    std::fs::write(dir.join("plan.toml"), PLAN.replace("node3", "nod3")).unwrap();
+    let log_before = std::fs::metadata(&l.sms[0].0.log_file).unwrap().len();
+    let o = weft(dir, &["fabric", "apply", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("nod3"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&l.sms[0].1).unwrap(), OPEN);
+    // No reread was requested: OpenSM logged nothing new.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        std::fs::metadata(&l.sms[0].0.log_file).unwrap().len(),
+        log_before
+    );
+}
+
+#[test]
+fn apply_verify_and_status_with_json() {
+    let l = live(2);
+    let dir = l.fabric.dir();
+    std::fs::write(dir.join("plan.toml"), PLAN).unwrap();
+    let o = weft(dir, &["fabric", "verify", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(1), "before apply: {}", text(&o));
+    let o = weft(dir, &["fabric", "apply", "plan.toml", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["changed"], true);
+    assert!(report["ports_verified"].as_u64().unwrap() >= 6);
+    let o = weft(dir, &["fabric", "verify", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 0);
+    let o = weft(dir, &["fabric", "status", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["in_sync"], true);
+    assert_eq!(s["sms"][0]["master"], true);
+    // A standby whose file drifted is reported out of sync.
+    std::fs::write(&l.sms[1].1, OPEN).unwrap();
+    let o = weft(dir, &["fabric", "status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("OUT OF SYNC"));
+}
+
+/// kill -9 of weft at points spread over a whole apply: the SM's file is always exactly
+/// the previous or the new version, never a partial one, and a later apply cleans up.
+#[test]
+fn kill_9_during_apply_never_leaves_a_partial_file() {
+    let l = live(1);
+    let dir = l.fabric.dir();
+    let file = &l.sms[0].1;
+    let plans = [PLAN.to_string(), PLAN.replace("{ node = \"node1\" }, ", "")];
+    assert_ne!(plans[0], plans[1]);
+    // One complete apply tells how long an apply takes here.
+    std::fs::write(dir.join("plan.toml"), &plans[1]).unwrap();
+    let start = std::time::Instant::now();
+    let o = weft(dir, &["fabric", "apply", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let full = start.elapsed();
+
+    let rounds = 16u32;
+    let (mut kept, mut replaced) = (0, 0);
+    for i in 0..rounds {
+        let before = std::fs::read_to_string(file).unwrap();
+        std::fs::write(dir.join("plan.toml"), &plans[(i % 2) as usize]).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["fabric", "apply", "plan.toml"])
+            .current_dir(dir)
+            .env_remove("WEFT_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // From the very start to past the end of a typical apply.
+        std::thread::sleep(full * (i + 1) * 3 / (rounds * 2));
+        let _ = child.kill();
+        let _ = child.wait();
+        let after = std::fs::read_to_string(file).unwrap();
+        if after == before {
+            kept += 1;
+        } else {
+            let conf = weft_fabric::conf::parse(&after)
+                .unwrap_or_else(|e| panic!("partial file after kill in round {i}: {e}\n{after}"));
+            assert_eq!(after, weft_fabric::conf::render(&conf), "round {i}");
+            replaced += 1;
+        }
+    }
+    assert!(kept > 0 && replaced > 0, "kept {kept}, replaced {replaced}");
+    // A complete apply afterwards succeeds and clears any temporary file a kill left.
+    std::fs::write(dir.join("plan.toml"), PLAN).unwrap();
+    let o = weft(dir, &["fabric", "apply", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["partitions.conf".to_string()]);
+}
