@@ -720,6 +720,22 @@ impl<'a> Parser<'a> {
                     );
                 }
                 Some(';') => {
+                    // OpenSM 3.3.23 refuses a `;` with nothing but blanks before it on its
+                    // line (or since the previous `;` there): "no partition definition
+                    // found", and then it opens the whole fabric. Seen with the real
+                    // OpenSM; see the test `a_lone_semicolon_is_refused`.
+                    let line_start = self.text[..self.pos].rfind('\n').map_or(0, |i| i + 1);
+                    let before = &self.text[line_start..self.pos];
+                    let segment = &before[before.rfind(';').map_or(0, |i| i + 1)..];
+                    if segment.trim().is_empty() {
+                        return self.err_at(
+                            m,
+                            format!(
+                                "`;` alone on its line: OpenSM rejects it; end partition `{}` on the line of its last member",
+                                part.name
+                            ),
+                        );
+                    }
                     self.bump();
                     break;
                 }
@@ -793,13 +809,12 @@ impl<'a> Parser<'a> {
                 }
             }
         }
+        // `NONE` may close a list of multicast groups (OpenSM needs a port entry or
+        // `NONE` after an mgid line), but not sit beside ports.
         if let Some(m) = none_at
-            && (!part.members.is_empty() || !part.mcast_groups.is_empty())
+            && !part.members.is_empty()
         {
-            return self.err_at(
-                m,
-                "`NONE` means no ports; it cannot stand beside other entries",
-            );
+            return self.err_at(m, "`NONE` means no ports; it cannot stand beside ports");
         }
         Ok(())
     }
@@ -885,6 +900,18 @@ impl<'a> Parser<'a> {
                     ),
                 );
             }
+        }
+        if self.peek() == Some(';') {
+            // Checked with the real OpenSM 3.3.23: `mgid=<gid> ;` is "no partition
+            // definition found" there (and it then opens the whole fabric).
+            let m = self.mark();
+            return self.err_at(
+                m,
+                format!(
+                    "`;` right after an mgid entry: OpenSM rejects it; end partition `{}` on a port line or with `NONE ;`",
+                    part.name
+                ),
+            );
         }
         Ok(g)
     }
@@ -1020,21 +1047,28 @@ fn render_partition(out: &mut String, p: &Partition) {
         out.push_str(" ;\n");
         return;
     }
+    // One entry a line; the statement ends on the line of its last port, because
+    // OpenSM refuses a `;` alone on a line
     out.push('\n');
+    let entries = p.mcast_groups.len() + p.members.len();
+    // and one right after an mgid entry: a partition of groups only ends with `NONE ;`.
     for g in &p.mcast_groups {
         let _ = write!(out, "    mgid={}", g.mgid);
         render_group_flags(out, g);
         out.push('\n');
     }
+    if p.members.is_empty() {
+        out.push_str("    NONE ;\n");
+    }
     for (i, m) in p.members.iter().enumerate() {
         out.push_str("    ");
         member(out, m);
-        if i + 1 < p.members.len() {
-            out.push(',');
-        }
-        out.push('\n');
+        out.push_str(if p.mcast_groups.len() + i + 1 == entries {
+            " ;\n"
+        } else {
+            ",\n"
+        });
     }
-    out.push_str("    ;\n");
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ fn parse_accepts_examples() {
         ),
         // several statements on a line, comments, a statement over several lines
         (
-            "a=1:ALL;b=2:SELF=full; # two\nc=0x3 :\n  0x10=both,\n  0x11\n  ;",
+            "a=1:ALL;b=2:SELF=full; # two\nc=0x3 :\n  0x10=both,\n  0x11 ;",
             3,
             &[("a", Some(1), 1), ("b", Some(2), 1), ("c", Some(3), 2)],
         ),
@@ -845,5 +845,69 @@ proptest! {
         if let Ok(c) = conf::parse(&text) {
             prop_assert_eq!(conf::parse(&conf::render(&c)).unwrap(), c);
         }
+    }
+}
+
+/// Shapes checked against the real OpenSM 3.3.23 (`opensm --once` on ibsim): a `;` with
+/// only blanks before it on its line is "no partition definition found" there, which
+/// makes OpenSM fall back to `ALL=full`. weft refuses each of them with the position.
+#[test]
+fn a_lone_semicolon_is_refused() {
+    let head = "Default=0x7fff : ALL=limited, SELF=full ;\n";
+    for (body, line, col) in [
+        ("a=0x0001 : 0x0002c90300000101=full\n;\n", 3, 1),
+        ("a=0x0001 :\n  ;\n", 3, 3),
+        ("a=0x0001 : 0x0002c90300000101=full,\n  ;\n", 3, 3),
+    ] {
+        let err = conf::parse(&format!("{head}{body}")).unwrap_err();
+        assert_eq!((err.line, err.column), (line, col), "{body:?}: {err}");
+        assert!(err.message.contains("alone"), "{err}");
+    }
+    // What OpenSM accepts, weft accepts.
+    for body in [
+        "a=0x0001 : 0x0002c90300000101=full, ;\n",
+        "a=0x0001 : ;\n",
+        "a=0x0001 : 0x0002c90300000101=full ; b=0x0002 : 0x0002c90300000a01=full ;\n",
+        "a=0x0001 :\n  0x0002c90300000101=full ;\n",
+    ] {
+        conf::parse(&format!("{head}{body}")).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+    }
+}
+
+#[test]
+fn rendered_long_partitions_end_on_their_last_entry_line() {
+    let members: String = (1..=9u64)
+        .map(|n| format!("0x0002c903000{n:02x}0101=full, "))
+        .collect();
+    let text = format!(
+        "Default=0x7fff : ALL=limited, SELF=full ;\na=0x0001,ipoib : {}0x0002c90300990101=full ;\nb=0x0002,ipoib :\n  mgid=ff12:1234::1\n  NONE ;\n",
+        members
+    );
+    let c = conf::parse(&text).unwrap();
+    let rendered = conf::render(&c);
+    for line in rendered.lines() {
+        assert_ne!(line.trim(), ";", "lone `;` in:\n{rendered}");
+    }
+    assert_eq!(conf::parse(&rendered).unwrap(), c);
+}
+
+/// Checked against the real OpenSM 3.3.23: `;` right after an mgid entry is rejected
+/// there ("no partition definition found"); a port line or `NONE ;` after it is not.
+#[test]
+fn a_semicolon_right_after_an_mgid_entry_is_refused() {
+    let head = "Default=0x7fff : ALL=limited, SELF=full ;\n";
+    for body in [
+        "o=0x0106 :\n  mgid=ff12:1234::3 ;\n",
+        "o=0x0106 : mgid=ff12:1234::3 ;\n",
+    ] {
+        let err = conf::parse(&format!("{head}{body}")).unwrap_err();
+        assert!(err.message.contains("mgid"), "{body:?}: {err}");
+    }
+    for body in [
+        "o=0x0106 :\n  mgid=ff12:1234::3\n  0x0002c90300000101=full ;\n",
+        "o=0x0106 :\n  mgid=ff12:1234::3\n  NONE ;\n",
+    ] {
+        let c = conf::parse(&format!("{head}{body}")).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+        assert_eq!(conf::parse(&conf::render(&c)).unwrap(), c);
     }
 }

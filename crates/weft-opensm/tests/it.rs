@@ -277,3 +277,40 @@ fn a_fat_tree_with_dual_port_hcas_is_discovered_whole() {
         assert!(after.tables.0[&Guid(*guid)].contains(&0x8123));
     }
 }
+
+/// Every shape weft renders is accepted by the real OpenSM: long member lists (one a
+/// line), partition flags, multicast groups, all memberships, empty partitions. The
+/// apply fails if OpenSM logs a parse error, so each apply succeeding is the proof.
+#[test]
+fn opensm_accepts_every_shape_weft_renders() {
+    let bed = bed(&Topology::single_switch(4), false);
+    let a = bed.applier(SmOptions::default());
+    let snap = a.diag.snapshot().unwrap();
+    let g = |node: &str| port_of(&snap.inventory, node);
+    let (n1, n2, n3, n4) = (g("node1"), g("node2"), g("node3"), g("node4"));
+    let sm = snap.inventory.sm_port_guid.unwrap();
+    let shapes = [
+        format!(
+            "Default=0x7fff,ipoib : ALL=limited, SELF=full ;\n\
+             long=0x0101,ipoib,mtu=4,rate=7,sl=1 : {n1}=full, {n2}=full, {n3}=full, {n4}=limited, {sm}=both ;\n"
+        ),
+        format!(
+            "Default=0x7fff : ALL=limited, SELF=full ;\n\
+             flags=0x0102,indx0,ipoib,mtu=5,rate=12,sl=2,scope=2,Q_Key=0x0b1b,TClass=4,FlowLabel=0x12345 : {n1}=full, {n2} ;\n\
+             empty=0x0103 : NONE ;\n\
+             cas=0x0104,defmember=full : ALL_CAS ;\n"
+        ),
+        format!(
+            "Default=0x7fff,ipoib : ALL=limited, SELF=full ;\n\
+             groups=0x0105,ipoib,rate=3,mtu=4 :\n  mgid=ff12:1234::1,sl=1\n  mgid=ff12:1234::2\n  {n1}=full, {n2}=full, {n3}=limited ;\n\
+             only_groups=0x0106 :\n  mgid=ff12:1234::3\n  NONE ;\n"
+        ),
+    ];
+    for text in &shapes {
+        let conf = conf::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let rendered = conf::render(&conf);
+        if let Err(e) = a.apply(&conf, &snap.inventory) {
+            panic!("OpenSM did not take weft's rendering: {e}\n{rendered}");
+        }
+    }
+}
