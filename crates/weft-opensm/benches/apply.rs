@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use weft_fabric::{Guid, Plan, SmOptions};
-use weft_opensm::{Applier, DiagTools, LocalSm, SmHost};
+use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
 use weft_testbed::{Signal, SimFabric, SmSpec, Topology};
 
 /// Two tenants of 16 nodes; after the move, node5 belongs to bob.
@@ -86,6 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             parallel: 6,
         },
         sm_options: SmOptions::default(),
+        verify_scope: VerifyScope::Changed,
         sweep_timeout: Duration::from_secs(5),
         verify_timeout: Duration::from_secs(5),
     };
@@ -102,7 +103,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut totals = Vec::new();
     for i in 0..runs {
-        let r = applier.apply(&confs[i % 2], &inventory)?;
+        // As `weft fabric apply` does: read the fabric first (not timed), then apply.
+        let before = applier.diag.snapshot()?;
+        let r = applier.apply(&confs[i % 2], &before)?;
         totals.push(r.total_ms);
     }
     let ports = applier.verify(&confs[(runs + 1) % 2])?.ports_checked;

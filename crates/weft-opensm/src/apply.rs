@@ -60,12 +60,31 @@ pub struct Verification {
     pub mismatches: Vec<PortMismatch>,
 }
 
+/// Which ports an apply reads back after the reread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyScope {
+    /// The ports whose tables the change should alter, the SM ports, and a few
+    /// unchanged ports as canaries (a wholesale change, such as OpenSM falling back to
+    /// `ALL=full`, shows on them). Reading a port costs one SMP round trip through a
+    /// diagnostic tool, so this keeps a one-node move fast on a large fabric.
+    #[default]
+    Changed,
+    /// Every end port of the inventory.
+    All,
+}
+
+/// How many unchanged ports an apply in [`VerifyScope::Changed`] reads as canaries.
+const CANARIES: usize = 4;
+
 /// Drives a set of OpenSM instances (one master, any number of standbys) that share one
 /// partitions config, and the fabric they manage.
 pub struct Applier {
     pub sms: Vec<Box<dyn SmHost>>,
     pub diag: DiagTools,
     pub sm_options: SmOptions,
+    /// Which ports an apply reads back.
+    pub verify_scope: VerifyScope,
     /// How long the master may take to finish the sweep after a reread.
     pub sweep_timeout: Duration,
     /// How long the ports may take to show the expected tables after the sweep.
@@ -120,18 +139,56 @@ impl Applier {
         Ok(self.compare(conf, &self.diag.snapshot()?))
     }
 
-    /// Polls the P_Key tables until they match `conf` or `verify_timeout` passes.
-    fn verify_until(&self, conf: &Conf, inventory: &Inventory) -> Result<Verification, ApplyError> {
-        let deadline = Instant::now() + self.verify_timeout;
-        let mut snapshot = FabricSnapshot {
-            inventory: inventory.clone(),
-            tables: Default::default(),
+    /// The ports an apply reads back: all of them, or those the change touches (see
+    /// [`VerifyScope::Changed`]).
+    fn ports_to_verify(&self, conf: &Conf, before: &FabricSnapshot) -> Vec<weft_fabric::Port> {
+        let ports = &before.inventory.ports;
+        if self.verify_scope == VerifyScope::All {
+            return ports.clone();
+        }
+        let expected = expected_tables(conf, &before.inventory, self.sm_options);
+        let touched = |p: &weft_fabric::Port| {
+            let Some(want) = expected.0.get(&p.port_guid) else {
+                return false;
+            };
+            let had: std::collections::BTreeSet<u16> = before
+                .tables
+                .0
+                .get(&p.port_guid)
+                .map(|t| t.iter().copied().filter(|&k| k != 0).collect())
+                .unwrap_or_default();
+            &had != want
         };
+        let is_sm = |p: &weft_fabric::Port| self.sms.iter().any(|s| s.port_guid() == p.port_guid);
+        let (mut chosen, unchanged): (Vec<_>, Vec<_>) =
+            ports.iter().cloned().partition(|p| touched(p) || is_sm(p));
+        let step = (unchanged.len() / CANARIES).max(1);
+        chosen.extend(unchanged.into_iter().step_by(step).take(CANARIES));
+        chosen
+    }
+
+    /// Polls the P_Key tables of `ports` until they match `conf` or `verify_timeout`
+    /// passes.
+    fn verify_until(
+        &self,
+        conf: &Conf,
+        inventory: &Inventory,
+        ports: &[weft_fabric::Port],
+    ) -> Result<Verification, ApplyError> {
+        let deadline = Instant::now() + self.verify_timeout;
+        let mut expected = expected_tables(conf, inventory, self.sm_options);
+        expected
+            .0
+            .retain(|g, _| ports.iter().any(|p| p.port_guid == *g));
         loop {
-            let tables = self.diag.read_tables(&snapshot.inventory.ports)?;
-            snapshot.tables =
+            let tables = self.diag.read_tables(ports)?;
+            let observed =
                 weft_fabric::ObservedTables(tables.into_iter().map(|(g, (t, _))| (g, t)).collect());
-            let v = self.compare(conf, &snapshot);
+            let v = Verification {
+                master: inventory.sm_port_guid.unwrap_or(Guid(0)),
+                ports_checked: expected.0.len(),
+                mismatches: expected.compare(&observed),
+            };
             if v.mismatches.is_empty() || Instant::now() >= deadline {
                 return Ok(v);
             }
@@ -181,14 +238,16 @@ impl Applier {
         Ok((written, t0.elapsed() - written))
     }
 
-    /// Applies `conf` to the fabric described by `inventory` (a fresh
-    /// [`DiagTools::snapshot`]): every SM gets the same file, the master rereads it, and
-    /// every end port of the inventory is checked. Any failure after the first write
-    /// restores the previous file on every SM and rereads it again.
-    pub fn apply(&self, conf: &Conf, inventory: &Inventory) -> Result<ApplyReport, ApplyError> {
+    /// Applies `conf` to the fabric as `before` (a fresh [`DiagTools::snapshot`]) saw
+    /// it: every SM gets the same file, the master rereads it, and the ports chosen by
+    /// [`Applier::verify_scope`] are read back and compared. Any failure after the first
+    /// write restores the previous file on every SM and rereads it again.
+    pub fn apply(&self, conf: &Conf, before: &FabricSnapshot) -> Result<ApplyReport, ApplyError> {
         let start = Instant::now();
         let text = Self::render_checked(conf)?;
+        let inventory = &before.inventory;
         let master = self.master_index(inventory)?;
+        let ports = self.ports_to_verify(conf, before);
         let previous: Vec<Option<Vec<u8>>> = self
             .sms
             .iter()
@@ -200,7 +259,7 @@ impl Applier {
 
         let outcome = self
             .deliver(master, text.as_bytes())
-            .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, inventory)?)));
+            .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, inventory, &ports)?)));
         match outcome {
             Ok((write, sweep, v)) if v.mismatches.is_empty() => Ok(ApplyReport {
                 changed,

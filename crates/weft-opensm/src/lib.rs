@@ -16,11 +16,12 @@
 //!     sms: vec![Box::new(primary), Box::new(standby)],
 //!     diag: DiagTools::default(),
 //!     sm_options: Default::default(),
+//!     verify_scope: Default::default(),
 //!     sweep_timeout: Duration::from_secs(5),
 //!     verify_timeout: Duration::from_secs(5),
 //! };
-//! let inventory = applier.diag.snapshot()?.inventory;
-//! let report = applier.apply(&conf, &inventory)?;
+//! let before = applier.diag.snapshot()?;
+//! let report = applier.apply(&conf, &before)?;
 //! println!("{} ports verified in {:.0} ms", report.ports_verified, report.total_ms);
 //! # Ok(()) }
 //! ```
@@ -30,7 +31,7 @@ mod diag;
 mod process;
 mod sm;
 
-pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification};
+pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification, VerifyScope};
 pub use diag::{
     DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Guid, Inventory, Plan, SmOptions};
-use weft_opensm::{Applier, ApplyError, DiagTools, LocalSm, SmHost, checksum};
+use weft_opensm::{Applier, ApplyError, DiagTools, LocalSm, SmHost, VerifyScope, checksum};
 use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Topology};
 
 /// What a fresh install has: one partition for everyone.
@@ -69,6 +69,7 @@ impl Bed {
                 parallel: 4,
             },
             sm_options,
+            verify_scope: VerifyScope::All,
             sweep_timeout: Duration::from_secs(5),
             verify_timeout: Duration::from_secs(3),
         }
@@ -107,7 +108,7 @@ fn apply_programs_every_port_and_verify_agrees() {
     let a = bed.applier(SmOptions::default());
     let snap = a.diag.snapshot().unwrap();
     let conf = compile(TWO_TENANTS, &snap.inventory);
-    let report = a.apply(&conf, &snap.inventory).unwrap();
+    let report = a.apply(&conf, &snap).unwrap();
     assert!(report.changed);
     assert!(report.ports_verified >= 6, "{report:?}");
 
@@ -151,9 +152,11 @@ fn verify_names_a_port_that_differs() {
 #[test]
 fn a_failed_verification_restores_the_previous_file() {
     let bed = bed(&Topology::single_switch(4), false);
-    let a = bed.applier(SmOptions {
+    let mut a = bed.applier(SmOptions {
         allow_both_pkeys: true,
     });
+    // The faulty port is one the change touches, so the default scope must catch it.
+    a.verify_scope = VerifyScope::Changed;
     let snap = a.diag.snapshot().unwrap();
     let conf = compile(
         &TWO_TENANTS.replace(
@@ -162,7 +165,7 @@ fn a_failed_verification_restores_the_previous_file() {
         ),
         &snap.inventory,
     );
-    let err = a.apply(&conf, &snap.inventory).unwrap_err();
+    let err = a.apply(&conf, &snap).unwrap_err();
     let ApplyError::RolledBack {
         mismatches,
         rollback,
@@ -197,7 +200,7 @@ fn an_sm_that_never_finishes_the_sweep_is_rolled_back_within_the_bound() {
     let pid = nix::unistd::Pid::from_raw(bed.sms[0].0.pid as i32);
     nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
     let start = std::time::Instant::now();
-    let err = a.apply(&conf, &snap.inventory).unwrap_err();
+    let err = a.apply(&conf, &snap).unwrap_err();
     let took = start.elapsed();
     nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
     assert!(matches!(err, ApplyError::RolledBack { .. }), "{err}");
@@ -216,7 +219,7 @@ fn primary_and_standby_hold_the_same_file_and_failover_keeps_every_pkey() {
         Some(Guid(bed.sms[0].0.port_guid))
     );
     let conf = compile(TWO_TENANTS, &snap.inventory);
-    let report = a.apply(&conf, &snap.inventory).unwrap();
+    let report = a.apply(&conf, &snap).unwrap();
     let sums: Vec<_> = report.sms.iter().map(|s| s.checksum.clone()).collect();
     assert_eq!(sums[0], sums[1]);
     assert_eq!(
@@ -271,7 +274,7 @@ fn a_fat_tree_with_dual_port_hcas_is_discovered_whole() {
         dual.name
     );
     let conf = compile(&plan, &snap.inventory);
-    a.apply(&conf, &snap.inventory).unwrap();
+    a.apply(&conf, &snap).unwrap();
     let after = a.diag.snapshot().unwrap();
     for (_, guid) in &dual.port_guids {
         assert!(after.tables.0[&Guid(*guid)].contains(&0x8123));
@@ -309,8 +312,35 @@ fn opensm_accepts_every_shape_weft_renders() {
     for text in &shapes {
         let conf = conf::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let rendered = conf::render(&conf);
-        if let Err(e) = a.apply(&conf, &snap.inventory) {
+        if let Err(e) = a.apply(&conf, &snap) {
             panic!("OpenSM did not take weft's rendering: {e}\n{rendered}");
         }
     }
+}
+
+/// The default scope reads back what a change touches (plus the SM's port and a few
+/// canaries), not the whole fabric; the fabric still ends fully as planned.
+#[test]
+fn a_one_node_move_reads_back_only_what_it_touches() {
+    let topology = Topology::fat_tree(2, 1, 12, 0);
+    let bed = bed(&topology, false);
+    let mut a = bed.applier(SmOptions::default());
+    a.verify_scope = VerifyScope::Changed;
+    let snap = a.diag.snapshot().unwrap();
+    a.apply(&compile(TWO_TENANTS, &snap.inventory), &snap)
+        .unwrap();
+    let before = a.diag.snapshot().unwrap();
+    let moved = compile(
+        &TWO_TENANTS.replace("{ node = \"node2\" }", "{ node = \"node5\" }"),
+        &before.inventory,
+    );
+    let report = a.apply(&moved, &before).unwrap();
+    let end_ports = before.inventory.ports.len();
+    // node2 and node5 change; plus the SM port and 4 canaries.
+    assert!(report.ports_verified <= 2 + 1 + 4, "{report:?}");
+    assert!(
+        report.ports_verified < end_ports,
+        "{report:?} of {end_ports}"
+    );
+    assert!(a.verify(&moved).unwrap().mismatches.is_empty());
 }

@@ -135,7 +135,9 @@ pub struct Config {
     pub data_ifname: Option<IfSpec>,
     /// Present all data interfaces as one device whose streams are striped over them.
     pub merge_rails: bool,
-    /// Bound on every network wait: connect, handshake, a stalled message, a dead peer.
+    /// Bound on every network wait: connect, handshake, a stalled message, a dead peer (see
+    /// the crate docs, "Failure detection"). A receiver that has not posted its receive yet is
+    /// not waiting, so it is never timed out.
     pub timeout: Duration,
     /// Bound on how long a listener waits with no peer connecting at all. Longer than `timeout`
     /// by default because a peer rank may legitimately start its side much later.
@@ -148,7 +150,8 @@ pub struct Config {
     pub inline_max: usize,
     /// Smallest chunk a large message is split into across data streams.
     pub min_chunk: usize,
-    /// `TCP_USER_TIMEOUT` for every socket (zero: not set). Bounds how long sent data may stay
+    /// `TCP_USER_TIMEOUT` for the data streams (zero: not set; control streams always use
+    /// `timeout`). Bounds how long sent data may stay
     /// unacknowledged (a dead host while sending) but also how long a receiver may keep its window
     /// closed, so set it well above the longest pause between a peer's receives.
     pub tcp_user_timeout: Duration,
@@ -214,7 +217,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "WEFT_TCP_USER_TIMEOUT_MS",
-        "TCP_USER_TIMEOUT per socket (dead host while sending); also bounds a receiver's closed window; default 0 (off)",
+        "TCP_USER_TIMEOUT on data streams (control streams always use WEFT_TIMEOUT_MS); also bounds a receiver's closed window; default 0 (off)",
     ),
     (
         "WEFT_SOCK_BUF_BYTES",

@@ -89,6 +89,16 @@ pub enum Error {
         /// Step that failed.
         stage: Stage,
     },
+    /// The peer gave up on the connection and said why (an ABORT frame on the control stream).
+    #[error("peer {peer} via {iface} aborted the connection: {reason}")]
+    Aborted {
+        /// Remote address (of the control stream).
+        peer: SocketAddr,
+        /// Local interface name (of the control stream).
+        iface: String,
+        /// The peer's reason, as a sentence.
+        reason: String,
+    },
     /// A network wait ran past the configured timeout.
     #[error("timed out after {after:?} waiting for peer {peer} via {iface} during {stage}")]
     Timeout {
@@ -164,6 +174,7 @@ impl Error {
                 | Error::Rejected { .. }
                 | Error::Closed { .. }
                 | Error::Timeout { .. }
+                | Error::Aborted { .. }
         )
     }
 }
@@ -202,6 +213,13 @@ impl Link {
             iface: self.iface.clone(),
             stage,
             after,
+        }
+    }
+    pub fn aborted(&self, reason: String) -> Error {
+        Error::Aborted {
+            peer: self.peer,
+            iface: self.iface.clone(),
+            reason,
         }
     }
     pub fn protocol(&self, stage: Stage, source: FrameError) -> Error {

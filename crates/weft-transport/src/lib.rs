@@ -9,6 +9,40 @@
 //! [`tcp`] is the TCP backend (control stream + `n` data streams per connection, helper threads
 //! optional); [`config`] reads the `WEFT_*` environment variables; [`iface`] finds interfaces.
 //!
+//! # Failure detection: every wait bounded by `WEFT_TIMEOUT_MS`, slow peers allowed
+//!
+//! NCCL lets a receiver post its receive arbitrarily late, so a sender whose data stream's
+//! window is closed cannot tell a slow receiver from a dead one, and TCP's own retransmission
+//! limit takes ~15 minutes. weft therefore splits the question by who can answer it:
+//!
+//! * **A data stream that stops** (data link cut, peer host gone): the *receiver* knows when it
+//!   is waiting for bytes that do not come (a posted receive whose message header arrived and a
+//!   data stream that moved nothing for `timeout`). It fails, and before shutting its control
+//!   stream down sends an `ABORT` frame with the reason over the control stream (management
+//!   network), so the sender fails at once with "peer … aborted the connection: …". The same
+//!   holds the other way: whichever side fails first sends `ABORT`.
+//! * **A peer host or management link that dies**: the control stream of both sides is watched
+//!   by the kernel, so it works while the application is not calling in: keepalive probes every
+//!   second once idle, and `TCP_USER_TIMEOUT = timeout`, which ends the connection (`ETIMEDOUT`)
+//!   when sent bytes or probes stay unacknowledged that long. The sender reads its control
+//!   stream (at most every millisecond while polled), so it fails with the peer and `mgmt0` named.
+//! * **A process that dies** (SIGKILL): its kernel closes or resets every stream; the other side
+//!   fails on the next poll (a closed control stream is an error as soon as work is pending).
+//! * **A slow receiver is not an error**: its kernel still acknowledges the control stream, and
+//!   `TCP_USER_TIMEOUT`, which Linux also applies to a closed window, cannot fire on it because
+//!   the control stream has credit-based flow control (`CREDIT` frames): a sender keeps at most
+//!   [`proto::CTRL_WINDOW`] (32 KiB) unread by the receiver, so that window never closes. Data
+//!   streams carry no `TCP_USER_TIMEOUT` (their window does close while a receiver is late;
+//!   `WEFT_TCP_USER_TIMEOUT_MS` adds one for those who want that bound anyway). Like NCCL's own
+//!   socket transport, weft never times out a receiver that posts late; once it has posted, its
+//!   data must keep moving.
+//!
+//! Bounds: a stall or cut data link fails both sides `timeout` after the last byte moved (plus
+//! the helpers' 100 ms poll); a dead host or management link, `timeout` to `timeout + 1 s`
+//! after it went silent (keepalive granularity); a killed process, at once. Every error names
+//! the peer address and the local interface. The namespace tests of `weft-nccl-net`
+//! (`tests/cluster.rs`) check each case through the real plugin.
+//!
 //! ```no_run
 //! use weft_transport::{Config, Transport};
 //! let t = Transport::new(Config::from_env()?)?;

@@ -441,3 +441,87 @@ fn close_with_requests_in_flight_joins_threads_and_frees_everything() {
         drop(tx);
     }
 }
+
+/// Control-stream flow control: a receiver that does not read lets the sender hand at most
+/// CTRL_WINDOW bytes of inline messages to the kernel (so the control stream's window never
+/// closes and its TCP_USER_TIMEOUT cannot fire on a slow receiver); once it reads, all arrive.
+#[test]
+fn a_receiver_that_does_not_read_holds_back_the_control_stream() {
+    let (mut tx, mut rx) = pair(roomy(0, 1));
+    let msg = vec![3u8; 1000];
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        // SAFETY: `msg` outlives every request, all completed or dropped with `tx` below.
+        ids.push(
+            unsafe { tx.isend(msg.as_ptr(), msg.len(), 0) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let mut done = 0;
+    while Instant::now() < deadline {
+        for id in &ids[done..] {
+            if tx.test(*id).unwrap().is_none() {
+                break;
+            }
+            done += 1;
+        }
+    }
+    let window = weft_transport::proto::CTRL_WINDOW as usize;
+    assert!(
+        done * (msg.len() + 24) <= window,
+        "{done} messages completed without the receiver reading"
+    );
+    let h = thread::spawn(move || {
+        for id in &ids[done..] {
+            while tx.test(*id).unwrap().is_none() {}
+        }
+        tx
+    });
+    let mut buf = vec![0u8; 1000];
+    for _ in 0..200 {
+        assert_eq!(rx.recv(&mut buf, 0).unwrap(), 1000);
+    }
+    drop(h.join().unwrap());
+}
+
+/// A receiver that fails (here: its data stream stalls because the sender is wedged) tells the
+/// sender why over the control stream; the sender fails with "aborted", naming the peer.
+#[test]
+fn a_failing_receiver_aborts_the_sender() {
+    let (mut tx, mut rx) = pair(cfg(0, 1));
+    let src = vec![1u8; 8 << 20];
+    // SAFETY: `src` outlives `tx`.
+    let sid = unsafe { tx.isend(src.as_ptr(), src.len(), 0) }
+        .unwrap()
+        .unwrap();
+    let mut dst = vec![0u8; 8 << 20];
+    let rb = [RecvBuf {
+        ptr: dst.as_mut_ptr(),
+        len: dst.len(),
+        tag: 0,
+    }];
+    // SAFETY: `dst` outlives `rx`.
+    let rid = unsafe { rx.irecv(&rb) }.unwrap().unwrap();
+    // The sender (caller-driven, nthreads = 0) is not polled: its data never comes.
+    let start = Instant::now();
+    let err = loop {
+        match rx.test(rid) {
+            Err(e) => break e,
+            Ok(Some(_)) => panic!("completed without the sender moving data"),
+            Ok(None) => assert!(start.elapsed() < Duration::from_secs(10), "receiver hung"),
+        }
+    };
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    let err = loop {
+        match tx.test(sid) {
+            Err(e) => break e,
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(10), "sender hung"),
+        }
+    };
+    assert!(
+        matches!(err, Error::Aborted { .. }) && err.to_string().contains("127.0.0.1"),
+        "{err}"
+    );
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use weft_fabric::Guid;
-use weft_opensm::{DiagTools, LocalSm};
+use weft_opensm::{DiagTools, LocalSm, VerifyScope};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +31,10 @@ pub struct FabricConfig {
     /// Mirrors OpenSM's `allow_both_pkeys`; it changes what `=both` programs.
     #[serde(default)]
     pub allow_both_pkeys: bool,
+    /// Which ports an apply reads back: "changed" (touched ports, SM ports and
+    /// canaries) or "all".
+    #[serde(default)]
+    pub verify_scope: VerifyScope,
     #[serde(default)]
     pub diag: DiagConfig,
     /// The subnet managers that share the partitions config: one master, any standbys.
@@ -51,6 +55,7 @@ impl Default for FabricConfig {
             sweep_timeout_ms: default_sweep_ms(),
             verify_timeout_ms: default_verify_ms(),
             allow_both_pkeys: false,
+            verify_scope: VerifyScope::default(),
             diag: DiagConfig::default(),
             sm: Vec::new(),
         }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Compiled, Inventory, Plan, PortMismatch, SmOptions, Violation};
-use weft_opensm::{Applier, ApplyError, FabricSnapshot, SmHost};
+use weft_opensm::{Applier, ApplyError, FabricSnapshot, SmHost, VerifyScope};
 
 use crate::config::{Config, FabricConfig};
 use crate::output::{json, keys, table};
@@ -61,6 +61,9 @@ pub struct Timeouts {
     /// Bound on the ports showing the planned tables, in ms.
     #[arg(long, env = "WEFT_VERIFY_TIMEOUT_MS")]
     verify_timeout_ms: Option<u64>,
+    /// Read back every end port, not only those the change touches (plus canaries).
+    #[arg(long)]
+    verify_all: bool,
 }
 
 pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
@@ -121,7 +124,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 Ok(c) => c,
                 Err(v) => return report_violations(&v, as_json),
             };
-            match a.apply(&compiled.conf, &snapshot.inventory) {
+            match a.apply(&compiled.conf, &snapshot) {
                 Ok(r) => {
                     if as_json {
                         json(&r)?;
@@ -280,6 +283,11 @@ fn applier(fc: &FabricConfig, timeouts: Option<&Timeouts>) -> Result<Applier> {
         diag: fc.diag_tools(),
         sm_options: SmOptions {
             allow_both_pkeys: fc.allow_both_pkeys,
+        },
+        verify_scope: if timeouts.is_some_and(|t| t.verify_all) {
+            VerifyScope::All
+        } else {
+            fc.verify_scope
         },
         sweep_timeout: Duration::from_millis(sweep),
         verify_timeout: Duration::from_millis(verify),

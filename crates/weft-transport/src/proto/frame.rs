@@ -9,6 +9,14 @@
 //! | ACK | control, receiver→sender | 0 | magic | nonce | connection id |
 //! | REJECT | control, receiver→sender | reason | magic | nonce | connection id |
 //! | MSG | control, sender→receiver | 0 | tag | size | chunk size |
+//! | CREDIT | control, receiver→sender | 0 | magic | control bytes consumed | 0 |
+//! | ABORT | control, either way | reason | magic | detail (e.g. ms stalled) | 0 |
+//!
+//! CREDIT is the control stream's flow control (the sender keeps at most
+//! [`CTRL_WINDOW`] bytes unread by the receiver, so the control stream's TCP window never closes
+//! and `TCP_USER_TIMEOUT` on it only fires for a dead peer or link). ABORT is sent by whichever
+//! side fails first, just before it shuts the control stream down, so the other side fails at
+//! once with the reason instead of waiting on its own timers.
 //!
 //! `flags` carries the protocol version in handshake frames and `INLINE` in message frames.
 
@@ -26,6 +34,12 @@ const K_STREAM: u8 = 2;
 const K_ACK: u8 = 3;
 const K_REJECT: u8 = 4;
 const K_MSG: u8 = 5;
+const K_CREDIT: u8 = 6;
+const K_ABORT: u8 = 7;
+
+/// Most control-stream bytes a sender keeps written but not yet consumed by the receiver
+/// (well under the smallest receive window Linux offers before the reader runs).
+pub const CTRL_WINDOW: u64 = 32 * 1024;
 const F_INLINE: u8 = 1;
 
 /// Why a receiver refused a connection.
@@ -67,6 +81,60 @@ impl std::fmt::Display for RejectReason {
             RejectReason::TooManyStreams => f.write_str("too many data streams requested"),
             RejectReason::StreamsTimedOut => f.write_str("data streams did not arrive in time"),
             RejectReason::Other(c) => write!(f, "reason code {c}"),
+        }
+    }
+}
+
+/// Why one side gave up on a connection (carried by ABORT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    /// A data stream moved no byte for the timeout while bytes were expected (detail: ms).
+    Stalled,
+    /// A data stream failed (closed, reset, unreachable).
+    StreamFailed,
+    /// The other side broke the protocol.
+    Protocol,
+    /// The control stream itself failed or timed out (detail: ms).
+    ControlFailed,
+    /// A local error.
+    Local,
+    /// A code this build does not know.
+    Other(u16),
+}
+
+impl AbortReason {
+    fn code(self) -> u16 {
+        match self {
+            AbortReason::Stalled => 1,
+            AbortReason::StreamFailed => 2,
+            AbortReason::Protocol => 3,
+            AbortReason::ControlFailed => 4,
+            AbortReason::Local => 5,
+            AbortReason::Other(c) => c,
+        }
+    }
+    fn from_code(c: u16) -> AbortReason {
+        match c {
+            1 => AbortReason::Stalled,
+            2 => AbortReason::StreamFailed,
+            3 => AbortReason::Protocol,
+            4 => AbortReason::ControlFailed,
+            5 => AbortReason::Local,
+            c => AbortReason::Other(c),
+        }
+    }
+
+    /// A sentence for logs, with the frame's detail.
+    pub fn describe(self, detail: u64) -> String {
+        match self {
+            AbortReason::Stalled => format!(
+                "it received no byte on a data stream for {detail} ms while a message was due (data link down, or this side stalled)"
+            ),
+            AbortReason::StreamFailed => "one of its data streams failed".into(),
+            AbortReason::Protocol => "this side broke the protocol".into(),
+            AbortReason::ControlFailed => "its control stream failed".into(),
+            AbortReason::Local => "a local error on its side".into(),
+            AbortReason::Other(c) => format!("reason code {c}"),
         }
     }
 }
@@ -123,6 +191,18 @@ pub enum Frame {
     },
     /// A message.
     Msg(MsgHeader),
+    /// The receiver has consumed this many control-stream bytes in total.
+    Credit {
+        /// Bytes consumed since the connection was established (after the handshake).
+        consumed: u64,
+    },
+    /// The sending side gives up on the connection.
+    Abort {
+        /// Why.
+        reason: AbortReason,
+        /// Reason-specific detail (milliseconds for a stall).
+        detail: u64,
+    },
 }
 
 /// Why bytes are not a frame.
@@ -175,6 +255,8 @@ impl Frame {
             Frame::Ack { .. } => "ACK",
             Frame::Reject { .. } => "REJECT",
             Frame::Msg(_) => "MSG",
+            Frame::Credit { .. } => "CREDIT",
+            Frame::Abort { .. } => "ABORT",
         }
     }
 
@@ -202,6 +284,8 @@ impl Frame {
                 let flags = if h.inline.is_some() { F_INLINE } else { 0 };
                 (K_MSG, flags, 0, h.tag as u32, h.size, h.chunk)
             }
+            Frame::Credit { consumed } => (K_CREDIT, VERSION, 0, magic, *consumed, 0),
+            Frame::Abort { reason, detail } => (K_ABORT, VERSION, reason.code(), magic, *detail, 0),
         };
         out.push(kind);
         out.push(flags);
@@ -340,6 +424,17 @@ impl FrameDecoder {
                     reason: RejectReason::from_code(a),
                 }
             }
+            K_CREDIT => {
+                check_hs()?;
+                Frame::Credit { consumed: c }
+            }
+            K_ABORT => {
+                check_hs()?;
+                Frame::Abort {
+                    reason: AbortReason::from_code(a),
+                    detail: c,
+                }
+            }
             K_MSG => {
                 let (size, chunk) = (c, d);
                 if flags & F_INLINE != 0 {
@@ -420,6 +515,15 @@ mod tests {
                 chunk: 0,
                 inline: Some(vec![]),
             }),
+            Frame::Credit { consumed: 1 << 40 },
+            Frame::Abort {
+                reason: AbortReason::Stalled,
+                detail: 2000,
+            },
+            Frame::Abort {
+                reason: AbortReason::Other(77),
+                detail: 0,
+            },
         ]
     }
 
@@ -477,7 +581,7 @@ mod tests {
         }
 
         #[test]
-        fn decoder_never_panics_on_valid_kinds(kind in 1u8..=5, flags in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 22..80)) {
+        fn decoder_never_panics_on_valid_kinds(kind in 1u8..=7, flags in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 22..80)) {
             let mut bytes = vec![kind, flags];
             bytes.extend_from_slice(&rest);
             let mut d = FrameDecoder::new();

@@ -9,7 +9,10 @@ mod handle;
 mod handshake;
 mod plan;
 
-pub use frame::{FRAME_LEN, Frame, FrameDecoder, FrameError, MAX_INLINE, MsgHeader, RejectReason};
+pub use frame::{
+    AbortReason, CTRL_WINDOW, FRAME_LEN, Frame, FrameDecoder, FrameError, MAX_INLINE, MsgHeader,
+    RejectReason,
+};
 pub use handle::{HANDLE_SIZE, HandleError, ListenHandle, MAGIC, MAX_DATA_ADDRS, VERSION};
 pub use handshake::{AcceptError, AcceptEvent, Acceptor, ConnectEvent, Connector};
 pub use plan::{Chunk, chunk_size, chunks, select_slot};

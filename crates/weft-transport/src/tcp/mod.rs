@@ -21,8 +21,8 @@ use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
 use crate::proto::{
-    self, AcceptEvent, Acceptor, ConnectEvent, Connector, Frame, FrameDecoder, ListenHandle,
-    MAX_DATA_ADDRS,
+    self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, Frame,
+    FrameDecoder, ListenHandle, MAX_DATA_ADDRS,
 };
 use engine::{Dir, Engine, ReqState, Stream, Task};
 
@@ -118,6 +118,9 @@ impl<T> Slab<T> {
     fn live(&self) -> usize {
         self.slots.len() - self.free.len()
     }
+    fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|(_, v)| v.as_ref())
+    }
 }
 
 fn random_u64() -> u64 {
@@ -136,6 +139,7 @@ fn random_u64() -> u64 {
     u64::from_ne_bytes(v)
 }
 
+/// Options of every socket (data streams keep these).
 fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
     s.set_tcp_nodelay(true)?;
     s.set_keepalive(true)?;
@@ -145,8 +149,10 @@ fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
         .with_interval(Duration::from_secs(1))
         .with_retries(3);
     s.set_tcp_keepalive(&ka)?;
-    // Off by default: Linux applies TCP_USER_TIMEOUT to zero-window probing too, so it would
-    // also kill a live receiver that is slow to post receives (legitimate in NCCL).
+    // Off by default on data streams: Linux applies TCP_USER_TIMEOUT to zero-window probing
+    // too, so it would also kill a live receiver that is slow to post receives (legitimate in
+    // NCCL). Data-stream failures are found by the receiver's stall timer instead, and reported
+    // to the sender over the control stream (see `tune_ctrl`).
     if !cfg.tcp_user_timeout.is_zero() {
         s.set_tcp_user_timeout(Some(cfg.tcp_user_timeout))?;
     }
@@ -155,6 +161,57 @@ fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
         s.set_recv_buffer_size(cfg.sock_buf)?;
     }
     Ok(())
+}
+
+/// The control stream's liveness watch, done by the kernel so that it works while the
+/// application is not calling in: keepalive probes every second once idle, and
+/// `TCP_USER_TIMEOUT = timeout`, which ends the connection when sent bytes or probes stay
+/// unacknowledged that long (a dead host, a cut management link). It cannot fire on a live but
+/// slow peer: the receiver's kernel acknowledges whether or not its application reads, and
+/// CREDIT flow control ([`CTRL_WINDOW`]) keeps the control stream's window from ever closing.
+fn tune_ctrl(s: socket2::SockRef<'_>, cfg: &Config) -> io::Result<()> {
+    let secs = u32::try_from(cfg.timeout.as_secs()).unwrap_or(u32::MAX);
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(1))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(secs.clamp(1, 127));
+    s.set_tcp_keepalive(&ka)?;
+    s.set_tcp_user_timeout(Some(cfg.timeout))?;
+    let min_buf = 4 * CTRL_WINDOW as usize;
+    if cfg.sock_buf > 0 && cfg.sock_buf < min_buf {
+        s.set_recv_buffer_size(min_buf)?;
+    }
+    Ok(())
+}
+
+/// How often a sender looks at its control stream for CREDIT/ABORT while it is being polled.
+const CTRL_CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// The frame that tells the peer why this side gives up, if any (not after the peer aborted).
+fn abort_frame(e: &Error) -> Option<Frame> {
+    let (reason, detail) = match e {
+        Error::Aborted { .. } => return None,
+        Error::Timeout { after, .. } => (
+            AbortReason::Stalled,
+            u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+        ),
+        Error::Io { .. } | Error::Closed { .. } => (AbortReason::StreamFailed, 0),
+        Error::Protocol { .. } => (AbortReason::Protocol, 0),
+        _ => (AbortReason::Local, 0),
+    };
+    Some(Frame::Abort { reason, detail })
+}
+
+/// Best effort, never blocks: writes `out[*pos..]` on `s`; returns false on a hard error.
+fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool {
+    while *pos < out.len() {
+        match s.write(&out[*pos..]) {
+            Ok(n) => *pos += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return e.kind() == io::ErrorKind::WouldBlock,
+        }
+    }
+    true
 }
 
 fn poll_fd(fd: i32, events: i16) -> i16 {
@@ -321,7 +378,7 @@ impl Transport {
             local.is_ipv4() == remote.is_ipv4() && local.is_loopback() == remote.is_loopback()
         };
         let mgmt_local = compatible(self.mgmt.addr, h.mgmt.ip()).then_some(self.mgmt.addr);
-        let ctrl = PendingSock::new(h.mgmt, mgmt_local, self.mgmt.iface.clone(), now, &self.cfg)?;
+        let ctrl = PendingSock::new(h.mgmt, mgmt_local, self.mgmt.iface.clone(), true, &self.cfg)?;
         let hs = Connector::new(
             now,
             self.cfg.timeout,
@@ -336,7 +393,7 @@ impl Transport {
             let remote = remote_data[k % remote_data.len()];
             let rail = &d.rails[k % d.rails.len()];
             let local = compatible(rail.addr, remote.ip()).then_some(rail.addr);
-            let mut p = PendingSock::new(remote, local, rail.iface.clone(), now, &self.cfg)?;
+            let mut p = PendingSock::new(remote, local, rail.iface.clone(), false, &self.cfg)?;
             p.out = hs.stream_hello(k as u16);
             streams.push(p);
         }
@@ -355,6 +412,7 @@ struct PendingSock {
     sock: Socket,
     remote: SocketAddr,
     local: Option<IpAddr>,
+    ctrl: bool,
     link: Link,
     connected: bool,
     retry_at: Option<Instant>,
@@ -368,6 +426,7 @@ impl PendingSock {
         local: Option<IpAddr>,
         cfg: &Config,
         link: &Link,
+        ctrl: bool,
     ) -> Result<Socket> {
         let s = Socket::new(
             Domain::for_address(remote),
@@ -378,6 +437,10 @@ impl PendingSock {
         s.set_nonblocking(true)
             .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
         tune(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
+        if ctrl {
+            tune_ctrl(socket2::SockRef::from(&s), cfg)
+                .map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
+        }
         if let Some(l) = local {
             s.bind(&SocketAddr::new(l, 0).into())
                 .map_err(|e| link.io("bind", Stage::Connect, &e))?;
@@ -394,18 +457,19 @@ impl PendingSock {
         remote: SocketAddr,
         local: Option<IpAddr>,
         iface: String,
-        _now: Instant,
+        ctrl: bool,
         cfg: &Config,
     ) -> Result<PendingSock> {
         let link = Link {
             peer: remote,
             iface,
         };
-        let sock = PendingSock::open(remote, local, cfg, &link)?;
+        let sock = PendingSock::open(remote, local, cfg, &link, ctrl)?;
         Ok(PendingSock {
             sock,
             remote,
             local,
+            ctrl,
             link,
             connected: false,
             retry_at: None,
@@ -421,7 +485,7 @@ impl PendingSock {
                 return Ok(false);
             }
             self.retry_at = None;
-            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link)?;
+            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.ctrl)?;
         }
         if !self.connected {
             let rev = poll_fd(self.sock.as_raw_fd(), libc::POLLOUT);
@@ -516,6 +580,10 @@ impl Connecting {
                     out_pos: 0,
                     queued: 0,
                     flushed: 0,
+                    credit: 0,
+                    dec: FrameDecoder::new(),
+                    next_check: now,
+                    peer_gone: None,
                     reqs: Slab::new(MAX_SEND_REQUESTS),
                     next_stream: 0,
                     error: None,
@@ -663,6 +731,8 @@ impl Listener {
                             .ok_or_else(|| Error::Usage("unknown socket".into()))?;
                         data.push(Stream::new(s, l));
                     }
+                    tune_ctrl(socket2::SockRef::from(&c), &self.cfg)
+                        .map_err(|e| link.io("setsockopt", Stage::Accept, &e))?;
                     write_all_until(&c, &ack, now + self.cfg.timeout)
                         .map_err(|e| link.io("send ack", Stage::Accept, &e))?;
                     let engine = Engine::new(Dir::Recv, data, self.cfg.nthreads, self.cfg.timeout)?;
@@ -678,6 +748,10 @@ impl Listener {
                         peer_closed: false,
                         error: None,
                         rbuf: vec![0; 64 * 1024],
+                        consumed: 0,
+                        reported: 0,
+                        tx: Vec::new(),
+                        tx_pos: 0,
                     }))
                 }
             };
@@ -744,6 +818,14 @@ pub struct SendConn {
     out_pos: usize,
     queued: u64,
     flushed: u64,
+    /// Control bytes the receiver has consumed (its last CREDIT).
+    credit: u64,
+    /// Frames from the receiver (CREDIT, ABORT).
+    dec: FrameDecoder,
+    /// When to look at the control stream next.
+    next_check: Instant,
+    /// The control stream ended (EOF, reset, dead peer). Only an error for work still to do.
+    peer_gone: Option<Error>,
     reqs: Slab<SendReq>,
     next_stream: usize,
     error: Option<Error>,
@@ -765,16 +847,94 @@ impl SendConn {
         self.reqs.live()
     }
 
+    /// Records the connection's first error; on the first one, tells the receiver why (ABORT)
+    /// and shuts the control stream down so that it fails now rather than on its timers.
     fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            if let Some(f) = abort_frame(&e) {
+                f.encode(&mut self.out);
+                flush_some(&self.ctrl, &self.out, &mut self.out_pos);
+            }
+            let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+        }
         self.error.get_or_insert(e).clone()
+    }
+
+    /// Reads CREDIT and ABORT frames from the receiver.
+    fn read_ctrl(&mut self) -> Result<()> {
+        let mut buf = [0u8; 512];
+        while self.peer_gone.is_none() {
+            match (&self.ctrl).read(&mut buf) {
+                Ok(0) => self.peer_gone = Some(self.link.closed(Stage::Data)),
+                Ok(n) => {
+                    self.dec.handle_bytes(&buf[..n]);
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => self.peer_gone = Some(self.link.io("recv", Stage::Data, &e)),
+            }
+        }
+        loop {
+            match self.dec.poll_frame() {
+                Ok(None) => return Ok(()),
+                Ok(Some(Frame::Credit { consumed })) => self.credit = self.credit.max(consumed),
+                Ok(Some(Frame::Abort { reason, detail })) => {
+                    return Err(self
+                        .link
+                        .aborted(format!("the receiver gave up: {}", reason.describe(detail))));
+                }
+                Ok(Some(f)) => {
+                    let e = proto::FrameError::Unexpected {
+                        got: f.name(),
+                        expected: "CREDIT or ABORT",
+                    };
+                    return Err(self.link.protocol(Stage::Data, e));
+                }
+                Err(e) => return Err(self.link.protocol(Stage::Data, e)),
+            }
+        }
+    }
+
+    /// Whether some request still needs the receiver (bytes not yet handed to the kernel).
+    fn work_pending(&self) -> bool {
+        self.out_pos < self.out.len()
+            || self
+                .reqs
+                .values()
+                .any(|r| r.chunks.remaining.load(Ordering::Acquire) > 0)
     }
 
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
+        let now = Instant::now();
+        let window_full = self.flushed >= self.credit + CTRL_WINDOW;
+        if now >= self.next_check || (window_full && self.out_pos < self.out.len()) {
+            self.next_check = now + CTRL_CHECK_EVERY;
+            if let Err(e) = self.read_ctrl() {
+                return Err(self.fail(e));
+            }
+            if let Some(e) = self.peer_gone.clone()
+                && self.work_pending()
+            {
+                return Err(self.fail(e));
+            }
+        }
         while self.out_pos < self.out.len() {
-            match (&self.ctrl).write(&self.out[self.out_pos..]) {
+            // CREDIT flow control: never more than CTRL_WINDOW bytes unread by the receiver.
+            let room = (self.credit + CTRL_WINDOW).saturating_sub(self.flushed);
+            if room == 0 {
+                break;
+            }
+            let end = self.out.len().min(
+                self.out_pos
+                    .saturating_add(usize::try_from(room).unwrap_or(usize::MAX)),
+            );
+            match (&self.ctrl).write(&self.out[self.out_pos..end]) {
                 Ok(n) => {
                     self.out_pos += n;
                     self.flushed += n as u64;
@@ -809,7 +969,12 @@ impl SendConn {
         len: usize,
         tag: i32,
     ) -> Result<Option<RequestId>> {
-        self.progress()?;
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        if let Some(e) = self.peer_gone.clone() {
+            return Err(self.fail(e));
+        }
         if self.reqs.live() >= MAX_SEND_REQUESTS {
             return Ok(None);
         }
@@ -933,6 +1098,12 @@ pub struct RecvConn {
     peer_closed: bool,
     error: Option<Error>,
     rbuf: Vec<u8>,
+    /// Control bytes read since the handshake, and the amount last reported in a CREDIT.
+    consumed: u64,
+    reported: u64,
+    /// Frames to the sender (CREDIT, ABORT) not yet written.
+    tx: Vec<u8>,
+    tx_pos: usize,
 }
 
 impl RecvConn {
@@ -946,8 +1117,38 @@ impl RecvConn {
         self.engine.nstreams()
     }
 
+    /// Records the connection's first error; on the first one, tells the sender why (ABORT)
+    /// and shuts the control stream down, so the sender fails now instead of waiting.
     fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            if let Some(f) = abort_frame(&e) {
+                f.encode(&mut self.tx);
+                flush_some(&self.ctrl, &self.tx, &mut self.tx_pos);
+            }
+            let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+        }
         self.error.get_or_insert(e).clone()
+    }
+
+    /// Returns credit to the sender once a quarter of its window has been consumed.
+    fn send_credit(&mut self) {
+        if self.consumed - self.reported >= CTRL_WINDOW / 4 {
+            self.reported = self.consumed;
+            Frame::Credit {
+                consumed: self.consumed,
+            }
+            .encode(&mut self.tx);
+        }
+        if self.tx_pos < self.tx.len() {
+            // A failed write means the sender is gone; reading the control stream reports that.
+            if !flush_some(&self.ctrl, &self.tx, &mut self.tx_pos) {
+                self.tx_pos = self.tx.len();
+            }
+            if self.tx_pos == self.tx.len() {
+                self.tx.clear();
+                self.tx_pos = 0;
+            }
+        }
     }
 
     fn read_ctrl(&mut self) -> Result<()> {
@@ -955,6 +1156,7 @@ impl RecvConn {
             match (&self.ctrl).read(&mut self.rbuf) {
                 Ok(0) => self.peer_closed = true,
                 Ok(n) => {
+                    self.consumed += n as u64;
                     self.dec.handle_bytes(&self.rbuf[..n]);
                     if n < self.rbuf.len() {
                         break;
@@ -965,10 +1167,16 @@ impl RecvConn {
                 Err(e) => return Err(self.link.io("recv", Stage::Data, &e)),
             }
         }
+        self.send_credit();
         loop {
             match self.dec.poll_frame() {
                 Ok(None) => return Ok(()),
                 Ok(Some(Frame::Msg(h))) => self.msgs.push_back(h),
+                Ok(Some(Frame::Abort { reason, detail })) => {
+                    return Err(self
+                        .link
+                        .aborted(format!("the sender gave up: {}", reason.describe(detail))));
+                }
                 Ok(Some(f)) => {
                     let e = proto::FrameError::Unexpected {
                         got: f.name(),
@@ -1065,7 +1273,9 @@ impl RecvConn {
                 bufs.len()
             )));
         }
-        self.progress()?;
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
         if self.reqs.live() >= MAX_RECV_REQUESTS {
             return Ok(None);
         }
