@@ -105,7 +105,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut current = 0;
     for scope in [VerifyScope::Changed, VerifyScope::All] {
         applier.verify_scope = scope;
-        let rounds = if scope == VerifyScope::All { runs.div_ceil(3) } else { runs };
+        let rounds = if scope == VerifyScope::All {
+            runs.div_ceil(3)
+        } else {
+            runs
+        };
         let mut totals = Vec::new();
         let mut verified = 0;
         for _ in 0..rounds {
