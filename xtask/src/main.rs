@@ -1,7 +1,7 @@
 //! Project automation: `cargo xtask demo` and `cargo xtask test`.
 //!
 //! Both install the Debian packages weft's real-component tests need (OpenSM, ibsim,
-//! the InfiniBand diagnostics, iproute2, iperf3) when they are missing, so that the two
+//! the InfiniBand diagnostics, iproute2, iperf3, OpenSSH) when they are missing, so that the two
 //! commands in the README work on a fresh machine.
 
 mod demo;
@@ -21,6 +21,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("iproute2", "/usr/sbin/ip"),
     ("iperf3", "/usr/bin/iperf3"),
+    ("openssh-server", "/usr/sbin/sshd"),
+    ("openssh-client", "/usr/bin/ssh"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -37,12 +37,19 @@ pub struct SmState {
     pub name: String,
     pub master: bool,
     pub checksum: Option<String>,
+    /// Why the SM could not be read, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What an apply did and how long each phase took.
 #[derive(Debug, Clone, Serialize)]
 pub struct ApplyReport {
     pub changed: bool,
+    /// Standby SMs whose hosts could not be reached ([`SmError::is_unreachable`]): the
+    /// apply went on without them, so they may hold an older file. Empty when every SM
+    /// has the new file; the caller retries the delivery to those listed.
+    pub degraded: Vec<String>,
     pub checksum: String,
     pub sms: Vec<SmState>,
     pub ports_verified: usize,
@@ -198,30 +205,67 @@ impl Applier {
 
     /// Each SM's current checksum and whether it is the master.
     pub fn sm_states(&self, master: Option<usize>) -> Vec<SmState> {
+        self.sm_states_skipping(master, &Degraded::default())
+    }
+
+    /// [`Applier::sm_states`] without asking the SMs in `skip` again (an unreachable host
+    /// would cost another connect timeout each).
+    fn sm_states_skipping(&self, master: Option<usize>, skip: &Degraded) -> Vec<SmState> {
         self.sms
             .iter()
             .enumerate()
-            .map(|(i, s)| SmState {
-                name: s.name().to_string(),
-                master: Some(i) == master,
-                checksum: s.read_partitions().ok().flatten().map(|b| checksum(&b)),
+            .map(|(i, s)| {
+                let (checksum, error) = match skip.reason(i) {
+                    Some(reason) => (None, Some(reason.to_string())),
+                    None => match s.read_partitions() {
+                        Ok(b) => (b.map(|b| checksum(&b)), None),
+                        Err(e) => (None, Some(e.to_string())),
+                    },
+                };
+                SmState {
+                    name: s.name().to_string(),
+                    master: Some(i) == master,
+                    checksum,
+                    error,
+                }
             })
             .collect()
     }
 
     /// Writes `bytes` to every SM, checks their checksums, and makes the master reread.
-    fn deliver(&self, master: usize, bytes: &[u8]) -> Result<(Duration, Duration), ApplyError> {
+    /// A standby whose host cannot be reached is added to `degraded` and left out.
+    fn deliver(
+        &self,
+        master: usize,
+        bytes: &[u8],
+        degraded: &mut Degraded,
+    ) -> Result<(Duration, Duration), ApplyError> {
         let t0 = Instant::now();
         // Standbys first: if the master dies mid-apply, its successor already has the file.
         let order = (0..self.sms.len())
             .filter(|&i| i != master)
             .chain(std::iter::once(master));
         for i in order {
-            self.sms[i].write_partitions(bytes)?;
+            if degraded.contains(i) {
+                continue;
+            }
+            match self.sms[i].write_partitions(bytes) {
+                Err(e) if i != master && e.is_unreachable() => degraded.add(i, &e),
+                other => other?,
+            }
         }
         let want = checksum(bytes);
-        for sm in &self.sms {
-            let got = sm.read_partitions()?.map(|b| checksum(&b));
+        for (i, sm) in self.sms.iter().enumerate() {
+            if degraded.contains(i) {
+                continue;
+            }
+            let got = match sm.read_partitions() {
+                Err(e) if i != master && e.is_unreachable() => {
+                    degraded.add(i, &e);
+                    continue;
+                }
+                other => other?.map(|b| checksum(&b)),
+            };
             if got.as_deref() != Some(want.as_str()) {
                 return Err(ApplyError::Refused(format!(
                     "SM `{}` holds checksum {} after the write, expected {want}",
@@ -242,29 +286,43 @@ impl Applier {
     /// it: every SM gets the same file, the master rereads it, and the ports chosen by
     /// [`Applier::verify_scope`] are read back and compared. Any failure after the first
     /// write restores the previous file on every SM and rereads it again.
+    ///
+    /// A standby whose host cannot be reached ([`SmError::is_unreachable`]) does not stop
+    /// the apply: the others are updated and verified, and the report lists it in
+    /// [`ApplyReport::degraded`]. An unreachable master fails the apply (after rolling
+    /// back whatever was written).
     pub fn apply(&self, conf: &Conf, before: &FabricSnapshot) -> Result<ApplyReport, ApplyError> {
         let start = Instant::now();
         let text = Self::render_checked(conf)?;
         let inventory = &before.inventory;
         let master = self.master_index(inventory)?;
         let ports = self.ports_to_verify(conf, before);
-        let previous: Vec<Option<Vec<u8>>> = self
-            .sms
-            .iter()
-            .map(|s| s.read_partitions())
-            .collect::<Result<_, _>>()?;
+        let mut degraded = Degraded::default();
+        let mut previous: Vec<Option<Vec<u8>>> = Vec::with_capacity(self.sms.len());
+        for (i, sm) in self.sms.iter().enumerate() {
+            match sm.read_partitions() {
+                Ok(p) => previous.push(p),
+                Err(e) if i != master && e.is_unreachable() => {
+                    degraded.add(i, &e);
+                    previous.push(None);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let changed = previous
             .iter()
-            .any(|p| p.as_deref() != Some(text.as_bytes()));
+            .enumerate()
+            .any(|(i, p)| !degraded.contains(i) && p.as_deref() != Some(text.as_bytes()));
 
         let outcome = self
-            .deliver(master, text.as_bytes())
+            .deliver(master, text.as_bytes(), &mut degraded)
             .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, inventory, &ports)?)));
         match outcome {
             Ok((write, sweep, v)) if v.mismatches.is_empty() => Ok(ApplyReport {
                 changed,
+                degraded: degraded.names(&self.sms),
                 checksum: checksum(text.as_bytes()),
-                sms: self.sm_states(Some(master)),
+                sms: self.sm_states_skipping(Some(master), &degraded),
                 ports_verified: v.ports_checked,
                 write_ms: ms(write),
                 sweep_ms: ms(sweep),
@@ -274,13 +332,14 @@ impl Applier {
             Ok((_, _, v)) => Err(self.roll_back(
                 master,
                 &previous,
+                &degraded,
                 format!(
                     "{} port(s) do not hold the planned P_Keys",
                     v.mismatches.len()
                 ),
                 v.mismatches,
             )),
-            Err(e) => Err(self.roll_back(master, &previous, e.to_string(), Vec::new())),
+            Err(e) => Err(self.roll_back(master, &previous, &degraded, e.to_string(), Vec::new())),
         }
     }
 
@@ -288,12 +347,19 @@ impl Applier {
         &self,
         master: usize,
         previous: &[Option<Vec<u8>>],
+        degraded: &Degraded,
         cause: String,
         mismatches: Vec<PortMismatch>,
     ) -> ApplyError {
         tracing::warn!(%cause, "rolling back the partitions config");
         let mut problems = Vec::new();
-        for (sm, old) in self.sms.iter().zip(previous) {
+        for (i, (sm, old)) in self.sms.iter().zip(previous).enumerate() {
+            if let Some(reason) = degraded.reason(i) {
+                // Unreachable: not written by this apply, or (lost during its write)
+                // in an unknown state; the caller's retry brings it in line.
+                problems.push(format!("`{}` left as it was: {reason}", sm.name()));
+                continue;
+            }
             let restored = match old {
                 Some(bytes) => sm.write_partitions(bytes),
                 None => sm.remove_partitions(),
@@ -341,5 +407,37 @@ impl Applier {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// The SMs an apply goes on without, with why.
+#[derive(Debug, Default)]
+struct Degraded(Vec<(usize, String)>);
+
+impl Degraded {
+    fn add(&mut self, i: usize, e: &SmError) {
+        tracing::warn!(error = %e, "SM unreachable; applying to the others (degraded)");
+        if !self.contains(i) {
+            self.0.push((i, e.to_string()));
+        }
+    }
+
+    fn contains(&self, i: usize) -> bool {
+        self.0.iter().any(|(j, _)| *j == i)
+    }
+
+    fn reason(&self, i: usize) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(j, _)| *j == i)
+            .map(|(_, r)| r.as_str())
+    }
+
+    fn names(&self, sms: &[Box<dyn SmHost>]) -> Vec<String> {
+        let mut idx: Vec<usize> = self.0.iter().map(|(i, _)| *i).collect();
+        idx.sort_unstable();
+        idx.into_iter()
+            .filter_map(|i| sms.get(i).map(|s| s.name().to_string()))
+            .collect()
     }
 }

@@ -30,10 +30,12 @@ mod apply;
 mod diag;
 mod process;
 mod sm;
+mod ssh;
 
 pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification, VerifyScope};
 pub use diag::{
     DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
 };
-pub use process::{Invocation, ProcessError, run_bounded};
+pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
 pub use sm::{LocalSm, SmError, SmHost, checksum, write_atomically};
+pub use ssh::{RemotePaths, SshConfig, SshSm, shell_quote};

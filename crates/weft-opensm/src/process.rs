@@ -4,7 +4,7 @@
 //! call into another program can hang weft: past the deadline the child is killed and
 //! the caller gets [`ProcessError::TimedOut`] naming the program.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,9 +45,29 @@ pub struct Invocation<'a> {
 /// Output is drained on threads while waiting, so a chatty child cannot block on a full
 /// pipe and turn into a false timeout.
 pub fn run_bounded(program: &str, args: &[&str], inv: &Invocation) -> Result<String, ProcessError> {
+    run_bounded_bytes(program, args, None, inv)
+        .map(|out| String::from_utf8_lossy(&out).into_owned())
+}
+
+/// [`run_bounded`] with `input` fed to the child's stdin (then closed) and stdout returned
+/// as bytes, unchanged. Without `input` the child's stdin is `/dev/null`.
+///
+/// The input is written on its own thread, so a child that stops reading cannot block the
+/// deadline; a child that exits before reading everything only shows in its exit status.
+/// The deadline also bounds the wait for the end of the child's output.
+pub fn run_bounded_bytes(
+    program: &str,
+    args: &[&str],
+    input: Option<&[u8]>,
+    inv: &Invocation,
+) -> Result<Vec<u8>, ProcessError> {
     let mut cmd = Command::new(program);
     cmd.args(args)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in inv.env {
@@ -60,6 +80,17 @@ pub fn run_bounded(program: &str, args: &[&str], inv: &Invocation) -> Result<Str
         program: program.to_string(),
         source,
     })?;
+    let feeder = match (child.stdin.take(), input) {
+        (Some(mut stdin), Some(bytes)) => {
+            let bytes = bytes.to_vec();
+            Some(std::thread::spawn(move || {
+                // EPIPE when the child exits early; its exit status tells the caller.
+                let _ = stdin.write_all(&bytes);
+                // Dropping `stdin` here closes the pipe: the child sees end of input.
+            }))
+        }
+        _ => None,
+    };
     let drain = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -103,6 +134,20 @@ pub fn run_bounded(program: &str, args: &[&str], inv: &Invocation) -> Result<Str
             }
         }
     };
+    // The feeder is not joined: it ends when every reader of the pipe is gone, which a
+    // process the child passed the pipe to (an ssh control master) may delay.
+    drop(feeder);
+    // The pipes reach end of file when every holder of their write ends is gone: the child
+    // and whatever it left running with them. Waiting for that is bounded too.
+    while !(out.is_finished() && err.is_finished()) {
+        if start.elapsed() >= inv.timeout {
+            return Err(ProcessError::TimedOut {
+                program: format!("{program} (a process it started holds its output open)"),
+                timeout: inv.timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let stdout = out.join().unwrap_or_default();
     let stderr = err.join().unwrap_or_default();
     if !status.success() {
@@ -112,7 +157,7 @@ pub fn run_bounded(program: &str, args: &[&str], inv: &Invocation) -> Result<Str
             stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
         });
     }
-    Ok(String::from_utf8_lossy(&stdout).into_owned())
+    Ok(stdout)
 }
 
 #[cfg(test)]
@@ -154,5 +199,28 @@ mod tests {
             run_bounded("sh", &["-c", "echo $WEFT_T"], &inv).unwrap(),
             "x7\n"
         );
+    }
+
+    #[test]
+    fn input_reaches_stdin_and_bytes_come_back_unchanged() {
+        let inv = Invocation {
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let input = [0xffu8, b'a', 0, b'\n'];
+        let out = run_bounded_bytes("cat", &[], Some(&input), &inv).unwrap();
+        assert_eq!(out, input);
+    }
+
+    #[test]
+    fn a_grandchild_holding_stdout_open_cannot_stretch_the_deadline() {
+        let inv = Invocation {
+            timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let err = run_bounded("sh", &["-c", "sleep 3 & echo started"], &inv).unwrap_err();
+        assert!(matches!(err, ProcessError::TimedOut { .. }), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2));
     }
 }

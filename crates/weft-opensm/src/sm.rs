@@ -1,8 +1,9 @@
 //! Subnet-manager hosts: where an OpenSM's partitions.conf lives and how to make it reread.
 //!
 //! [`SmHost`] is the seam between the applier (what to do) and a host (how to do it). The
-//! local implementation, [`LocalSm`], works on files and signals on this machine; a remote
-//! one (over SSH) implements the same trait.
+//! local implementation, [`LocalSm`], works on files and signals on this machine; the remote
+//! one, [`crate::SshSm`], does the same through the OpenSSH client. The wait for a sweep
+//! (which log lines count) is shared by both: `wait_for_sweep_with`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -30,6 +31,46 @@ pub enum SmError {
     ConfigRejected { sm: String, line: String },
     #[error("SM `{sm}` exited while it was rereading")]
     DiedDuringSweep { sm: String },
+    /// The SM's host could not be reached (connection refused, timed out, reset): its
+    /// state is unknown, and an apply may go on without it if it is a standby.
+    #[error("SM `{sm}` on {host}: host unreachable: {detail}")]
+    Unreachable {
+        sm: String,
+        host: String,
+        detail: String,
+    },
+    /// The host answered with a key that its known_hosts entry does not hold (or there is
+    /// no entry). Never treated as unreachable: it may be someone else's machine.
+    #[error("SM `{sm}` on {host}: host-key verification failed: {detail}")]
+    HostKey {
+        sm: String,
+        host: String,
+        detail: String,
+    },
+    /// The host was reached but the operation failed there (or authentication failed).
+    #[error("SM `{sm}` on {host}: {what}: {detail}")]
+    Remote {
+        sm: String,
+        host: String,
+        what: String,
+        detail: String,
+    },
+    /// A setting (a path, a host name) that cannot be used safely, such as a path with a
+    /// newline that would end a remote shell command.
+    #[error("SM `{sm}`: refusing {what}: {why}")]
+    Invalid {
+        sm: String,
+        what: String,
+        why: String,
+    },
+}
+
+impl SmError {
+    /// Whether the SM's host could not be reached at all, as opposed to a host that
+    /// answered and refused or failed.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, SmError::Unreachable { .. })
+    }
 }
 
 /// A hex SHA-256 of a config's bytes; compared between primary and standby.
@@ -229,49 +270,121 @@ impl SmHost for LocalSm {
     }
 
     fn wait_for_sweep(&self, cursor: u64, timeout: Duration) -> Result<(), SmError> {
-        let deadline = Instant::now() + timeout;
-        let mut offset = cursor;
-        let mut pending = String::new();
-        loop {
-            let mut chunk = String::new();
-            if let Ok(mut f) = File::open(&self.log_file) {
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if len < offset {
-                    offset = 0; // the log was rotated or truncated
+        wait_for_sweep_with(
+            &self.name,
+            cursor,
+            timeout,
+            Duration::from_millis(2),
+            |offset, _deadline| {
+                let mut poll = LogPoll {
+                    bytes: Vec::new(),
+                    restarted: false,
+                    alive: Ok(true),
+                };
+                if let Ok(mut f) = File::open(&self.log_file) {
+                    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                    let from = if len < offset {
+                        poll.restarted = true; // the log was rotated or truncated
+                        0
+                    } else {
+                        offset
+                    };
+                    f.seek(SeekFrom::Start(from))
+                        .and_then(|_| f.read_to_end(&mut poll.bytes))
+                        .map_err(|e| self.io("cannot read log", &self.log_file, e))?;
                 }
-                f.seek(SeekFrom::Start(offset))
-                    .and_then(|_| f.read_to_string(&mut chunk))
-                    .map_err(|e| self.io("cannot read log", &self.log_file, e))?;
-                offset += chunk.len() as u64;
+                poll.alive = self.alive();
+                Ok(poll)
+            },
+        )
+    }
+}
+
+/// One look at an SM's log: what it holds after the offset asked for, and whether the SM
+/// process still exists.
+#[derive(Debug)]
+pub(crate) struct LogPoll {
+    /// The log's bytes after the offset (or from its start when `restarted`).
+    pub bytes: Vec<u8>,
+    /// The log was shorter than the offset (rotated or truncated); `bytes` start at 0.
+    pub restarted: bool,
+    /// Whether the SM process was alive after the log was read; an error (no pid file)
+    /// counts only when the log has no verdict.
+    pub alive: Result<bool, SmError>,
+}
+
+/// What a complete log line says about a sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LogVerdict {
+    SweepDone,
+    Rejected(String),
+}
+
+/// Judges OpenSM log text fed in arbitrary chunks, line by line: only complete lines are
+/// judged; a half-written line waits for the next chunk.
+#[derive(Debug, Default)]
+pub(crate) struct SweepScanner {
+    pending: Vec<u8>,
+}
+
+impl SweepScanner {
+    pub fn feed(&mut self, chunk: &[u8]) -> Option<LogVerdict> {
+        self.pending.extend_from_slice(chunk);
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let raw: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&raw);
+            if CONFIG_REJECTED.iter().any(|m| line.contains(m)) {
+                return Some(LogVerdict::Rejected(line.trim().to_string()));
             }
-            pending.push_str(&chunk);
-            // Only complete lines are judged; a half-written line waits for the next round.
-            while let Some(end) = pending.find('\n') {
-                let line: String = pending.drain(..=end).collect();
-                if let Some(bad) = CONFIG_REJECTED.iter().find(|m| line.contains(*m)) {
-                    tracing::warn!(sm = %self.name, marker = bad, "OpenSM rejected the file");
-                    return Err(SmError::ConfigRejected {
-                        sm: self.name.clone(),
-                        line: line.trim().to_string(),
-                    });
-                }
-                if line.contains(SWEEP_DONE) {
-                    return Ok(());
-                }
+            if line.contains(SWEEP_DONE) {
+                return Some(LogVerdict::SweepDone);
             }
-            if !self.alive()? {
-                return Err(SmError::DiedDuringSweep {
-                    sm: self.name.clone(),
-                });
-            }
-            if Instant::now() >= deadline {
-                return Err(SmError::SweepTimeout {
-                    sm: self.name.clone(),
-                    timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(2));
         }
+        None
+    }
+}
+
+/// The wait every [`SmHost::wait_for_sweep`] shares: polls the log after `cursor` with
+/// `poll(offset, deadline)` until a line shows the sweep finished (Ok), a line shows the
+/// file rejected, the SM is gone, or `timeout` passes; sleeps `interval` between polls.
+pub(crate) fn wait_for_sweep_with(
+    sm: &str,
+    cursor: u64,
+    timeout: Duration,
+    interval: Duration,
+    mut poll: impl FnMut(u64, Instant) -> Result<LogPoll, SmError>,
+) -> Result<(), SmError> {
+    let deadline = Instant::now() + timeout;
+    let mut offset = cursor;
+    let mut scanner = SweepScanner::default();
+    loop {
+        let p = poll(offset, deadline)?;
+        if p.restarted {
+            offset = 0;
+            scanner = SweepScanner::default();
+        }
+        offset += p.bytes.len() as u64;
+        match scanner.feed(&p.bytes) {
+            Some(LogVerdict::Rejected(line)) => {
+                tracing::warn!(sm, %line, "OpenSM rejected the file");
+                return Err(SmError::ConfigRejected {
+                    sm: sm.to_string(),
+                    line,
+                });
+            }
+            Some(LogVerdict::SweepDone) => return Ok(()),
+            None => {}
+        }
+        if !p.alive? {
+            return Err(SmError::DiedDuringSweep { sm: sm.to_string() });
+        }
+        if Instant::now() >= deadline {
+            return Err(SmError::SweepTimeout {
+                sm: sm.to_string(),
+                timeout,
+            });
+        }
+        std::thread::sleep(interval);
     }
 }
 
@@ -367,5 +480,23 @@ mod tests {
             checksum(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn the_scanner_judges_only_complete_lines_across_chunks() {
+        let mut s = SweepScanner::default();
+        assert_eq!(s.feed(b"x 0x02 -> SUBNET"), None);
+        assert_eq!(s.feed(b" UP"), None);
+        assert_eq!(s.feed(b"\n"), Some(LogVerdict::SweepDone));
+        let mut s = SweepScanner::default();
+        assert_eq!(
+            s.feed(b"ok\nPartition configuration in error\nSUBNET UP\n"),
+            Some(LogVerdict::Rejected(
+                "Partition configuration in error".into()
+            ))
+        );
+        // Bytes that are not UTF-8 are judged, not an error.
+        let mut s = SweepScanner::default();
+        assert_eq!(s.feed(b"\xff\xfe SUBNET UP\n"), Some(LogVerdict::SweepDone));
     }
 }

@@ -344,3 +344,5 @@ fn a_one_node_move_reads_back_only_what_it_touches() {
     );
     assert!(a.verify(&moved).unwrap().mismatches.is_empty());
 }
+
+mod ssh;

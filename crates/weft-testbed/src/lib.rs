@@ -1,4 +1,5 @@
-//! Test-only infrastructure: a real OpenSM driving an ibsim simulated InfiniBand fabric.
+//! Test-only infrastructure: a real OpenSM driving an ibsim simulated InfiniBand fabric, and
+//! a real OpenSSH server ([`Sshd`]) for code that reaches hosts over SSH.
 //!
 //! This crate is for weft's integration tests and the xtask demo. It starts `ibsim` (package
 //! `ibsim-utils`) on a generated topology, attaches real `opensm` processes and the
@@ -48,6 +49,7 @@
 
 mod error;
 mod fabric;
+mod sshd;
 mod topology;
 
 pub use error::TestbedError;
@@ -57,6 +59,7 @@ pub use fabric::{
 };
 /// Signals for [`SimFabric::kill_sm`] (re-exported from `nix`).
 pub use nix::sys::signal::Signal;
+pub use sshd::{SSHD, Sshd};
 pub use topology::{
     GUID_PREFIX, SM_HOST, SM_HOST2, SimHca, SimSwitch, Topology, hca_node_guid, sm_host_node_guid,
     switch_node_guid,

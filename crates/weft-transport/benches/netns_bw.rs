@@ -15,8 +15,9 @@
 //! iperf3 runs with as many parallel streams (`-P`) as weft has data streams. Latency is the
 //! median round trip of an 8-byte message on two connections (one each way), both sides
 //! spinning, against a plain non-blocking TCP_NODELAY ping-pong spinning the same way between
-//! the same interfaces (mgmt0, which carries weft's inline messages). Needs root and iproute2
-//! (and iperf3 for that column); otherwise it says why and exits.
+//! the same interfaces (data0, which carries weft's control stream and so its inline messages),
+//! over one connection and over one connection each way. Needs root and iproute2 (and iperf3 for
+//! that column); otherwise it says why and exits.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -127,11 +128,14 @@ fn wait_send(tx: &mut SendConn, id: RequestId) -> R<()> {
 }
 
 /// One-way bandwidth in GB/s for each size, `reps` times: returns per size the list.
-fn bandwidth(tx: SendConn, mut rx: RecvConn, sizes: &[usize], reps: usize) -> R<Vec<Vec<f64>>> {
+/// Gives the connection back for the next round.
+type BwOut = (SendConn, RecvConn, Vec<Vec<f64>>);
+
+fn bandwidth(tx: SendConn, mut rx: RecvConn, sizes: &[usize], reps: usize) -> R<BwOut> {
     let barrier = Arc::new(Barrier::new(2));
     let b2 = barrier.clone();
     let sizes2 = sizes.to_vec();
-    let sender = std::thread::spawn(move || -> R<()> {
+    let sender = std::thread::spawn(move || -> R<SendConn> {
         let mut tx = tx;
         for &size in &sizes2 {
             let src = vec![7u8; size];
@@ -156,7 +160,7 @@ fn bandwidth(tx: SendConn, mut rx: RecvConn, sizes: &[usize], reps: usize) -> R<
                 }
             }
         }
-        Ok(())
+        Ok(tx)
     });
     let mut out = Vec::new();
     for &size in sizes {
@@ -206,8 +210,8 @@ fn bandwidth(tx: SendConn, mut rx: RecvConn, sizes: &[usize], reps: usize) -> R<
         }
         out.push(got);
     }
-    sender.join().map_err(|_| "sender panicked")??;
-    Ok(out)
+    let tx = sender.join().map_err(|_| "sender panicked")??;
+    Ok((tx, rx, out))
 }
 
 /// iperf3 with `streams` parallel streams from host 0 to host 1's data address, GB/s.
@@ -301,9 +305,9 @@ fn spin_read(mut s: &TcpStream, b: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A connected (host 0 end, host 1 end) TCP pair between the management addresses.
+/// A connected (host 0 end, host 1 end) TCP pair between the data0 addresses.
 fn tcp_pair(c: &Cluster) -> R<(TcpStream, TcpStream)> {
-    let dst = IpAddr::V4(c.host(1).mgmt_addr);
+    let dst = IpAddr::V4(c.host(1).data_ifs[0].1);
     let l = c.in_host(1, || TcpListener::bind(SocketAddr::new(dst, 0)))??;
     let addr = l.local_addr()?;
     let client = c.in_host(0, || TcpStream::connect(addr))??;
@@ -316,7 +320,7 @@ fn tcp_pair(c: &Cluster) -> R<(TcpStream, TcpStream)> {
 }
 
 /// Median 8-byte round trip over plain TCP (TCP_NODELAY, non-blocking, spinning) between the
-/// hosts' management addresses, µs: over one connection, or (`two`) over one connection each
+/// hosts' data0 addresses, µs: over one connection, or (`two`) over one connection each
 /// way as weft's one-way connections do.
 fn tcp_latency(c: &Cluster, two: bool) -> R<f64> {
     let (c0, s0) = tcp_pair(c)?;
@@ -396,20 +400,35 @@ fn main() -> R<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let sz = sizes(o.min, o.max);
-    let (tx, rx) = ns_pair(&c, &cfg, 0, 1)?;
-    let ns = bandwidth(tx, rx, &sz, o.reps)?;
+    // Repetitions alternate a weft sweep and an iperf3 run, so that both see the same load
+    // (this machine is shared); each weft figure is also divided by the iperf3 run next to it.
+    let (mut tx, mut rx) = ns_pair(&c, &cfg, 0, 1)?;
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); sz.len()];
+    let mut paired: Vec<Vec<f64>> = vec![Vec::new(); sz.len()];
     let mut ip = Vec::new();
-    if o.iperf {
-        for r in 0..o.reps {
+    let mut iperf_ok = o.iperf;
+    for r in 0..o.reps {
+        let (t, x, one) = bandwidth(tx, rx, &sz, 1)?;
+        (tx, rx) = (t, x);
+        for (i, v) in one.iter().enumerate() {
+            ns[i].push(v[0]);
+        }
+        if iperf_ok {
             match iperf(&c, streams, 5201 + r as u16) {
-                Ok(v) => ip.push(v),
+                Ok(v) => {
+                    ip.push(v);
+                    for (i, w) in one.iter().enumerate() {
+                        paired[i].push(w[0] / v);
+                    }
+                }
                 Err(e) => {
                     println!("iperf3: {e}");
-                    break;
+                    iperf_ok = false;
                 }
             }
         }
     }
+    drop((tx, rx));
     let lo = if o.loopback {
         let mut lcfg = cfg.clone();
         lcfg.mgmt_ifname = Some("=lo".parse()?);
@@ -423,7 +442,7 @@ fn main() -> R<()> {
             },
             move |h| Ok(t2.connect(0, h)?.wait()?),
         )?;
-        Some(bandwidth(tx, rx, &sz, o.reps)?)
+        Some(bandwidth(tx, rx, &sz, o.reps)?.2)
     } else {
         None
     };
@@ -441,19 +460,31 @@ fn main() -> R<()> {
         );
     }
     println!(
-        "\n| message | weft netns GB/s median (min-max) | iperf3 -P {streams} GB/s | weft / iperf3 | weft loopback GB/s |"
+        "\n| message | weft netns GB/s median (min-max) | iperf3 -P {streams} GB/s | weft / iperf3 (medians) | weft / iperf3 (median of paired runs) | weft loopback GB/s |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for (i, &s) in sz.iter().enumerate() {
         let mut v = ns[i].clone();
         let m = median(&mut v);
         let (mn, mx) = (v[0], v[v.len() - 1]);
         let ratio = ipm.map_or("-".into(), |p| format!("{:.0}%", 100.0 * m / p));
+        let pr = if paired[i].is_empty() {
+            "-".to_string()
+        } else {
+            let mut v = paired[i].clone();
+            let m = median(&mut v);
+            format!(
+                "{:.0}% ({:.0}-{:.0}%)",
+                100.0 * m,
+                100.0 * v[0],
+                100.0 * v[v.len() - 1]
+            )
+        };
         let lo_s = lo
             .as_ref()
             .map_or("-".into(), |l| format!("{:.2}", median(&mut l[i].clone())));
         println!(
-            "| {} | {m:.2} ({mn:.2}-{mx:.2}) | {} | {ratio} | {lo_s} |",
+            "| {} | {m:.2} ({mn:.2}-{mx:.2}) | {} | {ratio} | {pr} | {lo_s} |",
             human(s),
             ipm.map_or("-".into(), |p| format!("{p:.2}"))
         );

@@ -1,13 +1,25 @@
 //! weft's transport: unidirectional send/receive connections whose handshake runs over the
-//! management interface and whose bytes run over the data interfaces ("rails").
+//! management interface and whose every data-phase byte (message headers, inline small
+//! messages, flow-control credits, bulk chunks) runs over the data interfaces ("rails").
 //!
 //! It is for the NCCL plugin (`weft-nccl-net`) and for weft's own tools (a bench binary): one
 //! API, no NCCL types. It is not a general RPC layer: connections are one-way, messages are
 //! matched in posting order, and buffers are raw memory the caller keeps alive.
 //!
 //! Layers: [`proto`] is the wire protocol as pure state machines (no I/O, time passed in);
-//! [`tcp`] is the TCP backend (control stream + `n` data streams per connection, helper threads
-//! optional); [`config`] reads the `WEFT_*` environment variables; [`iface`] finds interfaces.
+//! [`tcp`] is the TCP backend (per connection a handshake stream on the management network, a
+//! control stream and `n` data streams on the data rails, helper threads optional); [`config`]
+//! reads the `WEFT_*` environment variables; [`iface`] finds interfaces.
+//!
+//! # Streams of a connection
+//!
+//! * **Handshake stream** (management network): HELLO, then ACK or REJECT. Afterwards it is the
+//!   *side channel*: it carries nothing (no keepalive either) unless a side gives up, and then
+//!   one ABORT frame. It is kept for one reason: when the data network is what died, the
+//!   control stream cannot tell the peer why, the side channel can.
+//! * **Control stream** (data network, to the listener's first data address): message headers,
+//!   messages up to `WEFT_INLINE_BYTES` inline, CREDIT frames back, ABORT.
+//! * **Data streams** (data network): the chunks of larger messages.
 //!
 //! # Failure detection: every wait bounded by `WEFT_TIMEOUT_MS`, slow peers allowed
 //!
@@ -17,15 +29,17 @@
 //!
 //! * **A data stream that stops** (data link cut, peer host gone): the *receiver* knows when it
 //!   is waiting for bytes that do not come (a posted receive whose message header arrived and a
-//!   data stream that moved nothing for `timeout`). It fails, and before shutting its control
-//!   stream down sends an `ABORT` frame with the reason over the control stream (management
-//!   network), so the sender fails at once with "peer … aborted the connection: …". The same
-//!   holds the other way: whichever side fails first sends `ABORT`.
-//! * **A peer host or management link that dies**: the control stream of both sides is watched
-//!   by the kernel, so it works while the application is not calling in: keepalive probes every
-//!   second once idle, and `TCP_USER_TIMEOUT = timeout`, which ends the connection (`ETIMEDOUT`)
-//!   when sent bytes or probes stay unacknowledged that long. The sender reads its control
-//!   stream (at most every millisecond while polled), so it fails with the peer and `mgmt0` named.
+//!   data stream that moved nothing for `timeout`). It fails, and sends an `ABORT` frame with
+//!   the reason over both the control stream and the management side channel, so the sender
+//!   fails at once with "peer … aborted the connection: …" even though the data path is dead.
+//!   The same holds the other way: whichever side fails first sends `ABORT`.
+//! * **A cut data link or a dead peer host**, whether or not a message is due: the control
+//!   stream of both sides is watched by the kernel, so it works while the application is not
+//!   calling in: keepalive probes every second once idle, and `TCP_USER_TIMEOUT = timeout`,
+//!   which ends the connection (`ETIMEDOUT`) when sent bytes or probes stay unacknowledged that
+//!   long. Both sides read their control stream (the sender at most every millisecond while
+//!   polled), so they fail with the peer and the data interface named. Whichever side's timer
+//!   fires first, the other hears its ABORT on the side channel if the management network is up.
 //! * **A process that dies** (SIGKILL): its kernel closes or resets every stream; the other side
 //!   fails on the next poll (a closed control stream is an error as soon as work is pending).
 //! * **A slow receiver is not an error**: its kernel still acknowledges the control stream, and
@@ -36,12 +50,18 @@
 //!   `WEFT_TCP_USER_TIMEOUT_MS` adds one for those who want that bound anyway). Like NCCL's own
 //!   socket transport, weft never times out a receiver that posts late; once it has posted, its
 //!   data must keep moving.
+//! * **The management network alone failing** during the data phase is not an error: the side
+//!   channel only carries news, and its loss is noticed only if an ABORT must travel on it.
 //!
-//! Bounds: a stall or cut data link fails both sides `timeout` after the last byte moved (plus
-//! the helpers' 100 ms poll); a dead host or management link, `timeout` to `timeout + 1 s`
-//! after it went silent (keepalive granularity); a killed process, at once. Every error names
-//! the peer address and the local interface. The namespace tests of `weft-nccl-net`
-//! (`tests/cluster.rs`) check each case through the real plugin.
+//! Bounds: a stall or cut data link fails both sides `timeout` to `timeout + 1 s` after the
+//! last byte moved (stall timer plus the helpers' 100 ms poll, or keepalive granularity); a dead
+//! host, the same after it went silent; a killed process, at once. Every error names the peer
+//! address and the local interface. Closing a send connection waits (at most 2 s, one round
+//! trip when the peer is alive) until the receiver's kernel has acknowledged the control stream,
+//! because Linux resets a socket closed with unread bytes (CREDIT) and drops what it had not sent.
+//! The namespace tests of `weft-nccl-net` (`tests/cluster.rs`) check each case through the real
+//! plugin, and check with interface byte counters that the management network is silent during
+//! the data phase.
 //!
 //! ```no_run
 //! use weft_transport::{Config, Transport};

@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use weft_transport::proto::{Frame, ListenHandle};
+use weft_transport::proto::{CTRL_STREAM, Frame, ListenHandle};
 use weft_transport::{Config, Error, RecvBuf, RecvConn, SendConn, Stage, Transport};
 
 /// Short timeouts for the tests that wait for one; `roomy` for those that move data on a busy
@@ -212,7 +212,7 @@ fn wrong_handles_are_refused_before_any_io() {
     h[0] = b'X';
     assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
     let mut h = l.handle();
-    h[4] = 2;
+    h[4] = 9;
     assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
     assert!(matches!(t.connect(0, &[0u8; 10]), Err(Error::Handle(_))));
 }
@@ -369,6 +369,7 @@ fn sender_stalling_mid_message_times_out_naming_the_stream() {
     let mut l = t.listen(0).unwrap();
     let h = l.handle_info().clone();
     let fake = thread::spawn(move || {
+        let mut hs = TcpStream::connect(h.mgmt).unwrap();
         let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
         let mut data = TcpStream::connect(h.mgmt).unwrap();
         let mut v = Vec::new();
@@ -378,23 +379,25 @@ fn sender_stalling_mid_message_times_out_naming_the_stream() {
             nstreams: 1,
         }
         .encode(&mut v);
-        ctrl.write_all(&v).unwrap();
-        v.clear();
-        Frame::Stream {
-            nonce: h.nonce,
-            conn_id: 9,
-            idx: 0,
+        hs.write_all(&v).unwrap();
+        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
+            v.clear();
+            Frame::Stream {
+                nonce: h.nonce,
+                conn_id: 9,
+                idx,
+            }
+            .encode(&mut v);
+            s.write_all(&v).unwrap();
         }
-        .encode(&mut v);
-        data.write_all(&v).unwrap();
         let mut ack = [0u8; 24];
-        ctrl.read_exact(&mut ack).unwrap();
+        hs.read_exact(&mut ack).unwrap();
         v.clear();
         Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
         ctrl.write_all(&v).unwrap();
         data.write_all(&vec![1u8; 1 << 19]).unwrap();
         thread::sleep(Duration::from_secs(4));
-        (ctrl, data)
+        (hs, ctrl, data)
     });
     let mut rx = l.wait().unwrap();
     let mut buf = vec![0u8; 1 << 20];
@@ -524,4 +527,66 @@ fn a_failing_receiver_aborts_the_sender() {
         matches!(err, Error::Aborted { .. }) && err.to_string().contains("127.0.0.1"),
         "{err}"
     );
+}
+
+/// The management side channel: a hand-made sender completes the handshake, announces a
+/// message on the control stream, then gives up and says so only on the handshake stream (as
+/// when its data link is dead): the receiver fails at once with the sender's reason.
+#[test]
+fn an_abort_on_the_side_channel_alone_fails_the_peer() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let mut l = t.listen(0).unwrap();
+    let h = l.handle_info().clone();
+    let fake = thread::spawn(move || {
+        let mut hs = TcpStream::connect(h.mgmt).unwrap();
+        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
+        let mut data = TcpStream::connect(h.mgmt).unwrap();
+        let mut v = Vec::new();
+        Frame::Hello {
+            nonce: h.nonce,
+            conn_id: 5,
+            nstreams: 1,
+        }
+        .encode(&mut v);
+        hs.write_all(&v).unwrap();
+        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
+            v.clear();
+            Frame::Stream {
+                nonce: h.nonce,
+                conn_id: 5,
+                idx,
+            }
+            .encode(&mut v);
+            s.write_all(&v).unwrap();
+        }
+        let mut ack = [0u8; 24];
+        hs.read_exact(&mut ack).unwrap();
+        v.clear();
+        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
+        ctrl.write_all(&v).unwrap();
+        thread::sleep(Duration::from_millis(100));
+        v.clear();
+        Frame::Abort {
+            reason: weft_transport::proto::AbortReason::ControlFailed,
+            detail: 0,
+        }
+        .encode(&mut v);
+        hs.write_all(&v).unwrap();
+        thread::sleep(Duration::from_secs(3));
+        (hs, ctrl, data)
+    });
+    let mut rx = l.wait().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let start = Instant::now();
+    let err = rx.recv(&mut buf, 3).unwrap_err();
+    assert!(
+        matches!(&err, Error::Aborted { reason, .. } if reason.contains("control stream failed")),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    fake.join().unwrap();
 }

@@ -1,6 +1,7 @@
 //! `weft`: the command a person types. Argument parsing, configuration and output
 //! formatting only; every decision is made in the library crates.
 
+mod cluster;
 mod config;
 mod fabric;
 mod output;
@@ -38,6 +39,8 @@ enum Command {
     /// InfiniBand partitions as code: check, diff, apply, verify, import.
     #[command(subcommand)]
     Fabric(fabric::FabricCommand),
+    #[command(flatten)]
+    Cluster(cluster::ClusterCommand),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         .init();
     let outcome = config::Config::load(cli.config.as_deref()).and_then(|cfg| match cli.command {
         Command::Fabric(cmd) => fabric::run(cmd, &cfg, cli.json),
+        Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -1,6 +1,8 @@
 //! The `weft` binary as a person runs it: exit codes, messages, `--json`, and the
 //! fabric verbs against the real OpenSM on an ibsim fabric.
 
+mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -2,21 +2,27 @@
 //! `kind u8 | flags u8 | a u16 | b u32 | c u64 | d u64` (big endian); a message frame with the
 //! inline flag is followed by its payload.
 //!
+//! A connection has three kinds of streams: the *handshake stream* on the management network,
+//! the *control stream* on the data network (first data address of the listener) and `n`
+//! *data streams* on the data network.
+//!
 //! | kind | stream | a | b | c | d |
 //! |---|---|---|---|---|---|
-//! | HELLO | control, sender→receiver | data streams | magic | nonce | connection id |
-//! | STREAM | data, sender→receiver | stream index | magic | nonce | connection id |
-//! | ACK | control, receiver→sender | 0 | magic | nonce | connection id |
-//! | REJECT | control, receiver→sender | reason | magic | nonce | connection id |
+//! | HELLO | handshake, sender→receiver | data streams | magic | nonce | connection id |
+//! | STREAM | control and data, sender→receiver | stream index ([`CTRL_STREAM`] for control) | magic | nonce | connection id |
+//! | ACK | handshake, receiver→sender | 0 | magic | nonce | connection id |
+//! | REJECT | handshake, receiver→sender | reason | magic | nonce | connection id |
 //! | MSG | control, sender→receiver | 0 | tag | size | chunk size |
 //! | CREDIT | control, receiver→sender | 0 | magic | control bytes consumed | 0 |
-//! | ABORT | control, either way | reason | magic | detail (e.g. ms stalled) | 0 |
+//! | ABORT | control and handshake, either way | reason | magic | detail (e.g. ms stalled) | 0 |
 //!
-//! CREDIT is the control stream's flow control (the sender keeps at most
-//! [`CTRL_WINDOW`] bytes unread by the receiver, so the control stream's TCP window never closes
-//! and `TCP_USER_TIMEOUT` on it only fires for a dead peer or link). ABORT is sent by whichever
-//! side fails first, just before it shuts the control stream down, so the other side fails at
-//! once with the reason instead of waiting on its own timers.
+//! After the ACK the handshake stream carries nothing but an ABORT (at most one per side, when
+//! it gives up): every message header, inline payload and CREDIT travels on the data network.
+//! CREDIT is the control stream's flow control (the sender keeps at most [`CTRL_WINDOW`] bytes
+//! unread by the receiver, so the control stream's TCP window never closes and
+//! `TCP_USER_TIMEOUT` on it only fires for a dead peer or link). ABORT is sent by whichever
+//! side fails first on both the control and the handshake stream, so the other side learns the
+//! reason at once even when the data network is the part that died.
 //!
 //! `flags` carries the protocol version in handshake frames and `INLINE` in message frames.
 
@@ -36,6 +42,9 @@ const K_REJECT: u8 = 4;
 const K_MSG: u8 = 5;
 const K_CREDIT: u8 = 6;
 const K_ABORT: u8 = 7;
+
+/// Stream index that marks the control stream (on the data network) in a STREAM frame.
+pub const CTRL_STREAM: u16 = u16::MAX;
 
 /// Most control-stream bytes a sender keeps written but not yet consumed by the receiver
 /// (well under the smallest receive window Linux offers before the reader runs).
@@ -130,7 +139,9 @@ impl AbortReason {
             AbortReason::Stalled => format!(
                 "it received no byte on a data stream for {detail} ms while a message was due (data link down, or this side stalled)"
             ),
-            AbortReason::StreamFailed => "one of its data streams failed".into(),
+            AbortReason::StreamFailed => {
+                "one of its streams failed (closed, reset or timed out)".into()
+            }
             AbortReason::Protocol => "this side broke the protocol".into(),
             AbortReason::ControlFailed => "its control stream failed".into(),
             AbortReason::Local => "a local error on its side".into(),
@@ -155,7 +166,7 @@ pub struct MsgHeader {
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    /// First frame on a control stream.
+    /// First frame on the handshake stream (management network).
     Hello {
         /// Listener nonce from the handle.
         nonce: u64,
@@ -164,13 +175,13 @@ pub enum Frame {
         /// Data streams that will follow.
         nstreams: u16,
     },
-    /// First frame on a data stream.
+    /// First frame on the control stream or a data stream.
     Stream {
         /// Listener nonce from the handle.
         nonce: u64,
         /// Connection the stream belongs to.
         conn_id: u64,
-        /// Index of this stream in the connection.
+        /// Index of this data stream in the connection, or [`CTRL_STREAM`].
         idx: u16,
     },
     /// The receiver has every stream: the connection is up.

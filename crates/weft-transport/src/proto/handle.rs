@@ -8,8 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub const HANDLE_SIZE: usize = 128;
 /// First four bytes of every handle and every handshake frame.
 pub const MAGIC: [u8; 4] = *b"WEFT";
-/// Protocol version; a peer with another version is refused with a clear error.
-pub const VERSION: u8 = 1;
+/// Protocol version; a peer with another version is refused with a clear error. Version 2
+/// moved the per-message control stream from the management to the data network.
+pub const VERSION: u8 = 2;
 /// Most data addresses a handle carries.
 pub const MAX_DATA_ADDRS: usize = 4;
 
@@ -61,9 +62,10 @@ pub enum HandleError {
 pub struct ListenHandle {
     /// Random per listener; every hello must carry it.
     pub nonce: u64,
-    /// The management listener (control stream and handshake).
+    /// The management listener (handshake, and the ABORT side channel).
     pub mgmt: SocketAddr,
-    /// Data listeners, one per rail of the device; empty means "use `mgmt`".
+    /// Data listeners, one per rail of the device (the first also takes the control stream);
+    /// empty means "use `mgmt`" (a device on the management interface itself).
     pub data: Vec<SocketAddr>,
 }
 

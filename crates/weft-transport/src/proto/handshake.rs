@@ -1,15 +1,16 @@
 //! Connection set-up as two state machines without I/O.
 //!
-//! Sender ([`Connector`]): opens the control stream and `n` data streams, writes HELLO on the
-//! control stream and STREAM on each data stream, then waits for ACK. Receiver ([`Acceptor`]):
-//! reads the first frame of every incoming socket, groups sockets by connection id, and when the
-//! control stream and all `n` data streams are there, answers ACK and hands them out. Either side
-//! gives up after its timeout.
+//! Sender ([`Connector`]): opens the handshake stream (management network), the control stream
+//! and `n` data streams (data network), writes HELLO on the handshake stream and STREAM on the
+//! others (the control stream's index is [`CTRL_STREAM`]), then waits for ACK on the handshake
+//! stream. Receiver ([`Acceptor`]): reads the first frame of every incoming socket, groups
+//! sockets by connection id, and when the handshake stream, the control stream and all `n` data
+//! streams are there, answers ACK and hands them out. Either side gives up after its timeout.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::frame::{Frame, FrameDecoder, FrameError, RejectReason};
+use super::frame::{CTRL_STREAM, Frame, FrameDecoder, FrameError, RejectReason};
 
 /// What the sender's handshake ended with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl Connector {
         }
     }
 
-    /// Bytes to write first on the control stream.
+    /// Bytes to write first on the handshake stream (management network).
     pub fn hello(&self) -> Vec<u8> {
         let mut v = Vec::new();
         Frame::Hello {
@@ -78,7 +79,12 @@ impl Connector {
         v
     }
 
-    /// How many bytes to read from the control stream at most (never reads past the ACK).
+    /// Bytes to write first on the control stream (data network).
+    pub fn ctrl_hello(&self) -> Vec<u8> {
+        self.stream_hello(CTRL_STREAM)
+    }
+
+    /// How many bytes to read from the handshake stream at most (never reads past the ACK).
     pub fn wanted(&self) -> usize {
         if self.event.is_some() {
             0
@@ -87,7 +93,7 @@ impl Connector {
         }
     }
 
-    /// Bytes read from the control stream.
+    /// Bytes read from the handshake stream.
     pub fn handle_ctrl_bytes(&mut self, bytes: &[u8]) {
         if self.event.is_some() {
             return;
@@ -130,8 +136,10 @@ pub enum AcceptEvent<K> {
     Ready {
         /// Sender's connection id.
         conn_id: u64,
-        /// Control socket.
+        /// Handshake socket (management network; afterwards only the ABORT side channel).
         ctrl: K,
+        /// Control socket (data network: message headers, inline payloads, CREDIT, ABORT).
+        dctrl: K,
         /// Data sockets, index order.
         streams: Vec<K>,
         /// Bytes to write on `ctrl`.
@@ -181,6 +189,7 @@ struct Pending<K> {
     conn_id: u64,
     since: Instant,
     ctrl: Option<K>,
+    dctrl: Option<K>,
     nstreams: Option<u16>,
     streams: Vec<Option<K>>,
 }
@@ -293,6 +302,7 @@ impl<K: Copy + Eq> Acceptor<K> {
                     conn_id,
                     since: now,
                     ctrl: None,
+                    dctrl: None,
                     nstreams: None,
                     streams: Vec::new(),
                 });
@@ -317,6 +327,13 @@ impl<K: Copy + Eq> Acceptor<K> {
                 }
                 self.pending[p].ctrl = Some(key);
                 self.pending[p].nstreams = Some(nstreams);
+            }
+            Frame::Stream { idx, .. } if idx == CTRL_STREAM => {
+                if self.pending[p].dctrl.is_some() {
+                    let why = "duplicate control stream".to_string();
+                    return self.refuse(key, None, AcceptError::Streams(why));
+                }
+                self.pending[p].dctrl = Some(key);
             }
             Frame::Stream { idx, .. } => {
                 let i = usize::from(idx);
@@ -345,7 +362,7 @@ impl<K: Copy + Eq> Acceptor<K> {
             // A stream index beyond what the hello announced.
             let pend = self.pending.swap_remove(p);
             let why = format!("stream index beyond the {n} announced");
-            for k in pend.streams.into_iter().flatten() {
+            for k in pend.streams.into_iter().flatten().chain(pend.dctrl) {
                 self.refuse(k, None, AcceptError::Streams(why.clone()));
             }
             let mut reply = Vec::new();
@@ -357,6 +374,9 @@ impl<K: Copy + Eq> Acceptor<K> {
             .encode(&mut reply);
             return self.refuse(ctrl, Some(reply), AcceptError::Streams(why));
         }
+        let Some(dctrl) = pend.dctrl else {
+            return;
+        };
         if pend.streams.len() < n || pend.streams.iter().any(Option::is_none) {
             return;
         }
@@ -371,6 +391,7 @@ impl<K: Copy + Eq> Acceptor<K> {
         self.events.push_back(AcceptEvent::Ready {
             conn_id: pend.conn_id,
             ctrl,
+            dctrl,
             streams,
             ack,
         });
@@ -397,11 +418,13 @@ impl<K: Copy + Eq> Acceptor<K> {
             if now.saturating_duration_since(self.pending[i].since) >= t {
                 let pend = self.pending.swap_remove(i);
                 let what = if pend.ctrl.is_none() {
-                    "data streams but no control stream"
+                    "data streams but no handshake stream"
+                } else if pend.dctrl.is_none() {
+                    "missing control stream"
                 } else {
                     "missing data streams"
                 };
-                for k in pend.streams.into_iter().flatten() {
+                for k in pend.streams.into_iter().flatten().chain(pend.dctrl) {
                     self.refuse(k, None, AcceptError::TimedOut(what));
                 }
                 if let Some(c) = pend.ctrl {
@@ -439,12 +462,14 @@ mod tests {
         let now = t0();
         let c = Connector::new(now, Duration::from_secs(1), 42, 7, 3);
         let mut a: Acceptor<u32> = Acceptor::new(42, 8, Duration::from_secs(1));
-        // Data streams first, in reverse order, then the control stream, each byte by byte.
+        // Data streams first, in reverse order, then the handshake stream, then the control
+        // stream, each byte by byte.
         let order = [
             (3u32, c.stream_hello(2)),
             (2, c.stream_hello(1)),
             (0, c.hello()),
             (1, c.stream_hello(0)),
+            (4, c.ctrl_hello()),
         ];
         for (k, bytes) in &order {
             a.handle_new(now, *k);
@@ -456,13 +481,14 @@ mod tests {
         let Some(AcceptEvent::Ready {
             conn_id,
             ctrl,
+            dctrl,
             streams,
             ack,
         }) = a.poll_event()
         else {
             panic!()
         };
-        assert_eq!((conn_id, ctrl, streams), (7, 0, vec![1, 2, 3]));
+        assert_eq!((conn_id, ctrl, dctrl, streams), (7, 0, 4, vec![1, 2, 3]));
         let mut c = c;
         c.handle_ctrl_bytes(&ack);
         assert_eq!(c.poll_event(), Some(ConnectEvent::Established));
@@ -517,6 +543,48 @@ mod tests {
         }
         keys.sort();
         assert_eq!(keys, [0, 1]);
+        assert!(!a.busy());
+    }
+
+    #[test]
+    fn no_connection_without_its_control_stream() {
+        let now = t0();
+        let c = Connector::new(now, Duration::from_millis(100), 1, 7, 1);
+        let mut a: Acceptor<u32> = Acceptor::new(1, 8, Duration::from_millis(100));
+        for (k, b) in [(0u32, c.hello()), (1, c.stream_hello(0))] {
+            a.handle_new(now, k);
+            a.handle_bytes(now, k, &b);
+        }
+        assert_eq!(a.poll_event(), None, "ready without a control stream");
+        // A second control stream for the same connection is refused.
+        a.handle_new(now, 2);
+        a.handle_bytes(now, 2, &c.ctrl_hello());
+        assert!(matches!(
+            a.poll_event(),
+            Some(AcceptEvent::Ready { dctrl: 2, .. })
+        ));
+        let mut a: Acceptor<u32> = Acceptor::new(1, 8, Duration::from_millis(100));
+        for (k, b) in [(0u32, c.ctrl_hello()), (1, c.ctrl_hello())] {
+            a.handle_new(now, k);
+            a.handle_bytes(now, k, &b);
+        }
+        assert!(matches!(
+            a.poll_event(),
+            Some(AcceptEvent::Refused {
+                key: 1,
+                error: AcceptError::Streams(_),
+                ..
+            })
+        ));
+        a.handle_timeout(now + Duration::from_millis(100));
+        assert!(matches!(
+            a.poll_event(),
+            Some(AcceptEvent::Refused {
+                key: 0,
+                error: AcceptError::TimedOut(_),
+                ..
+            })
+        ));
         assert!(!a.busy());
     }
 

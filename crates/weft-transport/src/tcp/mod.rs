@@ -1,6 +1,10 @@
-//! The TCP backend: a control stream on the management interface plus `n` data streams on the
-//! data rails per connection. Messages up to `inline_max` bytes travel inline on the control
-//! stream; larger ones are cut into chunks spread round-robin over the data streams.
+//! The TCP backend. Per connection: a handshake stream on the management interface, and on the
+//! data rails a control stream plus `n` data streams. After the handshake every per-message
+//! byte runs on the data rails: message headers, messages up to `inline_max` bytes (inline) and
+//! CREDIT frames on the control stream; larger messages cut into chunks spread round-robin over
+//! the data streams. The handshake stream stays open as a side channel that carries nothing
+//! unless a side gives up (one ABORT frame), so the peer learns why even when the data network
+//! is what died; it has no keepalive, so a healthy connection sends no byte on it.
 //!
 //! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
 //! `Listener::accept`, `test`), except chunk I/O, which helper threads do when `nthreads > 0`.
@@ -139,7 +143,8 @@ fn random_u64() -> u64 {
     u64::from_ne_bytes(v)
 }
 
-/// Options of every socket (data streams keep these).
+/// Options of every socket before its role is known (data streams keep these; see
+/// [`tune_side`] and [`tune_ctrl`] for the others).
 fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
     s.set_tcp_nodelay(true)?;
     s.set_keepalive(true)?;
@@ -152,7 +157,7 @@ fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
     // Off by default on data streams: Linux applies TCP_USER_TIMEOUT to zero-window probing
     // too, so it would also kill a live receiver that is slow to post receives (legitimate in
     // NCCL). Data-stream failures are found by the receiver's stall timer instead, and reported
-    // to the sender over the control stream (see `tune_ctrl`).
+    // to the sender by ABORT (see `tune_ctrl`).
     if !cfg.tcp_user_timeout.is_zero() {
         s.set_tcp_user_timeout(Some(cfg.tcp_user_timeout))?;
     }
@@ -163,7 +168,16 @@ fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
     Ok(())
 }
 
-/// The control stream's liveness watch, done by the kernel so that it works while the
+/// The handshake stream once the connection is up: the management side channel. No keepalive
+/// and no user timeout: it is silent (zero bytes) unless a side gives up, and its death alone is
+/// not a failure of the connection (the control stream on the data network decides that).
+fn tune_side(s: socket2::SockRef<'_>) -> io::Result<()> {
+    s.set_keepalive(false)?;
+    s.set_tcp_user_timeout(None)
+}
+
+/// The control stream's liveness watch (on the data network, so a cut data link is found
+/// even while no message is due), done by the kernel so that it works while the
 /// application is not calling in: keepalive probes every second once idle, and
 /// `TCP_USER_TIMEOUT = timeout`, which ends the connection when sent bytes or probes stay
 /// unacknowledged that long (a dead host, a cut management link). It cannot fire on a live but
@@ -184,7 +198,8 @@ fn tune_ctrl(s: socket2::SockRef<'_>, cfg: &Config) -> io::Result<()> {
     Ok(())
 }
 
-/// How often a sender looks at its control stream for CREDIT/ABORT while it is being polled.
+/// How often a sender looks at its control stream for CREDIT/ABORT, and either side at its side
+/// channel for ABORT, while it is being polled.
 const CTRL_CHECK_EVERY: Duration = Duration::from_millis(1);
 
 /// The frame that tells the peer why this side gives up, if any (not after the peer aborted).
@@ -378,7 +393,6 @@ impl Transport {
             local.is_ipv4() == remote.is_ipv4() && local.is_loopback() == remote.is_loopback()
         };
         let mgmt_local = compatible(self.mgmt.addr, h.mgmt.ip()).then_some(self.mgmt.addr);
-        let ctrl = PendingSock::new(h.mgmt, mgmt_local, self.mgmt.iface.clone(), true, &self.cfg)?;
         let hs = Connector::new(
             now,
             self.cfg.timeout,
@@ -386,14 +400,25 @@ impl Transport {
             random_u64(),
             nstreams as u16,
         );
-        let mut ctrl = ctrl;
+        let mut ctrl = PendingSock::new(
+            h.mgmt,
+            mgmt_local,
+            self.mgmt.iface.clone(),
+            Role::Handshake,
+            &self.cfg,
+        )?;
         ctrl.out = hs.hello();
-        let mut streams = Vec::with_capacity(nstreams);
-        for k in 0..nstreams {
+        let data_sock = |k: usize, role: Role| -> Result<PendingSock> {
             let remote = remote_data[k % remote_data.len()];
             let rail = &d.rails[k % d.rails.len()];
             let local = compatible(rail.addr, remote.ip()).then_some(rail.addr);
-            let mut p = PendingSock::new(remote, local, rail.iface.clone(), false, &self.cfg)?;
+            PendingSock::new(remote, local, rail.iface.clone(), role, &self.cfg)
+        };
+        let mut dctrl = data_sock(0, Role::Ctrl)?;
+        dctrl.out = hs.ctrl_hello();
+        let mut streams = Vec::with_capacity(nstreams);
+        for k in 0..nstreams {
+            let mut p = data_sock(k, Role::Data)?;
             p.out = hs.stream_hello(k as u16);
             streams.push(p);
         }
@@ -401,10 +426,22 @@ impl Transport {
             cfg: self.cfg.clone(),
             hs,
             ctrl,
+            dctrl,
             streams,
             dec_buf: Vec::new(),
         })
     }
+}
+
+/// What a socket the sender opens is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Management network: handshake, then the ABORT side channel.
+    Handshake,
+    /// Data network: message headers, inline payloads, CREDIT, ABORT.
+    Ctrl,
+    /// Data network: chunks.
+    Data,
 }
 
 #[derive(Debug)]
@@ -412,7 +449,7 @@ struct PendingSock {
     sock: Socket,
     remote: SocketAddr,
     local: Option<IpAddr>,
-    ctrl: bool,
+    role: Role,
     link: Link,
     connected: bool,
     retry_at: Option<Instant>,
@@ -426,7 +463,7 @@ impl PendingSock {
         local: Option<IpAddr>,
         cfg: &Config,
         link: &Link,
-        ctrl: bool,
+        role: Role,
     ) -> Result<Socket> {
         let s = Socket::new(
             Domain::for_address(remote),
@@ -437,10 +474,12 @@ impl PendingSock {
         s.set_nonblocking(true)
             .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
         tune(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
-        if ctrl {
-            tune_ctrl(socket2::SockRef::from(&s), cfg)
-                .map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
-        }
+        let tuned = match role {
+            Role::Ctrl => tune_ctrl(socket2::SockRef::from(&s), cfg),
+            Role::Handshake => tune_side(socket2::SockRef::from(&s)),
+            Role::Data => Ok(()),
+        };
+        tuned.map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
         if let Some(l) = local {
             s.bind(&SocketAddr::new(l, 0).into())
                 .map_err(|e| link.io("bind", Stage::Connect, &e))?;
@@ -457,19 +496,19 @@ impl PendingSock {
         remote: SocketAddr,
         local: Option<IpAddr>,
         iface: String,
-        ctrl: bool,
+        role: Role,
         cfg: &Config,
     ) -> Result<PendingSock> {
         let link = Link {
             peer: remote,
             iface,
         };
-        let sock = PendingSock::open(remote, local, cfg, &link, ctrl)?;
+        let sock = PendingSock::open(remote, local, cfg, &link, role)?;
         Ok(PendingSock {
             sock,
             remote,
             local,
-            ctrl,
+            role,
             link,
             connected: false,
             retry_at: None,
@@ -485,7 +524,7 @@ impl PendingSock {
                 return Ok(false);
             }
             self.retry_at = None;
-            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.ctrl)?;
+            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.role)?;
         }
         if !self.connected {
             let rev = poll_fd(self.sock.as_raw_fd(), libc::POLLOUT);
@@ -521,7 +560,10 @@ impl PendingSock {
 pub struct Connecting {
     cfg: Config,
     hs: Connector,
+    /// Handshake stream (management network).
     ctrl: PendingSock,
+    /// Control stream (data network).
+    dctrl: PendingSock,
     streams: Vec<PendingSock>,
     dec_buf: Vec<u8>,
 }
@@ -531,6 +573,7 @@ impl Connecting {
     pub fn poll(&mut self) -> Result<Option<SendConn>> {
         let now = Instant::now();
         let mut all = self.ctrl.poll(now, &self.cfg)?;
+        all &= self.dctrl.poll(now, &self.cfg)?;
         for s in &mut self.streams {
             all &= s.poll(now, &self.cfg)?;
         }
@@ -554,12 +597,11 @@ impl Connecting {
         match self.hs.poll_event() {
             None => Ok(None),
             Some(ConnectEvent::Established) => {
-                let ctrl: TcpStream = self
-                    .ctrl
-                    .sock
-                    .try_clone()
-                    .map_err(|e| Error::local("dup", &e))?
-                    .into();
+                let dup = |s: &Socket| -> Result<TcpStream> {
+                    Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
+                };
+                let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
+                let ctrl = dup(&self.dctrl.sock)?;
                 let mut streams = Vec::new();
                 for s in &self.streams {
                     let t: TcpStream = s
@@ -572,7 +614,8 @@ impl Connecting {
                 let engine = Engine::new(Dir::Send, streams, self.cfg.nthreads, self.cfg.timeout)?;
                 Ok(Some(SendConn {
                     ctrl,
-                    link: self.ctrl.link.clone(),
+                    link: self.dctrl.link.clone(),
+                    side,
                     engine,
                     inline_max: self.cfg.inline_max,
                     min_chunk: self.cfg.min_chunk as u64,
@@ -584,6 +627,7 @@ impl Connecting {
                     dec: FrameDecoder::new(),
                     next_check: now,
                     peer_gone: None,
+                    linger: self.cfg.timeout.min(LINGER_MAX),
                     reqs: Slab::new(MAX_SEND_REQUESTS),
                     next_stream: 0,
                     error: None,
@@ -597,7 +641,8 @@ impl Connecting {
             Some(ConnectEvent::Protocol(e)) => Err(self.ctrl.link.protocol(Stage::Handshake, e)),
             Some(ConnectEvent::TimedOut) => {
                 // Name the first socket that is not connected, else the control stream (no ACK).
-                let (link, stage) = std::iter::once(&self.ctrl)
+                let (link, stage) = [&self.ctrl, &self.dctrl]
+                    .into_iter()
                     .chain(&self.streams)
                     .find(|s| !s.connected)
                     .map_or((&self.ctrl.link, Stage::Handshake), |s| {
@@ -717,11 +762,19 @@ impl Listener {
                     })
                 }
                 AcceptEvent::Ready {
-                    ctrl, streams, ack, ..
+                    ctrl,
+                    dctrl,
+                    streams,
+                    ack,
+                    ..
                 } => {
-                    let (c, link) = self
+                    let (hs, hs_link) = self
                         .socks
                         .remove(&ctrl)
+                        .ok_or_else(|| Error::Usage("unknown socket".into()))?;
+                    let (c, link) = self
+                        .socks
+                        .remove(&dctrl)
                         .ok_or_else(|| Error::Usage("unknown socket".into()))?;
                     let mut data = Vec::new();
                     for k in streams {
@@ -733,12 +786,16 @@ impl Listener {
                     }
                     tune_ctrl(socket2::SockRef::from(&c), &self.cfg)
                         .map_err(|e| link.io("setsockopt", Stage::Accept, &e))?;
-                    write_all_until(&c, &ack, now + self.cfg.timeout)
-                        .map_err(|e| link.io("send ack", Stage::Accept, &e))?;
+                    tune_side(socket2::SockRef::from(&hs))
+                        .map_err(|e| hs_link.io("setsockopt", Stage::Accept, &e))?;
+                    write_all_until(&hs, &ack, now + self.cfg.timeout)
+                        .map_err(|e| hs_link.io("send ack", Stage::Accept, &e))?;
                     let engine = Engine::new(Dir::Recv, data, self.cfg.nthreads, self.cfg.timeout)?;
                     Ok(Some(RecvConn {
                         ctrl: c,
                         link,
+                        side: SideChannel::new(hs, hs_link),
+                        next_check: now,
                         engine,
                         dec: FrameDecoder::new(),
                         msgs: VecDeque::new(),
@@ -799,6 +856,69 @@ fn write_all_until(mut s: &TcpStream, mut b: &[u8], deadline: Instant) -> io::Re
     Ok(())
 }
 
+/// The management side channel of an established connection (the handshake stream): silent
+/// unless a side gives up, then one ABORT frame. It earns its place when the data network is
+/// what failed: the control stream cannot carry the ABORT then, this can.
+#[derive(Debug)]
+struct SideChannel {
+    sock: TcpStream,
+    link: Link,
+    dec: FrameDecoder,
+    /// EOF or an error: nothing more will come (not a failure by itself).
+    done: bool,
+}
+
+impl SideChannel {
+    fn new(sock: TcpStream, link: Link) -> SideChannel {
+        SideChannel {
+            sock,
+            link,
+            dec: FrameDecoder::new(),
+            done: false,
+        }
+    }
+
+    /// The peer's ABORT (or garbage) as an error, if one came. `who` names the peer's role.
+    fn poll_abort(&mut self, who: &str) -> Option<Error> {
+        let mut buf = [0u8; 64];
+        while !self.done {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => self.done = true,
+                Ok(n) => self.dec.handle_bytes(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => self.done = true,
+            }
+        }
+        match self.dec.poll_frame() {
+            Ok(None) => None,
+            Ok(Some(Frame::Abort { reason, detail })) => Some(
+                self.link
+                    .aborted(format!("the {who} gave up: {}", reason.describe(detail))),
+            ),
+            Ok(Some(f)) => Some(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: f.name(),
+                    expected: "ABORT",
+                },
+            )),
+            Err(e) => Some(self.link.protocol(Stage::Data, e)),
+        }
+    }
+
+    /// Best effort, never blocks: sends `abort` and ends the side channel.
+    fn send_abort(&mut self, abort: Option<&Frame>) {
+        if let Some(f) = abort {
+            let mut b = Vec::with_capacity(proto::FRAME_LEN);
+            f.encode(&mut b);
+            let mut pos = 0;
+            flush_some(&self.sock, &b, &mut pos);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 #[derive(Debug)]
 struct SendReq {
     ctrl_end: u64,
@@ -809,8 +929,11 @@ struct SendReq {
 /// The sending end of a connection.
 #[derive(Debug)]
 pub struct SendConn {
+    /// Control stream (data network).
     ctrl: TcpStream,
     link: Link,
+    /// Handshake stream (management network), now the ABORT side channel.
+    side: SideChannel,
     engine: Engine,
     inline_max: usize,
     min_chunk: u64,
@@ -826,15 +949,22 @@ pub struct SendConn {
     next_check: Instant,
     /// The control stream ended (EOF, reset, dead peer). Only an error for work still to do.
     peer_gone: Option<Error>,
+    /// Longest a drop waits for the receiver's kernel to acknowledge the control stream.
+    linger: Duration,
     reqs: Slab<SendReq>,
     next_stream: usize,
     error: Option<Error>,
 }
 
 impl SendConn {
-    /// Remote management address and local interface of the control stream.
+    /// Remote address and local interface of the control stream (on the data network).
     pub fn peer(&self) -> (SocketAddr, &str) {
         (self.link.peer, &self.link.iface)
+    }
+
+    /// Remote address and local interface of the management side channel.
+    pub fn side_peer(&self) -> (SocketAddr, &str) {
+        (self.side.link.peer, &self.side.link.iface)
     }
 
     /// Number of data streams.
@@ -847,15 +977,18 @@ impl SendConn {
         self.reqs.live()
     }
 
-    /// Records the connection's first error; on the first one, tells the receiver why (ABORT)
-    /// and shuts the control stream down so that it fails now rather than on its timers.
+    /// Records the connection's first error; on the first one, tells the receiver why (ABORT,
+    /// on the control stream and the side channel) and shuts both down so that it fails now
+    /// rather than on its timers.
     fn fail(&mut self, e: Error) -> Error {
         if self.error.is_none() {
-            if let Some(f) = abort_frame(&e) {
+            let abort = abort_frame(&e);
+            if let Some(f) = &abort {
                 f.encode(&mut self.out);
                 flush_some(&self.ctrl, &self.out, &mut self.out_pos);
             }
             let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+            self.side.send_abort(abort.as_ref());
         }
         self.error.get_or_insert(e).clone()
     }
@@ -916,6 +1049,9 @@ impl SendConn {
         if now >= self.next_check || (window_full && self.out_pos < self.out.len()) {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Err(e) = self.read_ctrl() {
+                return Err(self.fail(e));
+            }
+            if let Some(e) = self.side.poll_abort("receiver") {
                 return Err(self.fail(e));
             }
             if let Some(e) = self.peer_gone.clone()
@@ -1048,6 +1184,48 @@ impl SendConn {
     }
 }
 
+/// Longest a [`SendConn`] drop waits for its control stream's bytes to be acknowledged.
+const LINGER_MAX: Duration = Duration::from_secs(2);
+
+/// Bytes written to `s` that its peer's kernel has not acknowledged yet (`SIOCOUTQ`).
+fn unacked(s: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+impl Drop for SendConn {
+    /// Closes gracefully. Linux answers `close()` on a socket with unread received bytes (here:
+    /// CREDIT frames) with a reset and discards what it has not sent yet, which may be inline
+    /// messages that `test()` already reported done. So: discard what the receiver sent, wait
+    /// (bounded; one round trip when the peer is alive) until its kernel has acknowledged every
+    /// control byte, then close. Data streams carry nothing back, so they close with a FIN.
+    fn drop(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        let deadline = Instant::now() + self.linger;
+        let mut buf = [0u8; 512];
+        loop {
+            while let Ok(n) = (&self.ctrl).read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+            if unacked(&self.ctrl) == 0 || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 /// One buffer of a receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvBuf {
@@ -1087,8 +1265,13 @@ struct RecvReq {
 /// The receiving end of a connection.
 #[derive(Debug)]
 pub struct RecvConn {
+    /// Control stream (data network).
     ctrl: TcpStream,
     link: Link,
+    /// Handshake stream (management network), now the ABORT side channel.
+    side: SideChannel,
+    /// When to look at the side channel next.
+    next_check: Instant,
     engine: Engine,
     dec: FrameDecoder,
     msgs: VecDeque<proto::MsgHeader>,
@@ -1107,9 +1290,14 @@ pub struct RecvConn {
 }
 
 impl RecvConn {
-    /// Remote address and local interface of the control stream.
+    /// Remote address and local interface of the control stream (on the data network).
     pub fn peer(&self) -> (SocketAddr, &str) {
         (self.link.peer, &self.link.iface)
+    }
+
+    /// Remote address and local interface of the management side channel.
+    pub fn side_peer(&self) -> (SocketAddr, &str) {
+        (self.side.link.peer, &self.side.link.iface)
     }
 
     /// Number of data streams.
@@ -1117,15 +1305,18 @@ impl RecvConn {
         self.engine.nstreams()
     }
 
-    /// Records the connection's first error; on the first one, tells the sender why (ABORT)
-    /// and shuts the control stream down, so the sender fails now instead of waiting.
+    /// Records the connection's first error; on the first one, tells the sender why (ABORT,
+    /// on the control stream and the side channel: the control stream may be on the link that
+    /// died) and shuts both down, so the sender fails now instead of waiting.
     fn fail(&mut self, e: Error) -> Error {
         if self.error.is_none() {
-            if let Some(f) = abort_frame(&e) {
+            let abort = abort_frame(&e);
+            if let Some(f) = &abort {
                 f.encode(&mut self.tx);
                 flush_some(&self.ctrl, &self.tx, &mut self.tx_pos);
             }
             let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+            self.side.send_abort(abort.as_ref());
         }
         self.error.get_or_insert(e).clone()
     }
@@ -1164,6 +1355,10 @@ impl RecvConn {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A sender that closed with a CREDIT unread makes its kernel answer with a
+                // reset; what it sent before is still queued here and read first. So a reset is
+                // a close: an error only if a posted receive still needs a message.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => self.peer_closed = true,
                 Err(e) => return Err(self.link.io("recv", Stage::Data, &e)),
             }
         }
@@ -1252,6 +1447,13 @@ impl RecvConn {
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
+        }
+        let now = Instant::now();
+        if now >= self.next_check {
+            self.next_check = now + CTRL_CHECK_EVERY;
+            if let Some(e) = self.side.poll_abort("sender") {
+                return Err(self.fail(e));
+            }
         }
         let r = self
             .read_ctrl()

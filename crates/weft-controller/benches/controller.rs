@@ -1,0 +1,257 @@
+//! Fabric controller benchmarks.
+//!
+//! `cargo bench -p weft-controller --bench controller [-- --agents N --secs S --runs R]`
+//!
+//! 1. N simulated agents (default 1000), each a Tokio task with its own HTTP client over
+//!    loopback, report to one controller (SQLite store in a temp dir, a recording fabric)
+//!    as fast as they can for S seconds: reports per second, and p50/p99 latency of the
+//!    API while it runs.
+//! 2. From `group move` (the API call `weft group move` makes) to verified ports, on a
+//!    32-HCA two-level fat tree (Topology::fat_tree(4, 2, 32, 4)) under the real OpenSM
+//!    with a primary and a standby: median, min and max of R moves (default 9).
+//!    Skipped when ibsim/OpenSM are not installed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weft_agent::HostReport;
+use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
+use weft_controller::auth::Secret;
+use weft_controller::client::Client;
+use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
+use weft_controller::store::SqliteStore;
+use weft_controller::{Controller, ControllerConfig, local, serve};
+use weft_fabric::Guid;
+use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
+use weft_testbed::{SimFabric, SmSpec, Topology};
+
+const ADMIN: &str = "wfa_bench-admin";
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn controller(dir: &std::path::Path, fabric: Arc<dyn Fabric>) -> (String, Client) {
+    let store = SqliteStore::open(&dir.join("controller.db")).unwrap();
+    let config = ControllerConfig {
+        admin_token: Some(Secret::new(ADMIN)),
+        ..ControllerConfig::default()
+    };
+    let ctl = Controller::start(Arc::new(store), fabric, config).unwrap();
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", local(&api));
+    tokio::spawn(serve(ctl, api, None, std::future::pending()));
+    let admin = Client::new(&base, Some(Secret::new(ADMIN)), Duration::from_secs(30)).unwrap();
+    (base, admin)
+}
+
+/// A report for host `name` whose single HCA has node GUID `node_guid` and `ports` ports.
+fn host_report(dir: &std::path::Path, name: &str, node_guid: u64, ports: &[u8]) -> HostReport {
+    let root = dir.join(format!("host-{name}"));
+    let mut hca = HcaSpec::new("mlx5_0", Guid(node_guid), "0000:01:00.0");
+    for p in ports {
+        hca = hca.with_port(PortSpec::infiniband(u32::from(*p)));
+    }
+    write_host(&root, &HostSpec::new(name).with_hca(hca)).unwrap();
+    weft_agent::discover(&root).unwrap()
+}
+
+async fn enroll(base: &str, admin: &Client, name: &str) -> Client {
+    let token = admin.create_enrollment(Some(name)).await.unwrap().token;
+    let anon = Client::new(base, None, Duration::from_secs(30)).unwrap();
+    let e = anon.enroll(&token, name).await.unwrap();
+    anon.with_token(Some(e.secret))
+}
+
+async fn reports(agents: usize, secs: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, admin) = controller(dir.path(), Arc::new(RecordingFabric::default())).await;
+    // One discovered report, cloned with each agent's name and GUIDs.
+    let template = host_report(dir.path(), "template", 0x0100_0000_0000, &[1]);
+    let mut clients = Vec::new();
+    for i in 0..agents {
+        let name = format!("sim{i}");
+        let mut r = template.clone();
+        r.hostname = name.clone();
+        let g = 0x0100_0000_0000 + (i as u64 + 1) * 0x100;
+        r.rdma[0].node_guid = Guid(g);
+        r.rdma[0].ports[0].port_guid = Guid(g + 1);
+        clients.push((enroll(&base, &admin, &name).await, r));
+    }
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (c, r) in clients {
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match c.report(&r).await {
+                    Ok(_) => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                    Err(_) => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    println!(
+        "reports: {agents} agents, {secs} s: {} reports, {:.0} reports/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {errors} errors",
+        all.len(),
+        all.len() as f64 / elapsed,
+        pct(&all, 0.5),
+        pct(&all, 0.99),
+        all.last().copied().unwrap_or(f64::NAN),
+    );
+}
+
+async fn moves(runs: usize) {
+    let topology = Topology::fat_tree(4, 2, 32, 4);
+    let setup = tokio::task::spawn_blocking(move || -> Result<_, String> {
+        let mut fabric = SimFabric::start(&topology).map_err(|e| e.to_string())?;
+        let mut sms = Vec::new();
+        for (name, host, prio) in [("primary", "smhost", 10u8), ("standby", "smhost2", 5)] {
+            let etc = fabric.dir().join(format!("{name}-etc"));
+            std::fs::create_dir_all(&etc).map_err(|e| e.to_string())?;
+            let file = etc.join("partitions.conf");
+            std::fs::write(&file, "Default=0x7fff, ipoib : ALL=full ;\n")
+                .map_err(|e| e.to_string())?;
+            let h = fabric
+                .start_sm(SmSpec::new(name, host, prio, &file))
+                .map_err(|e| e.to_string())?;
+            sms.push(Box::new(LocalSm {
+                name: h.name.clone(),
+                port_guid: Guid(h.port_guid),
+                partitions_file: file,
+                pid_file: h.pid_file.clone(),
+                log_file: h.log_file.clone(),
+            }) as Box<dyn SmHost>);
+        }
+        let applier = Applier {
+            sms,
+            diag: DiagTools {
+                env: fabric.client_env("smhost"),
+                cwd: Some(fabric.dir().to_path_buf()),
+                timeout: Duration::from_secs(10),
+                parallel: 4,
+            },
+            sm_options: Default::default(),
+            verify_scope: VerifyScope::Changed,
+            sweep_timeout: Duration::from_secs(10),
+            verify_timeout: Duration::from_secs(5),
+        };
+        Ok((fabric, applier))
+    })
+    .await
+    .unwrap();
+    let (fabric, applier) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            println!("move: skipped (no simulated fabric: {e})");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (base, admin) = controller(dir.path(), Arc::new(OpenSmFabric { applier })).await;
+    let hcas: Vec<_> = fabric
+        .topology()
+        .end_nodes()
+        .filter(|h| h.name.starts_with("node"))
+        .cloned()
+        .collect();
+    for h in &hcas {
+        let ports: Vec<u8> = h.port_guids.iter().map(|(p, _)| *p).collect();
+        let report = host_report(dir.path(), &h.name, h.node_guid, &ports);
+        enroll(&base, &admin, &h.name)
+            .await
+            .report(&report)
+            .await
+            .unwrap();
+    }
+    admin.create_tenant("alice").await.unwrap();
+    admin.create_tenant("bob").await.unwrap();
+    admin.create_group("a", "alice").await.unwrap();
+    admin.create_group("b", "bob").await.unwrap();
+    let mut last = 0;
+    for (i, h) in hcas.iter().enumerate() {
+        let g = if i < hcas.len() / 2 { "a" } else { "b" };
+        last = admin
+            .add_member(g, &h.name)
+            .await
+            .unwrap()
+            .operation
+            .unwrap()
+            .id;
+    }
+    admin
+        .wait_applied(last, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let to = if run % 2 == 0 { "b" } else { "a" };
+        let t = Instant::now();
+        let op = admin
+            .move_server("node5", to)
+            .await
+            .unwrap()
+            .operation
+            .unwrap();
+        admin
+            .wait_applied(op.id, Duration::from_secs(60))
+            .await
+            .unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "move: {} HCAs, primary + standby, {runs} moves of node5: median {:.0} ms, min {:.0} ms, max {:.0} ms (all: {:?})",
+        hcas.len(),
+        pct(&sorted, 0.5),
+        sorted[0],
+        sorted[sorted.len() - 1],
+        times.iter().map(|t| t.round() as u64).collect::<Vec<_>>()
+    );
+    drop(fabric);
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this too: keep it short then.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let agents = arg("--agents", if quick { 20 } else { 1000 }) as usize;
+    let secs = arg("--secs", if quick { 1 } else { 10 });
+    let runs = arg("--runs", if quick { 1 } else { 9 }) as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reports(agents, secs).await;
+        if !quick || std::env::args().any(|a| a == "--moves") {
+            moves(runs).await;
+        }
+    });
+}

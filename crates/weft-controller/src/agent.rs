@@ -1,0 +1,244 @@
+//! The agent's service loop: discover this host, enroll once with a one-time token, then
+//! report at start, on change and with a heartbeat, over the management network.
+//!
+//! Every request is bounded by the client's timeout; failures are retried with
+//! exponential backoff (capped), except a refusal of the agent's credentials, which ends
+//! the loop with an error: retrying a wrong token only fills the controller's log. The
+//! agent makes no decisions; what its ports are for is the controller's business.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use weft_agent::HostReport;
+
+use crate::auth::Secret;
+use crate::client::{Client, ClientError};
+
+/// The agent's knobs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The controller's base URL.
+    pub controller: String,
+    /// A one-time enrollment token (needed only until the agent has enrolled).
+    pub enroll_token: Option<Secret>,
+    /// Where the agent keeps its credentials after enrolling (mode 0600).
+    pub state_file: PathBuf,
+    /// The root of the sysfs tree to discover (`/` on a live host).
+    pub sysfs_root: PathBuf,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// How often the host is discovered again to notice changes.
+    pub rescan: Duration,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// The longest pause between retries.
+    pub max_backoff: Duration,
+}
+
+impl AgentConfig {
+    /// Defaults for `controller`, `state_file` and `sysfs_root`: heartbeat 10 s, rescan
+    /// 30 s, requests 5 s, backoff up to 30 s.
+    pub fn new(controller: &str, state_file: PathBuf, sysfs_root: PathBuf) -> AgentConfig {
+        AgentConfig {
+            controller: controller.to_string(),
+            enroll_token: None,
+            state_file,
+            sysfs_root,
+            heartbeat: Duration::from_secs(10),
+            rescan: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Discovery failed.
+    #[error("discovery: {0}")]
+    Discover(String),
+    /// The controller refused the agent's token or secret.
+    #[error("the controller refused this agent: {0}")]
+    Refused(String),
+    /// No enrollment token and no saved credentials.
+    #[error("not enrolled: give an enrollment token (--enroll-token or WEFT_ENROLL_TOKEN)")]
+    NoToken,
+    /// The state file.
+    #[error("state file {path}: {source}")]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Credentials {
+    server: String,
+    secret: Secret,
+}
+
+/// What drives the agent's loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Rescan,
+    Heartbeat,
+    Shutdown,
+}
+
+async fn discover(cfg: &AgentConfig) -> Result<HostReport, AgentError> {
+    let root = cfg.sysfs_root.clone();
+    tokio::task::spawn_blocking(move || weft_agent::discover(&root))
+        .await
+        .map_err(|e| AgentError::Discover(e.to_string()))?
+        .map_err(|e| AgentError::Discover(e.to_string()))
+}
+
+fn refused(e: &ClientError) -> bool {
+    matches!(e.status(), Some(401 | 403))
+}
+
+fn load(cfg: &AgentConfig) -> Result<Option<Credentials>, AgentError> {
+    match std::fs::read(&cfg.state_file) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(AgentError::State {
+            path: cfg.state_file.clone(),
+            source,
+        }),
+    }
+}
+
+fn save(cfg: &AgentConfig, c: &Credentials) -> Result<(), AgentError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| AgentError::State {
+        path: cfg.state_file.clone(),
+        source,
+    };
+    let tmp = cfg.state_file.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    let text = serde_json::to_vec(c).map_err(|e| err(std::io::Error::other(e)))?;
+    f.write_all(&text).and_then(|_| f.sync_all()).map_err(err)?;
+    std::fs::rename(&tmp, &cfg.state_file).map_err(err)
+}
+
+/// Retries `f` with exponential backoff until it succeeds, is refused, or `stop` fires.
+async fn retry<T, F, Fut>(
+    what: &str,
+    max: Duration,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    mut f: F,
+) -> Result<Option<T>, AgentError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
+            Err(e) => tracing::warn!(error = %e, "{what} failed; retrying in {pause:?}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {},
+            _ = stop.wait_for(|s| *s) => return Ok(None),
+        }
+        pause = (pause * 2).min(max);
+    }
+}
+
+/// Runs the agent until `stop` turns true. Returns an error when the controller refuses
+/// its credentials or the host cannot be discovered.
+pub async fn run(
+    cfg: AgentConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), AgentError> {
+    let mut report = discover(&cfg).await?;
+    let anonymous = Client::new(&cfg.controller, None, cfg.request_timeout)?;
+    let creds = match load(&cfg)? {
+        Some(c) => c,
+        None => {
+            let token = cfg.enroll_token.clone().ok_or(AgentError::NoToken)?;
+            let host = report.hostname.clone();
+            let Some(enrolled) = retry("enrolling", cfg.max_backoff, &mut stop, || {
+                anonymous.enroll(&token, &host)
+            })
+            .await?
+            else {
+                return Ok(());
+            };
+            let c = Credentials {
+                server: enrolled.server,
+                secret: enrolled.secret,
+            };
+            save(&cfg, &c)?;
+            tracing::info!(server = %c.server, "enrolled");
+            c
+        }
+    };
+    let client = anonymous.with_token(Some(creds.secret.clone()));
+    let send = |r: HostReport| {
+        let client = client.clone();
+        async move { client.report(&r).await }
+    };
+    let Some(ack) = retry("reporting", cfg.max_backoff, &mut stop, || {
+        send(report.clone())
+    })
+    .await?
+    else {
+        return Ok(());
+    };
+    if !ack.pending.is_empty() {
+        tracing::warn!(pending = ?ack.pending, "ports another server owns are held pending an admin's approval");
+    }
+    let mut heartbeat = tokio::time::interval(cfg.heartbeat);
+    let mut rescan = tokio::time::interval(cfg.rescan);
+    heartbeat.tick().await;
+    rescan.tick().await;
+    loop {
+        let event = tokio::select! {
+            _ = heartbeat.tick() => Event::Heartbeat,
+            _ = rescan.tick() => Event::Rescan,
+            _ = stop.wait_for(|s| *s) => Event::Shutdown,
+        };
+        match event {
+            Event::Shutdown => return Ok(()),
+            Event::Heartbeat => match client.heartbeat().await {
+                Ok(()) => {}
+                Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed; next one in {:?}", cfg.heartbeat)
+                }
+            },
+            Event::Rescan => {
+                let now = discover(&cfg).await?;
+                if now != report {
+                    report = now;
+                    tracing::info!("host changed; reporting");
+                    if retry("reporting", cfg.max_backoff, &mut stop, || {
+                        send(report.clone())
+                    })
+                    .await?
+                    .is_none()
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}

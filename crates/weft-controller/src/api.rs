@@ -1,0 +1,590 @@
+//! The HTTP JSON API: one [`AppState`], one router per area merged in [`app`], one error
+//! type ([`ApiError`]) that is the only translation from failures to HTTP statuses.
+//!
+//! Routes (see `/openapi.json` for the bodies):
+//!
+//! | method | path | who |
+//! |---|---|---|
+//! | GET | `/healthz`, `/openapi.json` | anyone |
+//! | POST | `/v1/agents/enroll` | an agent with a one-time enrollment token |
+//! | POST | `/v1/agents/report`, `/v1/agents/heartbeat` | an enrolled agent (its secret) |
+//! | POST | `/v1/enrollments` | admin |
+//! | GET | `/v1/servers`, `/v1/claims`, `/v1/audit`, `/v1/operations`, `/v1/status` | admin |
+//! | POST | `/v1/claims/{id}/approve`, `/v1/claims/{id}/reject` | admin |
+//! | GET, POST | `/v1/tenants` | GET: admin all, tenant its own; POST: admin |
+//! | POST | `/v1/tokens` | admin |
+//! | GET, POST | `/v1/groups` | GET: admin all, tenant its own; POST: admin |
+//! | GET, DELETE | `/v1/groups/{group}` | GET: admin or the owning tenant; DELETE: admin |
+//! | POST | `/v1/groups/{group}/members` | admin |
+//! | DELETE | `/v1/groups/{group}/members/{server}` | admin |
+//! | POST | `/v1/moves` | admin |
+//! | GET | `/v1/operations/{id}` | admin |
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use weft_agent::HostReport;
+
+use crate::auth::{self, Principal, Role, TokenKind};
+use crate::metrics::{Metrics, Request as RequestLabels, Route};
+use crate::model::*;
+use crate::reconcile::Event;
+use crate::store::{Change, ReportedPort, Store, StoreError};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Wakes the reconcile loop.
+    pub events: mpsc::Sender<Event>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Seconds of silence after which an agent is stale.
+    pub stale_after_s: u64,
+}
+
+/// Every failure an API call can answer with. 5xx answers say only that something
+/// failed inside; the detail goes to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No token, or one the controller does not know.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A token whose role does not allow this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Not there (or not visible to this caller).
+    #[error("{0}")]
+    NotFound(String),
+    /// Contradicts the current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// A request that cannot be carried out as asked.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Something inside failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(m) => ApiError::NotFound(m),
+            StoreError::Conflict(m) => ApiError::Conflict(m),
+            StoreError::Invalid(m) => ApiError::BadRequest(m),
+            StoreError::Refused(m) => ApiError::Unauthorized(m),
+            e @ StoreError::Db(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m),
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::Internal(detail) => {
+                tracing::error!(%detail, "internal error");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error; see the controller's log".into(),
+                )
+            }
+        };
+        (status, Json(ErrorBody { error: message })).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+async fn db<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
+) -> ApiResult<T> {
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || f(&*store))
+        .await
+        .map_err(|e| ApiError::Internal(format!("store task: {e}")))?
+        .map_err(ApiError::from)
+}
+
+fn now() -> u64 {
+    crate::server::unix_now()
+}
+
+fn bearer(parts: &Parts) -> ApiResult<auth::Secret> {
+    let value = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| ApiError::Unauthorized("missing `Authorization: Bearer <token>`".into()))?;
+    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
+        ApiError::Unauthorized("the Authorization header is not `Bearer <token>`".into())
+    })?;
+    Ok(auth::Secret::new(token.trim()))
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
+        let hash = bearer(parts)?.hash();
+        db(state, move |s| s.principal(&hash))
+            .await?
+            .ok_or_else(|| ApiError::Unauthorized("unknown API token".into()))
+    }
+}
+
+/// An authenticated agent: the server its secret belongs to.
+pub struct Agent(pub String);
+
+impl FromRequestParts<AppState> for Agent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
+        let hash = bearer(parts)?.hash();
+        db(state, move |s| s.agent(&hash))
+            .await?
+            .map(Agent)
+            .ok_or_else(|| ApiError::Unauthorized("unknown agent secret".into()))
+    }
+}
+
+fn admin(p: &Principal) -> ApiResult<()> {
+    if p.is_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden("this needs an admin token".into()))
+    }
+}
+
+/// The whole API, without a listener: tests and `serve` call this.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/openapi.json",
+            get(|| async { Json(crate::openapi::document()) }),
+        )
+        .merge(agents())
+        .merge(servers())
+        .merge(tenants())
+        .merge(groups())
+        .merge(records())
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .with_state(state)
+}
+
+async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let start = Instant::now();
+    let response = next.run(req).await;
+    state
+        .metrics
+        .latency
+        .get_or_create(&Route {
+            route: route.clone(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    state
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            route,
+            method,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+// ------------------------------------------------------------------ agents
+
+fn agents() -> Router<AppState> {
+    Router::new()
+        .route("/v1/agents/enroll", post(enroll))
+        .route("/v1/agents/report", post(report))
+        .route("/v1/agents/heartbeat", post(heartbeat))
+        .route("/v1/enrollments", post(create_enrollment))
+}
+
+async fn enroll(
+    State(state): State<AppState>,
+    Json(req): Json<EnrollRequest>,
+) -> ApiResult<Json<Enrolled>> {
+    let secret = auth::generate(TokenKind::Agent).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let (token_hash, secret_hash, hostname) = (req.token.hash(), secret.hash(), req.hostname);
+    let server = db(&state, move |s| {
+        s.enroll(&token_hash, &hostname, &secret_hash, now())
+    })
+    .await?;
+    tracing::info!(%server, "agent enrolled");
+    Ok(Json(Enrolled { server, secret }))
+}
+
+fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
+    report
+        .fabric_ports()
+        .into_iter()
+        .map(|p| {
+            let (device, state) =
+                report
+                    .port(p.port_guid)
+                    .map_or((String::new(), String::new()), |(d, rp)| {
+                        let text = rp.state.to_string();
+                        let state = text
+                            .split_once(": ")
+                            .map_or(text.clone(), |(_, n)| n.to_string());
+                        (d.name.clone(), state)
+                    });
+            ReportedPort {
+                guid: p.port_guid,
+                device,
+                num: u32::from(p.port_num),
+                lid: p.lid,
+                state,
+            }
+        })
+        .collect()
+}
+
+async fn report(
+    State(state): State<AppState>,
+    Agent(server): Agent,
+    Json(report): Json<HostReport>,
+) -> ApiResult<Json<ReportAck>> {
+    if report.hostname != server {
+        return Err(ApiError::Forbidden(format!(
+            "this agent enrolled as `{server}` and cannot report for `{}`",
+            report.hostname
+        )));
+    }
+    let ports = reported_ports(&report);
+    let hash: String = {
+        let text = format!("{ports:?}");
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let outcome = db(&state, move |s| s.report(&server, &ports, &hash, now())).await?;
+    state.metrics.reports.inc();
+    if outcome.desired_changed {
+        let _ = state.events.try_send(Event::Changed);
+    }
+    Ok(Json(outcome.ack))
+}
+
+async fn heartbeat(State(state): State<AppState>, Agent(server): Agent) -> ApiResult<StatusCode> {
+    db(&state, move |s| s.heartbeat(&server, now())).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn create_enrollment(
+    State(state): State<AppState>,
+    p: Principal,
+    Json(req): Json<EnrollmentRequest>,
+) -> ApiResult<Json<EnrollmentToken>> {
+    admin(&p)?;
+    let token =
+        auth::generate(TokenKind::Enrollment).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let expires = now() + req.ttl_s.unwrap_or(86_400);
+    let hash = token.hash();
+    db(&state, move |s| {
+        s.create_enrollment(&p.actor, &hash, req.server.as_deref(), expires, now())
+    })
+    .await?;
+    Ok(Json(EnrollmentToken { token, expires }))
+}
+
+// ------------------------------------------------------------------ servers and claims
+
+fn servers() -> Router<AppState> {
+    Router::new()
+        .route("/v1/servers", get(list_servers))
+        .route("/v1/claims", get(list_claims))
+        .route("/v1/claims/{id}/approve", post(approve_claim))
+        .route("/v1/claims/{id}/reject", post(reject_claim))
+}
+
+async fn list_servers(
+    State(state): State<AppState>,
+    p: Principal,
+) -> ApiResult<Json<Vec<ServerView>>> {
+    admin(&p)?;
+    let stale = state.stale_after_s;
+    Ok(Json(db(&state, move |s| s.servers(now(), stale)).await?))
+}
+
+async fn list_claims(
+    State(state): State<AppState>,
+    p: Principal,
+) -> ApiResult<Json<Vec<ClaimView>>> {
+    admin(&p)?;
+    Ok(Json(db(&state, |s| s.claims()).await?))
+}
+
+async fn approve_claim(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(id): Path<i64>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(&state, p, Change::ApproveClaim { id }).await
+}
+
+async fn reject_claim(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(id): Path<i64>,
+) -> ApiResult<StatusCode> {
+    admin(&p)?;
+    db(&state, move |s| s.reject_claim(&p.actor, id, now())).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ------------------------------------------------------------------ tenants and tokens
+
+fn tenants() -> Router<AppState> {
+    Router::new()
+        .route("/v1/tenants", get(list_tenants).post(create_tenant))
+        .route("/v1/tokens", post(create_token))
+}
+
+async fn list_tenants(
+    State(state): State<AppState>,
+    p: Principal,
+) -> ApiResult<Json<Vec<TenantView>>> {
+    let all = db(&state, |s| s.tenants()).await?;
+    Ok(Json(
+        all.into_iter()
+            .filter(|t| p.can_read_tenant(&t.name))
+            .collect(),
+    ))
+}
+
+async fn create_tenant(
+    State(state): State<AppState>,
+    p: Principal,
+    Json(req): Json<CreateTenant>,
+) -> ApiResult<(StatusCode, Json<TenantCreated>)> {
+    admin(&p)?;
+    let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let hash = token.hash();
+    let tenant = db(&state, move |s| {
+        s.create_tenant(&p.actor, &req.name, &hash, now())
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(TenantCreated { tenant, token })))
+}
+
+async fn create_token(
+    State(state): State<AppState>,
+    p: Principal,
+    Json(req): Json<CreateToken>,
+) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
+    admin(&p)?;
+    let role = match req.tenant {
+        Some(t) => Role::Tenant(t),
+        None => Role::Admin,
+    };
+    let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let hash = token.hash();
+    db(&state, move |s| {
+        s.create_api_token(&p.actor, &role, &hash, now())
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(TokenCreated { token })))
+}
+
+// ------------------------------------------------------------------ groups
+
+fn groups() -> Router<AppState> {
+    Router::new()
+        .route("/v1/groups", get(list_groups).post(create_group))
+        .route("/v1/groups/{group}", get(get_group).delete(delete_group))
+        .route("/v1/groups/{group}/members", post(add_member))
+        .route("/v1/groups/{group}/members/{server}", delete(remove_member))
+        .route("/v1/moves", post(move_server))
+}
+
+async fn change(
+    state: &AppState,
+    p: Principal,
+    c: Change,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    let operation = db(state, move |s| s.change(&p.actor, &c, now())).await?;
+    if operation.is_some() {
+        let _ = state.events.try_send(Event::Changed);
+    }
+    Ok((StatusCode::ACCEPTED, Json(Accepted { operation })))
+}
+
+async fn list_groups(
+    State(state): State<AppState>,
+    p: Principal,
+) -> ApiResult<Json<Vec<GroupView>>> {
+    let all = db(&state, |s| s.groups()).await?;
+    Ok(Json(
+        all.into_iter()
+            .filter(|g| p.can_read_tenant(&g.tenant))
+            .collect(),
+    ))
+}
+
+async fn get_group(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(group): Path<String>,
+) -> ApiResult<Json<GroupView>> {
+    let all = db(&state, |s| s.groups()).await?;
+    // Another tenant's group answers exactly like a group that does not exist.
+    all.into_iter()
+        .find(|g| g.name == group && p.can_read_tenant(&g.tenant))
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no group `{group}`")))
+}
+
+async fn create_group(
+    State(state): State<AppState>,
+    p: Principal,
+    Json(req): Json<CreateGroup>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(
+        &state,
+        p,
+        Change::CreateGroup {
+            name: req.name,
+            tenant: req.tenant,
+        },
+    )
+    .await
+}
+
+async fn delete_group(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(group): Path<String>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(&state, p, Change::DeleteGroup { group }).await
+}
+
+async fn add_member(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(group): Path<String>,
+    Json(req): Json<AddMember>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(
+        &state,
+        p,
+        Change::AddMember {
+            group,
+            server: req.server,
+        },
+    )
+    .await
+}
+
+async fn remove_member(
+    State(state): State<AppState>,
+    p: Principal,
+    Path((group, server)): Path<(String, String)>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(&state, p, Change::RemoveMember { group, server }).await
+}
+
+async fn move_server(
+    State(state): State<AppState>,
+    p: Principal,
+    Json(req): Json<MoveServer>,
+) -> ApiResult<(StatusCode, Json<Accepted>)> {
+    admin(&p)?;
+    change(
+        &state,
+        p,
+        Change::Move {
+            server: req.server,
+            to: req.to,
+        },
+    )
+    .await
+}
+
+// ------------------------------------------------------------------ operations, audit, status
+
+fn records() -> Router<AppState> {
+    Router::new()
+        .route("/v1/operations", get(list_operations))
+        .route("/v1/operations/{id}", get(get_operation))
+        .route("/v1/audit", get(list_audit))
+        .route("/v1/status", get(status))
+}
+
+#[derive(Deserialize)]
+struct OpsQuery {
+    #[serde(default)]
+    pending: bool,
+}
+
+async fn list_operations(
+    State(state): State<AppState>,
+    p: Principal,
+    Query(q): Query<OpsQuery>,
+) -> ApiResult<Json<Vec<OperationView>>> {
+    admin(&p)?;
+    Ok(Json(db(&state, move |s| s.operations(q.pending)).await?))
+}
+
+async fn get_operation(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<OperationView>> {
+    admin(&p)?;
+    Ok(Json(db(&state, move |s| s.operation(id)).await?))
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    limit: Option<usize>,
+}
+
+async fn list_audit(
+    State(state): State<AppState>,
+    p: Principal,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditEntry>>> {
+    admin(&p)?;
+    let limit = q.limit.unwrap_or(100).min(10_000);
+    Ok(Json(db(&state, move |s| s.audit(limit)).await?))
+}
+
+async fn status(State(state): State<AppState>, p: Principal) -> ApiResult<Json<StatusView>> {
+    admin(&p)?;
+    let stale = state.stale_after_s;
+    Ok(Json(db(&state, move |s| s.status(now(), stale)).await?))
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics of the controller, served on their own listener (`/metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of one API request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Request {
+    /// The route pattern (`/v1/groups/{group}`), never the raw path.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// Status code.
+    pub status: u16,
+}
+
+/// Labels of a route.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Route {
+    /// The route pattern.
+    pub route: String,
+}
+
+/// Labels of a delivery outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// `applied` or `failed`.
+    pub outcome: String,
+}
+
+/// Labels of a server liveness.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LivenessLabel {
+    /// `ok`, `stale`, `never`.
+    pub liveness: String,
+}
+
+/// Every metric the controller keeps.
+pub struct Metrics {
+    registry: Registry,
+    /// `weft_http_requests_total`.
+    pub requests: Family<Request, Counter>,
+    /// `weft_http_request_duration_seconds`.
+    pub latency: Family<Route, Histogram, fn() -> Histogram>,
+    /// `weft_agent_reports_total`.
+    pub reports: Counter,
+    /// `weft_fabric_applies_total`.
+    pub applies: Family<Outcome, Counter>,
+    /// `weft_fabric_apply_duration_seconds`.
+    pub apply_seconds: Histogram,
+    /// `weft_servers` by liveness (set at scrape time).
+    pub servers: Family<LivenessLabel, Gauge>,
+    /// `weft_operations_pending` (set at scrape time).
+    pub pending: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("weft");
+        let requests = Family::<Request, Counter>::default();
+        registry.register(
+            "http_requests",
+            "API requests by route, method and status",
+            requests.clone(),
+        );
+        let latency = Family::<Route, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "API request latency by route",
+            latency.clone(),
+        );
+        let reports = Counter::default();
+        registry.register("agent_reports", "Agent reports accepted", reports.clone());
+        let applies = Family::<Outcome, Counter>::default();
+        registry.register(
+            "fabric_applies",
+            "Deliveries to the subnet managers by outcome",
+            applies.clone(),
+        );
+        let apply_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 10));
+        registry.register(
+            "fabric_apply_duration_seconds",
+            "From delivery start to verified ports",
+            apply_seconds.clone(),
+        );
+        let servers = Family::<LivenessLabel, Gauge>::default();
+        registry.register("servers", "Servers by agent liveness", servers.clone());
+        let pending = Gauge::default();
+        registry.register(
+            "operations_pending",
+            "Operations not yet verified on the fabric",
+            pending.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            reports,
+            applies,
+            apply_seconds,
+            servers,
+            pending,
+        }
+    }
+}
+
+impl Metrics {
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,291 @@
+//! The API's JSON types, shared by the server, the client, the CLI and the tests.
+
+use serde::{Deserialize, Serialize};
+use weft_fabric::Guid;
+
+use crate::auth::Secret;
+
+/// Whether a server's agent is reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Liveness {
+    /// Reported within the stale bound.
+    Ok,
+    /// Enrolled, then silent for longer than the stale bound.
+    Stale,
+    /// Enrolled, never reported.
+    Never,
+}
+
+impl Liveness {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Liveness::Ok => "ok",
+            Liveness::Stale => "stale",
+            Liveness::Never => "never",
+        }
+    }
+}
+
+/// One port a server owns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortView {
+    /// Port GUID.
+    pub guid: Guid,
+    /// RDMA device name (`mlx5_0`).
+    pub device: String,
+    /// Port number on the device.
+    pub num: u32,
+    /// LID as the agent saw it.
+    pub lid: u16,
+    /// Port state as the agent saw it (`ACTIVE`).
+    pub state: String,
+}
+
+/// A server (one agent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerView {
+    /// Its name (the host name it enrolled with).
+    pub name: String,
+    /// Whether its agent reports.
+    pub liveness: Liveness,
+    /// Unix seconds of the last report or heartbeat.
+    pub last_seen: Option<u64>,
+    /// The InfiniBand ports it owns.
+    pub ports: Vec<PortView>,
+    /// The group it belongs to, if any.
+    pub group: Option<String>,
+    /// GUIDs it reported that another server owns (held pending).
+    pub pending_claims: Vec<Guid>,
+}
+
+/// A tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantView {
+    /// Its name.
+    pub name: String,
+    /// Its groups.
+    pub groups: Vec<String>,
+}
+
+/// The answer to creating a tenant: its first API token, shown once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantCreated {
+    /// The tenant.
+    pub tenant: TenantView,
+    /// A tenant-role API token; only its hash is kept.
+    pub token: Secret,
+}
+
+/// A group: one partition, owned by a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupView {
+    /// Its name (the partition's name).
+    pub name: String,
+    /// The owning tenant.
+    pub tenant: String,
+    /// Its P_Key base, `0x0a01`.
+    pub pkey: String,
+    /// Its servers.
+    pub members: Vec<String>,
+    /// The port GUIDs of its servers.
+    pub ports: Vec<Guid>,
+}
+
+/// An operation's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpState {
+    /// Committed to the desired state, not yet verified on the fabric.
+    Pending,
+    /// Delivered to every SM and verified on the ports.
+    Applied,
+}
+
+/// A change an operator asked for, and how far it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationView {
+    /// Its id.
+    pub id: i64,
+    /// Who asked.
+    pub actor: String,
+    /// What (`move node7 alice -> bob`).
+    pub action: String,
+    /// The desired-state generation it created.
+    pub generation: i64,
+    /// How far it got.
+    pub state: OpState,
+    /// Failed delivery attempts so far.
+    pub attempts: i64,
+    /// The last error, if an attempt failed.
+    pub last_error: Option<String>,
+    /// The partitions.conf diff it made (`-`/`+` lines).
+    pub diff: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Unix seconds when it was verified on the fabric.
+    pub finished: Option<u64>,
+}
+
+/// One line of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Its id (increasing).
+    pub id: i64,
+    /// Unix seconds.
+    pub at: u64,
+    /// Who: `admin:…`, `tenant:…`, `agent:<server>`, `controller`.
+    pub actor: String,
+    /// What (`group.move`, `apply`, `claim.pending`, …).
+    pub action: String,
+    /// What it was about (`node7`, `operation 4`).
+    pub subject: String,
+    /// The rendered partitions.conf diff, where the action changes it.
+    pub diff: String,
+    /// `accepted`, `applied`, `failed`, `refused`, `pending`, …
+    pub outcome: String,
+    /// Details (an error, a checksum, timings).
+    pub detail: String,
+}
+
+/// A GUID a server reported that another server already owns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimView {
+    /// Its id.
+    pub id: i64,
+    /// The port GUID.
+    pub guid: Guid,
+    /// The server that reported it.
+    pub claimant: String,
+    /// The server that owns it now.
+    pub owner: String,
+    /// `pending`, `approved`, `rejected`.
+    pub state: String,
+    /// Unix seconds.
+    pub created: u64,
+}
+
+/// The controller's view of desired against observed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// Generation of the desired state (bumped by every change).
+    pub desired_generation: i64,
+    /// Generation last delivered and verified.
+    pub applied_generation: i64,
+    /// Checksum of the partitions file last verified.
+    pub applied_checksum: Option<String>,
+    /// Operations not yet applied.
+    pub pending_operations: i64,
+    /// Servers whose agents went silent.
+    pub stale_servers: Vec<String>,
+}
+
+/// `POST /v1/agents/enroll`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnrollRequest {
+    /// The one-time enrollment token.
+    pub token: Secret,
+    /// The host name the agent discovered.
+    pub hostname: String,
+}
+
+/// The answer to enrolling: the agent's secret, shown once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Enrolled {
+    /// The server name the controller knows this agent by.
+    pub server: String,
+    /// The per-agent secret for every later report.
+    pub secret: Secret,
+}
+
+/// `POST /v1/enrollments`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EnrollmentRequest {
+    /// Bind the token to one host name.
+    #[serde(default)]
+    pub server: Option<String>,
+    /// Seconds the token stays valid (default one day).
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+}
+
+/// A one-time enrollment token, shown once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnrollmentToken {
+    /// The token.
+    pub token: Secret,
+    /// Unix seconds when it expires.
+    pub expires: u64,
+}
+
+/// What the controller made of a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportAck {
+    /// The server name.
+    pub server: String,
+    /// Ports it now owns.
+    pub owned: Vec<Guid>,
+    /// Ports held pending because another server owns them.
+    pub pending: Vec<Guid>,
+}
+
+/// `POST /v1/tenants`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateTenant {
+    /// The name.
+    pub name: String,
+}
+
+/// `POST /v1/groups`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateGroup {
+    /// The name (a partitions.conf name).
+    pub name: String,
+    /// The owning tenant.
+    pub tenant: String,
+}
+
+/// `POST /v1/groups/{group}/members`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddMember {
+    /// The server.
+    pub server: String,
+}
+
+/// `POST /v1/moves`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MoveServer {
+    /// The server.
+    pub server: String,
+    /// The group it goes to.
+    pub to: String,
+}
+
+/// `POST /v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateToken {
+    /// `admin`, or a tenant's name for a tenant token.
+    pub tenant: Option<String>,
+}
+
+/// A fresh API token, shown once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenCreated {
+    /// The token.
+    pub token: Secret,
+}
+
+/// The answer to a change: the operation it created (absent when nothing changed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Accepted {
+    /// The operation to poll at `/v1/operations/{id}`.
+    pub operation: Option<OperationView>,
+}
+
+/// An error answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong (for 5xx, only that it did).
+    pub error: String,
+}

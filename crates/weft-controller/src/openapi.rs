@@ -1,0 +1,118 @@
+//! The OpenAPI 3.1 description served at `/openapi.json`, written by hand next to the
+//! routes it describes (a test checks every route of the router is in it).
+
+use serde_json::{Value, json};
+
+fn op(summary: &str, security: &str, body: Option<&str>, response: &str) -> Value {
+    let mut o = json!({
+        "summary": summary,
+        "responses": {
+            "200": { "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{response}") } } } },
+            "401": { "description": "no or unknown token", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } },
+            "403": { "description": "the token's role does not allow this" },
+            "404": { "description": "not found, or not visible to this token" },
+            "409": { "description": "contradicts the current state" }
+        }
+    });
+    if security != "none" {
+        o["security"] = json!([{ security: [] }]);
+    }
+    if let Some(b) = body {
+        o["requestBody"] = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{b}") } } } });
+    }
+    o
+}
+
+fn obj(props: &[(&str, &str)]) -> Value {
+    let mut p = serde_json::Map::new();
+    for (name, ty) in props {
+        let schema = match *ty {
+            "string" | "integer" | "boolean" | "object" => json!({ "type": ty }),
+            "string[]" => json!({ "type": "array", "items": { "type": "string" } }),
+            other if other.ends_with("[]") => {
+                json!({ "type": "array", "items": { "$ref": format!("#/components/schemas/{}", other.trim_end_matches("[]")) } })
+            }
+            other => json!({ "$ref": format!("#/components/schemas/{other}") }),
+        };
+        p.insert(name.to_string(), schema);
+    }
+    json!({ "type": "object", "properties": p })
+}
+
+/// The document.
+pub fn document() -> Value {
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "weft fabric controller", "version": "1" },
+        "paths": {
+            "/healthz": { "get": { "summary": "liveness", "responses": { "200": { "description": "ok" } } } },
+            "/v1/agents/enroll": { "post": op("enroll an agent with a one-time token; returns its secret once", "none", Some("EnrollRequest"), "Enrolled") },
+            "/v1/agents/report": { "post": op("report a host's ports (weft-agent HostReport)", "agent", Some("HostReport"), "ReportAck") },
+            "/v1/agents/heartbeat": { "post": op("heartbeat", "agent", None, "Empty") },
+            "/v1/enrollments": { "post": op("create a one-time enrollment token", "admin", Some("EnrollmentRequest"), "EnrollmentToken") },
+            "/v1/servers": { "get": op("servers, their ports, liveness and group", "admin", None, "ServerList") },
+            "/v1/claims": { "get": op("GUID claims", "admin", None, "ClaimList") },
+            "/v1/claims/{id}/approve": { "post": op("give a claimed GUID to its claimant", "admin", None, "Accepted") },
+            "/v1/claims/{id}/reject": { "post": op("reject a claim", "admin", None, "Empty") },
+            "/v1/tenants": {
+                "get": op("tenants (a tenant token sees its own)", "api", None, "TenantList"),
+                "post": op("create a tenant; returns its first token once", "admin", Some("CreateTenant"), "TenantCreated")
+            },
+            "/v1/tokens": { "post": op("create an API token (admin, or a tenant's)", "admin", Some("CreateToken"), "TokenCreated") },
+            "/v1/groups": {
+                "get": op("groups (a tenant token sees its own)", "api", None, "GroupList"),
+                "post": op("create a group (a partition with a fresh P_Key)", "admin", Some("CreateGroup"), "Accepted")
+            },
+            "/v1/groups/{group}": {
+                "get": op("one group", "api", None, "Group"),
+                "delete": op("delete a group", "admin", None, "Accepted")
+            },
+            "/v1/groups/{group}/members": { "post": op("add a server to a group", "admin", Some("AddMember"), "Accepted") },
+            "/v1/groups/{group}/members/{server}": { "delete": op("remove a server from a group", "admin", None, "Accepted") },
+            "/v1/moves": { "post": op("move a server to another group in one step", "admin", Some("MoveServer"), "Accepted") },
+            "/v1/operations": { "get": op("operations, newest first (?pending=true)", "admin", None, "OperationList") },
+            "/v1/operations/{id}": { "get": op("one operation", "admin", None, "Operation") },
+            "/v1/audit": { "get": op("the audit log, oldest first (?limit=N)", "admin", None, "AuditList") },
+            "/v1/status": { "get": op("desired against observed", "admin", None, "Status") }
+        },
+        "components": {
+            "securitySchemes": {
+                "admin": { "type": "http", "scheme": "bearer", "description": "an admin API token" },
+                "api": { "type": "http", "scheme": "bearer", "description": "an admin or tenant API token" },
+                "agent": { "type": "http", "scheme": "bearer", "description": "an enrolled agent's secret" }
+            },
+            "schemas": {
+                "Empty": { "type": "object" },
+                "Error": obj(&[("error", "string")]),
+                "EnrollRequest": obj(&[("token", "string"), ("hostname", "string")]),
+                "Enrolled": obj(&[("server", "string"), ("secret", "string")]),
+                "HostReport": { "type": "object", "description": "weft_agent::HostReport: hostname, rdma, netdevs, gpus" },
+                "ReportAck": obj(&[("server", "string"), ("owned", "string[]"), ("pending", "string[]")]),
+                "EnrollmentRequest": obj(&[("server", "string"), ("ttl_s", "integer")]),
+                "EnrollmentToken": obj(&[("token", "string"), ("expires", "integer")]),
+                "Port": obj(&[("guid", "string"), ("device", "string"), ("num", "integer"), ("lid", "integer"), ("state", "string")]),
+                "Server": obj(&[("name", "string"), ("liveness", "string"), ("last_seen", "integer"), ("ports", "Port[]"), ("group", "string"), ("pending_claims", "string[]")]),
+                "ServerList": { "type": "array", "items": { "$ref": "#/components/schemas/Server" } },
+                "Claim": obj(&[("id", "integer"), ("guid", "string"), ("claimant", "string"), ("owner", "string"), ("state", "string"), ("created", "integer")]),
+                "ClaimList": { "type": "array", "items": { "$ref": "#/components/schemas/Claim" } },
+                "Tenant": obj(&[("name", "string"), ("groups", "string[]")]),
+                "TenantList": { "type": "array", "items": { "$ref": "#/components/schemas/Tenant" } },
+                "CreateTenant": obj(&[("name", "string")]),
+                "TenantCreated": obj(&[("tenant", "Tenant"), ("token", "string")]),
+                "CreateToken": obj(&[("tenant", "string")]),
+                "TokenCreated": obj(&[("token", "string")]),
+                "Group": obj(&[("name", "string"), ("tenant", "string"), ("pkey", "string"), ("members", "string[]"), ("ports", "string[]")]),
+                "GroupList": { "type": "array", "items": { "$ref": "#/components/schemas/Group" } },
+                "CreateGroup": obj(&[("name", "string"), ("tenant", "string")]),
+                "AddMember": obj(&[("server", "string")]),
+                "MoveServer": obj(&[("server", "string"), ("to", "string")]),
+                "Operation": obj(&[("id", "integer"), ("actor", "string"), ("action", "string"), ("generation", "integer"), ("state", "string"), ("attempts", "integer"), ("last_error", "string"), ("diff", "string"), ("created", "integer"), ("finished", "integer")]),
+                "OperationList": { "type": "array", "items": { "$ref": "#/components/schemas/Operation" } },
+                "Accepted": obj(&[("operation", "Operation")]),
+                "AuditEntry": obj(&[("id", "integer"), ("at", "integer"), ("actor", "string"), ("action", "string"), ("subject", "string"), ("diff", "string"), ("outcome", "string"), ("detail", "string")]),
+                "AuditList": { "type": "array", "items": { "$ref": "#/components/schemas/AuditEntry" } },
+                "Status": obj(&[("desired_generation", "integer"), ("applied_generation", "integer"), ("applied_checksum", "string"), ("pending_operations", "integer"), ("stale_servers", "string[]")])
+            }
+        }
+    })
+}

@@ -1,0 +1,158 @@
+//! From the desired state to a [`Plan`] and a partitions.conf text, and line diffs between
+//! two such texts. Pure functions: the store calls them inside its transactions, the
+//! reconcile loop before delivery.
+
+use weft_fabric::{DefaultPartition, DefaultPolicy, Guid, PKey, Plan, PlanMember, PlanPartition};
+
+/// The desired state as the store holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Bumped by every change.
+    pub generation: i64,
+    /// Every group, by name.
+    pub groups: Vec<DesiredGroup>,
+}
+
+/// One group of the desired state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredGroup {
+    /// Partition name.
+    pub name: String,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Its P_Key base, fixed when the group was created, so that no change to one group
+    /// ever moves another tenant's key.
+    pub pkey: u16,
+    /// Member servers and the port GUIDs each owns.
+    pub members: Vec<(String, Vec<Guid>)>,
+}
+
+/// The plan for `desired`: an isolating Default partition (end ports reach only the SM
+/// through it), one partition per group, full members = its servers' ports.
+///
+/// GUIDs not in the fabric are accepted (a powered-off server must not block changes to
+/// other tenants); OpenSM ignores them and verification covers the ports that exist.
+pub fn plan(desired: &Desired) -> Result<Plan, String> {
+    let mut partitions = Vec::new();
+    for g in &desired.groups {
+        let pkey = PKey::new(g.pkey).map_err(|e| format!("group `{}`: {e}", g.name))?;
+        let mut members: Vec<PlanMember> = g
+            .members
+            .iter()
+            .flat_map(|(_, guids)| guids.iter().copied().map(PlanMember::guid))
+            .collect();
+        members.sort_by_key(|m| m.guid);
+        partitions.push(PlanPartition {
+            name: g.name.clone(),
+            tenant: g.tenant.clone(),
+            pkey: Some(pkey),
+            ipoib: true,
+            indx0: false,
+            mtu: None,
+            rate: None,
+            sl: None,
+            membership: weft_fabric::Membership::Full,
+            members,
+        });
+    }
+    Ok(Plan {
+        allow_unknown_guids: true,
+        allow_shared_ports: Vec::new(),
+        default: DefaultPartition {
+            policy: DefaultPolicy::Isolate,
+            ipoib: true,
+        },
+        partitions,
+    })
+}
+
+/// The partitions.conf text for `desired`, compiled without an inventory (every rule
+/// that does not need the fabric is checked).
+pub fn conf_text(desired: &Desired) -> Result<String, String> {
+    let plan = plan(desired)?;
+    let compiled = weft_fabric::compile(&plan, None).map_err(|violations| {
+        violations
+            .iter()
+            .map(|v| format!("{}: {}", v.subject, v.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    })?;
+    Ok(weft_fabric::conf::render(&compiled.conf))
+}
+
+/// A line diff: `-` for lines only in `before`, `+` for lines only in `after`, in the
+/// order of the files (a longest-common-subsequence diff; partitions files are short).
+pub fn diff(before: &str, after: &str) -> String {
+    let a: Vec<&str> = before.lines().collect();
+    let b: Vec<&str> = after.lines().collect();
+    let (n, m) = (a.len(), b.len());
+    let mut lcs = vec![vec![0usize; m + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, String::new());
+    while i < n || j < m {
+        if i < n && j < m && a[i] == b[j] {
+            i += 1;
+            j += 1;
+        } else if i < n && (j == m || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            out.push_str(&format!("-{}\n", a[i]));
+            i += 1;
+        } else {
+            out.push_str(&format!("+{}\n", b[j]));
+            j += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(name: &str, tenant: &str, pkey: u16, members: &[(&str, u64)]) -> DesiredGroup {
+        DesiredGroup {
+            name: name.into(),
+            tenant: tenant.into(),
+            pkey,
+            members: members
+                .iter()
+                .map(|(s, g)| (s.to_string(), vec![Guid(*g)]))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_group_is_one_partition_of_its_servers_ports() {
+        let d = Desired {
+            generation: 3,
+            groups: vec![
+                group("a", "alice", 0x0a01, &[("node1", 0x101), ("node2", 0x201)]),
+                group("b", "bob", 0x0a02, &[]),
+            ],
+        };
+        let text = conf_text(&d).unwrap();
+        assert!(
+            text.contains("Default=0x7fff,ipoib : ALL=limited, SELF=full ;"),
+            "{text}"
+        );
+        assert!(
+            text.contains("a=0x0a01,ipoib : 0x0000000000000101=full, 0x0000000000000201=full ;"),
+            "{text}"
+        );
+        assert!(text.contains("b=0x0a02,ipoib"), "{text}");
+    }
+
+    #[test]
+    fn diff_marks_only_changed_lines() {
+        assert_eq!(diff("x\na\ny\n", "x\nb\ny\n"), "-a\n+b\n");
+        assert_eq!(diff("", "a\n"), "+a\n");
+        assert_eq!(diff("a\n", "a\n"), "");
+    }
+}

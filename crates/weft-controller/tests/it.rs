@@ -1,0 +1,528 @@
+//! The controller over real HTTP on loopback: agents enrolling and reporting, tokens and
+//! roles, GUID claims, staleness, retries, and (with the real OpenSM on an ibsim fabric,
+//! primary and standby) groups created, moved and removed with every port verified.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
+use weft_controller::agent::{AgentConfig, AgentError};
+use weft_controller::auth::Secret;
+use weft_controller::client::Client;
+use weft_controller::model::{Liveness, OpState};
+use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
+use weft_controller::store::SqliteStore;
+use weft_controller::{Controller, ControllerConfig, local, serve};
+use weft_fabric::Guid;
+
+const ADMIN: &str = "wfa_test-admin-token";
+
+struct Ctl {
+    base: String,
+    metrics: String,
+    admin: Client,
+    dir: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+}
+
+impl Ctl {
+    async fn start(fabric: Arc<dyn Fabric>, stale_after_s: u64) -> Ctl {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("controller.db")).unwrap();
+        let config = ControllerConfig {
+            admin_token: Some(Secret::new(ADMIN)),
+            stale_after_s,
+            recheck: Duration::from_secs(5),
+            max_backoff: Duration::from_millis(500),
+        };
+        let controller = Controller::start(Arc::new(store), fabric, config).unwrap();
+        let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", local(&api));
+        let metrics_url = format!("http://{}/metrics", local(&metrics));
+        let (stop, mut rx) = watch::channel(false);
+        tokio::spawn(serve(controller, api, Some(metrics), async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        let admin = Client::new(&base, Some(Secret::new(ADMIN)), Duration::from_secs(10)).unwrap();
+        Ctl {
+            base,
+            metrics: metrics_url,
+            admin,
+            dir,
+            stop,
+        }
+    }
+
+    fn client(&self, token: Option<Secret>) -> Client {
+        Client::new(&self.base, token, Duration::from_secs(10)).unwrap()
+    }
+
+    /// Writes a fixture host whose one HCA has `ports` InfiniBand ports (GUID = node
+    /// GUID + port) and returns the agent's config with a fresh enrollment token.
+    async fn agent(&self, name: &str, node_guid: u64, ports: &[u8]) -> AgentConfig {
+        let root = self.dir.path().join(format!("host-{name}"));
+        write_fixture(&root, name, node_guid, ports);
+        let token = self.admin.create_enrollment(None).await.unwrap().token;
+        let mut cfg = AgentConfig::new(
+            &self.base,
+            self.dir.path().join(format!("{name}.state")),
+            root,
+        );
+        cfg.enroll_token = Some(token);
+        cfg.heartbeat = Duration::from_millis(300);
+        cfg.rescan = Duration::from_millis(300);
+        cfg.request_timeout = Duration::from_secs(3);
+        cfg.max_backoff = Duration::from_millis(500);
+        cfg
+    }
+}
+
+impl Drop for Ctl {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn write_fixture(root: &Path, name: &str, node_guid: u64, ports: &[u8]) {
+    let mut hca = HcaSpec::new("mlx5_0", Guid(node_guid), "0000:01:00.0");
+    for p in ports {
+        hca = hca.with_port(PortSpec::infiniband(u32::from(*p)));
+    }
+    write_host(root, &HostSpec::new(name).with_hca(hca)).unwrap();
+}
+
+fn spawn_agent(
+    cfg: AgentConfig,
+) -> (
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), AgentError>>,
+) {
+    let (tx, rx) = watch::channel(false);
+    (tx, tokio::spawn(weft_controller::agent::run(cfg, rx)))
+}
+
+/// Polls `f` until it returns `Some`, at most `limit`.
+async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn servers_with_ports(admin: &Client, n: usize) {
+    until("agents to report", Duration::from_secs(15), || async {
+        let s = admin.servers().await.ok()?;
+        (s.len() == n && s.iter().all(|s| !s.ports.is_empty())).then_some(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_and_a_tenant_reads_only_its_own_groups() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    // An agent with a made-up enrollment token is refused, and stops (no retry loop).
+    let mut cfg = ctl.agent("node1", 0x0002_c903_0000_0100, &[1]).await;
+    cfg.enroll_token = Some(Secret::new("wfe_not-a-real-token"));
+    let (_stop, task) = spawn_agent(cfg);
+    let err = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Refused(_)), "{err}");
+    // A report with a made-up secret is refused too.
+    let report = weft_agent::discover(&ctl.dir.path().join("host-node1")).unwrap();
+    let e = ctl
+        .client(Some(Secret::new("wfs_forged")))
+        .report(&report)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(401), "{e}");
+    // No token at all.
+    assert_eq!(
+        ctl.client(None).groups().await.unwrap_err().status(),
+        Some(401)
+    );
+
+    let alice = ctl.admin.create_tenant("alice").await.unwrap();
+    let bob = ctl.admin.create_tenant("bob").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.create_group("b", "bob").await.unwrap();
+    let as_alice = ctl.client(Some(alice.token.clone()));
+    let groups = as_alice.groups().await.unwrap();
+    assert_eq!(
+        groups.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
+    assert_eq!(as_alice.group("a").await.unwrap().tenant, "alice");
+    // Bob's group answers alice exactly like a group that does not exist.
+    let e = as_alice.group("b").await.unwrap_err();
+    assert_eq!(e.status(), Some(404), "{e}");
+    assert_eq!(
+        ctl.client(Some(bob.token)).group("b").await.unwrap().tenant,
+        "bob"
+    );
+    // Tenant tokens change nothing and read no servers or audit.
+    assert_eq!(
+        as_alice
+            .create_group("c", "alice")
+            .await
+            .unwrap_err()
+            .status(),
+        Some(403)
+    );
+    assert_eq!(as_alice.servers().await.unwrap_err().status(), Some(403));
+    assert_eq!(as_alice.audit(10).await.unwrap_err().status(), Some(403));
+    // Secrets never reach the audit log.
+    let audit = serde_json::to_string(&ctl.admin.audit(1000).await.unwrap()).unwrap();
+    assert!(
+        !audit.contains(alice.token.expose()) && !audit.contains(ADMIN),
+        "{audit}"
+    );
+    assert!(audit.contains("refused"), "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guid_another_server_owns_is_held_pending_and_visible_until_approved() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let (_s1, _t1) = spawn_agent(ctl.agent("node1", 0x100, &[1]).await);
+    servers_with_ports(&ctl.admin, 1).await;
+    // node2's fixture claims node1's port GUID 0x101 (a card moved, or a forged report).
+    let (_s2, _t2) = spawn_agent(ctl.agent("node2", 0x100, &[1]).await);
+    let claim = until("the claim", Duration::from_secs(10), || async {
+        ctl.admin.claims().await.ok()?.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        (
+            claim.guid,
+            claim.claimant.as_str(),
+            claim.owner.as_str(),
+            claim.state.as_str()
+        ),
+        (Guid(0x101), "node2", "node1", "pending")
+    );
+    let servers = ctl.admin.servers().await.unwrap();
+    let node2 = servers.iter().find(|s| s.name == "node2").unwrap();
+    assert!(
+        node2.ports.is_empty() && node2.pending_claims == [Guid(0x101)],
+        "{node2:?}"
+    );
+    ctl.admin.approve_claim(claim.id).await.unwrap();
+    let servers = ctl.admin.servers().await.unwrap();
+    assert_eq!(
+        servers.iter().find(|s| s.name == "node2").unwrap().ports[0].guid,
+        Guid(0x101)
+    );
+    assert!(
+        servers
+            .iter()
+            .find(|s| s.name == "node1")
+            .unwrap()
+            .ports
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_stops_reporting_is_shown_stale() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 1).await;
+    let (stop, task) = spawn_agent(ctl.agent("node1", 0x100, &[1]).await);
+    servers_with_ports(&ctl.admin, 1).await;
+    assert_eq!(ctl.admin.servers().await.unwrap()[0].liveness, Liveness::Ok);
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    until("staleness", Duration::from_secs(6), || async {
+        (ctl.admin.servers().await.ok()?[0].liveness == Liveness::Stale).then_some(())
+    })
+    .await;
+    assert_eq!(ctl.admin.status().await.unwrap().stale_servers, ["node1"]);
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_servers{liveness=\"stale\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("weft_agent_reports_total"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_is_retried_with_backoff_and_audited() {
+    let fabric = Arc::new(RecordingFabric::default());
+    *fabric.fail_next.lock().unwrap() = 2;
+    let ctl = Ctl::start(fabric.clone(), 30).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let done = ctl
+        .admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!((done.state, done.attempts), (OpState::Applied, 2));
+    let audit = ctl.admin.audit(100).await.unwrap();
+    let outcomes: Vec<&str> = audit
+        .iter()
+        .filter(|a| a.action == "apply")
+        .map(|a| a.outcome.as_str())
+        .collect();
+    assert_eq!(outcomes, ["failed", "failed", "applied"]);
+    assert!(
+        fabric
+            .delivered
+            .lock()
+            .unwrap()
+            .last()
+            .unwrap()
+            .contains("a=0x0a01")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_describes_every_route() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let doc: serde_json::Value = reqwest::get(format!("{}/openapi.json", ctl.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let src = include_str!("../src/api.rs");
+    for line in src
+        .lines()
+        .filter(|l| l.trim_start().starts_with(".route(\""))
+    {
+        let path = line.split('"').nth(1).unwrap();
+        if path == "/openapi.json" {
+            continue;
+        }
+        assert!(
+            doc["paths"].get(path).is_some(),
+            "{path} is not in /openapi.json"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- the real fabric
+
+mod fabric {
+    use super::*;
+    use weft_fabric::conf;
+    use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
+    use weft_testbed::{SimFabric, SmSpec, Topology};
+
+    pub struct Bed {
+        pub fabric: SimFabric,
+        pub sms: Vec<(weft_testbed::SmHandle, PathBuf)>,
+    }
+
+    pub fn bed(topology: &Topology) -> Bed {
+        let mut fabric = SimFabric::start(topology).expect("ibsim starts");
+        let mut sms = Vec::new();
+        for (name, host, priority) in [("primary", "smhost", 10u8), ("standby", "smhost2", 5)] {
+            let etc = fabric.dir().join(format!("{name}-etc"));
+            std::fs::create_dir_all(&etc).unwrap();
+            let file = etc.join("partitions.conf");
+            std::fs::write(&file, "Default=0x7fff, ipoib : ALL=full ;\n").unwrap();
+            let h = fabric
+                .start_sm(SmSpec::new(name, host, priority, &file))
+                .expect("OpenSM starts");
+            sms.push((h, file));
+        }
+        Bed { fabric, sms }
+    }
+
+    impl Bed {
+        pub fn applier(&self) -> Applier {
+            Applier {
+                sms: self
+                    .sms
+                    .iter()
+                    .map(|(h, file)| {
+                        Box::new(LocalSm {
+                            name: h.name.clone(),
+                            port_guid: Guid(h.port_guid),
+                            partitions_file: file.clone(),
+                            pid_file: h.pid_file.clone(),
+                            log_file: h.log_file.clone(),
+                        }) as Box<dyn SmHost>
+                    })
+                    .collect(),
+                diag: DiagTools {
+                    env: self.fabric.client_env("smhost"),
+                    cwd: Some(self.fabric.dir().to_path_buf()),
+                    timeout: Duration::from_secs(10),
+                    parallel: 4,
+                },
+                sm_options: Default::default(),
+                verify_scope: VerifyScope::All,
+                sweep_timeout: Duration::from_secs(10),
+                verify_timeout: Duration::from_secs(5),
+            }
+        }
+
+        /// Both SMs hold the same file, and every end port's table is what that file
+        /// says. Returns the tables by node name.
+        pub fn verified(&self) -> std::collections::BTreeMap<String, Vec<u16>> {
+            let primary = std::fs::read_to_string(&self.sms[0].1).unwrap();
+            let standby = std::fs::read_to_string(&self.sms[1].1).unwrap();
+            assert_eq!(primary, standby, "primary and standby differ");
+            let conf = conf::parse(&primary).unwrap();
+            let a = self.applier();
+            let v = a.verify(&conf).unwrap();
+            assert!(v.mismatches.is_empty(), "{:?}\n{primary}", v.mismatches);
+            let snap = a.diag.snapshot().unwrap();
+            self.fabric
+                .topology()
+                .end_nodes()
+                .filter(|h| h.name.starts_with("node"))
+                .map(|h| {
+                    let g = Guid(h.first_port_guid().unwrap());
+                    (
+                        h.name.clone(),
+                        snap.tables.0.get(&g).cloned().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_agents_two_tenants_a_move_and_a_removal_each_verified_on_every_port() {
+    let topology = weft_testbed::Topology::single_switch(4);
+    let bed = tokio::task::block_in_place(|| fabric::bed(&topology));
+    let ctl = Ctl::start(
+        Arc::new(OpenSmFabric {
+            applier: bed.applier(),
+        }),
+        30,
+    )
+    .await;
+    let mut agents = Vec::new();
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        let ports: Vec<u8> = h.port_guids.iter().map(|(p, _)| *p).collect();
+        agents.push(spawn_agent(ctl.agent(&h.name, h.node_guid, &ports).await));
+    }
+    servers_with_ports(&ctl.admin, 4).await;
+    let wait = Duration::from_secs(30);
+    ctl.admin.create_tenant("alice").await.unwrap();
+    ctl.admin.create_tenant("bob").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.create_group("b", "bob").await.unwrap();
+    let mut last = 0;
+    for (g, s) in [
+        ("a", "node1"),
+        ("a", "node2"),
+        ("b", "node3"),
+        ("b", "node4"),
+    ] {
+        last = ctl
+            .admin
+            .add_member(g, s)
+            .await
+            .unwrap()
+            .operation
+            .unwrap()
+            .id;
+    }
+    ctl.admin.wait_applied(last, wait).await.unwrap();
+    let t = tokio::task::block_in_place(|| bed.verified());
+    let (ka, kb) = (0x8a01u16, 0x8a02u16);
+    assert!(
+        t["node1"].contains(&ka) && t["node2"].contains(&ka) && !t["node1"].contains(&kb),
+        "{t:x?}"
+    );
+    assert!(
+        t["node3"].contains(&kb) && t["node4"].contains(&kb) && !t["node3"].contains(&ka),
+        "{t:x?}"
+    );
+
+    // Move node2 from alice's group to bob's.
+    let op = ctl
+        .admin
+        .move_server("node2", "b")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    assert!(
+        op.diff.contains('-') && op.diff.contains('+'),
+        "{}",
+        op.diff
+    );
+    ctl.admin.wait_applied(op.id, wait).await.unwrap();
+    let t = tokio::task::block_in_place(|| bed.verified());
+    assert!(
+        t["node2"].contains(&kb) && !t["node2"].contains(&ka),
+        "{t:x?}"
+    );
+    assert!(
+        t["node1"].contains(&ka) && t["node3"].contains(&kb),
+        "{t:x?}"
+    );
+
+    // Remove alice's group: node1 keeps only the Default partition's limited key.
+    let op = ctl
+        .admin
+        .delete_group("a")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin.wait_applied(op.id, wait).await.unwrap();
+    let t = tokio::task::block_in_place(|| bed.verified());
+    assert!(
+        !t["node1"].contains(&ka) && !t["node1"].contains(&kb),
+        "{t:x?}"
+    );
+    assert!(
+        t["node2"].contains(&kb) && t["node4"].contains(&kb),
+        "{t:x?}"
+    );
+
+    let audit = ctl.admin.audit(1000).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "group.move" && a.diff.contains("+b=")),
+        "{audit:?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .filter(|a| a.action == "apply")
+            .all(|a| a.outcome == "applied"),
+        "{audit:?}"
+    );
+    for (stop, _) in &agents {
+        let _ = stop.send(true);
+    }
+}

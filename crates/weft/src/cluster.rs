@@ -1,0 +1,710 @@
+//! The fabric controller's commands: `weft controller` and `weft agent` (the services),
+//! and `weft nodes`, `weft group`, `weft tenant`, `weft audit` (clients of its API).
+//! Glue only: the work is in `weft-controller`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use clap::{Args, Subcommand};
+use weft_controller::agent::{AgentConfig, AgentError};
+use weft_controller::auth::Secret;
+use weft_controller::client::{Client, ClientError};
+use weft_controller::model::{Accepted, OpState, OperationView};
+use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
+use weft_controller::store::SqliteStore;
+use weft_controller::{Controller, ControllerConfig};
+use weft_opensm::{Applier, SmHost};
+
+use crate::config::Config;
+use crate::output;
+use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
+
+/// Where the controller is and who is asking.
+#[derive(Args)]
+pub struct Remote {
+    /// The controller's API.
+    #[arg(long, env = "WEFT_CONTROLLER", default_value = "http://127.0.0.1:7100")]
+    controller: String,
+    /// API token (admin, or a tenant's).
+    #[arg(long, env = "WEFT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Timeout of each request, seconds.
+    #[arg(long, default_value_t = 10)]
+    timeout_s: u64,
+}
+
+/// How long a change waits to be verified on the fabric.
+#[derive(Args)]
+pub struct Wait {
+    /// Return once the change is accepted, without waiting for the fabric.
+    #[arg(long)]
+    no_wait: bool,
+    /// Seconds to wait for the change to be verified on the ports.
+    #[arg(long, default_value_t = 60)]
+    wait_s: u64,
+}
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Run the fabric controller: API, store, reconcile loop, metrics.
+    #[command(
+        after_help = "Example:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db\n\nThe subnet managers are the [[fabric.sm]] entries of the config file."
+    )]
+    Controller(ControllerArgs),
+    /// Run the agent of this server: discover its ports and report them to the controller.
+    #[command(
+        after_help = "Example:\n  WEFT_ENROLL_TOKEN=wfe_... weft agent --controller http://10.0.0.1:7100 --state-file /var/lib/weft/agent.json"
+    )]
+    Agent(AgentArgs),
+    /// Servers, their ports and whether their agents report; enrollment and GUID claims.
+    #[command(
+        after_help = "Examples:\n  weft nodes\n  weft nodes enroll --server node7\n  weft nodes claims\n  weft nodes approve 3"
+    )]
+    Nodes(NodesArgs),
+    /// Groups of servers: one InfiniBand partition each, owned by a tenant.
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Tenants and their API tokens.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// The audit log: who changed what, when, the rendered diff, the outcome.
+    #[command(after_help = "Example:\n  weft audit --limit 20 --diff")]
+    Audit(AuditArgs),
+}
+
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// API listen address (port 0 picks one; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    listen: String,
+    /// Metrics listen address (`/metrics`).
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    metrics_listen: String,
+    /// The SQLite database.
+    #[arg(long, default_value = "weft-controller.db")]
+    db: PathBuf,
+    /// A file holding an admin API token to accept.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// Seconds of silence after which an agent is shown stale.
+    #[arg(long, default_value_t = 30)]
+    stale_after_s: u64,
+    /// Deliver to no subnet manager (render and record only): for trying the API.
+    #[arg(long)]
+    no_fabric: bool,
+}
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// The controller's API.
+    #[arg(long, env = "WEFT_CONTROLLER", default_value = "http://127.0.0.1:7100")]
+    controller: String,
+    /// One-time enrollment token (`weft nodes enroll`); needed until the agent enrolled.
+    #[arg(long, env = "WEFT_ENROLL_TOKEN", hide_env_values = true)]
+    enroll_token: Option<String>,
+    /// Where the agent keeps its credentials.
+    #[arg(long, default_value = "weft-agent.json")]
+    state_file: PathBuf,
+    /// Root of the sysfs tree to discover.
+    #[arg(long, default_value = "/")]
+    sysfs_root: PathBuf,
+    /// Heartbeat period, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    heartbeat_s: f64,
+    /// Rediscovery period, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    rescan_s: f64,
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    remote: Remote,
+    #[command(subcommand)]
+    command: Option<NodesCommand>,
+}
+
+#[derive(Subcommand)]
+pub enum NodesCommand {
+    /// List servers (the default).
+    #[command(after_help = "Example:\n  weft nodes list --json")]
+    List {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Create a one-time enrollment token for an agent.
+    #[command(after_help = "Example:\n  weft nodes enroll --server node7")]
+    Enroll {
+        /// Bind the token to this host name.
+        #[arg(long)]
+        server: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// GUIDs a server reported that another server owns.
+    #[command(after_help = "Example:\n  weft nodes claims")]
+    Claims {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Give a claimed GUID to the server that reported it.
+    #[command(after_help = "Example:\n  weft nodes approve 3")]
+    Approve {
+        /// The claim's id.
+        id: i64,
+        #[command(flatten)]
+        remote: Remote,
+        #[command(flatten)]
+        wait: Wait,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GroupCommand {
+    /// Create a group (a partition with its own P_Key) owned by a tenant.
+    #[command(after_help = "Example:\n  weft group create training --tenant alice")]
+    Create {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        remote: Remote,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Add servers that are in no group to a group.
+    #[command(after_help = "Example:\n  weft group add training node1 node2")]
+    Add {
+        group: String,
+        #[arg(required = true)]
+        servers: Vec<String>,
+        #[command(flatten)]
+        remote: Remote,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Move a server from its group to another, in one step.
+    #[command(after_help = "Example:\n  weft group move node7 --to inference")]
+    Move {
+        server: String,
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        remote: Remote,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Remove a server from a group, or (without a server) the whole group.
+    #[command(
+        after_help = "Examples:\n  weft group remove training node2\n  weft group remove training"
+    )]
+    Remove {
+        group: String,
+        server: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// List the groups this token may see.
+    #[command(after_help = "Example:\n  WEFT_TOKEN=$ALICE weft group list --json")]
+    List {
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant; prints its first API token (shown once).
+    #[command(after_help = "Example:\n  weft tenant create alice")]
+    Create {
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List tenants and their groups.
+    #[command(after_help = "Example:\n  weft tenant list")]
+    List {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Create another API token for a tenant (shown once).
+    #[command(after_help = "Example:\n  weft tenant token alice")]
+    Token {
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Args)]
+pub struct AuditArgs {
+    /// How many of the newest entries.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Print each entry's partitions.conf diff under the table.
+    #[arg(long)]
+    diff: bool,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn client(r: &Remote) -> Result<Client> {
+    Ok(Client::new(
+        &r.controller,
+        r.token.clone().map(Secret::new),
+        Duration::from_secs(r.timeout_s.max(1)),
+    )?)
+}
+
+/// The exit code for a failed API call: refusals of what was asked are failed checks;
+/// no answer, a bad token or a broken controller are environment errors.
+fn failed(e: ClientError) -> Result<u8> {
+    eprintln!("weft: {e}");
+    Ok(match &e {
+        ClientError::Refused { status, .. } if *status != 401 => EXIT_CHECK_FAILED,
+        ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
+        _ => EXIT_ENVIRONMENT,
+    })
+}
+
+/// Runs one of the controller's commands.
+pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
+    match cmd {
+        ClusterCommand::Controller(a) => controller(a, cfg),
+        ClusterCommand::Agent(a) => agent(a),
+        other => runtime()?.block_on(client_command(other, json)),
+    }
+}
+
+fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
+    let fabric: Arc<dyn Fabric> = if a.no_fabric {
+        Arc::new(RecordingFabric::default())
+    } else {
+        let f = &cfg.fabric;
+        if f.sm.is_empty() {
+            return Err(anyhow!(
+                "no subnet managers configured: add [[fabric.sm]] entries to the config file, or pass --no-fabric"
+            ));
+        }
+        // The SM hosts are injected here: LocalSm today; an SSH SmHost plugs in the same way.
+        let sms: Vec<Box<dyn SmHost>> = f
+            .local_sms()?
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn SmHost>)
+            .collect();
+        Arc::new(OpenSmFabric {
+            applier: Applier {
+                sms,
+                diag: f.diag_tools(),
+                sm_options: weft_fabric::SmOptions {
+                    allow_both_pkeys: f.allow_both_pkeys,
+                },
+                verify_scope: f.verify_scope,
+                sweep_timeout: Duration::from_millis(f.sweep_timeout_ms),
+                verify_timeout: Duration::from_millis(f.verify_timeout_ms),
+            },
+        })
+    };
+    let admin_token = match (&a.admin_token_file, std::env::var("WEFT_ADMIN_TOKEN")) {
+        (Some(p), _) => Some(Secret::new(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?
+                .trim(),
+        )),
+        (None, Ok(t)) if !t.trim().is_empty() => Some(Secret::new(t.trim())),
+        _ => None,
+    };
+    let store = SqliteStore::open(&a.db)
+        .with_context(|| format!("cannot open the store {}", a.db.display()))?;
+    runtime()?.block_on(async move {
+        let config = ControllerConfig {
+            admin_token,
+            stale_after_s: a.stale_after_s,
+            ..ControllerConfig::default()
+        };
+        let ctl = Controller::start(Arc::new(store), fabric, config)?;
+        let api = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", a.listen))?;
+        let metrics = tokio::net::TcpListener::bind(&a.metrics_listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", a.metrics_listen))?;
+        println!(
+            "weft controller: api http://{} metrics http://{}/metrics",
+            weft_controller::local(&api),
+            weft_controller::local(&metrics)
+        );
+        weft_controller::serve(ctl, api, Some(metrics), weft_controller::shutdown_signal()).await?;
+        Ok(EXIT_OK)
+    })
+}
+
+fn agent(a: AgentArgs) -> Result<u8> {
+    let mut cfg = AgentConfig::new(&a.controller, a.state_file, a.sysfs_root);
+    cfg.enroll_token = a.enroll_token.map(Secret::new);
+    cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
+    cfg.rescan = Duration::from_secs_f64(a.rescan_s.max(0.05));
+    runtime()?.block_on(async move {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            weft_controller::shutdown_signal().await;
+            let _ = tx.send(true);
+        });
+        match weft_controller::agent::run(cfg, rx).await {
+            Ok(()) => Ok(EXIT_OK),
+            Err(e @ (AgentError::Refused(_) | AgentError::NoToken)) => {
+                eprintln!("weft agent: {e}");
+                Ok(EXIT_ENVIRONMENT)
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+fn since(t: Option<u64>) -> String {
+    match t {
+        None => "-".into(),
+        Some(t) => format!("{}s ago", weft_controller::unix_now().saturating_sub(t)),
+    }
+}
+
+/// Unix seconds as `2026-01-31 12:00:00Z` (civil-from-days, proleptic Gregorian).
+fn utc(t: u64) -> String {
+    let days = (t / 86_400) as i64;
+    let secs = t % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+fn print_op(op: &OperationView, json: bool) -> Result<()> {
+    if json {
+        return output::json(op);
+    }
+    let state = match op.state {
+        OpState::Applied => "applied and verified",
+        OpState::Pending => "pending",
+    };
+    println!("operation {}: {} ({state})", op.id, op.action);
+    for line in op.diff.lines() {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Result<u8> {
+    let Some(op) = accepted.operation else {
+        if json {
+            output::json(&accepted)?;
+        } else {
+            println!("nothing to change on the fabric");
+        }
+        return Ok(EXIT_OK);
+    };
+    if wait.no_wait {
+        print_op(&op, json)?;
+        return Ok(EXIT_OK);
+    }
+    match c
+        .wait_applied(op.id, Duration::from_secs(wait.wait_s))
+        .await
+    {
+        Ok(done) => {
+            print_op(&done, json)?;
+            Ok(EXIT_OK)
+        }
+        Err(e) => failed(e),
+    }
+}
+
+async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
+    macro_rules! try_api {
+        ($e:expr) => {
+            match $e.await {
+                Ok(v) => v,
+                Err(e) => return failed(e),
+            }
+        };
+    }
+    match cmd {
+        ClusterCommand::Controller(_) | ClusterCommand::Agent(_) => unreachable!("handled by run"),
+        ClusterCommand::Nodes(NodesArgs { remote, command }) => {
+            match command.unwrap_or(NodesCommand::List { remote }) {
+                NodesCommand::List { remote } => {
+                    let servers = try_api!(client(&remote)?.servers());
+                    if json {
+                        output::json(&servers)?;
+                    } else {
+                        println!(
+                            "{}",
+                            output::table(
+                                [
+                                    "NAME",
+                                    "AGENT",
+                                    "LAST SEEN",
+                                    "GROUP",
+                                    "PORTS",
+                                    "PENDING CLAIMS"
+                                ],
+                                servers.iter().map(|s| [
+                                    s.name.clone(),
+                                    s.liveness.as_str().to_string(),
+                                    since(s.last_seen),
+                                    s.group.clone().unwrap_or_else(|| "-".into()),
+                                    if s.ports.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        s.ports
+                                            .iter()
+                                            .map(|p| p.guid.to_string())
+                                            .collect::<Vec<_>>()
+                                            .join(" ")
+                                    },
+                                    if s.pending_claims.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        s.pending_claims
+                                            .iter()
+                                            .map(|g| g.to_string())
+                                            .collect::<Vec<_>>()
+                                            .join(" ")
+                                    },
+                                ])
+                            )
+                        );
+                    }
+                    Ok(EXIT_OK)
+                }
+                NodesCommand::Enroll { server, remote } => {
+                    let t = try_api!(client(&remote)?.create_enrollment(server.as_deref()));
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "token": t.token.expose(), "expires": t.expires })
+                        );
+                    } else {
+                        println!("{}", t.token.expose());
+                        eprintln!("one-time enrollment token, valid until {}", utc(t.expires));
+                    }
+                    Ok(EXIT_OK)
+                }
+                NodesCommand::Claims { remote } => {
+                    let claims = try_api!(client(&remote)?.claims());
+                    if json {
+                        output::json(&claims)?;
+                    } else {
+                        println!(
+                            "{}",
+                            output::table(
+                                ["ID", "GUID", "CLAIMED BY", "OWNED BY", "STATE", "SINCE"],
+                                claims.iter().map(|c| [
+                                    c.id.to_string(),
+                                    c.guid.to_string(),
+                                    c.claimant.clone(),
+                                    c.owner.clone(),
+                                    c.state.clone(),
+                                    utc(c.created)
+                                ])
+                            )
+                        );
+                    }
+                    Ok(EXIT_OK)
+                }
+                NodesCommand::Approve { id, remote, wait } => {
+                    let c = client(&remote)?;
+                    let accepted = try_api!(c.approve_claim(id));
+                    finish(&c, accepted, &wait, json).await
+                }
+            }
+        }
+        ClusterCommand::Group(g) => match g {
+            GroupCommand::Create {
+                name,
+                tenant,
+                remote,
+                wait,
+            } => {
+                let c = client(&remote)?;
+                let accepted = try_api!(c.create_group(&name, &tenant));
+                finish(&c, accepted, &wait, json).await
+            }
+            GroupCommand::Add {
+                group,
+                servers,
+                remote,
+                wait,
+            } => {
+                let c = client(&remote)?;
+                let mut code = EXIT_OK;
+                for s in servers {
+                    let accepted = try_api!(c.add_member(&group, &s));
+                    code = code.max(finish(&c, accepted, &wait, json).await?);
+                }
+                Ok(code)
+            }
+            GroupCommand::Move {
+                server,
+                to,
+                remote,
+                wait,
+            } => {
+                let c = client(&remote)?;
+                let accepted = try_api!(c.move_server(&server, &to));
+                finish(&c, accepted, &wait, json).await
+            }
+            GroupCommand::Remove {
+                group,
+                server,
+                remote,
+                wait,
+            } => {
+                let c = client(&remote)?;
+                let accepted = match server {
+                    Some(s) => try_api!(c.remove_member(&group, &s)),
+                    None => try_api!(c.delete_group(&group)),
+                };
+                finish(&c, accepted, &wait, json).await
+            }
+            GroupCommand::List { remote } => {
+                let groups = try_api!(client(&remote)?.groups());
+                if json {
+                    output::json(&groups)?;
+                } else {
+                    println!(
+                        "{}",
+                        output::table(
+                            ["GROUP", "TENANT", "PKEY", "SERVERS", "PORTS"],
+                            groups.iter().map(|g| [
+                                g.name.clone(),
+                                g.tenant.clone(),
+                                g.pkey.clone(),
+                                if g.members.is_empty() {
+                                    "-".into()
+                                } else {
+                                    g.members.join(" ")
+                                },
+                                g.ports.len().to_string(),
+                            ])
+                        )
+                    );
+                }
+                Ok(EXIT_OK)
+            }
+        },
+        ClusterCommand::Tenant(t) => match t {
+            TenantCommand::Create { name, remote } => {
+                let created = try_api!(client(&remote)?.create_tenant(&name));
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({ "tenant": created.tenant, "token": created.token.expose() })
+                    );
+                } else {
+                    println!("{}", created.token.expose());
+                    eprintln!(
+                        "tenant `{name}` created; the line above is its API token, shown once"
+                    );
+                }
+                Ok(EXIT_OK)
+            }
+            TenantCommand::List { remote } => {
+                let tenants = try_api!(client(&remote)?.tenants());
+                if json {
+                    output::json(&tenants)?;
+                } else {
+                    println!(
+                        "{}",
+                        output::table(
+                            ["TENANT", "GROUPS"],
+                            tenants.iter().map(|t| [
+                                t.name.clone(),
+                                if t.groups.is_empty() {
+                                    "-".into()
+                                } else {
+                                    t.groups.join(" ")
+                                }
+                            ])
+                        )
+                    );
+                }
+                Ok(EXIT_OK)
+            }
+            TenantCommand::Token { name, remote } => {
+                let t = try_api!(client(&remote)?.create_token(Some(&name)));
+                if json {
+                    println!("{}", serde_json::json!({ "token": t.token.expose() }));
+                } else {
+                    println!("{}", t.token.expose());
+                }
+                Ok(EXIT_OK)
+            }
+        },
+        ClusterCommand::Audit(a) => {
+            let entries = try_api!(client(&a.remote)?.audit(a.limit));
+            if json {
+                return output::json(&entries).map(|_| EXIT_OK);
+            }
+            println!(
+                "{}",
+                output::table(
+                    [
+                        "ID", "TIME", "ACTOR", "ACTION", "SUBJECT", "OUTCOME", "DETAIL"
+                    ],
+                    entries.iter().map(|e| [
+                        e.id.to_string(),
+                        utc(e.at),
+                        e.actor.clone(),
+                        e.action.clone(),
+                        e.subject.clone(),
+                        e.outcome.clone(),
+                        e.detail.clone()
+                    ])
+                )
+            );
+            if a.diff {
+                for e in entries.iter().filter(|e| !e.diff.is_empty()) {
+                    println!("\n#{} {} {}:", e.id, e.action, e.subject);
+                    for line in e.diff.lines() {
+                        println!("  {line}");
+                    }
+                }
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00Z");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00Z");
+        assert_eq!(super::utc(1_767_225_599), "2025-12-31 23:59:59Z");
+    }
+}
