@@ -28,7 +28,7 @@ pub struct Route {
 /// Labels of a delivery outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
-    /// `applied` or `failed`.
+    /// `applied`, `degraded` (applied with a standby left out) or `failed`.
     pub outcome: String,
 }
 

@@ -12,7 +12,16 @@
 //! audit log, and delivers the same desired state again. Each SM's file is replaced
 //! atomically and OpenSM acts only on a reread, so the fabric ends with the whole change,
 //! verified, and the audit log says when.
+//!
+//! Degraded deliveries: a standby SM whose host cannot be reached does not stop a
+//! delivery (the ports are verified through the master), but it keeps an older file that
+//! it would program if it took over. The loop then delivers the same state again, with
+//! backoff, until every SM holds it; the audit log gets one `sm`/`degraded` line when an
+//! SM is first left out and one `sm`/`in-sync` line when it holds the file again. Since
+//! that knowledge lives in memory, a (re)started controller delivers the last applied
+//! state once, which also brings in line an SM that missed a change while it was down.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -46,6 +55,18 @@ pub struct Delivered {
     pub ports_verified: usize,
     /// Milliseconds from start to verified.
     pub total_ms: f64,
+    /// SMs the delivery went on without (a standby whose host could not be reached):
+    /// they hold an older file. Empty when every SM holds [`Delivered::conf`].
+    pub degraded: Vec<DegradedSm>,
+}
+
+/// A standby SM a delivery left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DegradedSm {
+    /// The SM's configured name.
+    pub name: String,
+    /// Why it was left out (names its host).
+    pub error: String,
 }
 
 /// Where the rendered plan goes. The OpenSM driver in production ([`OpenSmFabric`]);
@@ -55,8 +76,8 @@ pub trait Fabric: Send + Sync + 'static {
     fn deliver(&self, plan: &Plan) -> Result<Delivered, String>;
 }
 
-/// The OpenSM driver: the SM hosts are injected (`LocalSm` today, an SSH host later),
-/// so the controller knows nothing of how an SM is reached.
+/// The OpenSM driver: the SM hosts are injected (`LocalSm`, `SshSm`), so the controller
+/// knows nothing of how an SM is reached.
 pub struct OpenSmFabric {
     /// The applier, with its SM hosts and diagnostic tools.
     pub applier: Applier,
@@ -74,6 +95,19 @@ impl Fabric for OpenSmFabric {
         let conf = weft_fabric::conf::render(&compiled.conf);
         match self.applier.apply(&compiled.conf, &before) {
             Ok(r) => Ok(Delivered {
+                degraded: r
+                    .degraded
+                    .iter()
+                    .map(|name| DegradedSm {
+                        name: name.clone(),
+                        error: r
+                            .sms
+                            .iter()
+                            .find(|s| &s.name == name)
+                            .and_then(|s| s.error.clone())
+                            .unwrap_or_else(|| "host unreachable".into()),
+                    })
+                    .collect(),
                 checksum: r.checksum,
                 conf,
                 ports_verified: r.ports_verified,
@@ -86,13 +120,16 @@ impl Fabric for OpenSmFabric {
 }
 
 /// A fabric that renders and remembers each plan (API tests and the report benchmark).
-/// `fail_next` makes the next deliveries fail, to exercise retries.
+/// `fail_next` makes the next deliveries fail, to exercise retries; `degrade_next` makes
+/// the next ones succeed with a standby named `standby` left out.
 #[derive(Debug, Default)]
 pub struct RecordingFabric {
     /// Files delivered, in order.
     pub delivered: Mutex<Vec<String>>,
     /// Deliveries left to fail.
     pub fail_next: Mutex<u32>,
+    /// Deliveries left to report degraded.
+    pub degrade_next: Mutex<u32>,
 }
 
 impl Fabric for RecordingFabric {
@@ -110,11 +147,24 @@ impl Fabric for RecordingFabric {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(conf.clone());
+        let degraded = {
+            let mut n = self.degrade_next.lock().unwrap_or_else(|p| p.into_inner());
+            if *n > 0 {
+                *n -= 1;
+                vec![DegradedSm {
+                    name: "standby".into(),
+                    error: "injected: host unreachable".into(),
+                }]
+            } else {
+                Vec::new()
+            }
+        };
         Ok(Delivered {
             checksum: weft_opensm::checksum(conf.as_bytes()),
             conf,
             ports_verified: 0,
             total_ms: 0.0,
+            degraded,
         })
     }
 }
@@ -139,6 +189,12 @@ pub async fn run(
     max_backoff: Duration,
 ) {
     let mut failures: u32 = 0;
+    // Deliver the applied state again even if nothing changed: some SM may hold an
+    // older file (left out of the last delivery, or unknown after a start).
+    let mut resync = false;
+    let mut resync_tries: u32 = 0;
+    // SMs known to hold an older file, and why.
+    let mut left_out: BTreeMap<String, String> = BTreeMap::new();
     let mut next_check = Instant::now();
     loop {
         let wait = next_check.saturating_duration_since(Instant::now());
@@ -148,20 +204,33 @@ pub async fn run(
         };
         if event == Event::Started {
             note_interrupted(&store).await;
+            resync = true;
         }
         // While backing off, a change does not bypass the wait (the cause is likely the
         // fabric, not the change); the timer delivers the retry.
         if failures > 0 && event == Event::Changed && Instant::now() < next_check {
             continue;
         }
-        match reconcile_once(&store, &fabric, &metrics).await {
-            Ok(true) => {
+        match reconcile_once(&store, &fabric, &metrics, resync).await {
+            Ok(Pass::Delivered(generation, degraded)) => {
                 failures = 0;
-                // Changes may have arrived during the delivery: look again at once.
-                next_check = Instant::now();
+                note_left_out(&store, &mut left_out, generation, &degraded).await;
+                if degraded.is_empty() {
+                    resync = false;
+                    resync_tries = 0;
+                    // Changes may have arrived during the delivery: look again at once.
+                    next_check = Instant::now();
+                } else {
+                    // The ports are right; the standby is retried from 1 s, doubling.
+                    // A change meanwhile is delivered at once (and retries it too).
+                    resync = true;
+                    resync_tries += 1;
+                    next_check = Instant::now() + backoff(resync_tries + 2, max_backoff);
+                }
             }
-            Ok(false) => {
+            Ok(Pass::Idle) => {
                 failures = 0;
+                resync = false;
                 next_check = Instant::now() + recheck;
             }
             Err(()) => {
@@ -191,13 +260,77 @@ async fn note_interrupted(store: &Arc<dyn Store>) {
     .await;
 }
 
-/// One pass. `Ok(true)`: something was delivered; `Ok(false)`: nothing to do; `Err`: the
-/// delivery failed (recorded).
+/// Writes the audit lines of SMs that a delivery of `generation` left out for the first
+/// time, and of SMs that hold the file again; `left_out` becomes `degraded`.
+async fn note_left_out(
+    store: &Arc<dyn Store>,
+    left_out: &mut BTreeMap<String, String>,
+    generation: i64,
+    degraded: &[DegradedSm],
+) {
+    let now_out: BTreeMap<String, String> = degraded
+        .iter()
+        .map(|d| (d.name.clone(), d.error.clone()))
+        .collect();
+    let mut lines = Vec::new();
+    for (name, error) in &now_out {
+        if !left_out.contains_key(name) {
+            tracing::warn!(sm = %name, %error, generation, "SM left out of the delivery; will deliver again");
+            lines.push((
+                name.clone(),
+                "degraded",
+                format!("generation {generation} verified on the ports through the master, but SM `{name}` was not updated ({error}); it holds an older file and would program it if it took over; delivering again until it holds this one"),
+            ));
+        }
+    }
+    for name in left_out.keys() {
+        if !now_out.contains_key(name) {
+            tracing::info!(sm = %name, generation, "SM holds the applied file again");
+            lines.push((
+                name.clone(),
+                "in-sync",
+                format!("SM `{name}` holds the file of generation {generation} again"),
+            ));
+        }
+    }
+    *left_out = now_out;
+    if lines.is_empty() {
+        return;
+    }
+    let s = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        for (name, outcome, detail) in lines {
+            s.audit_append(
+                "controller",
+                "sm",
+                &format!("sm {name}"),
+                outcome,
+                &detail,
+                now(),
+            )?;
+        }
+        Ok::<_, crate::store::StoreError>(())
+    })
+    .await;
+}
+
+/// What a pass did.
+#[derive(Debug)]
+enum Pass {
+    /// Nothing to deliver.
+    Idle,
+    /// This generation was delivered and verified, with these SMs left out.
+    Delivered(i64, Vec<DegradedSm>),
+}
+
+/// One pass: delivers the desired state if it is newer than the applied one, or (with
+/// `resync`) the applied state again. `Err`: the delivery failed (recorded).
 async fn reconcile_once(
     store: &Arc<dyn Store>,
     fabric: &Arc<dyn Fabric>,
     metrics: &Arc<Metrics>,
-) -> Result<bool, ()> {
+    resync: bool,
+) -> Result<Pass, ()> {
     let s = store.clone();
     let state = tokio::task::spawn_blocking(move || {
         Ok::<_, crate::store::StoreError>((s.desired()?, s.applied()?))
@@ -214,8 +347,9 @@ async fn reconcile_once(
             return Err(());
         }
     };
-    if desired.generation <= applied.generation {
-        return Ok(false);
+    let again = resync && applied.generation > 0;
+    if desired.generation <= applied.generation && !again {
+        return Ok(Pass::Idle);
     }
     let generation = desired.generation;
     let plan = match crate::render::plan(&desired) {
@@ -236,16 +370,30 @@ async fn reconcile_once(
             metrics
                 .applies
                 .get_or_create(&crate::metrics::Outcome {
-                    outcome: "applied".into(),
+                    outcome: if d.degraded.is_empty() {
+                        "applied"
+                    } else {
+                        "degraded"
+                    }
+                    .into(),
                 })
                 .inc();
             let s = store.clone();
-            let detail = format!(
+            let mut detail = format!(
                 "checksum {}, {} ports verified in {:.0} ms",
                 &d.checksum[..12.min(d.checksum.len())],
                 d.ports_verified,
                 d.total_ms
             );
+            if !d.degraded.is_empty() {
+                let names: Vec<String> =
+                    d.degraded.iter().map(|x| format!("`{}`", x.name)).collect();
+                detail.push_str(&format!(
+                    "; degraded: SM {} not updated (host unreachable), delivering again",
+                    names.join(", ")
+                ));
+            }
+            let degraded = d.degraded.clone();
             tracing::info!(generation, %detail, "applied");
             let r = tokio::task::spawn_blocking(move || {
                 s.mark_applied(generation, &d.checksum, &d.conf, &detail, now())
@@ -255,7 +403,7 @@ async fn reconcile_once(
                 tracing::error!("cannot record an applied generation");
                 return Err(());
             }
-            Ok(true)
+            Ok(Pass::Delivered(generation, degraded))
         }
         Ok(Err(e)) => {
             record_failure(store, generation, e, metrics).await;

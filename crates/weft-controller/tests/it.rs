@@ -305,6 +305,108 @@ async fn a_failed_delivery_is_retried_with_backoff_and_audited() {
     );
 }
 
+/// A delivery that leaves a standby out (its host unreachable) applies the operation (the
+/// ports verified through the master) and is delivered again, with backoff, until every
+/// SM holds the file; the audit log says when the SM fell behind and when it caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_delivery_is_applied_audited_and_delivered_again_until_in_sync() {
+    let fabric = Arc::new(RecordingFabric::default());
+    *fabric.degrade_next.lock().unwrap() = 2;
+    let ctl = Ctl::start(fabric.clone(), 30).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let done = ctl
+        .admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!((done.state, done.attempts), (OpState::Applied, 0));
+    // Two degraded deliveries, then one that reaches every SM; then nothing more.
+    let in_sync = until("the standby in sync", Duration::from_secs(10), || async {
+        let audit = ctl.admin.audit(100).await.ok()?;
+        audit
+            .iter()
+            .any(|a| a.action == "sm" && a.outcome == "in-sync")
+            .then_some(audit)
+    })
+    .await;
+    let sm: Vec<(&str, &str)> = in_sync
+        .iter()
+        .filter(|a| a.action == "sm")
+        .map(|a| (a.subject.as_str(), a.outcome.as_str()))
+        .collect();
+    assert_eq!(sm, [("sm standby", "degraded"), ("sm standby", "in-sync")]);
+    let applied = in_sync
+        .iter()
+        .find(|a| a.action == "apply" && a.subject == format!("operation {}", op.id))
+        .unwrap();
+    assert_eq!(applied.outcome, "applied");
+    assert!(
+        applied.detail.contains("degraded") && applied.detail.contains("`standby`"),
+        "{applied:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let delivered = fabric.delivered.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 3, "{delivered:?}");
+    assert!(delivered.iter().all(|d| d == &delivered[0]));
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("outcome=\"degraded\"} 2"), "{metrics}");
+}
+
+/// A controller that starts on a store with an applied state delivers that state once
+/// more (an SM may have missed it while no controller ran), and then nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_controller_delivers_the_applied_state_once_more() {
+    let fabric = Arc::new(RecordingFabric::default());
+    let ctl = Ctl::start(fabric.clone(), 30).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let last = fabric.delivered.lock().unwrap().last().cloned().unwrap();
+
+    let store = SqliteStore::open(&ctl.dir.path().join("controller.db")).unwrap();
+    let again = Arc::new(RecordingFabric::default());
+    let second = Controller::start(
+        Arc::new(store),
+        again.clone(),
+        ControllerConfig {
+            recheck: Duration::from_secs(5),
+            max_backoff: Duration::from_millis(500),
+            ..ControllerConfig::default()
+        },
+    )
+    .unwrap();
+    until(
+        "the applied state delivered again",
+        Duration::from_secs(10),
+        || async { (!again.delivered.lock().unwrap().is_empty()).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*again.delivered.lock().unwrap(), [last]);
+    drop(second);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_describes_every_route() {
     let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;

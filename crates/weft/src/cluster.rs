@@ -15,7 +15,6 @@ use weft_controller::model::{Accepted, OpState, OperationView};
 use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
 use weft_controller::store::SqliteStore;
 use weft_controller::{Controller, ControllerConfig};
-use weft_opensm::{Applier, SmHost};
 
 use crate::config::Config;
 use crate::output;
@@ -299,23 +298,9 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
                 "no subnet managers configured: add [[fabric.sm]] entries to the config file, or pass --no-fabric"
             ));
         }
-        // The SM hosts are injected here: LocalSm today; an SSH SmHost plugs in the same way.
-        let sms: Vec<Box<dyn SmHost>> = f
-            .local_sms()?
-            .into_iter()
-            .map(|s| Box::new(s) as Box<dyn SmHost>)
-            .collect();
+        // The SM hosts (local or over SSH) come from the one place that builds them.
         Arc::new(OpenSmFabric {
-            applier: Applier {
-                sms,
-                diag: f.diag_tools(),
-                sm_options: weft_fabric::SmOptions {
-                    allow_both_pkeys: f.allow_both_pkeys,
-                },
-                verify_scope: f.verify_scope,
-                sweep_timeout: Duration::from_millis(f.sweep_timeout_ms),
-                verify_timeout: Duration::from_millis(f.verify_timeout_ms),
-            },
+            applier: f.applier()?,
         })
     };
     let admin_token = match (&a.admin_token_file, std::env::var("WEFT_ADMIN_TOKEN")) {

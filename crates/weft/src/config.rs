@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use weft_fabric::Guid;
-use weft_opensm::{DiagTools, LocalSm, VerifyScope};
+use weft_fabric::{Guid, SmOptions};
+use weft_opensm::{
+    Applier, DiagTools, LocalSm, RemotePaths, SmHost, SshConfig, SshSm, VerifyScope,
+};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,18 +95,137 @@ impl Default for DiagConfig {
     }
 }
 
-/// One OpenSM on this machine.
+/// One OpenSM: on this machine (`kind = "local"`, the default) or on a host reached with
+/// the OpenSSH client (`kind = "ssh"`). The three paths are on the SM's host.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SmConfig {
     pub name: String,
     /// The port OpenSM is bound to (its `-g`); `sminfo` names the master by it.
     pub port_guid: String,
+    /// How the SM is reached.
+    #[serde(default)]
+    pub kind: SmKind,
     #[serde(default = "default_partitions_file")]
     pub partitions_file: PathBuf,
     pub pid_file: PathBuf,
     #[serde(default = "default_log_file")]
     pub log_file: PathBuf,
+    /// ssh: the host name or address, as the known_hosts file names it.
+    pub host: Option<String>,
+    /// ssh: the TCP port (default 22).
+    pub port: Option<u16>,
+    /// ssh: the remote account.
+    pub user: Option<String>,
+    /// ssh: the private key (public-key authentication only).
+    pub identity_file: Option<PathBuf>,
+    /// ssh: the only file the host's key is checked against (strict checking, always;
+    /// for a port other than 22 OpenSSH looks the host up as `[host]:port`).
+    pub known_hosts: Option<PathBuf>,
+    /// ssh: reuse one authenticated connection for every command (default true).
+    pub multiplex: Option<bool>,
+    /// ssh: bound on the TCP connect and the SSH handshake, ms (default 5000).
+    pub connect_timeout_ms: Option<u64>,
+    /// ssh: bound on each remote command, connection included, ms (default 15000).
+    pub command_timeout_ms: Option<u64>,
+}
+
+/// How an SM is reached.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmKind {
+    /// Files and signals on this machine.
+    #[default]
+    Local,
+    /// The OpenSSH client, key authentication, strict host-key checking.
+    Ssh,
+}
+
+/// An [`SmConfig`] made into the driver's type (kept apart from the boxed trait object
+/// so that the settings can be inspected).
+#[derive(Debug)]
+pub enum SmTarget {
+    Local(LocalSm),
+    Ssh(Box<SshSm>),
+}
+
+impl SmTarget {
+    fn boxed(self) -> Box<dyn SmHost> {
+        match self {
+            SmTarget::Local(s) => Box::new(s),
+            SmTarget::Ssh(s) => s,
+        }
+    }
+}
+
+impl SmConfig {
+    /// Checks the entry and makes the SM host it describes. Errors name the SM and the key.
+    pub fn target(&self) -> Result<SmTarget> {
+        let name = &self.name;
+        let port_guid: Guid = self.port_guid.parse().map_err(|e| {
+            anyhow::anyhow!("config: SM `{name}`: port_guid `{}`: {e}", self.port_guid)
+        })?;
+        let ssh_keys = [
+            ("host", self.host.is_some()),
+            ("port", self.port.is_some()),
+            ("user", self.user.is_some()),
+            ("identity_file", self.identity_file.is_some()),
+            ("known_hosts", self.known_hosts.is_some()),
+            ("multiplex", self.multiplex.is_some()),
+            ("connect_timeout_ms", self.connect_timeout_ms.is_some()),
+            ("command_timeout_ms", self.command_timeout_ms.is_some()),
+        ];
+        match self.kind {
+            SmKind::Local => {
+                if let Some((key, _)) = ssh_keys.iter().find(|(_, set)| *set) {
+                    anyhow::bail!(
+                        "config: SM `{name}`: `{key}` is a setting of kind = \"ssh\"; add kind = \"ssh\" to reach this SM over SSH, or remove `{key}`"
+                    );
+                }
+                Ok(SmTarget::Local(LocalSm {
+                    name: name.clone(),
+                    port_guid,
+                    partitions_file: self.partitions_file.clone(),
+                    pid_file: self.pid_file.clone(),
+                    log_file: self.log_file.clone(),
+                }))
+            }
+            SmKind::Ssh => {
+                let missing = |key: &str, why: &str| {
+                    anyhow::anyhow!("config: SM `{name}` (kind = \"ssh\"): missing `{key}`{why}")
+                };
+                let host = self.host.clone().ok_or_else(|| missing("host", ""))?;
+                let user = self.user.clone().ok_or_else(|| missing("user", ""))?;
+                let identity = self
+                    .identity_file
+                    .clone()
+                    .ok_or_else(|| missing("identity_file", " (the private key to log in with)"))?;
+                let known_hosts = self.known_hosts.clone().ok_or_else(|| {
+                    missing(
+                        "known_hosts",
+                        " (host keys are always checked: name the file that holds this host's key)",
+                    )
+                })?;
+                let mut ssh = SshConfig::new(host, user, identity, known_hosts);
+                ssh.port = self.port.unwrap_or(22);
+                ssh.multiplex = self.multiplex.unwrap_or(true);
+                if let Some(ms) = self.connect_timeout_ms {
+                    ssh.connect_timeout = Duration::from_millis(ms);
+                }
+                if let Some(ms) = self.command_timeout_ms {
+                    ssh.command_timeout = Duration::from_millis(ms);
+                }
+                let paths = RemotePaths {
+                    partitions_file: self.partitions_file.clone(),
+                    pid_file: self.pid_file.clone(),
+                    log_file: self.log_file.clone(),
+                };
+                let sm = SshSm::new(name.clone(), port_guid, ssh, paths)
+                    .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+                Ok(SmTarget::Ssh(Box::new(sm)))
+            }
+        }
+    }
 }
 
 fn default_partitions_file() -> PathBuf {
@@ -148,22 +269,39 @@ impl FabricConfig {
         }
     }
 
-    pub fn local_sms(&self) -> Result<Vec<LocalSm>> {
-        self.sm
-            .iter()
-            .map(|s| {
-                let port_guid: Guid = s.port_guid.parse().map_err(|e| {
-                    anyhow::anyhow!("config: SM `{}`: port_guid `{}`: {e}", s.name, s.port_guid)
-                })?;
-                Ok(LocalSm {
-                    name: s.name.clone(),
-                    port_guid,
-                    partitions_file: s.partitions_file.clone(),
-                    pid_file: s.pid_file.clone(),
-                    log_file: s.log_file.clone(),
-                })
-            })
-            .collect()
+    /// The applier of this config: its SM hosts, diagnostic tools, options and bounds.
+    pub fn applier(&self) -> Result<Applier> {
+        Ok(Applier {
+            sms: self.sm_hosts()?,
+            diag: self.diag_tools(),
+            sm_options: SmOptions {
+                allow_both_pkeys: self.allow_both_pkeys,
+            },
+            verify_scope: self.verify_scope,
+            sweep_timeout: Duration::from_millis(self.sweep_timeout_ms),
+            verify_timeout: Duration::from_millis(self.verify_timeout_ms),
+        })
+    }
+
+    /// Every `[[fabric.sm]]` entry as the driver's type, in the file's order.
+    pub fn sm_targets(&self) -> Result<Vec<SmTarget>> {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &self.sm {
+            if !seen.insert(s.name.as_str()) {
+                anyhow::bail!("config: two [[fabric.sm]] entries are named `{}`", s.name);
+            }
+        }
+        self.sm.iter().map(SmConfig::target).collect()
+    }
+
+    /// The SM hosts the applier writes to: the one place `[[fabric.sm]]` becomes
+    /// [`SmHost`]s (`weft fabric` and `weft controller` both use it).
+    pub fn sm_hosts(&self) -> Result<Vec<Box<dyn SmHost>>> {
+        Ok(self
+            .sm_targets()?
+            .into_iter()
+            .map(SmTarget::boxed)
+            .collect())
     }
 }
 
@@ -177,28 +315,127 @@ mod tests {
         assert!(err.to_string().contains("sweep_timeout"), "{err}");
     }
 
+    fn fabric(toml: &str) -> FabricConfig {
+        toml::from_str::<Config>(toml).unwrap().fabric
+    }
+
+    fn err_of(toml: &str) -> String {
+        match toml::from_str::<Config>(toml) {
+            Err(e) => e.to_string(),
+            Ok(c) => format!("{:#}", c.fabric.sm_targets().unwrap_err()),
+        }
+    }
+
+    const SSH: &str = "[[fabric.sm]]\nname = \"standby\"\nport_guid = \"0x0002c90300000a02\"\npid_file = \"/run/opensm.pid\"\nkind = \"ssh\"\nhost = \"sm2.example\"\nuser = \"weft\"\nidentity_file = \"/etc/weft/id_ed25519\"\nknown_hosts = \"/etc/weft/known_hosts\"\n";
+
     #[test]
     fn defaults_fill_what_the_file_leaves_out() {
-        let c: Config = toml::from_str(
+        let c = fabric(
             "[[fabric.sm]]\nname = \"primary\"\nport_guid = \"0x0002c90300000a01\"\npid_file = \"/run/opensm.pid\"\n",
-        )
-        .unwrap();
-        assert_eq!(c.fabric.sweep_timeout_ms, 5000);
-        let sms = c.fabric.local_sms().unwrap();
-        assert_eq!(sms[0].port_guid, Guid(0x0002c90300000a01));
+        );
+        assert_eq!(c.sweep_timeout_ms, 5000);
+        let sms = c.sm_targets().unwrap();
+        let [SmTarget::Local(sm)] = &sms[..] else {
+            panic!("{sms:?}")
+        };
+        assert_eq!(sm.port_guid, Guid(0x0002c90300000a01));
         assert_eq!(
-            sms[0].partitions_file,
+            sm.partitions_file,
             PathBuf::from("/etc/opensm/partitions.conf")
         );
+        let hosts = c.sm_hosts().unwrap();
+        assert_eq!(hosts[0].name(), "primary");
     }
 
     #[test]
     fn a_bad_guid_names_the_sm() {
-        let c: Config = toml::from_str(
-            "[[fabric.sm]]\nname = \"primary\"\nport_guid = \"node3\"\npid_file = \"/p\"\n",
-        )
-        .unwrap();
-        let err = c.fabric.local_sms().unwrap_err().to_string();
+        let err =
+            err_of("[[fabric.sm]]\nname = \"primary\"\nport_guid = \"node3\"\npid_file = \"/p\"\n");
         assert!(err.contains("primary") && err.contains("node3"), "{err}");
+    }
+
+    #[test]
+    fn an_ssh_entry_takes_its_defaults_and_its_remote_paths() {
+        let c = fabric(SSH);
+        let sms = c.sm_targets().unwrap();
+        let [SmTarget::Ssh(sm)] = &sms[..] else {
+            panic!("{sms:?}")
+        };
+        let ssh = sm.ssh();
+        assert_eq!(
+            (
+                ssh.host.as_str(),
+                ssh.port,
+                ssh.user.as_str(),
+                ssh.multiplex
+            ),
+            ("sm2.example", 22, "weft", true)
+        );
+        assert_eq!(ssh.identity_file, PathBuf::from("/etc/weft/id_ed25519"));
+        assert_eq!(ssh.known_hosts_file, PathBuf::from("/etc/weft/known_hosts"));
+        assert_eq!(ssh.connect_timeout, Duration::from_secs(5));
+        assert_eq!(sm.port_guid(), Guid(0x0002c90300000a02));
+        assert!(sm.multiplexed());
+        let p = sm.paths();
+        assert_eq!(
+            p.partitions_file,
+            PathBuf::from("/etc/opensm/partitions.conf")
+        );
+        assert_eq!(p.pid_file, PathBuf::from("/run/opensm.pid"));
+        assert_eq!(p.log_file, PathBuf::from("/var/log/opensm.log"));
+    }
+
+    #[test]
+    fn an_ssh_entry_takes_what_the_file_gives() {
+        let c = fabric(&format!(
+            "{SSH}port = 2222\nmultiplex = false\nconnect_timeout_ms = 1500\ncommand_timeout_ms = 4000\npartitions_file = \"/srv/sm/p.conf\"\nlog_file = \"/srv/sm/osm.log\"\n"
+        ));
+        let sms = c.sm_targets().unwrap();
+        let [SmTarget::Ssh(sm)] = &sms[..] else {
+            panic!("{sms:?}")
+        };
+        assert_eq!((sm.ssh().port, sm.ssh().multiplex), (2222, false));
+        assert!(!sm.multiplexed());
+        assert_eq!(sm.ssh().connect_timeout, Duration::from_millis(1500));
+        assert_eq!(sm.ssh().command_timeout, Duration::from_millis(4000));
+        assert_eq!(sm.paths().partitions_file, PathBuf::from("/srv/sm/p.conf"));
+        assert_eq!(sm.paths().log_file, PathBuf::from("/srv/sm/osm.log"));
+    }
+
+    #[test]
+    fn an_ssh_entry_without_a_required_key_names_the_sm_and_the_key() {
+        for key in ["host", "user", "identity_file", "known_hosts"] {
+            let toml: String = SSH
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key} =")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let err = err_of(&toml);
+            assert!(
+                err.contains("`standby`") && err.contains(&format!("missing `{key}`")),
+                "{key}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn ssh_keys_on_a_local_entry_and_unknown_keys_are_errors_naming_them() {
+        let local = SSH.replace("kind = \"ssh\"\n", "");
+        let err = err_of(&local);
+        assert!(
+            err.contains("`standby`") && err.contains("`host`") && err.contains("kind = \"ssh\""),
+            "{err}"
+        );
+        let err = err_of(&format!("{SSH}known_host = \"/x\"\n"));
+        assert!(err.contains("known_host"), "{err}");
+        let err = err_of(&SSH.replace("\"ssh\"", "\"telnet\""));
+        assert!(err.contains("telnet"), "{err}");
+        let err = err_of(&format!("{SSH}port = 0\n"));
+        assert!(err.contains("standby") && err.contains("port"), "{err}");
+        let err = err_of(&format!(
+            "{SSH}{}",
+            SSH.replace("0x0002c90300000a02", "0x1")
+        ));
+        assert!(err.contains("two") && err.contains("`standby`"), "{err}");
     }
 }

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Compiled, Inventory, Plan, PortMismatch, SmOptions, Violation};
-use weft_opensm::{Applier, ApplyError, FabricSnapshot, SmHost, VerifyScope};
+use weft_fabric::{Compiled, Inventory, Plan, PortMismatch, Violation};
+use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, SmHost, VerifyScope};
 
 use crate::config::{Config, FabricConfig};
 use crate::output::{json, keys, table};
@@ -34,7 +34,9 @@ pub enum FabricCommand {
     #[command(after_help = "Example:\n  weft fabric diff plan.toml")]
     Diff { plan: PathBuf },
     /// Apply a plan: write it to every SM, reread, verify every port, roll back on failure.
-    #[command(after_help = "Example:\n  weft --config weft.toml fabric apply plan.toml")]
+    #[command(
+        after_help = "Example:\n  weft --config weft.toml fabric apply plan.toml\n\nExit codes:\n  0  applied: every SM holds the new file and the ports verified\n  1  not applied (the plan is invalid, or a check failed and the previous file was\n     restored); or applied and verified through the master while a standby's host\n     could not be reached: that standby still holds the old file and would bring it\n     back if it took over, so the apply is listed as degraded (WARN) and is to be\n     run again once the host is back\n  2  usage or environment error"
+    )]
     Apply {
         plan: PathBuf,
         #[command(flatten)]
@@ -143,8 +145,15 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                             }
                         );
                         print_sm_states(&r.sms);
+                        print_degraded(&r);
                     }
-                    Ok(EXIT_OK)
+                    // Degraded: the ports are right, but a standby holds the old file and
+                    // would program it if it took over; that is a failed check (retry).
+                    Ok(if r.degraded.is_empty() {
+                        EXIT_OK
+                    } else {
+                        EXIT_CHECK_FAILED
+                    })
                 }
                 Err(ApplyError::RolledBack {
                     cause,
@@ -268,30 +277,19 @@ fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<V
 }
 
 fn applier(fc: &FabricConfig, timeouts: Option<&Timeouts>) -> Result<Applier> {
-    let sms = fc.local_sms()?;
-    let sweep = timeouts
-        .and_then(|t| t.sweep_timeout_ms)
-        .unwrap_or(fc.sweep_timeout_ms);
-    let verify = timeouts
-        .and_then(|t| t.verify_timeout_ms)
-        .unwrap_or(fc.verify_timeout_ms);
-    Ok(Applier {
-        sms: sms
-            .into_iter()
-            .map(|s| Box::new(s) as Box<dyn SmHost>)
-            .collect(),
-        diag: fc.diag_tools(),
-        sm_options: SmOptions {
-            allow_both_pkeys: fc.allow_both_pkeys,
-        },
-        verify_scope: if timeouts.is_some_and(|t| t.verify_all) {
-            VerifyScope::All
-        } else {
-            fc.verify_scope
-        },
-        sweep_timeout: Duration::from_millis(sweep),
-        verify_timeout: Duration::from_millis(verify),
-    })
+    let mut a = fc.applier()?;
+    if let Some(t) = timeouts {
+        if let Some(ms) = t.sweep_timeout_ms {
+            a.sweep_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = t.verify_timeout_ms {
+            a.verify_timeout = Duration::from_millis(ms);
+        }
+        if t.verify_all {
+            a.verify_scope = VerifyScope::All;
+        }
+    }
+    Ok(a)
 }
 
 /// The config the master SM holds now, parsed strictly.
@@ -392,6 +390,31 @@ fn print_port_changes(m: &[PortMismatch], snapshot: &FabricSnapshot, what: &str)
         table(["NODE", "PORT GUID", "LID", "+ P_KEYS", "- P_KEYS"], rows)
     );
     println!("{} port(s) {what}", m.len());
+}
+
+/// The WARN lines of a degraded apply: each SM left out and why, then what to do.
+fn print_degraded(r: &ApplyReport) {
+    if r.degraded.is_empty() {
+        return;
+    }
+    for s in r.sms.iter().filter(|s| r.degraded.contains(&s.name)) {
+        eprintln!(
+            "WARN SM `{}` was not updated: {}",
+            s.name,
+            s.error.as_deref().unwrap_or("host unreachable")
+        );
+    }
+    let master = r
+        .sms
+        .iter()
+        .find(|s| s.master)
+        .map(|s| format!(" `{}`", s.name))
+        .unwrap_or_default();
+    let names: Vec<String> = r.degraded.iter().map(|n| format!("`{n}`")).collect();
+    eprintln!(
+        "weft: applied and verified on the master{master}; standby {} unreachable and still on the old file: run the apply again once it is back",
+        names.join(", ")
+    );
 }
 
 fn print_sm_states(states: &[weft_opensm::SmState]) {

@@ -1,6 +1,9 @@
 //! The fabric controller as a person runs it: `weft controller` and `weft agent` as
 //! processes, `weft tenant|group|nodes|audit` against them, the real OpenSM (primary and
-//! standby) on an ibsim fabric, and a kill -9 of the controller in the middle of a move.
+//! standby) on an ibsim fabric, each SM host behind its own real sshd on loopback (the
+//! controller reaches both over SSH, throwaway host and user keys, strict host-key
+//! checking), a kill -9 of the controller in the middle of a move, a standby host that
+//! goes down and comes back, and a kill -9 of the master SM.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,7 +15,7 @@ use weft_controller::auth::Secret;
 use weft_controller::client::Client;
 use weft_fabric::{Guid, conf};
 use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
-use weft_testbed::{SimFabric, SmHandle, SmSpec, Topology};
+use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Sshd, Topology};
 
 const ADMIN: &str = "wfa_cluster-test-admin";
 
@@ -59,6 +62,8 @@ fn ok(o: Output) -> String {
 struct Bed {
     fabric: SimFabric,
     sms: Vec<(SmHandle, PathBuf)>,
+    /// The SM hosts' sshd, in the order of `sms`.
+    sshd: Vec<Sshd>,
 }
 
 fn bed(topology: &Topology) -> Bed {
@@ -74,7 +79,11 @@ fn bed(topology: &Topology) -> Bed {
             .expect("OpenSM starts");
         sms.push((h, file));
     }
-    Bed { fabric, sms }
+    let sshd = vec![
+        Sshd::start().expect("sshd starts"),
+        Sshd::start().expect("sshd starts"),
+    ];
+    Bed { fabric, sms, sshd }
 }
 
 impl Bed {
@@ -89,14 +98,22 @@ impl Bed {
         for (k, v) in self.fabric.client_env("smhost") {
             t.push_str(&format!("{k} = \"{v}\"\n"));
         }
-        for (h, file) in &self.sms {
+        // Each SM is reached over SSH through its own sshd; the paths are on its host.
+        for ((h, file), sshd) in self.sms.iter().zip(&self.sshd) {
             t.push_str(&format!(
-                "[[fabric.sm]]\nname = \"{}\"\nport_guid = \"{:#018x}\"\npartitions_file = \"{}\"\npid_file = \"{}\"\nlog_file = \"{}\"\n",
+                "[[fabric.sm]]\nname = \"{}\"\nport_guid = \"{:#018x}\"\npartitions_file = \"{}\"\npid_file = \"{}\"\nlog_file = \"{}\"\n\
+                 kind = \"ssh\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_hosts = \"{}\"\n\
+                 connect_timeout_ms = 3000\ncommand_timeout_ms = 10000\n",
                 h.name,
                 h.port_guid,
                 file.display(),
                 h.pid_file.display(),
-                h.log_file.display()
+                h.log_file.display(),
+                sshd.host(),
+                sshd.port(),
+                sshd.user(),
+                sshd.identity_file().display(),
+                sshd.known_hosts_file().display(),
             ));
         }
         t
@@ -139,9 +156,14 @@ impl Bed {
             std::fs::read_to_string(&self.sms[1].1).unwrap(),
             "primary and standby differ"
         );
+        self.ports_hold(&primary)
+    }
+
+    /// Every end port holds what `file` says; the P_Key tables of node1..node4.
+    fn ports_hold(&self, file: &str) -> Vec<Vec<u16>> {
         let a = self.applier();
-        let v = a.verify(&conf::parse(&primary).unwrap()).unwrap();
-        assert!(v.mismatches.is_empty(), "{:?}\n{primary}", v.mismatches);
+        let v = a.verify(&conf::parse(file).unwrap()).unwrap();
+        assert!(v.mismatches.is_empty(), "{:?}\n{file}", v.mismatches);
         let snap = a.diag.snapshot().unwrap();
         (1..=4)
             .map(|n| {
@@ -155,6 +177,108 @@ impl Bed {
             })
             .collect()
     }
+}
+
+/// A host that comes back: the sshd that `Sshd::kill` took down, started again from the
+/// config `Sshd` wrote (same port, host key and authorized key). Killed with its session
+/// processes, by pid, on drop.
+struct SshdAgain(Child);
+
+impl SshdAgain {
+    fn start(sshd: &Sshd) -> SshdAgain {
+        let log = sshd.dir().join("sshd-again.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(weft_testbed::SSHD)
+            .args(["-D", "-e", "-f"])
+            .arg(sshd.dir().join("sshd_config"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("sshd starts again");
+        let again = SshdAgain(child);
+        let listening = format!("Server listening on 127.0.0.1 port {}.", sshd.port());
+        until("sshd to listen again", Duration::from_secs(10), || {
+            std::fs::read_to_string(&log)
+                .ok()?
+                .contains(&listening)
+                .then_some(())
+        });
+        again
+    }
+}
+
+impl Drop for SshdAgain {
+    fn drop(&mut self) {
+        let pid = self.0.id();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGSTOP);
+        for p in descendants(pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), Signal::SIGKILL);
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every process below `root`, from /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let parent_of: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Stops the controller with SIGTERM (so that it closes its SSH connections) and waits
+/// for it, at most 10 s; the drop kills it otherwise.
+fn stop(mut p: Proc) {
+    let pid = nix::unistd::Pid::from_raw(p.0.id() as i32);
+    let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if matches!(p.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(p);
+}
+
+/// The audit lines about `subject`, as (action, outcome).
+fn audit_of(d: &Path, env: &[(&str, &str)], subject: &str) -> Vec<(String, String)> {
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(weft(d, env, &["--json", "audit", "--limit", "1000"]))).unwrap();
+    audit
+        .iter()
+        .filter(|e| e["subject"] == subject)
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_string(),
+                e["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
 }
 
 fn free_port() -> u16 {
@@ -256,12 +380,16 @@ fn every_cluster_command_has_help_with_an_example() {
     assert!(text(&o).contains("127.0.0.1:9"), "{}", text(&o));
 }
 
-/// The whole story through the binary; the controller is killed with SIGKILL after it
-/// wrote the move to the standby SM and before it verified it, then restarted.
+/// The whole story through the binary, both SMs reached over SSH: two tenants' groups;
+/// a move during which the controller is killed with SIGKILL (after it wrote the move to
+/// the standby SM, before it verified it) and restarted; a removal while the standby's
+/// host is down (applied through the master, degraded, delivered again once the host is
+/// back); kill -9 of the master SM (the standby takes over with the current file); the
+/// removal of a group through the new master. The ports are checked after every step.
 #[test]
-fn a_move_survives_kill_9_of_the_controller_and_the_audit_says_how_it_ended() {
+fn the_controller_over_ssh_survives_kill_9_a_standby_host_down_and_a_master_sm_failover() {
     let topology = Topology::single_switch(4);
-    let bed = bed(&topology);
+    let mut bed = bed(&topology);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("weft.toml"), bed.config_toml()).unwrap();
@@ -373,6 +501,16 @@ fn a_move_survives_kill_9_of_the_controller_and_the_audit_says_how_it_ended() {
         &["group", "list"],
     ));
     assert!(seen.contains("alice") && !seen.contains("bob"), "{seen}");
+    // ... and another tenant's group answers as one that does not exist.
+    let as_alice = Client::new(
+        &url,
+        Some(Secret::new(alice.as_str())),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let err = rt().block_on(as_alice.group("b")).unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+    assert!(rt().block_on(as_alice.group("a")).is_ok());
 
     // The move; kill -9 the controller once the standby holds the new file.
     let before = std::fs::read_to_string(&bed.sms[1].1).unwrap();
@@ -431,6 +569,157 @@ fn a_move_survives_kill_9_of_the_controller_and_the_audit_says_how_it_ended() {
         human.contains("group.move") && human.contains("+b=0x0a02"),
         "{human}"
     );
-    drop(controller);
+
+    // Both SM hosts were reached over SSH with the throwaway key.
+    for sshd in &bed.sshd {
+        assert!(sshd.log().contains("Accepted publickey"), "{}", sshd.log());
+    }
+
+    // The standby's host goes down (sshd and its sessions killed): a removal is applied
+    // and verified through the master, the standby is reported degraded and left as it
+    // was; once the host is back, the controller delivers again and the standby catches up.
+    let standby_before = std::fs::read_to_string(&bed.sms[1].1).unwrap();
+    bed.sshd[1].kill().unwrap();
+    let out = ok(weft(d, &env, &["group", "remove", "b", "node4"]));
+    assert!(out.contains("applied and verified"), "{out}");
+    until(
+        "the standby reported degraded",
+        Duration::from_secs(20),
+        || {
+            audit_of(d, &env, "sm standby")
+                .contains(&("sm".into(), "degraded".into()))
+                .then_some(())
+        },
+    );
+    let primary_now = std::fs::read_to_string(&bed.sms[0].1).unwrap();
+    assert_ne!(primary_now, standby_before);
+    assert_eq!(
+        std::fs::read_to_string(&bed.sms[1].1).unwrap(),
+        standby_before,
+        "the standby's host was down"
+    );
+    let t = bed.ports_hold(&primary_now);
+    assert!(
+        !t[3].contains(&kb) && t[2].contains(&kb),
+        "node4 out of b: {t:x?}"
+    );
+    let detail: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(weft(d, &env, &["--json", "audit", "--limit", "5"]))).unwrap();
+    assert!(
+        detail.iter().any(|e| e["action"] == "apply"
+            && e["outcome"] == "applied"
+            && e["detail"].as_str().unwrap().contains("degraded")),
+        "{detail:?}"
+    );
+    let again = SshdAgain::start(&bed.sshd[1]);
+    until("the standby in sync again", Duration::from_secs(60), || {
+        (audit_of(d, &env, "sm standby")
+            == [
+                ("sm".to_string(), "degraded".to_string()),
+                ("sm".to_string(), "in-sync".to_string()),
+            ])
+        .then_some(())
+    });
+    let t = bed.verified();
+    assert!(!t[3].contains(&kb) && !t[3].contains(&ka), "{t:x?}");
+
+    // kill -9 the master SM: the standby takes over with the current file, and every
+    // port holds what the controller last applied.
+    bed.fabric.kill_sm("primary", Signal::SIGKILL).unwrap();
+    let took = bed
+        .fabric
+        .wait_master("node1", "standby", Duration::from_secs(60))
+        .expect("the standby takes over");
+    eprintln!("failover: standby MASTER after {took:?}");
+    let status = rt().block_on(admin.status()).unwrap();
+    let standby_file = std::fs::read(&bed.sms[1].1).unwrap();
+    assert_eq!(
+        status.applied_checksum.as_deref(),
+        Some(weft_opensm::checksum(&standby_file).as_str()),
+        "the new master holds what the controller applied"
+    );
+    // `weft fabric verify` (over SSH, against the master's file) once the new master swept.
+    let fabric_env = [("WEFT_CONTROLLER", url.as_str())];
+    until(
+        "the ports verified under the new master",
+        Duration::from_secs(30),
+        || {
+            let o = weft(
+                d,
+                &fabric_env,
+                &["--config", "weft.toml", "fabric", "verify"],
+            );
+            (o.status.code() == Some(0)).then(|| text(&o))
+        },
+    );
+    let t = bed.verified();
+    assert!(
+        t[0].contains(&ka) && t[1].contains(&kb) && t[2].contains(&kb),
+        "after failover: {t:x?}"
+    );
+
+    // Remove a whole group through the new master (the old master's host still takes
+    // the file over SSH).
+    let out = ok(weft(d, &env, &["group", "remove", "a"]));
+    assert!(out.contains("applied and verified"), "{out}");
+    let t = bed.verified();
+    assert!(
+        !t[0].contains(&ka) && !t[1].contains(&ka) && t[1].contains(&kb) && t[2].contains(&kb),
+        "group a gone: {t:x?}"
+    );
+
+    stop(controller);
+    drop(again);
     drop(agents);
+}
+
+/// `weft fabric apply` with both SMs over SSH and the standby's host down: the master is
+/// updated and verified, the output warns that the standby was left out, and the exit
+/// code is 1 (the standby would bring the old file back if it took over); run again once
+/// the host is back, the apply exits 0 with both SMs holding the file.
+#[test]
+fn fabric_apply_over_ssh_with_the_standby_down_warns_and_exits_1_until_retried() {
+    let mut bed = bed(&Topology::single_switch(4));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("weft.toml"), bed.config_toml()).unwrap();
+    std::fs::write(
+        d.join("plan.toml"),
+        "[default]\npolicy = \"isolate\"\n[[partition]]\nname = \"alice\"\ntenant = \"alice\"\npkey = \"0x0a0a\"\nmembers = [{ node = \"node1\" }, { node = \"node2\" }]\n",
+    )
+    .unwrap();
+    let standby_before = std::fs::read_to_string(&bed.sms[1].1).unwrap();
+    bed.sshd[1].kill().unwrap();
+    let apply = ["--config", "weft.toml", "fabric", "apply", "plan.toml"];
+    let o = weft(d, &[], &apply);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("applied: "), "{out}");
+    assert!(
+        out.contains("WARN SM `standby` was not updated") && out.contains("unreachable"),
+        "{out}"
+    );
+    assert!(
+        out.contains("applied and verified on the master `primary`; standby `standby` unreachable"),
+        "{out}"
+    );
+    let primary = std::fs::read_to_string(&bed.sms[0].1).unwrap();
+    assert!(primary.contains("0x0a0a"), "{primary}");
+    assert_eq!(
+        std::fs::read_to_string(&bed.sms[1].1).unwrap(),
+        standby_before
+    );
+    let t = bed.ports_hold(&primary);
+    assert!(t[0].contains(&0x8a0a) && !t[2].contains(&0x8a0a), "{t:x?}");
+    // --json says the same, with the same exit code.
+    let o = weft(d, &[], &[&["--json"][..], &apply].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["degraded"], serde_json::json!(["standby"]), "{r}");
+
+    let _again = SshdAgain::start(&bed.sshd[1]);
+    let o = weft(d, &[], &apply);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("WARN"), "{}", text(&o));
+    bed.verified();
 }
