@@ -12,8 +12,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use weft_agent::HostReport;
 
+use std::sync::Arc;
+
 use crate::auth::Secret;
 use crate::client::{Client, ClientError};
+use crate::metrics::AgentMetrics;
 
 /// The agent's knobs.
 #[derive(Debug, Clone)]
@@ -34,6 +37,8 @@ pub struct AgentConfig {
     pub request_timeout: Duration,
     /// The longest pause between retries.
     pub max_backoff: Duration,
+    /// Where to count requests and discoveries, when the agent exposes `/metrics`.
+    pub metrics: Option<Arc<AgentMetrics>>,
 }
 
 impl AgentConfig {
@@ -49,6 +54,7 @@ impl AgentConfig {
             rescan: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(30),
+            metrics: None,
         }
     }
 }
@@ -94,10 +100,22 @@ enum Event {
 
 async fn discover(cfg: &AgentConfig) -> Result<HostReport, AgentError> {
     let root = cfg.sysfs_root.clone();
-    tokio::task::spawn_blocking(move || weft_agent::discover(&root))
+    let report = tokio::task::spawn_blocking(move || weft_agent::discover(&root))
         .await
         .map_err(|e| AgentError::Discover(e.to_string()))?
-        .map_err(|e| AgentError::Discover(e.to_string()))
+        .map_err(|e| AgentError::Discover(e.to_string()))?;
+    if let Some(m) = &cfg.metrics {
+        m.rdma_ports
+            .set(i64::try_from(report.port_guids().len()).unwrap_or(i64::MAX));
+    }
+    Ok(report)
+}
+
+/// Counts a request's outcome when the agent has metrics.
+fn count<T>(cfg: &AgentConfig, kind: &str, r: &Result<T, ClientError>) {
+    if let Some(m) = &cfg.metrics {
+        m.record(kind, r.is_ok());
+    }
 }
 
 fn refused(e: &ClientError) -> bool {
@@ -174,8 +192,14 @@ pub async fn run(
         None => {
             let token = cfg.enroll_token.clone().ok_or(AgentError::NoToken)?;
             let host = report.hostname.clone();
+            let cfg_ref = &cfg;
             let Some(enrolled) = retry("enrolling", cfg.max_backoff, &mut stop, || {
-                anonymous.enroll(&token, &host)
+                let call = anonymous.enroll(&token, &host);
+                async move {
+                    let r = call.await;
+                    count(cfg_ref, "enroll", &r);
+                    r
+                }
             })
             .await?
             else {
@@ -191,9 +215,14 @@ pub async fn run(
         }
     };
     let client = anonymous.with_token(Some(creds.secret.clone()));
+    let cfg_ref = &cfg;
     let send = |r: HostReport| {
         let client = client.clone();
-        async move { client.report(&r).await }
+        async move {
+            let result = client.report(&r).await;
+            count(cfg_ref, "report", &result);
+            result
+        }
     };
     let Some(ack) = retry("reporting", cfg.max_backoff, &mut stop, || {
         send(report.clone())
@@ -217,13 +246,17 @@ pub async fn run(
         };
         match event {
             Event::Shutdown => return Ok(()),
-            Event::Heartbeat => match client.heartbeat().await {
-                Ok(()) => {}
-                Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
-                Err(e) => {
-                    tracing::warn!(error = %e, "heartbeat failed; next one in {:?}", cfg.heartbeat)
+            Event::Heartbeat => {
+                let result = client.heartbeat().await;
+                count(&cfg, "heartbeat", &result);
+                match result {
+                    Ok(()) => {}
+                    Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "heartbeat failed; next one in {:?}", cfg.heartbeat)
+                    }
                 }
-            },
+            }
             Event::Rescan => {
                 let now = discover(&cfg).await?;
                 if now != report {

@@ -123,3 +123,98 @@ impl Metrics {
         out
     }
 }
+
+/// Labels of one agent request: what it was and how it ended.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentRequest {
+    /// `enroll`, `report` or `heartbeat`.
+    pub kind: String,
+    /// `ok` or `error`.
+    pub outcome: String,
+}
+
+/// Prometheus metrics of one agent (`weft agent --metrics-listen`).
+#[derive(Debug)]
+pub struct AgentMetrics {
+    registry: Registry,
+    /// Requests to the controller by kind and outcome.
+    pub requests: Family<AgentRequest, Counter>,
+    /// RDMA ports found at the last discovery.
+    pub rdma_ports: Gauge,
+    /// Unix time of the last request the controller accepted.
+    pub last_success: Gauge,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("weft_agent");
+        let requests = Family::<AgentRequest, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests to the controller by kind and outcome",
+            requests.clone(),
+        );
+        let rdma_ports = Gauge::default();
+        registry.register(
+            "rdma_ports",
+            "RDMA ports found at the last discovery",
+            rdma_ports.clone(),
+        );
+        let last_success = Gauge::default();
+        registry.register(
+            "last_success_timestamp_seconds",
+            "Unix time of the last request the controller accepted",
+            last_success.clone(),
+        );
+        AgentMetrics {
+            registry,
+            requests,
+            rdma_ports,
+            last_success,
+        }
+    }
+}
+
+impl AgentMetrics {
+    /// Counts one request to the controller.
+    pub fn record(&self, kind: &str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.requests
+            .get_or_create(&AgentRequest {
+                kind: kind.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        if ok {
+            self.last_success
+                .set(i64::try_from(crate::unix_now()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// A router serving `/metrics`, for the agent's own listener.
+    pub fn app(self: std::sync::Arc<Self>) -> axum::Router {
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = self.clone();
+                async move { m.encode() }
+            }),
+        )
+    }
+
+    /// Serves [`AgentMetrics::app`] on `listener` until the task is dropped.
+    pub async fn serve(
+        self: std::sync::Arc<Self>,
+        listener: tokio::net::TcpListener,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.app()).await
+    }
+}

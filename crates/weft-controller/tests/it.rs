@@ -628,3 +628,53 @@ async fn four_agents_two_tenants_a_move_and_a_removal_each_verified_on_every_por
         let _ = stop.send(true);
     }
 }
+
+/// The agent's own `/metrics`: enrollment, reports and heartbeats by outcome, the ports it
+/// found, and requests that fail when the controller cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_exposes_its_requests_and_ports_as_metrics() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let metrics = Arc::new(weft_controller::metrics::AgentMetrics::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/metrics", local(&listener));
+    tokio::spawn(metrics.clone().serve(listener));
+    let mut cfg = ctl.agent("node1", 0x100, &[1, 2]).await;
+    cfg.metrics = Some(metrics.clone());
+    let (_stop, _task) = spawn_agent(cfg);
+    let scrape = || async { reqwest::get(&url).await.ok()?.text().await.ok() };
+    let text = until(
+        "a heartbeat in the agent's metrics",
+        Duration::from_secs(15),
+        || async {
+            let t = scrape().await?;
+            t.contains("weft_agent_requests_total{kind=\"heartbeat\",outcome=\"ok\"}")
+                .then_some(t)
+        },
+    )
+    .await;
+    assert!(
+        text.contains("weft_agent_requests_total{kind=\"enroll\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("weft_agent_requests_total{kind=\"report\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("weft_agent_rdma_ports 2"), "{text}");
+    // An agent whose controller cannot be reached counts its failed enrollments.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://{}", local(&closed));
+    drop(closed);
+    let failing = Arc::new(weft_controller::metrics::AgentMetrics::default());
+    let mut cfg = ctl.agent("node2", 0x200, &[1]).await;
+    cfg.controller = nowhere;
+    cfg.metrics = Some(failing.clone());
+    let (_stop2, _task2) = spawn_agent(cfg);
+    until("a failed enrollment", Duration::from_secs(15), || async {
+        failing
+            .encode()
+            .contains("weft_agent_requests_total{kind=\"enroll\",outcome=\"error\"}")
+            .then_some(())
+    })
+    .await;
+}

@@ -115,6 +115,9 @@ pub struct AgentArgs {
     /// Rediscovery period, seconds.
     #[arg(long, default_value_t = 30.0)]
     rescan_s: f64,
+    /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:7102.
+    #[arg(long, env = "WEFT_AGENT_METRICS")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args)]
@@ -342,7 +345,20 @@ fn agent(a: AgentArgs) -> Result<u8> {
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
     cfg.rescan = Duration::from_secs_f64(a.rescan_s.max(0.05));
+    let metrics_listen = a.metrics_listen;
     runtime()?.block_on(async move {
+        if let Some(addr) = metrics_listen {
+            let metrics = std::sync::Arc::new(weft_controller::metrics::AgentMetrics::default());
+            cfg.metrics = Some(metrics.clone());
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+            tokio::spawn(async move {
+                if let Err(e) = metrics.serve(listener).await {
+                    tracing::warn!(error = %e, "the metrics listener stopped");
+                }
+            });
+        }
         let (tx, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             weft_controller::shutdown_signal().await;
