@@ -1,6 +1,7 @@
 //! `weft`: the command a person types. Argument parsing, configuration and output
 //! formatting only; every decision is made in the library crates.
 
+mod bench;
 mod cluster;
 mod config;
 mod fabric;
@@ -41,6 +42,9 @@ enum Command {
     Fabric(fabric::FabricCommand),
     #[command(flatten)]
     Cluster(cluster::ClusterCommand),
+    /// Benchmarks over the plugin: collectives (nccl-tests style).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
     let outcome = config::Config::load(cli.config.as_deref()).and_then(|cfg| match cli.command {
         Command::Fabric(cmd) => fabric::run(cmd, &cfg, cli.json),
         Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
+        Command::Bench(cmd) => bench::run(cmd, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -1,6 +1,7 @@
 //! The `weft` binary as a person runs it: exit codes, messages, `--json`, and the
 //! fabric verbs against the real OpenSM on an ibsim fabric.
 
+mod bench;
 mod cluster;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,105 @@
+//! `weft bench` and `weft doctor` as a library: what the CLI calls.
+//!
+//! * [`comm`] and [`perf`]: collectives (all-reduce, all-gather, reduce-scatter, broadcast,
+//!   reduce, all-to-all, send/recv; ring and tree) on host memory through the NCCL net plugin's
+//!   C ABI opened with `dlopen` ([`net`]), the code path NCCL itself takes, with no GPU; ranks
+//!   meet through a TCP rendezvous ([`bootstrap`]); results are checked element by element and
+//!   reported the way nccl-tests reports them.
+//! * [`p2p`]: bandwidth, latency and path MTU between every pair of hosts on the data network,
+//!   with the pairs far below the median named, and a PNG heat map.
+//! * [`doctor`]: per-host facts gathered through a [`runner::HostRunner`] (local, SSH, or a
+//!   network namespace), compared across hosts into PASS / WARN / FAIL findings with remedies.
+//!
+//! It is not a replacement for nccl-tests on GPUs (no device memory, no NCCL), and it holds no
+//! private copy of the transport: bytes move through `libnccl_net_weft.so` or plain sockets.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weft_bench::{bootstrap::Bootstrap, comm::{Comm, CommOptions}, net::Plugin, perf};
+//!
+//! # fn main() -> Result<(), weft_bench::BenchError> {
+//! // In each of 2 processes (rank 0 and rank 1):
+//! let rank = 0;
+//! let plugin = Plugin::load(std::path::Path::new("target/debug/libnccl_net_weft.so"))?;
+//! let boot = Bootstrap::join("127.0.0.1:29600".parse().unwrap(), rank, 2, Duration::from_secs(30))?;
+//! let opts = perf::PerfOptions { min_bytes: 1 << 20, max_bytes: 1 << 20, ..Default::default() };
+//! let mut comm = Comm::new(plugin, boot, &CommOptions { max_bytes: 1 << 20, timeout: Duration::from_secs(30), dev: 0 })?;
+//! let report = perf::run(&mut comm, &opts, &mut |_, _, _| {})?;
+//! assert_eq!(report.wrong, 0);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod bootstrap;
+pub mod comm;
+pub mod dtype;
+pub mod net;
+pub mod perf;
+
+/// Errors of the bench and doctor library. Messages name the rank, peer or host at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The plugin failed to load or a call returned an error.
+    #[error("plugin: {0}")]
+    Plugin(String),
+    /// The rendezvous failed.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// A bounded wait ran out.
+    #[error("timeout: {0}")]
+    Timeout(String),
+    /// Bad arguments.
+    #[error("{0}")]
+    Usage(String),
+    /// Running a command on a host failed.
+    #[error("host {host}: {msg}")]
+    Host { host: String, msg: String },
+    /// Other I/O.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub mod runner;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Who this process is in a collectives run, and how it meets the others.
+#[derive(Debug, Clone)]
+pub struct RankSpec {
+    pub rank: usize,
+    pub nranks: usize,
+    /// Rank 0 listens here; the others connect.
+    pub rendezvous: SocketAddr,
+    /// `libnccl_net_weft.so` (or any ncclNet v8 plugin).
+    pub plugin: PathBuf,
+    /// Bound on the rendezvous, the connections and every transfer.
+    pub timeout: Duration,
+    /// The plugin device to use.
+    pub dev: usize,
+}
+
+/// One rank of a collectives run: load the plugin, meet the other ranks, connect, run `opts`.
+pub fn run_rank(
+    spec: &RankSpec,
+    opts: &perf::PerfOptions,
+    progress: &mut dyn FnMut(&perf::Row, usize, usize),
+) -> Result<perf::Report, BenchError> {
+    let plugin = net::Plugin::load(&spec.plugin)?;
+    let boot = bootstrap::Bootstrap::join(spec.rendezvous, spec.rank, spec.nranks, spec.timeout)?;
+    let mut comm = comm::Comm::new(
+        plugin,
+        boot,
+        &comm::CommOptions {
+            max_bytes: opts.max_bytes,
+            timeout: spec.timeout,
+            dev: spec.dev,
+        },
+    )?;
+    perf::run(&mut comm, opts, progress)
+}

@@ -1,0 +1,597 @@
+//! The nccl-tests driver: sizes, warm-up, timed iterations, checking, bus bandwidth, and the
+//! output nccl-tests users already read (its table, its footer), plus CSV and JSON.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+use crate::comm::{Algo, Buf, Coll, Comm};
+use crate::dtype::{DataType, Expect, RedOp, count_wrong, fill};
+
+/// How per-rank times combine into the reported time (nccl-tests' `-a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Average {
+    Rank0,
+    Avg,
+    Min,
+    Max,
+}
+
+impl Average {
+    /// From nccl-tests' `-a` number (0 rank 0, 1 average, 2 min, 3 max).
+    pub fn from_flag(a: u8) -> Option<Average> {
+        [Average::Rank0, Average::Avg, Average::Min, Average::Max]
+            .get(usize::from(a))
+            .copied()
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PerfOptions {
+    pub colls: Vec<Coll>,
+    pub types: Vec<DataType>,
+    pub ops: Vec<RedOp>,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    /// Multiply by this between sizes (`-f`), unless `step_bytes` is set.
+    pub step_factor: f64,
+    /// Add this between sizes (`-i`); 0: use the factor.
+    pub step_bytes: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    /// Check results (`-c`): the number of checked runs per size (0: no check, `#wrong` N/A).
+    pub check: usize,
+    pub root: usize,
+    pub algo: Algo,
+    pub average: Average,
+}
+
+impl Default for PerfOptions {
+    fn default() -> Self {
+        PerfOptions {
+            colls: vec![Coll::AllReduce],
+            types: vec![DataType::F32],
+            ops: vec![RedOp::Sum],
+            min_bytes: 32 << 20,
+            max_bytes: 32 << 20,
+            step_factor: 2.0,
+            step_bytes: 0,
+            iters: 20,
+            warmup: 1,
+            check: 1,
+            root: 0,
+            algo: Algo::Ring,
+            average: Average::Avg,
+        }
+    }
+}
+
+impl PerfOptions {
+    /// The sizes, from `min_bytes` to `max_bytes`.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            let next = if self.step_bytes > 0 {
+                s + self.step_bytes
+            } else {
+                ((s as f64) * self.step_factor) as usize
+            };
+            if next <= s {
+                break;
+            }
+            s = next;
+        }
+        v
+    }
+
+    /// Number of table rows a run produces.
+    pub fn rows(&self) -> usize {
+        let mut n = 0;
+        for c in &self.colls {
+            let ops = if c.reduces() { self.ops.len() } else { 1 };
+            n += ops * self.types.len() * self.sizes().len();
+        }
+        n
+    }
+}
+
+/// Time and bandwidth of one variant (out-of-place or in-place).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Measure {
+    /// Microseconds per call.
+    pub time_us: f64,
+    /// GB/s (1e9 B/s).
+    pub algbw: f64,
+    pub busbw: f64,
+    /// Wrong elements over all ranks; `None` when not checked.
+    pub wrong: Option<u64>,
+}
+
+/// One table row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Row {
+    pub collective: Coll,
+    pub size: usize,
+    pub count: usize,
+    #[serde(rename = "type")]
+    pub dtype: DataType,
+    pub redop: Option<RedOp>,
+    /// -1 for rootless collectives, as nccl-tests prints.
+    pub root: i64,
+    pub out_of_place: Measure,
+    pub in_place: Measure,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub nranks: usize,
+    pub algo: Algo,
+    pub rows: Vec<Row>,
+    /// Mean bus bandwidth over all rows and both variants (nccl-tests' footer).
+    pub avg_busbw: f64,
+    /// Wrong elements in total.
+    pub wrong: u64,
+}
+
+/// Expected contents of this rank's output after `coll`, as (byte offset in B, count, what).
+#[allow(clippy::too_many_arguments)]
+fn expectations(
+    coll: Coll,
+    dt: DataType,
+    op: RedOp,
+    n: usize,
+    rank: usize,
+    root: usize,
+    count: usize,
+    in_place: bool,
+) -> Vec<(usize, usize, Expect)> {
+    let es = dt.size();
+    match coll {
+        Coll::AllReduce => vec![(
+            0,
+            count,
+            Expect::Reduced {
+                op,
+                nranks: n,
+                first: 0,
+            },
+        )],
+        Coll::Reduce if rank == root => {
+            vec![(
+                0,
+                count,
+                Expect::Reduced {
+                    op,
+                    nranks: n,
+                    first: 0,
+                },
+            )]
+        }
+        Coll::Reduce => vec![],
+        // In place, this rank's piece stays where it was in the input (nccl-tests' convention).
+        Coll::ReduceScatter => vec![(
+            if in_place { rank * count * es } else { 0 },
+            count,
+            Expect::Reduced {
+                op,
+                nranks: n,
+                first: rank * count,
+            },
+        )],
+        Coll::AllGather => (0..n)
+            .map(|p| {
+                (
+                    p * count * es,
+                    count,
+                    Expect::Input {
+                        rank: p,
+                        first: 0,
+                        op: None,
+                    },
+                )
+            })
+            .collect(),
+        Coll::Broadcast => vec![(
+            0,
+            count,
+            Expect::Input {
+                rank: root,
+                first: 0,
+                op: None,
+            },
+        )],
+        Coll::AllToAll => (0..n)
+            .map(|p| {
+                (
+                    p * count * es,
+                    count,
+                    Expect::Input {
+                        rank: p,
+                        first: rank * count,
+                        op: None,
+                    },
+                )
+            })
+            .collect(),
+        Coll::SendRecv => vec![(
+            0,
+            count,
+            Expect::Input {
+                rank: (rank + n - 1) % n,
+                first: 0,
+                op: None,
+            },
+        )],
+    }
+}
+
+/// Writes this rank's input where `coll` expects it.
+fn prepare(comm: &mut Comm, coll: Coll, dt: DataType, op: RedOp, count: usize, in_place: bool) {
+    let (n, r, es) = (comm.nranks(), comm.rank(), dt.size());
+    let fop = coll.reduces().then_some(op);
+    let total = if coll.per_rank_pieces() {
+        count * n
+    } else {
+        count
+    };
+    let (buf, off, elems) = match (coll, in_place) {
+        (Coll::AllGather, true) => (Buf::B, r * count * es, count),
+        (Coll::AllGather, false) => (Buf::A, 0, count),
+        (_, true) => (Buf::B, 0, total),
+        (_, false) => (Buf::A, 0, total),
+    };
+    fill(dt, fop, r, 0, comm.slice(buf, off, elems * es));
+    if !in_place {
+        // Poison the output so a collective that forgets to write it is caught.
+        let out = if coll.per_rank_pieces() && coll != Coll::ReduceScatter {
+            count * n
+        } else {
+            count
+        };
+        comm.slice(Buf::B, 0, out * es).fill(0xA5);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    comm: &mut Comm,
+    coll: Coll,
+    dt: DataType,
+    op: RedOp,
+    root: usize,
+    count: usize,
+    in_place: bool,
+) -> u64 {
+    let (n, r, es) = (comm.nranks(), comm.rank(), dt.size());
+    expectations(coll, dt, op, n, r, root, count, in_place)
+        .into_iter()
+        .map(|(off, cnt, e)| count_wrong(dt, comm.slice(Buf::B, off, cnt * es), e))
+        .sum()
+}
+
+fn combine(times: &[f64], a: Average) -> f64 {
+    match a {
+        Average::Rank0 => times[0],
+        Average::Avg => times.iter().sum::<f64>() / times.len() as f64,
+        Average::Min => times.iter().copied().fold(f64::INFINITY, f64::min),
+        Average::Max => times.iter().copied().fold(0.0, f64::max),
+    }
+}
+
+/// Runs `opts` on every rank (all ranks call this with the same options); `progress(row,
+/// done, total)` is called after each row. Every rank gets the same report.
+pub fn run(
+    comm: &mut Comm,
+    opts: &PerfOptions,
+    progress: &mut dyn FnMut(&Row, usize, usize),
+) -> Result<Report, BenchError> {
+    let n = comm.nranks();
+    if opts.root >= n {
+        return Err(BenchError::Usage(format!(
+            "root {} with {n} ranks",
+            opts.root
+        )));
+    }
+    let sizes = opts.sizes();
+    if sizes.is_empty() {
+        return Err(BenchError::Usage(format!(
+            "no sizes from {} to {}",
+            opts.min_bytes, opts.max_bytes
+        )));
+    }
+    let total = opts.rows();
+    let mut rows = Vec::new();
+    let mut done = 0;
+    for &coll in &opts.colls {
+        let ops: Vec<RedOp> = if coll.reduces() {
+            opts.ops.clone()
+        } else {
+            vec![RedOp::Sum]
+        };
+        for &dt in &opts.types {
+            for &op in &ops {
+                // Warm up at the largest size, as nccl-tests does.
+                let (_, wcount) = comm.shape(coll, dt, *sizes.last().unwrap_or(&0));
+                for _ in 0..opts.warmup {
+                    comm.run(coll, opts.algo, dt, op, opts.root, wcount, false)?;
+                }
+                for &size in &sizes {
+                    let (bytes, count) = comm.shape(coll, dt, size);
+                    let mut m = [None, None];
+                    for (v, in_place) in [false, true].into_iter().enumerate() {
+                        // -n 0 (only checking) times nothing and reports time 0.
+                        let t = if opts.iters == 0 {
+                            0.0
+                        } else {
+                            comm.bootstrap().barrier()?;
+                            let t0 = Instant::now();
+                            for _ in 0..opts.iters {
+                                comm.run(coll, opts.algo, dt, op, opts.root, count, in_place)?;
+                            }
+                            let t = t0.elapsed().as_secs_f64() / opts.iters as f64;
+                            let times = comm.bootstrap().allgather_f64(t)?;
+                            combine(&times, opts.average)
+                        };
+                        let wrong = if opts.check > 0 {
+                            let mut w = 0;
+                            for _ in 0..opts.check {
+                                prepare(comm, coll, dt, op, count, in_place);
+                                comm.run(coll, opts.algo, dt, op, opts.root, count, in_place)?;
+                                w += check(comm, coll, dt, op, opts.root, count, in_place);
+                            }
+                            let all = comm.bootstrap().allgather_f64(w as f64)?;
+                            Some(all.iter().sum::<f64>() as u64)
+                        } else {
+                            None
+                        };
+                        let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+                        m[v] = Some(Measure {
+                            time_us: t * 1e6,
+                            algbw,
+                            busbw: algbw * coll.bus_factor(n),
+                            wrong,
+                        });
+                    }
+                    let [Some(oop), Some(ip)] = m else {
+                        unreachable!("both variants measured")
+                    };
+                    let row = Row {
+                        collective: coll,
+                        size: bytes,
+                        count: bytes / dt.size(),
+                        dtype: dt,
+                        redop: coll.reduces().then_some(op),
+                        root: if coll.rooted() { opts.root as i64 } else { -1 },
+                        out_of_place: oop,
+                        in_place: ip,
+                    };
+                    done += 1;
+                    progress(&row, done, total);
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    let bws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
+        .collect();
+    let avg_busbw = bws.iter().sum::<f64>() / bws.len().max(1) as f64;
+    let wrong = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.wrong, r.in_place.wrong])
+        .flatten()
+        .sum();
+    Ok(Report {
+        nranks: n,
+        algo: opts.algo,
+        rows,
+        avg_busbw,
+        wrong,
+    })
+}
+
+fn fmt_time(us: f64) -> String {
+    if us < 100.0 {
+        format!("{us:.2}")
+    } else if us < 10_000.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.0}")
+    }
+}
+
+fn fmt_wrong(w: Option<u64>) -> String {
+    w.map_or_else(|| "N/A".to_string(), |w| w.to_string())
+}
+
+/// The column header, as nccl-tests prints it.
+pub fn header() -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "#{:>58}{:>32}", "out-of-place", "in-place");
+    let _ = writeln!(
+        s,
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    let _ = writeln!(
+        s,
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
+    );
+    s.lines().map(|l| format!("{}\n", l.trim_end())).collect()
+}
+
+/// One row, as nccl-tests prints it.
+pub fn format_row(r: &Row) -> String {
+    let mut s = format!(
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}",
+        r.size,
+        r.count,
+        r.dtype.name(),
+        r.redop.map_or("none", |o| o.name()),
+        r.root
+    );
+    for m in [&r.out_of_place, &r.in_place] {
+        let _ = write!(
+            s,
+            "  {:>7}  {:>6.2}  {:>6.2}  {:>6}",
+            fmt_time(m.time_us),
+            m.algbw,
+            m.busbw,
+            fmt_wrong(m.wrong)
+        );
+    }
+    s
+}
+
+/// The footer, as nccl-tests prints it.
+pub fn footer(rep: &Report, test: &str) -> String {
+    format!(
+        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#\n# Collective test concluded: {test}\n",
+        rep.wrong,
+        if rep.wrong == 0 { "OK" } else { "FAILED" },
+        rep.avg_busbw
+    )
+}
+
+/// The whole report as CSV: one line per row, both variants as columns.
+pub fn to_csv(rep: &Report) -> Result<String, BenchError> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let csv_err = |e: csv::Error| BenchError::Usage(format!("csv: {e}"));
+    w.write_record([
+        "collective",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "oop_time_us",
+        "oop_algbw",
+        "oop_busbw",
+        "oop_wrong",
+        "ip_time_us",
+        "ip_algbw",
+        "ip_busbw",
+        "ip_wrong",
+    ])
+    .map_err(csv_err)?;
+    for r in &rep.rows {
+        let mut rec = vec![
+            r.collective.name().to_string(),
+            r.size.to_string(),
+            r.count.to_string(),
+            r.dtype.name().to_string(),
+            r.redop.map_or("none", |o| o.name()).to_string(),
+            r.root.to_string(),
+        ];
+        for m in [&r.out_of_place, &r.in_place] {
+            rec.push(format!("{:.3}", m.time_us));
+            rec.push(format!("{:.4}", m.algbw));
+            rec.push(format!("{:.4}", m.busbw));
+            rec.push(fmt_wrong(m.wrong));
+        }
+        w.write_record(&rec).map_err(csv_err)?;
+    }
+    let bytes = w
+        .into_inner()
+        .map_err(|e| BenchError::Usage(format!("csv: {e}")))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_factor_and_step() {
+        let o = PerfOptions {
+            min_bytes: 8,
+            max_bytes: 128,
+            ..PerfOptions::default()
+        };
+        assert_eq!(o.sizes(), [8, 16, 32, 64, 128]);
+        let o = PerfOptions {
+            min_bytes: 100,
+            max_bytes: 350,
+            step_bytes: 100,
+            ..PerfOptions::default()
+        };
+        assert_eq!(o.sizes(), [100, 200, 300]);
+    }
+
+    #[test]
+    fn bus_bandwidth_factors_are_nccl_tests() {
+        assert_eq!(Coll::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(Coll::AllGather.bus_factor(4), 0.75);
+        assert_eq!(Coll::ReduceScatter.bus_factor(8), 0.875);
+        assert_eq!(Coll::AllToAll.bus_factor(2), 0.5);
+        assert_eq!(Coll::Broadcast.bus_factor(8), 1.0);
+        assert_eq!(Coll::SendRecv.bus_factor(3), 1.0);
+    }
+
+    #[test]
+    fn rows_line_up_under_the_header() {
+        let m = Measure {
+            time_us: 1234.5,
+            algbw: 1.5,
+            busbw: 2.25,
+            wrong: Some(0),
+        };
+        let r = Row {
+            collective: Coll::AllReduce,
+            size: 8388608,
+            count: 2097152,
+            dtype: DataType::F32,
+            redop: Some(RedOp::Sum),
+            root: -1,
+            out_of_place: m,
+            in_place: m,
+        };
+        let h = header();
+        let cols = h.lines().nth(1).unwrap_or_default();
+        assert!(h.lines().all(|l| l == l.trim_end()), "{h}");
+        let row = format_row(&r);
+        assert_eq!(cols.len(), row.len(), "\n{cols}\n{row}");
+        // Each header word ends where its value ends.
+        for word in ["size", "count", "type", "redop", "root"] {
+            let end = cols.find(word).unwrap() + word.len();
+            assert_ne!(row.as_bytes()[end - 1], b' ', "{word}\n{cols}\n{row}");
+        }
+        assert!(
+            row.starts_with("     8388608       2097152     float     sum      -1"),
+            "{row}"
+        );
+    }
+}

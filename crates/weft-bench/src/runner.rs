@@ -1,0 +1,299 @@
+//! `HostRunner`: the seam between the tools and the hosts they look at. One implementation per
+//! way of reaching a host: [`Local`] (this machine), [`Ssh`] (`ssh -o BatchMode=yes`), and
+//! [`Netns`] (`ip netns exec`, how the tests put "hosts" on one machine). Everything the bench
+//! and the doctor run on a host goes through here, with a deadline.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::BenchError;
+
+/// Runs programs on one host.
+pub trait HostRunner: Send + Sync {
+    /// How the host is named in findings (`node2`, `weftns-…-h1`, `local`).
+    fn name(&self) -> &str;
+    /// How to reach it (`local`, `ssh`, `netns`).
+    fn kind(&self) -> &'static str;
+    /// A `Command` that runs `argv` on the host with `env` set.
+    fn command(&self, argv: &[String], env: &[(String, String)]) -> Command;
+
+    /// Runs `argv` and returns its output whatever the exit status; kills it (and its process
+    /// group) after `timeout`.
+    fn run(
+        &self,
+        argv: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<Output, BenchError> {
+        run_bounded(self.command(argv, env), timeout).map_err(|msg| BenchError::Host {
+            host: self.name().to_string(),
+            msg: format!("{}: {msg}", argv.join(" ")),
+        })
+    }
+
+    /// Starts `argv` in the background, stdin null, stdout as given, stderr inherited.
+    fn spawn(
+        &self,
+        argv: &[String],
+        env: &[(String, String)],
+        stdout: Stdio,
+    ) -> Result<Child, BenchError> {
+        let mut c = self.command(argv, env);
+        c.stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(Stdio::inherit());
+        c.process_group(0);
+        c.spawn().map_err(|e| BenchError::Host {
+            host: self.name().to_string(),
+            msg: format!("starting {}: {e}", argv.join(" ")),
+        })
+    }
+}
+
+/// This machine.
+#[derive(Debug, Clone)]
+pub struct Local;
+
+impl HostRunner for Local {
+    fn name(&self) -> &str {
+        "local"
+    }
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+    fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
+        let mut c = Command::new(&argv[0]);
+        c.args(&argv[1..]).envs(env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+}
+
+/// A host reached with `ssh -o BatchMode=yes` (keys, no passwords: a prompt would hang).
+#[derive(Debug, Clone)]
+pub struct Ssh {
+    /// `host` or `user@host`, as `ssh` takes it.
+    pub host: String,
+    /// Extra `ssh` arguments (`-p 2222`, `-i key`, `-o UserKnownHostsFile=...`).
+    pub extra: Vec<String>,
+}
+
+/// Quotes one word for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+impl HostRunner for Ssh {
+    fn name(&self) -> &str {
+        &self.host
+    }
+    fn kind(&self) -> &'static str {
+        "ssh"
+    }
+    fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
+        let mut line = String::new();
+        if !env.is_empty() {
+            line.push_str("env");
+            for (k, v) in env {
+                line.push(' ');
+                line.push_str(&shell_quote(&format!("{k}={v}")));
+            }
+            line.push(' ');
+        }
+        line.push_str(
+            &argv
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        let mut c = Command::new("ssh");
+        c.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"])
+            .args(&self.extra)
+            .arg(&self.host)
+            .arg("--")
+            .arg(line);
+        c
+    }
+}
+
+/// A network namespace on this machine, as a host (`ip netns exec NAME ...`).
+#[derive(Debug, Clone)]
+pub struct Netns {
+    pub ns: String,
+}
+
+impl HostRunner for Netns {
+    fn name(&self) -> &str {
+        &self.ns
+    }
+    fn kind(&self) -> &'static str {
+        "netns"
+    }
+    fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns])
+            .args(argv)
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+}
+
+/// Parses a host list: `a,b,c` reached `via` (`ssh`, `netns`, `local`), or entries with their
+/// own prefix (`ssh:node1`, `netns:ns1`, `local`).
+pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+    let mut v: Vec<Box<dyn HostRunner>> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (kind, name) = match item.split_once(':') {
+            Some((k @ ("ssh" | "netns" | "local"), n)) => (k, n),
+            _ if item == "local" => ("local", item),
+            _ => (via, item),
+        };
+        v.push(match kind {
+            "ssh" => Box::new(Ssh {
+                host: name.to_string(),
+                extra: Vec::new(),
+            }),
+            "netns" => Box::new(Netns {
+                ns: name.to_string(),
+            }),
+            "local" => Box::new(Local),
+            other => {
+                return Err(BenchError::Usage(format!(
+                    "unknown way to reach hosts {other:?} (ssh, netns, local)"
+                )));
+            }
+        });
+    }
+    if v.is_empty() {
+        return Err(BenchError::Usage("empty host list".into()));
+    }
+    Ok(v)
+}
+
+/// Runs `cmd` in its own process group with piped output; kills the group after `timeout`.
+pub fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<Output, String> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start: {e}"))?;
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_end(&mut v);
+        }
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(e) = err.as_mut() {
+            let _ = e.read_to_end(&mut v);
+        }
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if Instant::now() > deadline => {
+                kill_group(&child);
+                let _ = child.wait();
+                return Err(format!("no answer within {timeout:?} (killed)"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("wait: {e}")),
+        }
+    };
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = t_err.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Kills `child`'s process group (it was started with `process_group(0)`).
+pub fn kill_group(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: plain kill(2) on the process group we created; no memory is involved.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Waits for `child` until `deadline`; kills its group and returns `None` after it.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() > deadline => {
+                kill_group(child);
+                let _ = child.wait();
+                return None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssh_command_line_quotes_arguments_and_env() {
+        let s = Ssh {
+            host: "node1".into(),
+            extra: vec![],
+        };
+        let c = s.command(
+            &["weft".into(), "doctor".into(), "it's".into()],
+            &[("WEFT_DATA_IFNAME".into(), "^docker,lo".into())],
+        );
+        let args: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into()).collect();
+        assert_eq!(
+            args.last().unwrap(),
+            "env 'WEFT_DATA_IFNAME=^docker,lo' weft doctor 'it'\\''s'"
+        );
+        assert!(args.contains(&"BatchMode=yes".to_string()));
+    }
+
+    #[test]
+    fn host_lists_take_prefixes() {
+        let h = parse_hosts("a, netns:ns1,local", "ssh").unwrap();
+        let kinds: Vec<_> = h.iter().map(|h| (h.kind(), h.name().to_string())).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("ssh", "a".into()),
+                ("netns", "ns1".into()),
+                ("local", "local".into())
+            ]
+        );
+        assert!(parse_hosts("", "ssh").is_err());
+    }
+
+    #[test]
+    fn bounded_run_kills_a_hung_command() {
+        let t0 = Instant::now();
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let r = run_bounded(c, Duration::from_millis(200));
+        assert!(r.unwrap_err().contains("killed"));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+}

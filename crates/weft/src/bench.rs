@@ -1,0 +1,453 @@
+//! `weft bench`: collectives over the NCCL plugin's C ABI, nccl-tests style.
+
+use std::io::IsTerminal;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Subcommand};
+use weft_bench::comm::{Algo, Coll};
+use weft_bench::dtype::{DataType, RedOp};
+use weft_bench::perf::{self, Average, PerfOptions, Row};
+use weft_bench::runner::{HostRunner, Local, parse_hosts, wait_until};
+use weft_bench::{RankSpec, net, run_rank};
+
+use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Collectives on host memory through the NCCL net plugin (dlopen, ncclNet v8), nccl-tests style.
+    #[command(
+        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw."
+    )]
+    Collectives(Box<CollArgs>),
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("bad size {s:?} (bytes, or with K, M, G)"))
+}
+
+#[derive(Args, Clone)]
+pub struct CollArgs {
+    /// Collectives: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv, or all.
+    #[arg(default_value = "all_reduce")]
+    colls: Vec<String>,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this between steps.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2.0)]
+    step_factor: f64,
+    /// Add this many bytes between steps (instead of -f).
+    #[arg(short = 'i', long = "stepbytes", default_value = "0", value_parser = parse_size)]
+    step_bytes: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations (at the largest size).
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    warmup: usize,
+    /// Checked runs per size (0: no check, #wrong N/A).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: usize,
+    /// Reduction: sum, prod, min, max, or all.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    op: String,
+    /// Type: uint8 int32 int64 half bfloat16 float double (or f32, bf16, ...), or all.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Time reported: 0 rank 0, 1 average over ranks, 2 minimum, 3 maximum.
+    #[arg(short = 'a', long = "average", default_value_t = 1)]
+    average: u8,
+    /// Algorithm: ring or tree.
+    #[arg(short = 'A', long = "algo", env = "NCCL_ALGO", default_value = "ring")]
+    algo: String,
+    /// Number of local rank processes (without --hosts).
+    #[arg(long, default_value_t = 2)]
+    nranks: usize,
+    /// One rank per host: comma-separated (`node1,node2`, or `netns:ns1,...`).
+    #[arg(long)]
+    hosts: Option<String>,
+    /// How to reach the hosts: ssh, netns, local.
+    #[arg(long, default_value = "ssh")]
+    via: String,
+    /// Where rank 0 listens for the others (HOST:PORT); default: the first host, port 29600.
+    #[arg(long)]
+    rendezvous: Option<String>,
+    /// The plugin (.so); default $WEFT_PLUGIN, or next to the weft binary.
+    #[arg(long, env = "WEFT_PLUGIN")]
+    plugin: Option<PathBuf>,
+    /// The weft binary on the hosts (ssh).
+    #[arg(long, default_value = "weft")]
+    remote_weft: String,
+    /// Fail (exit 1) when the average bus bandwidth is below this, in GB/s.
+    #[arg(long, env = "NCCL_TESTS_MIN_BW")]
+    min_bw: Option<f64>,
+    /// Also write the rows as CSV to this file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Also write the report as JSON to this file.
+    #[arg(short = 'J', long = "output-file")]
+    json_file: Option<PathBuf>,
+    /// Bound, in seconds, on the rendezvous, each transfer, and (x4) the whole run.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// Plugin device.
+    #[arg(long, default_value_t = 0)]
+    dev: usize,
+    /// Internal: this process is rank N of a run started by weft.
+    #[arg(long, hide = true)]
+    rank: Option<usize>,
+}
+
+fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> Result<Vec<T>> {
+    if s == "all" {
+        return Ok(all.to_vec());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse::<T>().map_err(|e| anyhow!(e)))
+        .collect()
+}
+
+impl CollArgs {
+    fn options(&self) -> Result<PerfOptions> {
+        let mut colls = Vec::new();
+        for c in &self.colls {
+            colls.extend(list(c, &Coll::ALL)?);
+        }
+        Ok(PerfOptions {
+            colls,
+            types: list(&self.dtype, &DataType::ALL)?,
+            ops: list(&self.op, &RedOp::ALL)?,
+            min_bytes: self.min_bytes,
+            max_bytes: self.max_bytes.max(self.min_bytes),
+            step_factor: self.step_factor,
+            step_bytes: self.step_bytes,
+            iters: self.iters,
+            warmup: self.warmup,
+            check: self.check,
+            root: self.root,
+            algo: self.algo.parse::<Algo>().map_err(|e| anyhow!(e))?,
+            average: Average::from_flag(self.average)
+                .ok_or_else(|| anyhow!("-a {}: must be 0..=3", self.average))?,
+        })
+    }
+
+    /// The arguments a rank process gets (everything but where the ranks run).
+    fn worker_args(&self, json: bool) -> Vec<String> {
+        let mut v: Vec<String> = vec!["bench".into(), "collectives".into()];
+        v.extend(self.colls.iter().cloned());
+        let pairs: [(&str, String); 14] = [
+            ("-b", self.min_bytes.to_string()),
+            ("-e", self.max_bytes.to_string()),
+            ("-f", self.step_factor.to_string()),
+            ("-i", self.step_bytes.to_string()),
+            ("-n", self.iters.to_string()),
+            ("-w", self.warmup.to_string()),
+            ("-c", self.check.to_string()),
+            ("-o", self.op.clone()),
+            ("-d", self.dtype.clone()),
+            ("-r", self.root.to_string()),
+            ("-a", self.average.to_string()),
+            ("-A", self.algo.clone()),
+            ("--timeout", self.timeout.to_string()),
+            ("--dev", self.dev.to_string()),
+        ];
+        for (k, val) in pairs {
+            v.push(k.into());
+            v.push(val);
+        }
+        if let Some(m) = self.min_bw {
+            v.extend(["--min-bw".into(), m.to_string()]);
+        }
+        if let Some(p) = &self.csv {
+            v.extend(["--csv".into(), p.display().to_string()]);
+        }
+        if let Some(p) = &self.json_file {
+            v.extend(["-J".into(), p.display().to_string()]);
+        }
+        if json {
+            v.push("--json".into());
+        }
+        v
+    }
+}
+
+pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
+    match cmd {
+        BenchCommand::Collectives(a) => match a.rank {
+            Some(rank) => worker(&a, rank, json),
+            None => launch(&a, json),
+        },
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts one rank per host (or `--nranks` local processes) and waits for them, bounded.
+fn launch(a: &CollArgs, json: bool) -> Result<u8> {
+    a.options()?; // usage errors before anything starts
+    let timeout = Duration::from_secs(a.timeout);
+    let (runners, rendezvous, exe, plugin): (
+        Vec<Box<dyn HostRunner>>,
+        String,
+        String,
+        Option<PathBuf>,
+    ) = match &a.hosts {
+        Some(h) => {
+            let r = parse_hosts(h, &a.via)?;
+            let rdv = match &a.rendezvous {
+                Some(x) => x.clone(),
+                None if r[0].kind() == "ssh" => format!("{}:29600", r[0].name()),
+                None => bail!(
+                    "--rendezvous HOST:PORT is needed with --via {}",
+                    r[0].kind()
+                ),
+            };
+            let (exe, plugin) = if r[0].kind() == "ssh" {
+                (a.remote_weft.clone(), a.plugin.clone())
+            } else {
+                (
+                    std::env::current_exe()?.display().to_string(),
+                    a.plugin.clone().or_else(net::find_plugin),
+                )
+            };
+            (r, rdv, exe, plugin)
+        }
+        None => {
+            if a.nranks == 0 {
+                bail!("--nranks must be at least 1");
+            }
+            let r: Vec<Box<dyn HostRunner>> = (0..a.nranks)
+                .map(|_| Box::new(Local) as Box<dyn HostRunner>)
+                .collect();
+            (
+                r,
+                a.rendezvous
+                    .clone()
+                    .unwrap_or(format!("127.0.0.1:{}", free_port()?)),
+                std::env::current_exe()?.display().to_string(),
+                a.plugin.clone().or_else(net::find_plugin),
+            )
+        }
+    };
+    let n = runners.len();
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
+        .filter(|(k, _)| k != "WEFT_CONFIG")
+        .collect();
+    if a.hosts.is_none() {
+        for k in ["WEFT_MGMT_IFNAME", "WEFT_DATA_IFNAME"] {
+            if std::env::var_os(k).is_none() {
+                env.push((k.into(), "=lo".into()));
+            }
+        }
+    }
+    let mut kids = Vec::new();
+    for (rank, r) in runners.iter().enumerate() {
+        let mut argv = vec![exe.clone()];
+        argv.extend(a.worker_args(json));
+        argv.extend([
+            "--rank".into(),
+            rank.to_string(),
+            "--nranks".into(),
+            n.to_string(),
+            "--rendezvous".into(),
+            rendezvous.clone(),
+        ]);
+        if let Some(p) = &plugin {
+            argv.extend(["--plugin".into(), p.display().to_string()]);
+        }
+        let out = if rank == 0 {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        kids.push(r.spawn(&argv, &env, out)?);
+    }
+    let deadline = Instant::now() + timeout * 4;
+    let mut code = EXIT_OK;
+    for (rank, k) in kids.iter_mut().enumerate() {
+        match wait_until(k, deadline) {
+            Some(st) => {
+                let c = st
+                    .code()
+                    .map_or(EXIT_ENVIRONMENT, |c| c.clamp(0, 255) as u8);
+                if rank == 0 || c == EXIT_ENVIRONMENT {
+                    code = code.max(c);
+                }
+            }
+            None => {
+                eprintln!(
+                    "weft: rank {rank} ({}) still running after {:?}; killed",
+                    runners[rank].name(),
+                    timeout * 4
+                );
+                code = EXIT_ENVIRONMENT;
+            }
+        }
+    }
+    if code == EXIT_ENVIRONMENT {
+        for k in &mut kids {
+            weft_bench::runner::kill_group(k);
+        }
+    }
+    Ok(code)
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .with_context(|| format!("rendezvous address {addr}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| anyhow!("rendezvous address {addr} has no IPv4 address"))
+}
+
+/// One rank. Rank 0 prints the report.
+fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
+    let opts = a.options()?;
+    let rdv = a
+        .rendezvous
+        .as_deref()
+        .ok_or_else(|| anyhow!("--rank needs --rendezvous"))?;
+    let plugin = a.plugin.clone().or_else(net::find_plugin).ok_or_else(|| {
+        anyhow!("libnccl_net_weft.so not found: pass --plugin or set WEFT_PLUGIN")
+    })?;
+    let spec = RankSpec {
+        rank,
+        nranks: a.nranks,
+        rendezvous: resolve(rdv)?,
+        plugin: plugin.clone(),
+        timeout: Duration::from_secs(a.timeout),
+        dev: a.dev,
+    };
+    let lead = rank == 0;
+    let test = format!(
+        "{}_perf",
+        opts.colls.first().map_or("all_reduce", |c| c.name())
+    );
+    if lead && !json {
+        println!(
+            "# weft bench collectives: nranks {} algo {:?} plugin {}",
+            a.nranks,
+            opts.algo,
+            plugin.display()
+        );
+        println!(
+            "# minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
+            opts.min_bytes,
+            opts.max_bytes,
+            if opts.step_bytes > 0 {
+                opts.step_bytes as f64
+            } else {
+                opts.step_factor
+            },
+            if opts.step_bytes > 0 {
+                "bytes"
+            } else {
+                "factor"
+            },
+            opts.warmup,
+            opts.iters,
+            opts.check
+        );
+        println!("#");
+        print!("{}", perf::header());
+    }
+    let bar = (lead && std::io::stderr().is_terminal() && opts.rows() > 4).then(|| {
+        let b = indicatif::ProgressBar::new(opts.rows() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let mut last: Option<Coll> = None;
+    let mut on_row = |row: &Row, done: usize, _total: usize| {
+        if lead && !json {
+            let line = format!(
+                "{}{}",
+                if last != Some(row.collective) && opts.colls.len() > 1 {
+                    format!("# {}\n", row.collective)
+                } else {
+                    String::new()
+                },
+                perf::format_row(row)
+            );
+            last = Some(row.collective);
+            match &bar {
+                Some(b) => b.suspend(|| println!("{line}")),
+                None => println!("{line}"),
+            }
+        }
+        if let Some(b) = &bar {
+            b.set_position(done as u64);
+        }
+    };
+    let report = match run_rank(&spec, &opts, &mut on_row) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(b) = &bar {
+                b.abandon();
+            }
+            eprintln!("weft: rank {rank}: {e}");
+            return Ok(EXIT_ENVIRONMENT);
+        }
+    };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if !lead {
+        return Ok(EXIT_OK);
+    }
+    let below = a.min_bw.filter(|m| report.avg_busbw < *m);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "report": &report,
+                "min_bw": a.min_bw,
+                "passed": report.wrong == 0 && below.is_none(),
+            }))?
+        );
+    } else {
+        print!("{}", perf::footer(&report, &test));
+        if let Some(m) = below {
+            println!(
+                "# FAILED: average bus bandwidth {:.4} GB/s is below the minimum {m} GB/s",
+                report.avg_busbw
+            );
+        }
+    }
+    if let Some(p) = &a.csv {
+        std::fs::write(p, perf::to_csv(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.json_file {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(if report.wrong > 0 || below.is_some() {
+        EXIT_CHECK_FAILED
+    } else {
+        EXIT_OK
+    })
+}
