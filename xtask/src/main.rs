@@ -23,6 +23,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iperf3", "/usr/bin/iperf3"),
     ("openssh-server", "/usr/sbin/sshd"),
     ("openssh-client", "/usr/bin/ssh"),
+    ("libfabric1", "/usr/lib/x86_64-linux-gnu/libfabric.so.1"),
+    ("libfabric-bin", "/usr/bin/fi_pingpong"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -32,9 +32,13 @@
 
 pub mod bootstrap;
 pub mod comm;
+pub mod doctor;
 pub mod dtype;
+pub mod facts;
 pub mod net;
+pub mod p2p;
 pub mod perf;
+pub mod remote;
 
 /// Errors of the bench and doctor library. Messages name the rank, peer or host at fault.
 #[derive(Debug, thiserror::Error)]

@@ -157,6 +157,41 @@ pub struct Config {
     pub tcp_user_timeout: Duration,
     /// Socket send/receive buffer size in bytes (0: kernel default / autotuning).
     pub sock_buf: usize,
+    /// Which data path: TCP streams (default) or libfabric (`ofi`).
+    pub backend: BackendKind,
+    /// libfabric provider for the ofi backend (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`, ...).
+    /// `None`: the first of [`crate::ofi::DEFAULT_PROVIDERS`] that works.
+    pub ofi_provider: Option<String>,
+    /// libfabric domain (`lo`, `eth1`, `mlx5_0`, ...). `None`: the one named like the device's
+    /// data interface, else the provider's first.
+    pub ofi_domain: Option<String>,
+}
+
+/// The data path a [`crate::Transport`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// TCP streams on the data interfaces.
+    #[default]
+    Tcp,
+    /// libfabric (RDMA where the provider does it); TCP when libfabric or the provider is
+    /// unavailable.
+    Ofi,
+    /// libfabric only with an RDMA provider (`verbs;ofi_rxm`, or `WEFT_OFI_PROVIDER`), else TCP.
+    Auto,
+}
+
+impl FromStr for BackendKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<BackendKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" | "socket" => Ok(BackendKind::Tcp),
+            "ofi" | "libfabric" => Ok(BackendKind::Ofi),
+            "auto" => Ok(BackendKind::Auto),
+            _ => Err(Error::Config(format!(
+                "WEFT_BACKEND={s:?}: expected tcp, ofi or auto"
+            ))),
+        }
+    }
 }
 
 /// Helper threads and streams per thread of a connection when the environment says nothing:
@@ -183,6 +218,9 @@ impl Default for Config {
             min_chunk: 64 * 1024,
             sock_buf: 0,
             tcp_user_timeout: Duration::ZERO,
+            backend: BackendKind::Tcp,
+            ofi_provider: None,
+            ofi_domain: None,
         }
     }
 }
@@ -232,6 +270,22 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "WEFT_SOCK_BUF_BYTES",
         "SO_SNDBUF/SO_RCVBUF per socket; default 0 (kernel autotuning)",
+    ),
+    (
+        "WEFT_BACKEND",
+        "data path: tcp (default), ofi (libfabric; TCP if unavailable) or auto (ofi with an RDMA provider only)",
+    ),
+    (
+        "WEFT_OFI_PROVIDER",
+        "libfabric provider for the ofi backend, e.g. tcp;ofi_rxm or shm; default: verbs;ofi_rxm, then tcp;ofi_rxm",
+    ),
+    (
+        "WEFT_OFI_DOMAIN",
+        "libfabric domain, e.g. lo, eth1, mlx5_0; default: the device's data interface, else the provider's first",
+    ),
+    (
+        "WEFT_OFI_LIBRARY",
+        "path or name of libfabric to open at run time; default libfabric.so.1",
     ),
 ];
 
@@ -299,6 +353,11 @@ impl Config {
         if let Some(v) = num(&get, "WEFT_SOCK_BUF_BYTES", 0, 1 << 30)? {
             c.sock_buf = v;
         }
+        if let Some(v) = nonempty("WEFT_BACKEND") {
+            c.backend = v.parse()?;
+        }
+        c.ofi_provider = nonempty("WEFT_OFI_PROVIDER").map(|v| v.trim().to_string());
+        c.ofi_domain = nonempty("WEFT_OFI_DOMAIN").map(|v| v.trim().to_string());
         c.validate()?;
         Ok(c)
     }

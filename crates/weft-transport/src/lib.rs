@@ -8,7 +8,9 @@
 //!
 //! Layers: [`proto`] is the wire protocol as pure state machines (no I/O, time passed in);
 //! [`tcp`] is the TCP backend (per connection a handshake stream on the management network, a
-//! control stream and `n` data streams on the data rails, helper threads optional); [`config`]
+//! control stream and `n` data streams on the data rails, helper threads optional); [`ofi`] is
+//! the libfabric backend (`WEFT_BACKEND=ofi`: RDMA writes over `verbs;ofi_rxm`, `tcp;ofi_rxm`,
+//! `shm`; libfabric opened at run time, TCP when it is absent); [`config`]
 //! reads the `WEFT_*` environment variables; [`iface`] finds interfaces.
 //!
 //! # Streams of a connection
@@ -81,15 +83,17 @@
 //! # Ok::<(), weft_transport::Error>(())
 //! ```
 
+mod backend;
 pub mod config;
 mod error;
 pub mod iface;
+pub mod ofi;
 pub mod proto;
 pub mod tcp;
 
-pub use config::{Config, ENV_VARS, IfSpec};
+pub use backend::{Connecting, Listener, RecvConn, SendConn, Transport};
+pub use config::{BackendKind, Config, ENV_VARS, IfSpec};
 pub use error::{Error, Result, Stage};
 pub use tcp::{
-    Completed, Connecting, Device, Listener, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail,
-    RecvBuf, RecvConn, RequestId, SendConn, Transport,
+    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
 };

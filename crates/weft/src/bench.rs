@@ -12,7 +12,7 @@ use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
 use weft_bench::runner::{HostRunner, Local, parse_hosts, wait_until};
-use weft_bench::{RankSpec, net, run_rank};
+use weft_bench::{RankSpec, facts, net, p2p, run_rank};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -23,6 +23,109 @@ pub enum BenchCommand {
         after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw."
     )]
     Collectives(Box<CollArgs>),
+    /// Bandwidth and latency between every ordered pair of hosts on the data network (TCP).
+    #[command(
+        after_help = "Examples:\n  weft bench p2p --hosts node1,node2,node3,node4 --heatmap p2p.png\n  weft bench p2p --hosts ns1,ns2,ns3 --via netns --data-if =data0 --json\n\nEach pair: --streams TCP streams for --duration (bytes counted by the receiver), then an\n8-byte ping-pong (median round trip). Pairs below --threshold x the median are called out;\na host is blamed when every pair from it (or to it) is slow, or every connection with it\nhas a small TCP MSS (a smaller MTU). Exit code 1 when a pair is slow or failed."
+    )]
+    P2p(P2pArgs),
+    /// Internal: host facts as JSON.
+    #[command(hide = true)]
+    HostFacts,
+    /// Internal: DF-bit ICMP probes from this host.
+    #[command(hide = true)]
+    DfProbe {
+        #[arg(long)]
+        payload: usize,
+        #[arg(long)]
+        to: String,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// Internal: the p2p server.
+    #[command(hide = true)]
+    P2pServe {
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        #[arg(long, default_value_t = 600)]
+        lifetime: u64,
+    },
+    /// Internal: one p2p measurement from this host.
+    #[command(hide = true)]
+    P2pProbe {
+        #[arg(long)]
+        to: SocketAddr,
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        #[arg(long, default_value_t = 2000)]
+        duration_ms: u64,
+        #[arg(long, default_value_t = 50)]
+        pings: usize,
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+}
+
+/// Where the hosts are and how to reach them (bench p2p, doctor).
+#[derive(Args, Clone)]
+pub struct HostArgs {
+    /// Hosts, comma-separated (`node1,node2`, or `netns:ns1,...`).
+    #[arg(long)]
+    pub hosts: String,
+    /// How to reach the hosts: ssh, netns, local.
+    #[arg(long, default_value = "ssh")]
+    pub via: String,
+    /// The weft binary on the hosts (ssh; netns and local use this binary).
+    #[arg(long, default_value = "weft")]
+    pub remote_weft: String,
+    /// Data interfaces, NCCL syntax (`enp1,enP2`, `=data0`); default: RDMA netdevs, else every
+    /// up interface with an address but the management one.
+    #[arg(long, env = "WEFT_DATA_IFNAME")]
+    pub data_if: Option<String>,
+    /// Management interface, NCCL syntax; default: the default-route interface.
+    #[arg(long, env = "WEFT_MGMT_IFNAME")]
+    pub mgmt_if: Option<String>,
+    /// Bound in seconds on each helper run on a host.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+}
+
+impl HostArgs {
+    pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, weft_bench::remote::Remote)> {
+        let r = parse_hosts(&self.hosts, &self.via)?;
+        let exe = if r.iter().any(|h| h.kind() == "ssh") {
+            self.remote_weft.clone()
+        } else {
+            std::env::current_exe()?.display().to_string()
+        };
+        Ok((
+            r,
+            weft_bench::remote::Remote {
+                exe,
+                timeout: Duration::from_secs(self.timeout.max(1)),
+            },
+        ))
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct P2pArgs {
+    #[command(flatten)]
+    hosts: HostArgs,
+    /// TCP streams per pair.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// Seconds of bulk transfer per pair.
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Ping-pong round trips per pair.
+    #[arg(long, default_value_t = 50)]
+    pings: usize,
+    /// A pair below this fraction of the median is slow.
+    #[arg(long, default_value_t = 0.5)]
+    threshold: f64,
+    /// Write a PNG heat map of rail 0 here (rail N: the name with `.railN` before `.png`).
+    #[arg(long)]
+    heatmap: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -196,7 +299,187 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             Some(rank) => worker(&a, rank, json),
             None => launch(&a, json),
         },
+        BenchCommand::P2p(a) => p2p(&a, json),
+        BenchCommand::HostFacts => {
+            let f = facts::gather(std::path::Path::new("/"))?;
+            println!("{}", serde_json::to_string(&f)?);
+            Ok(EXIT_OK)
+        }
+        BenchCommand::DfProbe {
+            payload,
+            to,
+            timeout_ms,
+        } => {
+            let dsts = to
+                .split(',')
+                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
+                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let r = facts::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
+                .context("DF probe (needs root or CAP_NET_RAW)")?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(EXIT_OK)
+        }
+        BenchCommand::P2pServe { port, lifetime } => {
+            p2p::serve(port, Duration::from_secs(lifetime)).context("p2p server")?;
+            Ok(EXIT_OK)
+        }
+        BenchCommand::P2pProbe {
+            to,
+            streams,
+            duration_ms,
+            pings,
+            timeout,
+        } => {
+            let r = p2p::probe(
+                to,
+                &p2p::ProbeOptions {
+                    streams,
+                    duration: Duration::from_millis(duration_ms),
+                    pings,
+                    timeout: Duration::from_secs(timeout),
+                },
+            )
+            .with_context(|| format!("p2p probe to {to}"))?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(EXIT_OK)
+        }
     }
+}
+
+/// Runs the p2p matrix: facts, servers, every ordered pair, analysis, table or JSON.
+fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
+    if !(a.duration > 0.0 && a.duration <= 600.0) || a.streams == 0 {
+        bail!("--duration must be in (0, 600] seconds and --streams at least 1");
+    }
+    let (hosts, remote) = a.hosts.runners()?;
+    if hosts.len() < 2 {
+        bail!("--hosts needs at least two hosts");
+    }
+    let mut info = Vec::new();
+    for (h, g) in hosts
+        .iter()
+        .zip(weft_bench::remote::gather_all(&hosts, &remote))
+    {
+        let g = g?;
+        let mgmt = facts::mgmt_if(&g.facts, a.hosts.mgmt_if.as_deref());
+        let rails: Vec<(String, std::net::Ipv4Addr)> =
+            facts::data_ifs(&g.facts, a.hosts.data_if.as_deref(), mgmt.as_deref())
+                .into_iter()
+                .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
+                .collect();
+        if rails.is_empty() {
+            eprintln!(
+                "weft: {}: no data interface with an IPv4 address (see --data-if)",
+                h.name()
+            );
+            return Ok(EXIT_ENVIRONMENT);
+        }
+        info.push(weft_bench::remote::P2pHost {
+            name: h.name().to_string(),
+            rails,
+        });
+    }
+    let opts = weft_bench::remote::P2pOptions {
+        streams: a.streams,
+        duration: Duration::from_secs_f64(a.duration),
+        pings: a.pings,
+    };
+    let pairs = weft_bench::remote::p2p_matrix(&hosts, &info, &remote, &opts, &mut |p| {
+        if !json {
+            eprintln!(
+                "  {} -> {} ({}): {}",
+                p.src,
+                p.dst,
+                p.src_if,
+                match &p.error {
+                    Some(e) => format!("failed: {e}"),
+                    None => format!("{:.3} Gb/s, rtt {:.0} us", p.gbps, p.rtt_us),
+                }
+            );
+        }
+    })?;
+    let names = info.iter().map(|h| h.name.clone()).collect();
+    let m = p2p::analyse(names, pairs, a.threshold);
+    let rails = info.iter().map(|h| h.rails.len()).max().unwrap_or(0);
+    let mut maps = Vec::new();
+    if let Some(path) = &a.heatmap {
+        for rail in 0..rails {
+            let p = if rail == 0 {
+                path.clone()
+            } else {
+                path.with_extension(format!("rail{rail}.png"))
+            };
+            p2p::heatmap(&m, rail, &p)?;
+            maps.push(p);
+        }
+    }
+    let bad = !m.slow.is_empty() || !m.blamed.is_empty();
+    if json {
+        crate::output::json(
+            &serde_json::json!({ "matrix": &m, "heatmaps": maps, "passed": !bad }),
+        )?;
+    } else {
+        println!(
+            "{}",
+            crate::output::table(
+                [
+                    "FROM", "TO", "IF", "GBIT/S", "% MEDIAN", "RTT US", "MSS", "NOTE"
+                ],
+                m.pairs.iter().map(|p| {
+                    let slow = m
+                        .slow
+                        .iter()
+                        .any(|s| s.src == p.src && s.dst == p.dst && s.rail == p.rail);
+                    [
+                        p.src.clone(),
+                        p.dst.clone(),
+                        p.src_if.clone(),
+                        format!("{:.3}", p.gbps),
+                        if m.median_gbps > 0.0 {
+                            format!("{:.0}", 100.0 * p.gbps / m.median_gbps)
+                        } else {
+                            "-".into()
+                        },
+                        format!("{:.0}", p.rtt_us),
+                        p.mss.to_string(),
+                        match (&p.error, slow) {
+                            (Some(e), _) => format!("FAILED: {e}"),
+                            (None, true) => "SLOW".into(),
+                            _ => String::new(),
+                        },
+                    ]
+                })
+            )
+        );
+        println!(
+            "\nmedian {:.3} Gb/s, rtt {:.0} us; slow: below {:.0}% of the median",
+            m.median_gbps,
+            m.median_rtt_us,
+            m.threshold * 100.0
+        );
+        for b in &m.blamed {
+            println!(
+                "BLAME {} ({}, {}): {}",
+                b.host, b.what, b.direction, b.message
+            );
+        }
+        for p in &maps {
+            println!(
+                "heat map {}: rows = senders, columns = receivers, in the order {}; green = fastest pair ({:.3} Gb/s), red = 0, grey = diagonal, black = failed",
+                p.display(),
+                m.hosts.join(", "),
+                m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max)
+            );
+        }
+        if !bad {
+            println!(
+                "all {} pairs within {:.0}% of the median",
+                m.pairs.len(),
+                m.threshold * 100.0
+            );
+        }
+    }
+    Ok(if bad { EXIT_CHECK_FAILED } else { EXIT_OK })
 }
 
 fn free_port() -> Result<u16> {

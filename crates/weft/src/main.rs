@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod config;
+mod doctor;
 mod fabric;
 mod output;
 
@@ -45,6 +46,8 @@ enum Command {
     /// Benchmarks over the plugin: collectives (nccl-tests style).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Checks every host before a job: links, speed, MTU and jumbo frames, roles, RDMA, clocks.
+    Doctor(Box<doctor::DoctorArgs>),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Fabric(cmd) => fabric::run(cmd, &cfg, cli.json),
         Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
         Command::Bench(cmd) => bench::run(cmd, cli.json),
+        Command::Doctor(a) => doctor::run(*a, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cluster;
+mod doctor;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -127,7 +127,7 @@ impl<T> Slab<T> {
     }
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut v = [0u8; 8];
     // SAFETY: getrandom writes at most 8 bytes into the live array.
     let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 8, 0) };

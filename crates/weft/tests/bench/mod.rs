@@ -80,3 +80,68 @@ fn bad_flags_are_usage_errors_and_help_has_an_example() {
     let o = bench(&["--help"]);
     assert!(text(&o).contains("Example"), "{}", text(&o));
 }
+
+/// The benchmark of docs/benchmarks.md ("## weft bench"): all-reduce bus bandwidth over 4
+/// namespace hosts against the pairwise link bandwidth of the same run, every data egress at
+/// 1 Gbit/s. Ignored (it measures, it does not check): `cargo test -p weft --test it
+/// bench::allreduce_vs_links -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn allreduce_vs_links() {
+    if let Err(why) = weft_netns::available() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let c = weft_netns::Cluster::create(&weft_netns::ClusterSpec::new(4, 1)).unwrap();
+    for i in 0..4 {
+        c.shape(i, "data0", &weft_netns::Shape::rate("1gbit"))
+            .unwrap();
+    }
+    let hosts = c
+        .hosts()
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["bench", "p2p", "--hosts", &hosts, "--via", "netns"])
+        .args([
+            "--mgmt-if",
+            "=mgmt0",
+            "--data-if",
+            "=data0",
+            "--duration",
+            "3",
+        ])
+        .args(["--json"])
+        .env_remove("WEFT_CONFIG")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("p2p JSON");
+    let link = v["matrix"]["median_gbps"].as_f64().unwrap();
+    println!("p2p median {link:.3} Gbit/s = {:.4} GB/s", link / 8.0);
+    let rdv = format!("{}:29600", c.host(0).mgmt_addr);
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["bench", "collectives", "--hosts", &hosts, "--via", "netns"])
+        .args(["--rendezvous", &rdv, "-b", "64M", "-e", "128M", "-n", "5"])
+        .args(["-c", "0", "--timeout", "120"])
+        .env("WEFT_PLUGIN", plugin())
+        .env("WEFT_MGMT_IFNAME", "=mgmt0")
+        .env("WEFT_DATA_IFNAME", "=data0")
+        .env_remove("WEFT_CONFIG")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    println!("{t}");
+    for l in t.lines().filter(|l| l.contains("float     sum")) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // From the time column: the busbw column has two decimals only.
+        let (size, us): (f64, f64) = (f[0].parse().unwrap(), f[5].parse().unwrap());
+        let busbw = size / us / 1e3 * 1.5;
+        println!(
+            "size {} busbw {busbw:.4} GB/s = {:.0}% of the link",
+            f[0],
+            100.0 * busbw / (link / 8.0)
+        );
+    }
+}

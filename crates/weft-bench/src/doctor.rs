@@ -1,0 +1,659 @@
+//! `weft doctor`: per-host facts compared against expectations and against each other, into
+//! PASS / WARN / FAIL / INFO findings (every FAIL with its remedy), and the settings a job on
+//! this cluster should use.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use weft_agent::{LinkLayer, OperState, PortState};
+
+use crate::BenchError;
+use crate::facts::{self, Probe, ProbeResult};
+use crate::remote::{self, Gathered, Remote};
+use crate::runner::HostRunner;
+
+/// Severity of a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Level {
+    Pass,
+    Info,
+    Warn,
+    Fail,
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Level::Pass => "PASS",
+            Level::Info => "INFO",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        })
+    }
+}
+
+/// One finding about one host (or the cluster: `host` = `*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Finding {
+    pub level: Level,
+    pub host: String,
+    /// `link`, `speed`, `mtu`, `jumbo`, `roles`, `address`, `rdma`, `gpu`, `clock`, `env`, `reach`.
+    pub check: String,
+    /// The interface or device concerned, if any.
+    pub subject: Option<String>,
+    pub message: String,
+    /// What to do (FAIL and WARN).
+    pub remedy: Option<String>,
+}
+
+/// What the doctor is told to expect.
+#[derive(Debug, Clone, Default)]
+pub struct DoctorOptions {
+    pub expect_mtu: Option<u32>,
+    pub expect_speed_mbps: Option<u32>,
+    /// Data interfaces (NCCL syntax); default: RDMA netdevs, else every up interface but mgmt.
+    pub data_if: Option<String>,
+    /// Management interface (NCCL syntax); default: the default-route interface.
+    pub mgmt_if: Option<String>,
+    /// Warn above this clock offset; fail above 10x.
+    pub max_skew: Duration,
+    /// Bound on each DF probe.
+    pub probe_timeout: Duration,
+}
+
+/// The doctor's report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DoctorReport {
+    pub hosts: Vec<String>,
+    pub findings: Vec<Finding>,
+    /// Settings for jobs on this cluster, in order, ready to paste as `export K=V`.
+    pub env: Vec<(String, String)>,
+    pub failed: bool,
+}
+
+struct Out(Vec<Finding>);
+impl Out {
+    fn add(
+        &mut self,
+        level: Level,
+        host: &str,
+        check: &str,
+        subject: Option<&str>,
+        message: String,
+        remedy: Option<String>,
+    ) {
+        self.0.push(Finding {
+            level,
+            host: host.to_string(),
+            check: check.to_string(),
+            subject: subject.map(str::to_string),
+            message,
+            remedy,
+        });
+    }
+}
+
+fn majority<T: Ord + Copy>(v: impl IntoIterator<Item = T>) -> Option<T> {
+    let mut c: BTreeMap<T, usize> = BTreeMap::new();
+    for x in v {
+        *c.entry(x).or_default() += 1;
+    }
+    let best = c.values().copied().max()?;
+    // Ties go to the largest value (the healthy one is usually the larger MTU or speed).
+    c.into_iter()
+        .rev()
+        .find(|(_, n)| *n == best)
+        .map(|(k, _)| k)
+}
+
+/// A data interface: name, MTU, speed, state, IPv4 address, RDMA device.
+type DataIf = (
+    String,
+    u32,
+    Option<u32>,
+    OperState,
+    Option<(Ipv4Addr, u8)>,
+    Option<String>,
+);
+
+/// Runs every check on every host.
+pub fn run(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    o: &DoctorOptions,
+) -> Result<DoctorReport, BenchError> {
+    let names: Vec<String> = hosts.iter().map(|h| h.name().to_string()).collect();
+    let mut out = Out(Vec::new());
+    let gathered = remote::gather_all(hosts, r);
+    let mut ok: Vec<(usize, Gathered)> = Vec::new();
+    for (i, g) in gathered.into_iter().enumerate() {
+        match g {
+            Ok(g) => ok.push((i, g)),
+            Err(e) => out.add(
+                Level::Fail,
+                &names[i],
+                "reach",
+                None,
+                format!("cannot run weft there: {e}"),
+                Some("check SSH (BatchMode, keys) and that `weft` is installed on the host (--remote-weft)".into()),
+            ),
+        }
+    }
+    // Per host: roles, data interfaces.
+    struct H {
+        idx: usize,
+        mgmt: Option<String>,
+        data: Vec<DataIf>,
+    }
+    let mut hs: Vec<H> = Vec::new();
+    for (i, g) in &ok {
+        let f = &g.facts;
+        let name = &names[*i];
+        let mgmt = facts::mgmt_if(f, o.mgmt_if.as_deref());
+        let data = facts::data_ifs(f, o.data_if.as_deref(), mgmt.as_deref());
+        match &mgmt {
+            Some(m) => out.add(
+                Level::Pass,
+                name,
+                "roles",
+                Some(m),
+                format!("management interface {m}"),
+                None,
+            ),
+            None if o.mgmt_if.is_some() => out.add(
+                Level::Fail,
+                name,
+                "roles",
+                None,
+                format!(
+                    "no interface matches --mgmt-if {:?}",
+                    o.mgmt_if.as_deref().unwrap_or("")
+                ),
+                Some(
+                    "name the management interface with --mgmt-if (NCCL_SOCKET_IFNAME syntax)"
+                        .into(),
+                ),
+            ),
+            None => out.add(
+                Level::Info,
+                name,
+                "roles",
+                None,
+                "no default route; pass --mgmt-if to name the management interface".into(),
+                None,
+            ),
+        }
+        if data.is_empty() {
+            out.add(
+                Level::Fail,
+                name,
+                "roles",
+                None,
+                "no data interface found".into(),
+                Some("name the data interfaces with --data-if (or WEFT_DATA_IFNAME), e.g. --data-if enp1s0f1np1,enP2p1s0f1np1".into()),
+            );
+        }
+        for d in &data {
+            if f.default_route_ifs.contains(&d.name) || mgmt.as_deref() == Some(d.name.as_str()) {
+                out.add(
+                    Level::Fail,
+                    name,
+                    "roles",
+                    Some(&d.name),
+                    format!("data interface {} is also the management / default-route interface: bulk traffic would share it", d.name),
+                    Some("put bulk traffic on the fast rails: set WEFT_DATA_IFNAME to the RDMA/fast interfaces and WEFT_MGMT_IFNAME to the management one".into()),
+                );
+            }
+        }
+        let subnets: Vec<(String, u32)> = data
+            .iter()
+            .filter_map(|d| {
+                facts::ipv4(d).map(|(a, l)| {
+                    (
+                        d.name.clone(),
+                        u32::from(a) & (!0u32).checked_shl(32 - u32::from(l)).unwrap_or(0),
+                    )
+                })
+            })
+            .collect();
+        for (k, (a, na)) in subnets.iter().enumerate() {
+            for (b, nb) in &subnets[k + 1..] {
+                if na == nb {
+                    out.add(Level::Warn, name, "address", Some(a), format!("data interfaces {a} and {b} are on the same subnet: routing is ambiguous"), Some("give each data interface (each logical half of a port) its own subnet".into()));
+                }
+            }
+        }
+        hs.push(H {
+            idx: *i,
+            mgmt,
+            data: data
+                .iter()
+                .map(|d| {
+                    (
+                        d.name.clone(),
+                        d.mtu,
+                        d.speed_mbps,
+                        d.operstate,
+                        facts::ipv4(d),
+                        d.rdma_device.clone(),
+                    )
+                })
+                .collect(),
+        });
+    }
+    // Link state, address, MTU and speed, against expectations or the majority.
+    let ref_mtu = o
+        .expect_mtu
+        .or_else(|| majority(hs.iter().flat_map(|h| h.data.iter().map(|d| d.1))));
+    let ref_speed = o
+        .expect_speed_mbps
+        .or_else(|| majority(hs.iter().flat_map(|h| h.data.iter().filter_map(|d| d.2))));
+    for h in &hs {
+        let name = &names[h.idx];
+        for (ifn, mtu, speed, state, addr, _) in &h.data {
+            let s = Some(ifn.as_str());
+            if *state == OperState::Up {
+                out.add(Level::Pass, name, "link", s, format!("{ifn} is up"), None);
+            } else {
+                out.add(
+                    Level::Fail,
+                    name,
+                    "link",
+                    s,
+                    format!("{ifn} is {state:?}"),
+                    Some(format!(
+                        "check the cable and the switch port; `ip link set {ifn} up`"
+                    )),
+                );
+            }
+            if addr.is_none() {
+                out.add(
+                    Level::Fail,
+                    name,
+                    "address",
+                    s,
+                    format!("{ifn} has no IPv4 address"),
+                    Some(format!(
+                        "give {ifn} an address on its rail's subnet (netplan or `ip addr add`)"
+                    )),
+                );
+            }
+            match ref_mtu {
+                Some(m) if *mtu != m => out.add(
+                    Level::Fail,
+                    name,
+                    "mtu",
+                    s,
+                    format!("{ifn} MTU {mtu}, expected {m}{}", if o.expect_mtu.is_none() { " like the other hosts" } else { "" }),
+                    Some(format!("`ip link set dev {ifn} mtu {m}` on {name} (and persist it), and the same MTU on its switch port")),
+                ),
+                _ => out.add(Level::Pass, name, "mtu", s, format!("{ifn} MTU {mtu}"), None),
+            }
+            match (ref_speed, speed) {
+                (Some(want), Some(got)) if *got < want => out.add(
+                    Level::Fail,
+                    name,
+                    "speed",
+                    s,
+                    format!("{ifn} negotiated {got} Mb/s, expected {want} Mb/s"),
+                    Some("check the cable's rating, the switch port speed (force it if auto-negotiation picks less) and the transceiver".into()),
+                ),
+                (Some(want), Some(got)) if *got > want => out.add(Level::Info, name, "speed", s, format!("{ifn} {got} Mb/s, above the expected {want} Mb/s"), None),
+                (_, Some(got)) => out.add(Level::Pass, name, "speed", s, format!("{ifn} {got} Mb/s"), None),
+                (Some(want), None) if o.expect_speed_mbps.is_some() => out.add(Level::Warn, name, "speed", s, format!("{ifn} reports no link speed (expected {want} Mb/s)"), Some("read it with `ethtool`".into())),
+                _ => out.add(Level::Info, name, "speed", s, format!("{ifn} reports no link speed"), None),
+            }
+        }
+    }
+    // Jumbo frames end to end: DF probes of MTU - 28 between every pair on each rail.
+    if let Some(m) = ref_mtu.filter(|m| *m > 1500 || o.expect_mtu.is_some()) {
+        let payload = (m as usize).saturating_sub(28);
+        let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
+        for rail in 0..rails {
+            let addr = |h: &H| h.data.get(rail).and_then(|d| d.4.map(|a| a.0));
+            let targets: Vec<Vec<Ipv4Addr>> = hs
+                .iter()
+                .map(|h| {
+                    hs.iter()
+                        .filter(|p| p.idx != h.idx)
+                        .filter_map(addr)
+                        .collect()
+                })
+                .collect();
+            let sub: Vec<&dyn HostRunner> = hs.iter().map(|h| hosts[h.idx].as_ref()).collect();
+            let res = probe_subset(&sub, r, &targets, payload, o.probe_timeout);
+            // (src, dst) -> passes?
+            let mut fails: Vec<(usize, usize, Probe, Probe)> = Vec::new();
+            let mut pairs = 0usize;
+            for (k, h) in hs.iter().enumerate() {
+                match &res[k] {
+                    Err(e) => out.add(
+                        Level::Fail,
+                        &names[h.idx],
+                        "jumbo",
+                        None,
+                        format!("DF probe could not run: {e}"),
+                        Some("the probe needs root or CAP_NET_RAW on the host".into()),
+                    ),
+                    Ok(v) => {
+                        for p in v {
+                            pairs += 1;
+                            let Some(d) = hs.iter().position(|x| addr(x) == Some(p.dst)) else {
+                                continue;
+                            };
+                            if p.jumbo != Probe::Reply {
+                                fails.push((k, d, p.small, p.jumbo));
+                            }
+                        }
+                    }
+                }
+            }
+            let ifname = |k: usize| {
+                hs[k]
+                    .data
+                    .get(rail)
+                    .map_or("?".to_string(), |d| d.0.clone())
+            };
+            let mut blamed = Vec::new();
+            if hs.len() > 2 {
+                for k in 0..hs.len() {
+                    let n_touch = fails.iter().filter(|f| f.0 == k || f.1 == k).count();
+                    if n_touch == 2 * (hs.len() - 1) {
+                        blamed.push(k);
+                        out.add(
+                            Level::Fail,
+                            &names[hs[k].idx],
+                            "jumbo",
+                            Some(&ifname(k)),
+                            format!("{payload}-byte DF packets neither leave nor reach {} on {} (rail {rail}): a smaller MTU on this host or its switch port", names[hs[k].idx], ifname(k)),
+                            Some(format!("set MTU {m} on {} of {} and on its switch port", ifname(k), names[hs[k].idx])),
+                        );
+                    }
+                }
+            }
+            for (s, d, small, jumbo) in &fails {
+                if blamed.contains(s) || blamed.contains(d) {
+                    continue;
+                }
+                let why = match (small, jumbo) {
+                    (Probe::Reply, Probe::TooBigHere) => format!(
+                        "{} refuses to send {payload}-byte DF packets (its MTU is smaller)",
+                        ifname(*s)
+                    ),
+                    (Probe::Reply, _) => format!(
+                        "{payload}-byte DF packets are dropped on the way (a smaller MTU on the path)"
+                    ),
+                    _ => "the peer does not answer even small echoes".to_string(),
+                };
+                out.add(
+                    Level::Fail,
+                    &names[hs[*s].idx],
+                    "jumbo",
+                    Some(&ifname(*s)),
+                    format!("to {} ({}) on rail {rail}: {why}", names[hs[*d].idx], ifname(*d)),
+                    Some(format!("MTU {m} on both hosts' interfaces and every switch port between them; a firewall may drop ICMP")),
+                );
+            }
+            if fails.is_empty() && pairs > 0 {
+                out.add(Level::Pass, "*", "jumbo", None, format!("{payload}-byte DF packets pass between all {pairs} ordered pairs on rail {rail}"), None);
+            }
+        }
+    } else {
+        out.add(
+            Level::Info,
+            "*",
+            "jumbo",
+            None,
+            "data MTU is 1500 or less: no jumbo frames to probe".into(),
+            None,
+        );
+    }
+    // RDMA devices.
+    let mut hcas: Vec<String> = Vec::new();
+    for (i, g) in &ok {
+        let name = &names[*i];
+        let f = &g.facts;
+        if f.report.rdma.is_empty() {
+            out.add(
+                Level::Info,
+                name,
+                "rdma",
+                None,
+                "no RDMA devices: bulk data runs over TCP sockets".into(),
+                None,
+            );
+        }
+        for d in &f.report.rdma {
+            for p in &d.ports {
+                let subj = format!("{}:{}", d.name, p.num);
+                let ll = match p.link_layer {
+                    LinkLayer::InfiniBand => "InfiniBand",
+                    LinkLayer::Ethernet => "Ethernet (RoCE)",
+                    LinkLayer::Unknown => "unknown link layer",
+                };
+                let rate = p.rate_text.clone().unwrap_or_else(|| "unknown rate".into());
+                if p.state == PortState::Active {
+                    out.add(
+                        Level::Pass,
+                        name,
+                        "rdma",
+                        Some(&subj),
+                        format!(
+                            "{subj} ACTIVE, {rate}, {ll}, netdev {}",
+                            if p.netdevs.is_empty() {
+                                "-".into()
+                            } else {
+                                p.netdevs.join(",")
+                            }
+                        ),
+                        None,
+                    );
+                    if !hcas.contains(&d.name) {
+                        hcas.push(d.name.clone());
+                    }
+                } else {
+                    out.add(
+                        Level::Fail,
+                        name,
+                        "rdma",
+                        Some(&subj),
+                        format!("{subj} is {:?}, not ACTIVE ({ll})", p.state),
+                        Some(if p.link_layer == LinkLayer::InfiniBand {
+                            "check the cable and that a subnet manager runs (OpenSM)".into()
+                        } else {
+                            "check the cable and that the netdev is up".into()
+                        }),
+                    );
+                }
+                if p.netdevs.is_empty() && p.link_layer == LinkLayer::Ethernet {
+                    out.add(
+                        Level::Warn,
+                        name,
+                        "rdma",
+                        Some(&subj),
+                        format!("{subj} has no netdev"),
+                        Some(
+                            "load the driver's Ethernet side (mlx5_core) and check `ibdev2netdev`"
+                                .into(),
+                        ),
+                    );
+                }
+            }
+        }
+        if !f.report.rdma.is_empty()
+            && let Some(h) = hs.iter().find(|h| h.idx == *i)
+        {
+            {
+                for d in &h.data {
+                    if d.5.is_none() {
+                        out.add(
+                            Level::Warn,
+                            name,
+                            "rdma",
+                            Some(&d.0),
+                            format!("data interface {} belongs to no RDMA device", d.0),
+                            Some("pick the RDMA netdevs as data interfaces (--data-if)".into()),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some((k, v)) = f.env.iter().find(|(k, _)| k == "NCCL_IB_GID_INDEX") {
+            out.add(Level::Warn, name, "env", None, format!("{k}={v} is pinned in the environment"), Some("unset NCCL_IB_GID_INDEX: GID indexes move when addresses change; NCCL picks the RoCE v2 GID itself".into()));
+        }
+    }
+    // GPUs.
+    let counts: Vec<(usize, usize)> = ok
+        .iter()
+        .map(|(i, g)| (*i, g.facts.report.gpus.len()))
+        .collect();
+    let gmaj = majority(counts.iter().map(|c| c.1)).unwrap_or(0);
+    for (i, c) in &counts {
+        if *c == 0 && gmaj == 0 {
+            out.add(
+                Level::Info,
+                &names[*i],
+                "gpu",
+                None,
+                "no GPUs (no NVIDIA driver)".into(),
+                None,
+            );
+        } else if *c != gmaj {
+            out.add(
+                Level::Warn,
+                &names[*i],
+                "gpu",
+                None,
+                format!("{c} GPUs, the other hosts have {gmaj}"),
+                Some("check `nvidia-smi` and the driver on this host".into()),
+            );
+        } else {
+            out.add(
+                Level::Pass,
+                &names[*i],
+                "gpu",
+                None,
+                format!("{c} GPUs"),
+                None,
+            );
+        }
+    }
+    // Clocks: offset against this machine, beyond what the call's own duration explains.
+    for (i, g) in &ok {
+        let beyond = (g.offset_ns.abs() - g.uncertainty_ns).max(0);
+        let ms = beyond as f64 / 1e6;
+        let max = o.max_skew.as_secs_f64() * 1e3;
+        if ms > 10.0 * max {
+            out.add(
+                Level::Fail,
+                &names[*i],
+                "clock",
+                None,
+                format!(
+                    "clock is {:.0} ms off this machine's",
+                    g.offset_ns as f64 / 1e6
+                ),
+                Some("run chrony or systemd-timesyncd on every host".into()),
+            );
+        } else if ms > max {
+            out.add(
+                Level::Warn,
+                &names[*i],
+                "clock",
+                None,
+                format!(
+                    "clock is {:.0} ms off this machine's",
+                    g.offset_ns as f64 / 1e6
+                ),
+                Some("run chrony or systemd-timesyncd on every host".into()),
+            );
+        } else {
+            out.add(
+                Level::Pass,
+                &names[*i],
+                "clock",
+                None,
+                format!(
+                    "clock within {max:.0} ms (+-{:.0} ms)",
+                    g.uncertainty_ns as f64 / 1e6
+                ),
+                None,
+            );
+        }
+    }
+    // Settings.
+    let mut env = Vec::new();
+    let mgmts: Vec<&str> = hs.iter().filter_map(|h| h.mgmt.as_deref()).collect();
+    let mut data_names: Vec<String> = Vec::new();
+    for h in &hs {
+        for d in &h.data {
+            if !data_names.contains(&d.0) {
+                data_names.push(d.0.clone());
+            }
+        }
+    }
+    if !mgmts.is_empty() {
+        let mut all: Vec<&str> = mgmts.clone();
+        all.sort_unstable();
+        all.dedup();
+        let v = format!("={}", all.join(","));
+        env.push(("WEFT_MGMT_IFNAME".to_string(), v.clone()));
+        env.push(("NCCL_SOCKET_IFNAME".to_string(), v));
+    }
+    if !data_names.is_empty() {
+        env.push((
+            "WEFT_DATA_IFNAME".to_string(),
+            format!("={}", data_names.join(",")),
+        ));
+    }
+    if !hcas.is_empty() {
+        hcas.sort();
+        env.push(("NCCL_IB_HCA".to_string(), format!("={}", hcas.join(","))));
+    }
+    out.0
+        .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
+    let failed = out.0.iter().any(|f| f.level == Level::Fail);
+    Ok(DoctorReport {
+        hosts: names,
+        findings: out.0,
+        env,
+        failed,
+    })
+}
+
+fn probe_subset(
+    hosts: &[&dyn HostRunner],
+    r: &Remote,
+    targets: &[Vec<Ipv4Addr>],
+    payload: usize,
+    per_probe: Duration,
+) -> Vec<Result<Vec<ProbeResult>, BenchError>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = hosts
+            .iter()
+            .zip(targets)
+            .map(|(h, t)| s.spawn(move || remote::df_probe_one(*h, r, t, payload, per_probe)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(BenchError::Usage("probe thread panicked".into())))
+            })
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majority_prefers_the_larger_on_a_tie() {
+        assert_eq!(majority([9000, 9000, 1500]), Some(9000));
+        assert_eq!(majority([1500, 9000]), Some(9000));
+        assert_eq!(majority(Vec::<u32>::new()), None);
+    }
+}

@@ -1,0 +1,377 @@
+//! What the bench and the doctor learn from each host: the agent's discovery report, the
+//! interfaces that carry a default route, the host's clock and the NCCL/weft settings in its
+//! environment; plus the interface selection (NCCL's `IFNAME` syntax) and a DF-bit ICMP probe
+//! that needs no `ping(8)`. All of it runs *on* the host, through a hidden `weft` subcommand.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use weft_agent::{HostReport, NetDev, OperState};
+
+use crate::BenchError;
+
+/// Facts about one host, gathered on the host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostFacts {
+    /// `weft_agent::discover("/")`.
+    pub report: HostReport,
+    /// Interfaces with a default route (`/proc/net/route`).
+    pub default_route_ifs: Vec<String>,
+    /// The host's clock when the facts were taken, ns since the Unix epoch.
+    pub unix_time_ns: u64,
+    /// `NCCL_*` and `WEFT_*` variables set in the host's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// Gathers [`HostFacts`] on this host (or in this namespace).
+pub fn gather(root: &Path) -> Result<HostFacts, BenchError> {
+    let report = weft_agent::discover(root).map_err(|e| BenchError::Host {
+        host: "local".into(),
+        msg: format!("discovery: {e}"),
+    })?;
+    let routes = std::fs::read_to_string(root.join("proc/net/route")).unwrap_or_default();
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("WEFT_"))
+        .collect();
+    env.sort();
+    Ok(HostFacts {
+        report,
+        default_route_ifs: default_route_ifs(&routes),
+        unix_time_ns: now_ns(),
+        env,
+    })
+}
+
+/// Nanoseconds since the Unix epoch on this host's clock.
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Interfaces of `/proc/net/route` lines whose destination and mask are 0.
+pub fn default_route_ifs(proc_net_route: &str) -> Vec<String> {
+    let mut v: Vec<String> = proc_net_route
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[1] == "00000000" && f[7] == "00000000").then(|| f[0].to_string())
+        })
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Does `name` match an NCCL-style interface list (`eth,ib` prefixes, `=eth0` exact, `^`
+/// to exclude)?
+pub fn ifname_matches(spec: &str, name: &str) -> bool {
+    let (exclude, rest) = match spec.strip_prefix('^') {
+        Some(r) => (true, r),
+        None => (false, spec),
+    };
+    let (exact, rest) = match rest.strip_prefix('=') {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let hit = rest
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .any(|p| {
+            if exact {
+                name == p
+            } else {
+                name.starts_with(p)
+            }
+        });
+    hit != exclude
+}
+
+/// The management interface of a host: the one `spec` names, else the default-route one.
+pub fn mgmt_if(facts: &HostFacts, spec: Option<&str>) -> Option<String> {
+    match spec {
+        Some(s) => facts
+            .report
+            .netdevs
+            .iter()
+            .find(|n| n.name != "lo" && ifname_matches(s, &n.name))
+            .map(|n| n.name.clone()),
+        None => facts.default_route_ifs.first().cloned(),
+    }
+}
+
+/// The data interfaces of a host: those `spec` names; else the netdevs of RDMA ports; else
+/// every non-loopback interface that is up and has an IPv4 address, except the management one.
+pub fn data_ifs<'a>(
+    facts: &'a HostFacts,
+    spec: Option<&str>,
+    mgmt: Option<&str>,
+) -> Vec<&'a NetDev> {
+    let nd = &facts.report.netdevs;
+    let real = |n: &&NetDev| n.name != "lo" && n.arp_type != 772;
+    if let Some(s) = spec {
+        return nd
+            .iter()
+            .filter(real)
+            .filter(|n| ifname_matches(s, &n.name))
+            .collect();
+    }
+    let rdma: Vec<&NetDev> = nd
+        .iter()
+        .filter(real)
+        .filter(|n| n.rdma_device.is_some())
+        .collect();
+    if !rdma.is_empty() {
+        return rdma;
+    }
+    nd.iter()
+        .filter(real)
+        .filter(|n| Some(n.name.as_str()) != mgmt)
+        .filter(|n| n.operstate == OperState::Up && ipv4(n).is_some())
+        .collect()
+}
+
+/// The first IPv4 address of an interface, with its prefix length.
+pub fn ipv4(n: &NetDev) -> Option<(Ipv4Addr, u8)> {
+    n.addresses.iter().find_map(|a| {
+        let (ip, len) = a.split_once('/').unwrap_or((a, "32"));
+        Some((ip.parse().ok()?, len.parse().ok()?))
+    })
+}
+
+/// What one DF-bit probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Probe {
+    /// An echo reply came back.
+    Reply,
+    /// The local stack refused to send a DF packet that large (interface MTU too small).
+    TooBigHere,
+    /// No reply within the bound (dropped on the way: a smaller MTU further on).
+    NoReply,
+}
+
+/// One probe result, as the hidden `df-probe` command prints it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeResult {
+    pub dst: Ipv4Addr,
+    /// Small (56-byte) echo: is the peer reachable at all?
+    pub small: Probe,
+    /// The `payload`-byte echo with DF set.
+    pub jumbo: Probe,
+    pub payload: usize,
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+struct Fd(libc::c_int);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own this descriptor and close it once.
+        unsafe {
+            libc::close(self.0);
+        }
+    }
+}
+
+fn setopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` is a live value of the type the option expects, `len` its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.0,
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
+/// with the DF bit set when `df`; waits at most `timeout`.
+pub fn icmp_echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Probe> {
+    if payload > 65_507 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "payload over 65507 bytes",
+        ));
+    }
+    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_ICMP,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = Fd(raw);
+    let pmtu: libc::c_int = if df {
+        libc::IP_PMTUDISC_PROBE
+    } else {
+        libc::IP_PMTUDISC_DONT
+    };
+    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
+    let id = (std::process::id() as u16) ^ (now_ns() as u16);
+    let mut pkt = vec![0u8; 8 + payload];
+    pkt[0] = 8;
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&1u16.to_be_bytes());
+    for (i, b) in pkt[8..].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let sum = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    // SAFETY: zeroed sockaddr_in is valid; fields set below.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_addr.s_addr = u32::from(dst).to_be();
+    // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
+    let rc = unsafe {
+        libc::sendto(
+            fd.0,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EMSGSIZE) => Ok(Probe::TooBigHere),
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN) => {
+                Ok(Probe::NoReply)
+            }
+            _ => Err(e),
+        };
+    }
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Probe::NoReply);
+        }
+        let tv = libc::timeval {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+        };
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
+        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_in).cast(),
+                &mut flen,
+            )
+        };
+        if n < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => continue,
+                Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                    return Ok(Probe::NoReply);
+                }
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+        let p = &buf[..n as usize];
+        if p.len() < 20 {
+            continue;
+        }
+        let ihl = usize::from(p[0] & 0x0f) * 4;
+        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
+            continue;
+        }
+        let icmp = &p[ihl..];
+        if icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() {
+            return Ok(Probe::Reply);
+        }
+    }
+}
+
+/// Probes each of `dsts`: a small echo, then a DF echo of `payload` bytes (two tries).
+pub fn df_probe(
+    dsts: &[Ipv4Addr],
+    payload: usize,
+    timeout: Duration,
+) -> io::Result<Vec<ProbeResult>> {
+    let mut out = Vec::new();
+    for &dst in dsts {
+        let small = icmp_echo(dst, 56, false, timeout)?;
+        let mut jumbo = icmp_echo(dst, payload, true, timeout)?;
+        if jumbo == Probe::NoReply {
+            jumbo = icmp_echo(dst, payload, true, timeout)?;
+        }
+        out.push(ProbeResult {
+            dst,
+            small,
+            jumbo,
+            payload,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_routes_come_from_proc_net_route() {
+        let t = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n\
+                 eno1\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
+                 eno1\t0001A8C0\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n\
+                 enp1s0f1np1\t0064A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        assert_eq!(default_route_ifs(t), ["eno1"]);
+        assert!(default_route_ifs("Iface\n").is_empty());
+    }
+
+    #[test]
+    fn interface_lists_use_nccls_syntax() {
+        assert!(ifname_matches("enp1,enP2", "enp1s0f1np1"));
+        assert!(!ifname_matches("=data0", "data01"));
+        assert!(ifname_matches("=data0,data1", "data1"));
+        assert!(!ifname_matches("^docker,lo", "docker0"));
+        assert!(ifname_matches("^docker,lo", "eth0"));
+    }
+
+    #[test]
+    fn checksum_known_vector() {
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            0x220d
+        );
+    }
+}

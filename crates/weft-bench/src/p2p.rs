@@ -1,0 +1,522 @@
+//! Pairwise bandwidth and latency between hosts over plain TCP on their data addresses.
+//!
+//! A server ([`serve`]) runs on every host; from each host in turn a probe ([`probe`]) measures
+//! every other host: several streams for bandwidth (bytes counted by the receiver, time until
+//! the receiver has them all), a ping-pong for latency, and the TCP MSS the two ends agreed on
+//! (a path MTU smaller than the others shows here). [`analyse`] finds the pairs far below the
+//! median and, when every pair of one host in one direction is slow, blames the host.
+
+use std::io::{self, BufRead, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+
+const BULK: u8 = b'B';
+const PING: u8 = b'L';
+
+/// Serves probes on `port` (0: any) of every address until `lifetime` ends. Prints
+/// `ready PORT` on stdout once listening.
+pub fn serve(port: u16, lifetime: Duration) -> io::Result<()> {
+    let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
+    let port = l.local_addr()?.port();
+    println!("ready {port}");
+    io::stdout().flush()?;
+    l.set_nonblocking(true)?;
+    let end = Instant::now() + lifetime;
+    while Instant::now() < end {
+        match l.accept() {
+            Ok((s, _)) => {
+                std::thread::spawn(move || {
+                    let _ = handle(s, end);
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn handle(mut s: TcpStream, end: Instant) -> io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(
+        end.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+    ))?;
+    s.set_nodelay(true)?;
+    let mut mode = [0u8; 1];
+    s.read_exact(&mut mode)?;
+    match mode[0] {
+        BULK => {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total: u64 = 0;
+            loop {
+                let n = s.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            s.write_all(&total.to_le_bytes())
+        }
+        PING => {
+            let mut b = [0u8; 8];
+            loop {
+                match s.read_exact(&mut b) {
+                    Ok(()) => s.write_all(&b)?,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How one probe runs.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    pub streams: usize,
+    pub duration: Duration,
+    pub pings: usize,
+    /// Bound on connecting and on each read and write.
+    pub timeout: Duration,
+}
+
+/// What one probe measured from this host to one peer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeReport {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gbps: f64,
+    /// Median round trip of an 8-byte ping-pong, microseconds.
+    pub rtt_us: f64,
+    /// TCP maximum segment size of the latency connection.
+    pub mss: u32,
+}
+
+fn connect(to: SocketAddr, mode: u8, timeout: Duration) -> io::Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&to, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(&[mode])?;
+    Ok(s)
+}
+
+fn mss(s: &TcpStream) -> u32 {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) on a live socket into a c_int of the given length.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        u32::try_from(v).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// Measures bandwidth, latency and MSS to the server at `to`.
+pub fn probe(to: SocketAddr, o: &ProbeOptions) -> io::Result<ProbeReport> {
+    // Latency first, on an idle link.
+    let mut s = connect(to, PING, o.timeout)?;
+    s.set_nodelay(true)?;
+    let mut rtts = Vec::with_capacity(o.pings);
+    let mut b = [0u8; 8];
+    for i in 0..o.pings + 5 {
+        let t = Instant::now();
+        s.write_all(&(i as u64).to_le_bytes())?;
+        s.read_exact(&mut b)?;
+        if i >= 5 {
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let seg = mss(&s);
+    drop(s);
+    let rtt_us = median(&mut rtts).unwrap_or(0.0);
+
+    let start = Instant::now();
+    let stop = start + o.duration;
+    let results: Vec<io::Result<(u64, Instant)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..o.streams.max(1))
+            .map(|_| {
+                sc.spawn(move || -> io::Result<(u64, Instant)> {
+                    let mut s = connect(to, BULK, o.timeout)?;
+                    let buf = vec![0x5au8; 256 << 10];
+                    while Instant::now() < stop {
+                        s.write_all(&buf)?;
+                    }
+                    s.shutdown(std::net::Shutdown::Write)?;
+                    let mut n = [0u8; 8];
+                    s.read_exact(&mut n)?;
+                    Ok((u64::from_le_bytes(n), Instant::now()))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("probe thread panicked")))
+            })
+            .collect()
+    });
+    let mut bytes = 0;
+    let mut last = start;
+    for r in results {
+        let (n, t) = r?;
+        bytes += n;
+        last = last.max(t);
+    }
+    let seconds = (last - start).as_secs_f64().max(1e-9);
+    Ok(ProbeReport {
+        bytes,
+        seconds,
+        gbps: bytes as f64 * 8.0 / seconds / 1e9,
+        rtt_us,
+        mss: seg,
+    })
+}
+
+/// The median of `v` (sorted in place).
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// One ordered pair on one rail.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pair {
+    pub src: String,
+    pub dst: String,
+    /// The source's data interface and the destination's address.
+    pub src_if: String,
+    pub dst_addr: Ipv4Addr,
+    pub rail: usize,
+    pub gbps: f64,
+    pub rtt_us: f64,
+    pub mss: u32,
+    /// Why the pair could not be measured.
+    pub error: Option<String>,
+}
+
+/// A pair far below the median.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Slow {
+    pub src: String,
+    pub dst: String,
+    pub rail: usize,
+    pub gbps: f64,
+    /// Percent of the median.
+    pub pct_of_median: f64,
+}
+
+/// A host every one of whose pairs in one direction is slow (or has a small MSS).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Blame {
+    pub host: String,
+    pub rail: usize,
+    /// `sending`, `receiving`, or `both` (MTU: the MSS is the smaller end's).
+    pub direction: String,
+    /// `bandwidth` or `mtu`.
+    pub what: String,
+    pub message: String,
+}
+
+/// The whole matrix and what stands out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Matrix {
+    pub hosts: Vec<String>,
+    pub pairs: Vec<Pair>,
+    pub median_gbps: f64,
+    pub median_rtt_us: f64,
+    /// Pairs below this fraction of the median are slow.
+    pub threshold: f64,
+    pub slow: Vec<Slow>,
+    /// Pairs whose MSS is well below the largest one (a smaller MTU on the path).
+    pub small_mss: Vec<Pair>,
+    pub blamed: Vec<Blame>,
+}
+
+/// Finds the slow pairs and the hosts to blame.
+pub fn analyse(hosts: Vec<String>, pairs: Vec<Pair>, threshold: f64) -> Matrix {
+    let mut g: Vec<f64> = pairs
+        .iter()
+        .filter(|p| p.error.is_none())
+        .map(|p| p.gbps)
+        .collect();
+    let median_gbps = median(&mut g).unwrap_or(0.0);
+    let mut r: Vec<f64> = pairs
+        .iter()
+        .filter(|p| p.error.is_none())
+        .map(|p| p.rtt_us)
+        .collect();
+    let median_rtt_us = median(&mut r).unwrap_or(0.0);
+    let is_slow = |p: &Pair| p.error.is_some() || p.gbps < threshold * median_gbps;
+    let slow: Vec<Slow> = pairs
+        .iter()
+        .filter(|p| is_slow(p))
+        .map(|p| Slow {
+            src: p.src.clone(),
+            dst: p.dst.clone(),
+            rail: p.rail,
+            gbps: p.gbps,
+            pct_of_median: if median_gbps > 0.0 {
+                100.0 * p.gbps / median_gbps
+            } else {
+                0.0
+            },
+        })
+        .collect();
+    let max_mss = pairs.iter().map(|p| p.mss).max().unwrap_or(0);
+    let small = |p: &Pair| p.error.is_none() && f64::from(p.mss) < 0.9 * f64::from(max_mss);
+    let small_mss: Vec<Pair> = pairs.iter().filter(|p| small(p)).cloned().collect();
+    let rails: Vec<usize> = {
+        let mut v: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut blamed = Vec::new();
+    for &rail in &rails {
+        let on: Vec<&Pair> = pairs.iter().filter(|p| p.rail == rail).collect();
+        for h in &hosts {
+            let out: Vec<&&Pair> = on.iter().filter(|p| &p.src == h).collect();
+            let inn: Vec<&&Pair> = on.iter().filter(|p| &p.dst == h).collect();
+            let all =
+                |v: &[&&Pair], f: &dyn Fn(&Pair) -> bool| !v.is_empty() && v.iter().all(|p| f(p));
+            let desc = |v: &[&&Pair]| {
+                v.iter()
+                    .map(|p| format!("{:.2}", p.gbps))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let (so, si) = (all(&out, &is_slow), all(&inn, &is_slow));
+            // With two hosts a slow pair cannot tell its ends apart; both are named.
+            if so {
+                blamed.push(Blame {
+                    host: h.clone(),
+                    rail,
+                    direction: if si { "both" } else { "sending" }.into(),
+                    what: "bandwidth".into(),
+                    message: format!(
+                        "every pair from {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable, switch port and egress shaping",
+                        threshold * 100.0,
+                        desc(&out)
+                    ),
+                });
+            } else if si {
+                blamed.push(Blame {
+                    host: h.clone(),
+                    rail,
+                    direction: "receiving".into(),
+                    what: "bandwidth".into(),
+                    message: format!(
+                        "every pair to {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable and switch port",
+                        threshold * 100.0,
+                        desc(&inn)
+                    ),
+                });
+            }
+            let touching: Vec<&&Pair> = on.iter().filter(|p| &p.src == h || &p.dst == h).collect();
+            if all(&touching, &small) {
+                blamed.push(Blame {
+                    host: h.clone(),
+                    rail,
+                    direction: "both".into(),
+                    what: "mtu".into(),
+                    message: format!(
+                        "every connection with {h} (rail {rail}) has a TCP MSS of {} while others reach {max_mss}: its data interface has a smaller MTU",
+                        touching.iter().map(|p| p.mss).min().unwrap_or(0)
+                    ),
+                });
+            }
+        }
+    }
+    Matrix {
+        hosts,
+        pairs,
+        median_gbps,
+        median_rtt_us,
+        threshold,
+        slow,
+        small_mss,
+        blamed,
+    }
+}
+
+/// Colour of a cell: red (0) through yellow to green (the best pair).
+fn colour(frac: f64) -> (u8, u8, u8) {
+    let f = frac.clamp(0.0, 1.0);
+    if f < 0.5 {
+        (220, (f * 2.0 * 200.0) as u8, 40)
+    } else {
+        ((220.0 * (1.0 - f) * 2.0) as u8, 200, 40)
+    }
+}
+
+/// Writes the bandwidth matrix of `rail` as a PNG heat map: rows are senders, columns
+/// receivers in `m.hosts` order; red is slow, green the fastest pair, grey the diagonal, black a
+/// pair that could not be measured. No text (no fonts needed): the CLI prints the legend.
+pub fn heatmap(m: &Matrix, rail: usize, path: &Path) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let n = m.hosts.len().max(1);
+    let cell = 60u32;
+    let side = cell * n as u32 + 20;
+    let err = |e: String| BenchError::Io {
+        context: format!("writing {}", path.display()),
+        source: io::Error::other(e),
+    };
+    let root = BitMapBackend::new(path, (side, side)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let best = m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max);
+    for (i, src) in m.hosts.iter().enumerate() {
+        for (j, dst) in m.hosts.iter().enumerate() {
+            let c = if i == j {
+                RGBColor(190, 190, 190)
+            } else {
+                match m
+                    .pairs
+                    .iter()
+                    .find(|p| &p.src == src && &p.dst == dst && p.rail == rail)
+                {
+                    Some(p) if p.error.is_none() && best > 0.0 => {
+                        let (r, g, b) = colour(p.gbps / best);
+                        RGBColor(r, g, b)
+                    }
+                    _ => RGBColor(0, 0, 0),
+                }
+            };
+            let (x, y) = (10 + j as i32 * cell as i32, 10 + i as i32 * cell as i32);
+            root.draw(&Rectangle::new(
+                [(x + 1, y + 1), (x + cell as i32 - 1, y + cell as i32 - 1)],
+                c.filled(),
+            ))
+            .map_err(|e| err(e.to_string()))?;
+        }
+    }
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// Reads the `ready PORT` line a server prints, waiting at most `timeout`.
+pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<u16, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let r = io::BufReader::new(out).read_line(&mut line).map(|_| line);
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(l)) => l
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("server said {:?} instead of `ready PORT`", l.trim())),
+        Ok(Err(e)) => Err(format!("reading from server: {e}")),
+        Err(_) => Err(format!("server not ready within {timeout:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(src: &str, dst: &str, gbps: f64, mss: u32) -> Pair {
+        Pair {
+            src: src.into(),
+            dst: dst.into(),
+            src_if: "data0".into(),
+            dst_addr: Ipv4Addr::LOCALHOST,
+            rail: 0,
+            gbps,
+            rtt_us: 50.0,
+            mss,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_slow_sender_and_a_small_mtu_are_blamed_and_nothing_else() {
+        let hosts: Vec<String> = (0..4).map(|i| format!("h{i}")).collect();
+        let mut pairs = Vec::new();
+        for s in &hosts {
+            for d in &hosts {
+                if s != d {
+                    let g = if s == "h2" { 0.2 } else { 1.0 };
+                    let mss = if s == "h3" || d == "h3" { 1448 } else { 8948 };
+                    pairs.push(pair(s, d, g, mss));
+                }
+            }
+        }
+        let m = analyse(hosts, pairs, 0.5);
+        assert_eq!(m.slow.len(), 3);
+        let b: Vec<(&str, &str, &str)> = m
+            .blamed
+            .iter()
+            .map(|b| (b.host.as_str(), b.direction.as_str(), b.what.as_str()))
+            .collect();
+        assert_eq!(b, [("h2", "sending", "bandwidth"), ("h3", "both", "mtu")]);
+    }
+
+    #[test]
+    fn probe_against_a_local_server() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let end = Instant::now() + Duration::from_secs(30);
+        std::thread::spawn(move || {
+            for s in l.incoming().take(3) {
+                let s = s.unwrap();
+                std::thread::spawn(move || handle(s, end));
+            }
+        });
+        let r = probe(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &ProbeOptions {
+                streams: 2,
+                duration: Duration::from_millis(200),
+                pings: 10,
+                timeout: Duration::from_secs(20),
+            },
+        )
+        .unwrap();
+        assert!(
+            r.bytes > 0 && r.gbps > 0.0 && r.rtt_us > 0.0 && r.mss > 0,
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn heat_map_is_a_png() {
+        let m = analyse(
+            vec!["a".into(), "b".into()],
+            vec![pair("a", "b", 1.0, 1448), pair("b", "a", 0.3, 1448)],
+            0.5,
+        );
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.png");
+        heatmap(&m, 0, &p).unwrap();
+        assert_eq!(&std::fs::read(&p).unwrap()[..4], b"\x89PNG");
+    }
+}

@@ -1,0 +1,253 @@
+//! Running the hidden `weft bench` helpers on every host through a [`HostRunner`] and
+//! collecting their JSON: host facts (with the clock offset), DF probes, and the p2p matrix.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+
+use crate::BenchError;
+use crate::facts::{self, HostFacts, ProbeResult};
+use crate::p2p::{self, Pair, ProbeReport};
+use crate::runner::{HostRunner, kill_group};
+
+/// How to start `weft` on the hosts.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The `weft` binary on the hosts.
+    pub exe: String,
+    /// Bound on each helper.
+    pub timeout: Duration,
+}
+
+impl Remote {
+    fn argv(&self, args: &[String]) -> Vec<String> {
+        let mut v = vec![self.exe.clone(), "bench".into()];
+        v.extend(args.iter().cloned());
+        v
+    }
+
+    /// Runs `weft bench ARGS` on `host` and parses its stdout as JSON.
+    pub fn json<T: DeserializeOwned>(
+        &self,
+        host: &dyn HostRunner,
+        args: &[String],
+        timeout: Duration,
+    ) -> Result<T, BenchError> {
+        let o = host.run(&self.argv(args), &[], timeout)?;
+        let fail = |msg: String| BenchError::Host {
+            host: host.name().to_string(),
+            msg,
+        };
+        if !o.status.success() {
+            return Err(fail(format!(
+                "`weft bench {}` exited with {}: {}",
+                args.first().map_or("", String::as_str),
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )));
+        }
+        serde_json::from_slice(&o.stdout).map_err(|e| {
+            fail(format!(
+                "`weft bench {}` printed no JSON ({e}): {}",
+                args.first().map_or("", String::as_str),
+                String::from_utf8_lossy(&o.stdout).trim()
+            ))
+        })
+    }
+}
+
+/// Facts of one host, and its clock's offset from ours.
+#[derive(Debug, Clone)]
+pub struct Gathered {
+    pub facts: HostFacts,
+    /// Host clock minus ours at the middle of the call, ns.
+    pub offset_ns: i64,
+    /// Half the call's duration: the offset is known to within this.
+    pub uncertainty_ns: i64,
+}
+
+/// Gathers the facts of every host at once.
+pub fn gather_all(hosts: &[Box<dyn HostRunner>], r: &Remote) -> Vec<Result<Gathered, BenchError>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                s.spawn(move || {
+                    let t0 = facts::now_ns();
+                    let f: HostFacts = r.json(h.as_ref(), &["host-facts".into()], r.timeout)?;
+                    let t1 = facts::now_ns();
+                    let mid = (i128::from(t0) + i128::from(t1)) / 2;
+                    Ok(Gathered {
+                        offset_ns: (i128::from(f.unix_time_ns) - mid) as i64,
+                        uncertainty_ns: ((i128::from(t1) - i128::from(t0)) / 2) as i64,
+                        facts: f,
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(BenchError::Usage("gathering thread panicked".into())))
+            })
+            .collect()
+    })
+}
+
+/// From one host, DF probes of `payload` bytes to `targets`.
+pub fn df_probe_one(
+    h: &dyn HostRunner,
+    r: &Remote,
+    targets: &[Ipv4Addr],
+    payload: usize,
+    per_probe: Duration,
+) -> Result<Vec<ProbeResult>, BenchError> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let to = targets
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let args = vec![
+        "df-probe".into(),
+        "--payload".into(),
+        payload.to_string(),
+        "--to".into(),
+        to,
+        "--timeout-ms".into(),
+        per_probe.as_millis().to_string(),
+    ];
+    // 3 probes per target, each bounded, plus start-up.
+    let bound = per_probe * 3 * targets.len() as u32 + r.timeout;
+    r.json(h, &args, bound)
+}
+
+/// Options of a p2p run.
+#[derive(Debug, Clone)]
+pub struct P2pOptions {
+    pub streams: usize,
+    pub duration: Duration,
+    pub pings: usize,
+}
+
+/// One host of a p2p run: its name and, per rail, its data interface and address.
+#[derive(Debug, Clone)]
+pub struct P2pHost {
+    pub name: String,
+    pub rails: Vec<(String, Ipv4Addr)>,
+}
+
+/// Starts a server on every host, then measures every ordered pair on every rail, one pair at
+/// a time; stops the servers. Pairs that fail carry their error.
+pub fn p2p_matrix(
+    hosts: &[Box<dyn HostRunner>],
+    info: &[P2pHost],
+    r: &Remote,
+    o: &P2pOptions,
+    progress: &mut dyn FnMut(&Pair),
+) -> Result<Vec<Pair>, BenchError> {
+    // Servers outlive the whole run by a margin, and then end by themselves (over SSH, killing
+    // the local `ssh` does not reach them).
+    let n = hosts.len();
+    let rails = info.iter().map(|h| h.rails.len()).max().unwrap_or(0);
+    let per_pair = o.duration + r.timeout;
+    let lifetime = per_pair * (n * n * rails.max(1)) as u32 + r.timeout * 2;
+    let mut servers = Vec::new();
+    let mut ports = Vec::new();
+    let stop = |servers: &mut Vec<std::process::Child>| {
+        for c in servers.iter_mut() {
+            kill_group(c);
+            let _ = c.wait();
+        }
+    };
+    for h in hosts {
+        let argv = r.argv(&[
+            "p2p-serve".into(),
+            "--lifetime".into(),
+            lifetime.as_secs().max(1).to_string(),
+        ]);
+        let mut c = match h.spawn(&argv, &[], Stdio::piped()) {
+            Ok(c) => c,
+            Err(e) => {
+                stop(&mut servers);
+                return Err(e);
+            }
+        };
+        let out = c.stdout.take();
+        servers.push(c);
+        let port = match out {
+            Some(o) => p2p::read_ready(o, r.timeout),
+            None => Err("no stdout".into()),
+        };
+        match port {
+            Ok(p) => ports.push(p),
+            Err(msg) => {
+                stop(&mut servers);
+                return Err(BenchError::Host {
+                    host: h.name().to_string(),
+                    msg: format!("p2p server: {msg}"),
+                });
+            }
+        }
+    }
+    let mut pairs = Vec::new();
+    for rail in 0..rails {
+        for (i, src) in hosts.iter().enumerate() {
+            for (j, _) in hosts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let (Some((src_if, _)), Some((_, dst_addr))) =
+                    (info[i].rails.get(rail), info[j].rails.get(rail))
+                else {
+                    continue;
+                };
+                let to = SocketAddr::from((*dst_addr, ports[j]));
+                let args = vec![
+                    "p2p-probe".into(),
+                    "--to".into(),
+                    to.to_string(),
+                    "--streams".into(),
+                    o.streams.to_string(),
+                    "--duration-ms".into(),
+                    o.duration.as_millis().to_string(),
+                    "--pings".into(),
+                    o.pings.to_string(),
+                    "--timeout".into(),
+                    r.timeout.as_secs().max(1).to_string(),
+                ];
+                let t = Instant::now();
+                let res: Result<ProbeReport, BenchError> =
+                    r.json(src.as_ref(), &args, per_pair + r.timeout);
+                tracing::debug!(src = %info[i].name, dst = %info[j].name, took = ?t.elapsed(), "p2p pair");
+                let mut p = Pair {
+                    src: info[i].name.clone(),
+                    dst: info[j].name.clone(),
+                    src_if: src_if.clone(),
+                    dst_addr: *dst_addr,
+                    rail,
+                    gbps: 0.0,
+                    rtt_us: 0.0,
+                    mss: 0,
+                    error: None,
+                };
+                match res {
+                    Ok(rep) => {
+                        p.gbps = rep.gbps;
+                        p.rtt_us = rep.rtt_us;
+                        p.mss = rep.mss;
+                    }
+                    Err(e) => p.error = Some(e.to_string()),
+                }
+                progress(&p);
+                pairs.push(p);
+            }
+        }
+    }
+    stop(&mut servers);
+    Ok(pairs)
+}

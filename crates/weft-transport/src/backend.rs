@@ -1,0 +1,366 @@
+//! The transport API over either backend: TCP streams ([`crate::tcp`]) or libfabric
+//! ([`crate::ofi`]), chosen by [`Config::backend`] (`WEFT_BACKEND`). The TCP types are used
+//! unchanged; with `ofi`, interface selection (management interface, devices) is still the TCP
+//! transport's, and the data path of every connection is libfabric's. When libfabric or a usable
+//! provider is missing, `ofi` falls back to TCP and [`Transport::backend_note`] says why.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::{BackendKind, Config};
+use crate::error::Result;
+use crate::iface::Interface;
+use crate::ofi;
+use crate::proto::{self, ListenHandle};
+use crate::tcp::{self, Completed, Device, Rail, RecvBuf, RequestId};
+
+/// The transport of this host: the management interface, the data devices, and the backend.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    tcp: tcp::Transport,
+    ofi: Option<Arc<ofi::Backend>>,
+    note: Option<String>,
+}
+
+impl Transport {
+    /// Selects the interfaces named by `cfg` on this host, and opens the backend.
+    pub fn new(cfg: Config) -> Result<Transport> {
+        Transport::from_tcp(tcp::Transport::new(cfg)?)
+    }
+
+    /// Like [`Transport::new`] over a given interface list (tests, or a host model).
+    pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<Transport> {
+        Transport::from_tcp(tcp::Transport::with_interfaces(cfg, all)?)
+    }
+
+    fn from_tcp(t: tcp::Transport) -> Result<Transport> {
+        let cfg = t.config().clone();
+        let (ofi, note) = match cfg.backend {
+            BackendKind::Tcp => (None, None),
+            BackendKind::Ofi | BackendKind::Auto => {
+                let mut c = cfg.clone();
+                if cfg.backend == BackendKind::Auto && c.ofi_provider.is_none() {
+                    c.ofi_provider = Some("verbs;ofi_rxm".into());
+                }
+                match ofi::Backend::open(&c, t.devices()) {
+                    Ok(b) => (Some(Arc::new(b)), None),
+                    Err(why) => (
+                        None,
+                        Some(format!("ofi backend unavailable, using TCP: {why}")),
+                    ),
+                }
+            }
+        };
+        Ok(Transport { tcp: t, ofi, note })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        self.tcp.config()
+    }
+
+    /// The management interface and address.
+    pub fn mgmt(&self) -> &Rail {
+        self.tcp.mgmt()
+    }
+
+    /// The data devices.
+    pub fn devices(&self) -> &[Device] {
+        self.tcp.devices()
+    }
+
+    /// `"tcp"`, or `"ofi <provider>/<domain>"` of device 0.
+    pub fn backend(&self) -> String {
+        match &self.ofi {
+            None => "tcp".into(),
+            Some(b) => format!("ofi {}", b.describe(0)),
+        }
+    }
+
+    /// Whether connections use libfabric.
+    pub fn is_ofi(&self) -> bool {
+        self.ofi.is_some()
+    }
+
+    /// Why the configured ofi backend is not in use, if it is not.
+    pub fn backend_note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// Opens the listener of device `dev`.
+    pub fn listen(&self, dev: usize) -> Result<Listener> {
+        Ok(Listener(match &self.ofi {
+            None => L::Tcp(self.tcp.listen(dev)?),
+            Some(b) => {
+                let m = self.tcp.mgmt();
+                L::Ofi(b.listen(self.config(), (m.addr, &m.iface), dev)?)
+            }
+        }))
+    }
+
+    /// Starts connecting device `dev` to the listener described by `handle`.
+    pub fn connect(&self, dev: usize, handle: &[u8]) -> Result<Connecting> {
+        Ok(Connecting(match &self.ofi {
+            None => C::Tcp(self.tcp.connect(dev, handle)?),
+            Some(b) => {
+                let m = self.tcp.mgmt();
+                C::Ofi(Box::new(b.connect(
+                    self.config(),
+                    (m.addr, &m.iface),
+                    dev,
+                    handle,
+                )?))
+            }
+        }))
+    }
+}
+
+#[derive(Debug)]
+enum L {
+    Tcp(tcp::Listener),
+    Ofi(ofi::Listener),
+}
+
+/// The receiver's listening side of a device.
+#[derive(Debug)]
+pub struct Listener(L);
+
+impl Listener {
+    /// The handle to give the sender (128 bytes, see [`proto::HANDLE_SIZE`]).
+    pub fn handle(&self) -> [u8; proto::HANDLE_SIZE] {
+        match &self.0 {
+            L::Tcp(l) => l.handle(),
+            L::Ofi(l) => l.handle(),
+        }
+    }
+
+    /// The decoded handle.
+    pub fn handle_info(&self) -> &ListenHandle {
+        match &self.0 {
+            L::Tcp(l) => l.handle_info(),
+            L::Ofi(l) => l.handle_info(),
+        }
+    }
+
+    /// Accepts without blocking. `Ok(None)`: call again.
+    pub fn accept(&mut self) -> Result<Option<RecvConn>> {
+        Ok(match &mut self.0 {
+            L::Tcp(l) => l.accept()?.map(|c| RecvConn(R::Tcp(c))),
+            L::Ofi(l) => l.accept()?.map(|c| RecvConn(R::Ofi(Box::new(c)))),
+        })
+    }
+
+    /// Polls until a connection arrives or the accept timeout passes.
+    pub fn wait(&mut self) -> Result<RecvConn> {
+        Ok(match &mut self.0 {
+            L::Tcp(l) => RecvConn(R::Tcp(l.wait()?)),
+            L::Ofi(l) => RecvConn(R::Ofi(Box::new(l.wait()?))),
+        })
+    }
+}
+
+// The TCP variant stays inline: its path is unchanged, without an extra indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum C {
+    Tcp(tcp::Connecting),
+    Ofi(Box<ofi::Connecting>),
+}
+
+/// A connection being set up by the sender.
+#[derive(Debug)]
+pub struct Connecting(C);
+
+impl Connecting {
+    /// Advances the handshake without blocking. `Ok(None)`: call again later.
+    pub fn poll(&mut self) -> Result<Option<SendConn>> {
+        Ok(match &mut self.0 {
+            C::Tcp(c) => c.poll()?.map(|s| SendConn(S::Tcp(s))),
+            C::Ofi(c) => c.poll()?.map(|s| SendConn(S::Ofi(Box::new(s)))),
+        })
+    }
+
+    /// Polls until connected or failed.
+    pub fn wait(self) -> Result<SendConn> {
+        Ok(match self.0 {
+            C::Tcp(c) => SendConn(S::Tcp(c.wait()?)),
+            C::Ofi(c) => SendConn(S::Ofi(Box::new(c.wait()?))),
+        })
+    }
+}
+
+// The TCP variant stays inline: its path is unchanged, without an extra indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum S {
+    Tcp(tcp::SendConn),
+    Ofi(Box<ofi::SendConn>),
+}
+
+/// The sending end of a connection.
+#[derive(Debug)]
+pub struct SendConn(S);
+
+impl SendConn {
+    /// Remote address and local interface of the data path (TCP: control stream; ofi: the
+    /// management peer and "interface (ofi provider/domain)").
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        match &self.0 {
+            S::Tcp(c) => c.peer(),
+            S::Ofi(c) => c.peer(),
+        }
+    }
+
+    /// Remote address and local interface of the management side channel.
+    pub fn side_peer(&self) -> (SocketAddr, &str) {
+        match &self.0 {
+            S::Tcp(c) => c.side_peer(),
+            S::Ofi(c) => c.peer(),
+        }
+    }
+
+    /// Number of data streams (1 for ofi: one endpoint).
+    pub fn nstreams(&self) -> usize {
+        match &self.0 {
+            S::Tcp(c) => c.nstreams(),
+            S::Ofi(_) => 1,
+        }
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        match &self.0 {
+            S::Tcp(c) => c.in_flight(),
+            S::Ofi(c) => c.in_flight(),
+        }
+    }
+
+    /// Whether this connection runs over libfabric.
+    pub fn is_ofi(&self) -> bool {
+        matches!(self.0, S::Ofi(_))
+    }
+
+    /// Registration cache (hits, misses); (0, 0) for TCP.
+    pub fn mr_stats(&self) -> (u64, u64) {
+        match &self.0 {
+            S::Tcp(_) => (0, 0),
+            S::Ofi(c) => c.mr_stats(),
+        }
+    }
+
+    /// Starts sending `len` bytes at `data` with `tag`. `Ok(None)`: busy, retry later.
+    ///
+    /// # Safety
+    /// `data..data+len` must be readable and must not change until [`SendConn::test`] reports
+    /// the request done or the connection is dropped.
+    pub unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+    ) -> Result<Option<RequestId>> {
+        match &mut self.0 {
+            // SAFETY: forwarded under the same contract.
+            S::Tcp(c) => unsafe { c.isend(data, len, tag) },
+            // SAFETY: forwarded under the same contract.
+            S::Ofi(c) => unsafe { c.isend(data, len, tag) },
+        }
+    }
+
+    /// Whether request `id` is done; `Some(bytes)` once it is.
+    pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
+        match &mut self.0 {
+            S::Tcp(c) => c.test(id),
+            S::Ofi(c) => c.test(id),
+        }
+    }
+
+    /// Sends `data` and waits for completion. For tools and tests.
+    pub fn send(&mut self, data: &[u8], tag: i32) -> Result<()> {
+        match &mut self.0 {
+            S::Tcp(c) => c.send(data, tag),
+            S::Ofi(c) => c.send(data, tag),
+        }
+    }
+}
+
+// The TCP variant stays inline: its path is unchanged, without an extra indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum R {
+    Tcp(tcp::RecvConn),
+    Ofi(Box<ofi::RecvConn>),
+}
+
+/// The receiving end of a connection.
+#[derive(Debug)]
+pub struct RecvConn(R);
+
+impl RecvConn {
+    /// Remote address and local interface of the data path.
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        match &self.0 {
+            R::Tcp(c) => c.peer(),
+            R::Ofi(c) => c.peer(),
+        }
+    }
+
+    /// Remote address and local interface of the management side channel.
+    pub fn side_peer(&self) -> (SocketAddr, &str) {
+        match &self.0 {
+            R::Tcp(c) => c.side_peer(),
+            R::Ofi(c) => c.peer(),
+        }
+    }
+
+    /// Number of data streams (1 for ofi).
+    pub fn nstreams(&self) -> usize {
+        match &self.0 {
+            R::Tcp(c) => c.nstreams(),
+            R::Ofi(_) => 1,
+        }
+    }
+
+    /// Whether this connection runs over libfabric.
+    pub fn is_ofi(&self) -> bool {
+        matches!(self.0, R::Ofi(_))
+    }
+
+    /// Registration cache (hits, misses); (0, 0) for TCP.
+    pub fn mr_stats(&self) -> (u64, u64) {
+        match &self.0 {
+            R::Tcp(_) => (0, 0),
+            R::Ofi(c) => c.mr_stats(),
+        }
+    }
+
+    /// Posts a receive of up to [`tcp::MAX_RECVS`] buffers. `Ok(None)`: busy, retry later.
+    ///
+    /// # Safety
+    /// Every buffer must be writable for its `len` bytes and not be read or written by anyone
+    /// else until [`RecvConn::test`] reports the request done or the connection is dropped.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
+        match &mut self.0 {
+            // SAFETY: forwarded under the same contract.
+            R::Tcp(c) => unsafe { c.irecv(bufs) },
+            // SAFETY: forwarded under the same contract.
+            R::Ofi(c) => unsafe { c.irecv(bufs) },
+        }
+    }
+
+    /// Whether request `id` is done; the sizes received once it is.
+    pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
+        match &mut self.0 {
+            R::Tcp(c) => c.test(id),
+            R::Ofi(c) => c.test(id),
+        }
+    }
+
+    /// Receives one message into `buf` and waits for it. For tools and tests.
+    pub fn recv(&mut self, buf: &mut [u8], tag: i32) -> Result<usize> {
+        match &mut self.0 {
+            R::Tcp(c) => c.recv(buf, tag),
+            R::Ofi(c) => c.recv(buf, tag),
+        }
+    }
+}

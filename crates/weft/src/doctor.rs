@@ -1,0 +1,77 @@
+//! `weft doctor`: checks on every host, PASS / WARN / FAIL lines, and the settings to use.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use weft_bench::doctor::{self, DoctorOptions, Level};
+
+use crate::bench::HostArgs;
+use crate::{EXIT_CHECK_FAILED, EXIT_OK};
+
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host: data interfaces up, with an address, link speed and MTU against\n--expect-* (else against the other hosts), jumbo frames end to end (DF-bit ICMP of MTU-28\nbytes between every pair; needs root or CAP_NET_RAW), management and data roles, RDMA ports\n(state, rate, link layer, netdev), GPU count, clock offset. Prints the WEFT_/NCCL_ settings\nfor jobs. Exit code 1 when any check FAILs."
+)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    hosts: HostArgs,
+    /// Expected MTU of every data interface (e.g. 9000).
+    #[arg(long)]
+    expect_mtu: Option<u32>,
+    /// Expected link speed of every data interface, in Mb/s (e.g. 200000).
+    #[arg(long)]
+    expect_speed: Option<u32>,
+    /// Clock offset (ms) above which to warn; 10x fails.
+    #[arg(long, default_value_t = 100)]
+    max_skew_ms: u64,
+}
+
+pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
+    let (hosts, remote) = a.hosts.runners()?;
+    let r = doctor::run(
+        &hosts,
+        &remote,
+        &DoctorOptions {
+            expect_mtu: a.expect_mtu,
+            expect_speed_mbps: a.expect_speed,
+            data_if: a.hosts.data_if.clone(),
+            mgmt_if: a.hosts.mgmt_if.clone(),
+            max_skew: Duration::from_millis(a.max_skew_ms),
+            probe_timeout: Duration::from_millis(1000),
+        },
+    )?;
+    if json {
+        crate::output::json(&r)?;
+    } else {
+        for f in &r.findings {
+            let subj = f
+                .subject
+                .as_deref()
+                .map(|s| format!(" {s}"))
+                .unwrap_or_default();
+            println!(
+                "{:<4} {}{} [{}]: {}",
+                f.level, f.host, subj, f.check, f.message
+            );
+            if f.level >= Level::Warn
+                && let Some(rem) = &f.remedy
+            {
+                println!("       fix: {rem}");
+            }
+        }
+        let n = |l: Level| r.findings.iter().filter(|f| f.level == l).count();
+        println!(
+            "\n{} PASS, {} WARN, {} FAIL on {} hosts",
+            n(Level::Pass),
+            n(Level::Warn),
+            n(Level::Fail),
+            r.hosts.len()
+        );
+        println!("\n# Settings for jobs on these hosts (do not pin NCCL_IB_GID_INDEX):");
+        for (k, v) in &r.env {
+            println!("export {k}={v}");
+        }
+    }
+    Ok(if r.failed { EXIT_CHECK_FAILED } else { EXIT_OK })
+}

@@ -1,0 +1,204 @@
+//! `weft doctor` and `weft bench p2p` across network namespaces (real sockets, real `tc` and
+//! MTUs): four hosts, one sender rate-limited by tbf (host2) and one host with MTU 1500 where
+//! the others have 9000 (host3). Both tools name exactly those two and nothing else.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
+
+use weft_netns::{Cluster, ClusterSpec, Shape};
+
+fn weft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .env_remove("WEFT_CONFIG")
+        .env_remove("WEFT_DATA_IFNAME")
+        .env_remove("WEFT_MGMT_IFNAME")
+        .output()
+        .expect("weft runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The cluster of the issue, or `None` (with a note) where namespaces are not available.
+fn cluster() -> Option<Cluster> {
+    if let Err(why) = weft_netns::available() {
+        eprintln!("skipping: {why}");
+        return None;
+    }
+    let c = Cluster::create(&ClusterSpec::new(4, 1)).expect("cluster");
+    // Links, not the CPU, are the bottleneck: every data egress at 400 Mbit/s, host2's at 80.
+    for i in 0..4 {
+        let rate = if i == 2 { "80mbit" } else { "400mbit" };
+        c.shape(i, "data0", &Shape::rate(rate)).expect("tc");
+    }
+    c.set_mtu(3, "data0", 1500).expect("mtu");
+    Some(c)
+}
+
+fn host_list(c: &Cluster) -> String {
+    c.hosts()
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
+    let Some(c) = cluster() else { return };
+    let hosts = host_list(&c);
+    let (h2, h3) = (c.host(2).name.clone(), c.host(3).name.clone());
+    let common = [
+        "--hosts",
+        &hosts,
+        "--via",
+        "netns",
+        "--mgmt-if",
+        "=mgmt0",
+        "--data-if",
+        "=data0",
+        "--timeout",
+        "60",
+    ];
+
+    // Doctor: the MTU (interface and jumbo frames end to end) on host3, nothing on the others.
+    let mut args = vec!["doctor", "--expect-mtu", "9000", "--json"];
+    args.extend(common);
+    let o = weft(&args);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let findings = v["findings"].as_array().unwrap();
+    let at = |level: &str| -> BTreeSet<String> {
+        findings
+            .iter()
+            .filter(|f| f["level"] == level)
+            .map(|f| f["host"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(at("FAIL"), BTreeSet::from([h3.clone()]), "{findings:#?}");
+    assert_eq!(at("WARN"), BTreeSet::new(), "{findings:#?}");
+    let checks: BTreeSet<&str> = findings
+        .iter()
+        .filter(|f| f["level"] == "FAIL")
+        .map(|f| f["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(checks, BTreeSet::from(["jumbo", "mtu"]), "{findings:#?}");
+    assert!(
+        findings
+            .iter()
+            .all(|f| f["level"] != "FAIL" || f["remedy"].is_string())
+    );
+    // Interfaces are up on every host; RDMA is absent in namespaces, and said so as INFO.
+    let ups = findings
+        .iter()
+        .filter(|f| f["check"] == "link" && f["level"] == "PASS")
+        .count();
+    assert_eq!(ups, 4, "{findings:#?}");
+    assert!(
+        findings
+            .iter()
+            .any(|f| f["check"] == "rdma" && f["level"] == "INFO")
+    );
+    let env: Vec<(String, String)> = serde_json::from_value(v["env"].clone()).unwrap();
+    assert!(
+        env.contains(&("WEFT_DATA_IFNAME".into(), "=data0".into())),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&("NCCL_SOCKET_IFNAME".into(), "=mgmt0".into())),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter()
+            .any(|(k, _)| k == "NCCL_IB_HCA" || k == "NCCL_IB_GID_INDEX")
+    );
+
+    // The human form: FAIL lines with their remedy, and the settings to paste.
+    let mut args = vec!["doctor", "--expect-mtu", "9000"];
+    args.extend(common);
+    let o = weft(&args);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains(&format!("FAIL {h3} data0 [mtu]")), "{t}");
+    assert!(t.contains("fix: "), "{t}");
+    assert!(t.contains("export WEFT_DATA_IFNAME==data0"), "{t}");
+
+    // p2p: host2 blamed for bandwidth (sending), host3 for its MTU; nothing else.
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("p2p.png");
+    let png_s = png.display().to_string();
+    let mut args = vec![
+        "bench",
+        "p2p",
+        "--duration",
+        "1",
+        "--streams",
+        "2",
+        "--pings",
+        "20",
+        "--heatmap",
+        &png_s,
+        "--json",
+    ];
+    args.extend(common);
+    let o = weft(&args);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let m = &v["matrix"];
+    assert_eq!(m["pairs"].as_array().unwrap().len(), 12, "{m:#}");
+    assert!(
+        m["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["error"].is_null()),
+        "{m:#}"
+    );
+    let blamed: BTreeSet<(String, String, String)> = m["blamed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["host"].as_str().unwrap().to_string(),
+                b["what"].as_str().unwrap().to_string(),
+                b["direction"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        blamed,
+        BTreeSet::from([
+            (h2.clone(), "bandwidth".into(), "sending".into()),
+            (h3.clone(), "mtu".into(), "both".into()),
+        ]),
+        "{m:#}"
+    );
+    let slow_from: BTreeSet<&str> = m["slow"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["src"].as_str().unwrap())
+        .collect();
+    assert_eq!(slow_from, BTreeSet::from([h2.as_str()]), "{m:#}");
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+}
+
+#[test]
+fn doctor_and_p2p_help_have_examples_and_bad_hosts_are_reported() {
+    for args in [&["doctor", "--help"][..], &["bench", "p2p", "--help"]] {
+        let o = weft(args);
+        assert_eq!(o.status.code(), Some(0));
+        assert!(text(&o).contains("Example"), "{}", text(&o));
+    }
+    let o = weft(&["doctor", "--hosts", "a", "--via", "carrier-pigeon"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = weft(&["bench", "p2p", "--hosts", "local", "--duration", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
