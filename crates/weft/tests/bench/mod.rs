@@ -86,7 +86,7 @@ fn bad_flags_are_usage_errors_and_help_has_an_example() {
 /// 1 Gbit/s. Ignored (it measures, it does not check): `cargo test -p weft --test it
 /// bench::allreduce_vs_links -- --ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "benchmark of docs/benchmarks.md: it measures, it does not check; run with --ignored --nocapture"]
 fn allreduce_vs_links() {
     if let Err(why) = weft_netns::available() {
         eprintln!("skipping: {why}");
