@@ -11,6 +11,7 @@ use weft_agent::{LinkLayer, OperState, PortState};
 
 use crate::BenchError;
 use crate::facts::{self, Probe, ProbeResult};
+use crate::p2p;
 use crate::remote::{self, Gathered, Remote};
 use crate::runner::HostRunner;
 
@@ -40,7 +41,8 @@ impl std::fmt::Display for Level {
 pub struct Finding {
     pub level: Level,
     pub host: String,
-    /// `link`, `speed`, `mtu`, `jumbo`, `roles`, `address`, `rdma`, `gpu`, `clock`, `env`, `reach`.
+    /// `link`, `speed`, `mtu`, `jumbo`, `throughput`, `roles`, `address`, `rdma`, `gpu`, `clock`,
+    /// `env`, `reach`.
     pub check: String,
     /// The interface or device concerned, if any.
     pub subject: Option<String>,
@@ -62,7 +64,13 @@ pub struct DoctorOptions {
     pub max_skew: Duration,
     /// Bound on each DF probe.
     pub probe_timeout: Duration,
+    /// Bulk transfer per ordered pair of the throughput check (`bench p2p`'s probe and
+    /// analysis, short); `None` skips the check.
+    pub throughput: Option<Duration>,
 }
+
+/// A pair below this fraction of the median is slow (as `bench p2p`'s default).
+const THROUGHPUT_THRESHOLD: f64 = 0.5;
 
 /// The doctor's report.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -411,6 +419,34 @@ pub fn run(
             None,
         );
     }
+    // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
+    // here even when the interface reports its full speed.
+    match o.throughput {
+        None => out.add(
+            Level::Info,
+            "*",
+            "throughput",
+            None,
+            "throughput check skipped (--no-throughput)".into(),
+            None,
+        ),
+        Some(_) if ok.len() != hosts.len() => out.add(
+            Level::Info,
+            "*",
+            "throughput",
+            None,
+            "throughput check skipped: not every host is reachable".into(),
+            None,
+        ),
+        Some(d) => throughput(
+            hosts,
+            r,
+            d,
+            &names,
+            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
+            &mut out,
+        ),
+    }
     // RDMA devices.
     let mut hcas: Vec<String> = Vec::new();
     for (i, g) in &ok {
@@ -622,6 +658,115 @@ pub fn run(
         env,
         failed,
     })
+}
+
+/// The throughput check: every ordered pair for `d` through [`remote::p2p_matrix`], then
+/// [`p2p::analyse`]; a host blamed for bandwidth FAILs, the others PASS.
+fn throughput(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    d: Duration,
+    names: &[String],
+    data: &[(usize, &[DataIf])],
+    out: &mut Out,
+) {
+    let info: Vec<remote::P2pHost> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| remote::P2pHost {
+            name: n.clone(),
+            rails: data
+                .iter()
+                .find(|(k, _)| *k == i)
+                .map(|(_, v)| {
+                    v.iter()
+                        .filter_map(|x| x.4.map(|(a, _)| (x.0.clone(), a)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect();
+    if info.iter().filter(|h| !h.rails.is_empty()).count() < 2 {
+        out.add(
+            Level::Info,
+            "*",
+            "throughput",
+            None,
+            "throughput check skipped: fewer than two hosts with a data address".into(),
+            None,
+        );
+        return;
+    }
+    let opts = remote::P2pOptions {
+        streams: 2,
+        duration: d,
+        pings: 5,
+    };
+    let pairs = match remote::p2p_matrix(hosts, &info, r, &opts, &mut |_| {}) {
+        Ok(p) => p,
+        Err(e) => {
+            out.add(
+                Level::Fail,
+                "*",
+                "throughput",
+                None,
+                format!("throughput check could not run: {e}"),
+                Some(
+                    "run `weft bench p2p` on these hosts for details; skip with --no-throughput"
+                        .into(),
+                ),
+            );
+            return;
+        }
+    };
+    let m = p2p::analyse(names.to_vec(), pairs, THROUGHPUT_THRESHOLD);
+    let mut failed: Vec<&str> = Vec::new();
+    for b in m.blamed.iter().filter(|b| b.what == "bandwidth") {
+        let subj = info
+            .iter()
+            .find(|h| h.name == b.host)
+            .and_then(|h| h.rails.get(b.rail))
+            .map(|x| x.0.as_str());
+        failed.push(&b.host);
+        out.add(
+            Level::Fail,
+            &b.host,
+            "throughput",
+            subj,
+            b.message.clone(),
+            Some(format!(
+                "check {}'s cable and switch port speed, traffic shaping (`tc qdisc show dev {}`) and the NIC's negotiated rate (`ethtool {}`); `weft bench p2p` measures every pair at length",
+                b.host,
+                subj.unwrap_or("IF"),
+                subj.unwrap_or("IF"),
+            )),
+        );
+    }
+    for h in &m.hosts {
+        if failed.contains(&h.as_str()) {
+            continue;
+        }
+        let mut from: Vec<f64> = m
+            .pairs
+            .iter()
+            .filter(|p| &p.src == h && p.error.is_none())
+            .map(|p| p.gbps)
+            .collect();
+        if let Some(g) = p2p::median(&mut from) {
+            out.add(
+                Level::Pass,
+                h,
+                "throughput",
+                None,
+                format!(
+                    "sends {g:.3} Gb/s (median of its pairs over {:.1} s; cluster median {:.3} Gb/s)",
+                    d.as_secs_f64(),
+                    m.median_gbps
+                ),
+                None,
+            );
+        }
+    }
 }
 
 fn probe_subset(

@@ -11,7 +11,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host: data interfaces up, with an address, link speed and MTU against\n--expect-* (else against the other hosts), jumbo frames end to end (DF-bit ICMP of MTU-28\nbytes between every pair; needs root or CAP_NET_RAW), management and data roles, RDMA ports\n(state, rate, link layer, netdev), GPU count, clock offset. Prints the WEFT_/NCCL_ settings\nfor jobs. Exit code 1 when any check FAILs."
+    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host: data interfaces up, with an address, link speed and MTU against\n--expect-* (else against the other hosts), jumbo frames end to end (DF-bit ICMP of MTU-28\nbytes between every pair; needs root or CAP_NET_RAW), throughput (a short `weft bench p2p`\nof --throughput-s per ordered pair; a host whose pairs are far below the median fails; skip\nwith --no-throughput), management and data roles, RDMA ports\n(state, rate, link layer, netdev), GPU count, clock offset. Prints the WEFT_/NCCL_ settings\nfor jobs. Exit code 1 when any check FAILs."
 )]
 pub struct DoctorArgs {
     #[command(flatten)]
@@ -25,9 +25,18 @@ pub struct DoctorArgs {
     /// Clock offset (ms) above which to warn; 10x fails.
     #[arg(long, default_value_t = 100)]
     max_skew_ms: u64,
+    /// Seconds of bulk transfer per ordered pair of the throughput check.
+    #[arg(long, default_value_t = 0.5)]
+    throughput_s: f64,
+    /// Skip the throughput check (a short `weft bench p2p` between every ordered pair).
+    #[arg(long)]
+    no_throughput: bool,
 }
 
 pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
+    if !(a.throughput_s > 0.0 && a.throughput_s <= 60.0) {
+        anyhow::bail!("--throughput-s must be in (0, 60] seconds");
+    }
     let (hosts, remote) = a.hosts.runners()?;
     let r = doctor::run(
         &hosts,
@@ -39,6 +48,7 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
             mgmt_if: a.hosts.mgmt_if.clone(),
             max_skew: Duration::from_millis(a.max_skew_ms),
             probe_timeout: Duration::from_millis(1000),
+            throughput: (!a.no_throughput).then(|| Duration::from_secs_f64(a.throughput_s)),
         },
     )?;
     if json {

@@ -1,6 +1,8 @@
 //! `weft doctor` and `weft bench p2p` across network namespaces (real sockets, real `tc` and
 //! MTUs): four hosts, one sender rate-limited by tbf (host2) and one host with MTU 1500 where
-//! the others have 9000 (host3). Both tools name exactly those two and nothing else.
+//! the others have 9000 (host3). Both tools name exactly those two and nothing else: doctor
+//! fails host2 on throughput (its short p2p check: every veth reports the same link speed, so
+//! only a measurement sees tc) and host3 on its MTU.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
@@ -67,8 +69,16 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
         "60",
     ];
 
-    // Doctor: the MTU (interface and jumbo frames end to end) on host3, nothing on the others.
-    let mut args = vec!["doctor", "--expect-mtu", "9000", "--json"];
+    // Doctor: throughput on host2, the MTU (interface and jumbo frames end to end) on host3,
+    // nothing on the others.
+    let mut args = vec![
+        "doctor",
+        "--expect-mtu",
+        "9000",
+        "--throughput-s",
+        "0.5",
+        "--json",
+    ];
     args.extend(common);
     let o = weft(&args);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -81,14 +91,33 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
             .map(|f| f["host"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(at("FAIL"), BTreeSet::from([h3.clone()]), "{findings:#?}");
+    assert_eq!(
+        at("FAIL"),
+        BTreeSet::from([h2.clone(), h3.clone()]),
+        "{findings:#?}"
+    );
     assert_eq!(at("WARN"), BTreeSet::new(), "{findings:#?}");
-    let checks: BTreeSet<&str> = findings
+    let checks = |host: &str| -> BTreeSet<&str> {
+        findings
+            .iter()
+            .filter(|f| f["level"] == "FAIL" && f["host"] == host)
+            .map(|f| f["check"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(checks(&h2), BTreeSet::from(["throughput"]), "{findings:#?}");
+    assert_eq!(
+        checks(&h3),
+        BTreeSet::from(["jumbo", "mtu"]),
+        "{findings:#?}"
+    );
+    // Every other host passes the throughput check.
+    let tp_pass: BTreeSet<String> = findings
         .iter()
-        .filter(|f| f["level"] == "FAIL")
-        .map(|f| f["check"].as_str().unwrap())
+        .filter(|f| f["check"] == "throughput" && f["level"] == "PASS")
+        .map(|f| f["host"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(checks, BTreeSet::from(["jumbo", "mtu"]), "{findings:#?}");
+    assert_eq!(tp_pass.len(), 3, "{findings:#?}");
+    assert!(!tp_pass.contains(&h2), "{findings:#?}");
     assert!(
         findings
             .iter()
@@ -119,13 +148,19 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
             .any(|(k, _)| k == "NCCL_IB_HCA" || k == "NCCL_IB_GID_INDEX")
     );
 
-    // The human form: FAIL lines with their remedy, and the settings to paste.
-    let mut args = vec!["doctor", "--expect-mtu", "9000"];
+    // The human form (without the throughput check, to keep it quick): FAIL lines with their
+    // remedy, and the settings to paste.
+    let mut args = vec!["doctor", "--expect-mtu", "9000", "--no-throughput"];
     args.extend(common);
     let o = weft(&args);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains(&format!("FAIL {h3} data0 [mtu]")), "{t}");
+    assert!(!t.contains(&format!("FAIL {h2}")), "{t}");
+    assert!(
+        t.contains("INFO * [throughput]: throughput check skipped"),
+        "{t}"
+    );
     assert!(t.contains("fix: "), "{t}");
     assert!(t.contains("export WEFT_DATA_IFNAME==data0"), "{t}");
 
