@@ -54,7 +54,7 @@ use socket2::{Domain as SockDomain, Protocol, SockAddr, Socket, TcpKeepalive, Ty
 use crate::config::Config;
 use crate::error::{Error, Link, Result, Stage};
 use crate::proto::{self, AbortReason, Frame, FrameDecoder, ListenHandle, RejectReason};
-use crate::tcp::{Completed, Device, MAX_RECVS, RecvBuf, RequestId};
+use crate::tcp::{Completed, Device, MAX_RECVS, RecvBuf, RequestId, poll_fd, write_all_until};
 use fabric::{Domain, DomainInfo, Endpoint, Mr, MrCache};
 
 /// Largest message sent eagerly (copied into a bounce buffer, no CTS wait).
@@ -408,17 +408,6 @@ impl std::fmt::Debug for Connecting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ofi::Connecting({})", self.link.peer)
     }
-}
-
-fn poll_fd(fd: i32, events: i16) -> i16 {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    if r > 0 { p.revents } else { 0 }
 }
 
 impl Connecting {
@@ -805,27 +794,6 @@ impl Listener {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
-}
-
-fn write_all_until(mut s: &TcpStream, mut b: &[u8], deadline: Instant) -> io::Result<()> {
-    while !b.is_empty() {
-        match s.write(b) {
-            Ok(n) => b = &b[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out"));
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// The management side channel of an established connection: ABORT and EOF.

@@ -229,7 +229,7 @@ fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool {
     true
 }
 
-fn poll_fd(fd: i32, events: i16) -> i16 {
+pub(crate) fn poll_fd(fd: i32, events: i16) -> i16 {
     let mut p = libc::pollfd {
         fd,
         events,
@@ -835,7 +835,11 @@ impl Listener {
     }
 }
 
-fn write_all_until(mut s: &TcpStream, mut b: &[u8], deadline: Instant) -> io::Result<()> {
+pub(crate) fn write_all_until(
+    mut s: &TcpStream,
+    mut b: &[u8],
+    deadline: Instant,
+) -> io::Result<()> {
     while !b.is_empty() {
         match s.write(b) {
             Ok(n) => b = &b[n..],
