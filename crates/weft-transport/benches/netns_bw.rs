@@ -36,6 +36,7 @@ struct Opts {
     loopback: bool,
     iperf: bool,
     latency: bool,
+    bandwidth: bool,
 }
 
 fn opts() -> Opts {
@@ -53,6 +54,7 @@ fn opts() -> Opts {
         loopback: !args.iter().any(|a| a == "--no-loopback"),
         iperf: !args.iter().any(|a| a == "--no-iperf"),
         latency: !args.iter().any(|a| a == "--no-latency"),
+        bandwidth: !args.iter().any(|a| a == "--latency-only"),
     }
 }
 
@@ -266,10 +268,38 @@ fn iperf(c: &Cluster, streams: usize, port: u16) -> R<f64> {
 const LAT_ITERS: usize = 20_000;
 const LAT_WARMUP: usize = 2_000;
 
-/// Median 8-byte round trip over weft, µs.
-fn weft_latency(c: &Cluster, cfg: &Config) -> R<f64> {
-    let (mut tx01, mut rx01) = ns_pair(c, cfg, 0, 1)?;
-    let (mut tx10, mut rx10) = ns_pair(c, cfg, 1, 0)?;
+/// Like [`ns_pair`] with each host's one transport, as a process (NCCL's) has one: the second
+/// connection between two hosts shares the first one's control stream unless
+/// `WEFT_SHARE_CTRL=0`.
+fn ns_pair_with(c: &Cluster, ts: &[Transport], from: usize, to: usize) -> R<(SendConn, RecvConn)> {
+    let (htx, hrx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::scope(|s| {
+        let rx = s.spawn(move || -> R<RecvConn> {
+            let mut l = c.in_host(to, || ts[to].listen(0))??;
+            htx.send(l.handle().to_vec())?;
+            Ok(l.wait()?)
+        });
+        let h = hrx.recv_timeout(Duration::from_secs(30))?;
+        let tx = c.in_host(from, || -> R<SendConn> {
+            Ok(ts[from].connect(0, &h)?.wait()?)
+        })??;
+        let rx = rx.join().map_err(|_| "accept thread panicked")??;
+        Ok((tx, rx))
+    })
+}
+
+/// Median 8-byte round trip over weft, µs, and whether the two connections shared their
+/// control stream.
+fn weft_latency(c: &Cluster, cfg: &Config) -> R<(f64, bool)> {
+    let ts = (0..2)
+        .map(|i| {
+            c.in_host(i, || Transport::new(cfg.clone()))?
+                .map_err(Into::into)
+        })
+        .collect::<R<Vec<_>>>()?;
+    let (mut tx01, mut rx01) = ns_pair_with(c, &ts, 0, 1)?;
+    let (mut tx10, mut rx10) = ns_pair_with(c, &ts, 1, 0)?;
+    let shared = tx10.shares_control_stream();
     let echo = std::thread::spawn(move || -> R<()> {
         let mut b = [0u8; 8];
         for _ in 0..LAT_WARMUP + LAT_ITERS {
@@ -289,7 +319,7 @@ fn weft_latency(c: &Cluster, cfg: &Config) -> R<f64> {
         }
     }
     echo.join().map_err(|_| "echo panicked")??;
-    Ok(median(&mut rtts))
+    Ok((median(&mut rtts), shared))
 }
 
 fn spin_read(mut s: &TcpStream, b: &mut [u8]) -> std::io::Result<()> {
@@ -399,15 +429,20 @@ fn main() -> R<()> {
         load(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-    let sz = sizes(o.min, o.max);
+    // --latency-only: no bandwidth sweep at all.
+    let sz = if o.bandwidth {
+        sizes(o.min, o.max)
+    } else {
+        Vec::new()
+    };
     // Repetitions alternate a weft sweep and an iperf3 run, so that both see the same load
     // (this machine is shared); each weft figure is also divided by the iperf3 run next to it.
     let (mut tx, mut rx) = ns_pair(&c, &cfg, 0, 1)?;
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); sz.len()];
     let mut paired: Vec<Vec<f64>> = vec![Vec::new(); sz.len()];
     let mut ip = Vec::new();
-    let mut iperf_ok = o.iperf;
-    for r in 0..o.reps {
+    let mut iperf_ok = o.iperf && o.bandwidth;
+    for r in 0..if o.bandwidth { o.reps } else { 0 } {
         let (t, x, one) = bandwidth(tx, rx, &sz, 1)?;
         (tx, rx) = (t, x);
         for (i, v) in one.iter().enumerate() {
@@ -429,7 +464,7 @@ fn main() -> R<()> {
         }
     }
     drop((tx, rx));
-    let lo = if o.loopback {
+    let lo = if o.loopback && o.bandwidth {
         let mut lcfg = cfg.clone();
         lcfg.mgmt_ifname = Some("=lo".parse()?);
         lcfg.data_ifname = Some("=lo".parse()?);
@@ -491,17 +526,26 @@ fn main() -> R<()> {
     }
     if o.latency {
         let (mut w, mut p, mut p2) = (Vec::new(), Vec::new(), Vec::new());
+        let mut shared = true;
         for _ in 0..o.reps {
-            w.push(weft_latency(&c, &cfg)?);
+            let (us, sh) = weft_latency(&c, &cfg)?;
+            w.push(us);
+            shared &= sh;
             p.push(tcp_latency(&c, false)?);
             p2.push(tcp_latency(&c, true)?);
         }
         let (wm, pm, pm2) = (median(&mut w), median(&mut p), median(&mut p2));
         println!(
-            "\n8-byte round trip, median of {} runs (each the median of {LAT_ITERS}): weft {wm:.1} us; \
+            "\n8-byte round trip, median of {} runs (each the median of {LAT_ITERS}): weft {wm:.1} us \
+             (control stream {}); \
              plain TCP one connection {pm:.1} us (weft/TCP {:.2}x); plain TCP one connection each \
              way {pm2:.1} us (weft/TCP {:.2}x)",
             w.len(),
+            if shared {
+                "shared"
+            } else {
+                "one per connection"
+            },
             wm / pm,
             wm / pm2
         );

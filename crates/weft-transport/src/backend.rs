@@ -227,6 +227,15 @@ impl SendConn {
         }
     }
 
+    /// Whether the control stream is shared with a receiving connection from the same peer
+    /// (TCP backend, protocol JOIN; never for ofi).
+    pub fn shares_control_stream(&self) -> bool {
+        match &self.0 {
+            S::Tcp(c) => c.shares_control_stream(),
+            S::Ofi(_) => false,
+        }
+    }
+
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         match &self.0 {
@@ -318,6 +327,15 @@ impl RecvConn {
         match &self.0 {
             R::Tcp(c) => c.nstreams(),
             R::Ofi(_) => 1,
+        }
+    }
+
+    /// Whether the control stream is shared with a sending connection to the same peer (TCP
+    /// backend, protocol JOIN; never for ofi).
+    pub fn shares_control_stream(&self) -> bool {
+        match &self.0 {
+            R::Tcp(c) => c.shares_control_stream(),
+            R::Ofi(_) => false,
         }
     }
 

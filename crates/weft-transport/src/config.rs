@@ -135,6 +135,10 @@ pub struct Config {
     pub data_ifname: Option<IfSpec>,
     /// Present all data interfaces as one device whose streams are striped over them.
     pub merge_rails: bool,
+    /// Let a new connection share the control stream of one that runs the other way between
+    /// the same two addresses (protocol JOIN), so that replies carry the acknowledgement of
+    /// requests.
+    pub share_ctrl: bool,
     /// Bound on every network wait: connect, handshake, a stalled message, a dead peer (see
     /// the crate docs, "Failure detection"). A receiver that has not posted its receive yet is
     /// not waiting, so it is never timed out.
@@ -210,6 +214,7 @@ impl Default for Config {
             mgmt_ifname: None,
             data_ifname: None,
             merge_rails: false,
+            share_ctrl: true,
             timeout: Duration::from_secs(30),
             accept_timeout: Duration::from_secs(300),
             nthreads: default_layout().0,
@@ -238,6 +243,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "WEFT_MERGE_RAILS",
         "1: one device striping every connection over all data interfaces; default 0",
+    ),
+    (
+        "WEFT_SHARE_CTRL",
+        "1: a connection shares the control stream of one running the other way between the same addresses; 0: one control stream each; default 1",
     ),
     (
         "WEFT_TIMEOUT_MS",
@@ -328,6 +337,9 @@ impl Config {
         }
         if let Some(v) = num(&get, "WEFT_MERGE_RAILS", 0, 1)? {
             c.merge_rails = v == 1;
+        }
+        if let Some(v) = num(&get, "WEFT_SHARE_CTRL", 0, 1)? {
+            c.share_ctrl = v == 1;
         }
         if let Some(v) = num(&get, "WEFT_TIMEOUT_MS", 1, 24 * 3600 * 1000)? {
             c.timeout = Duration::from_millis(v as u64);

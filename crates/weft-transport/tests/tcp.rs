@@ -590,3 +590,125 @@ fn an_abort_on_the_side_channel_alone_fails_the_peer() {
     );
     fake.join().unwrap();
 }
+
+/// Connects `t` to itself once in each direction (as two ranks' ring neighbours do), the
+/// second connection after the first is up, polling both ends in one thread.
+fn two_way(t: &Transport) -> ((SendConn, RecvConn), (SendConn, RecvConn)) {
+    let one = |t: &Transport| {
+        let mut l = t.listen(0).unwrap();
+        let mut cg = t.connect(0, &l.handle()).unwrap();
+        let (mut tx, mut rx) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tx.is_none() || rx.is_none() {
+            assert!(Instant::now() < deadline, "connect/accept did not finish");
+            if tx.is_none() {
+                tx = cg.poll().unwrap();
+            }
+            if rx.is_none() {
+                rx = l.accept().unwrap();
+            }
+        }
+        (tx.unwrap(), rx.unwrap())
+    };
+    let a = one(t);
+    let b = one(t);
+    (a, b)
+}
+
+/// Two one-way connections between the same addresses share one control stream (JOIN): a
+/// ping-pong of every size, inline and chunked, is correct in both directions; one direction
+/// closing leaves the other working; the receiver of the closed one sees a clean close.
+#[test]
+fn opposite_connections_share_a_control_stream_and_close_independently() {
+    let t = Transport::new(roomy(2, 2)).unwrap();
+    let ((mut tx_a, mut rx_a), (mut tx_b, mut rx_b)) = two_way(&t);
+    assert!(tx_a.shares_control_stream() && rx_a.shares_control_stream());
+    assert!(tx_b.shares_control_stream() && rx_b.shares_control_stream());
+    // Ping on A, pong on B, from one thread each side, every size.
+    let sizes = sizes();
+    let s2 = sizes.clone();
+    let echo = thread::spawn(move || {
+        for (i, n) in s2.iter().enumerate() {
+            let mut buf = vec![0u8; *n];
+            assert_eq!(rx_a.recv(&mut buf, i as i32).unwrap(), *n);
+            assert!(buf == pattern(*n, i as u8), "ping {i} ({n} bytes)");
+            tx_b.send(&pattern(*n, i as u8 ^ 0x55), i as i32).unwrap();
+        }
+        (rx_a, tx_b)
+    });
+    for (i, n) in sizes.iter().enumerate() {
+        tx_a.send(&pattern(*n, i as u8), i as i32).unwrap();
+        let mut buf = vec![0u8; *n];
+        assert_eq!(rx_b.recv(&mut buf, i as i32).unwrap(), *n);
+        assert!(buf == pattern(*n, i as u8 ^ 0x55), "pong {i} ({n} bytes)");
+    }
+    let (mut rx_a, tx_b) = echo.join().unwrap();
+    // B's sender closes: B's receiver sees a close (an error only for a posted receive), and
+    // A keeps working over the shared stream in both its directions of use.
+    drop(tx_b);
+    for i in 0..200 {
+        tx_a.send(&pattern(600, i as u8), 7).unwrap();
+        let mut buf = vec![0u8; 600];
+        assert_eq!(rx_a.recv(&mut buf, 7).unwrap(), 600);
+        assert!(buf == pattern(600, i as u8));
+    }
+    let mut buf = [0u8; 8];
+    let start = Instant::now();
+    let e = rx_b.recv(&mut buf, 1).unwrap_err();
+    assert!(matches!(e, Error::Closed { .. }), "{e:?}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    drop(rx_b);
+    tx_a.send(b"still here", 9).unwrap();
+    let mut buf = [0u8; 10];
+    assert_eq!(rx_a.recv(&mut buf, 9).unwrap(), 10);
+    assert_eq!(&buf, b"still here");
+}
+
+/// A failure of one of the two connections sharing a control stream (here a truncation on
+/// B's receiver) fails its peer within the bound, through the side channel, and leaves the
+/// other direction's connections working on the shared stream.
+#[test]
+fn a_failure_of_one_connection_on_a_shared_control_stream_spares_the_other() {
+    let t = Transport::new(cfg(0, 1)).unwrap();
+    let ((mut tx_a, mut rx_a), (mut tx_b, mut rx_b)) = two_way(&t);
+    assert!(tx_b.shares_control_stream());
+    tx_b.send(&[1u8; 100], 3).unwrap();
+    let mut small = [0u8; 10];
+    assert!(matches!(
+        rx_b.recv(&mut small, 3),
+        Err(Error::Truncated { .. })
+    ));
+    let start = Instant::now();
+    let e = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "B's sender did not fail"
+        );
+        match tx_b.send(&[0u8; 8], 1) {
+            Err(e) => break e,
+            Ok(()) => thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    assert!(matches!(e, Error::Aborted { .. }), "{e:?}");
+    for i in 0..50u8 {
+        tx_a.send(&pattern(3000, i), 5).unwrap();
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(rx_a.recv(&mut buf, 5).unwrap(), 3000);
+        assert!(buf == pattern(3000, i));
+    }
+}
+
+/// WEFT_SHARE_CTRL=0: every connection opens its own control stream.
+#[test]
+fn sharing_can_be_turned_off() {
+    let c = Config::from_lookup(|k| (k == "WEFT_SHARE_CTRL").then(|| "0".to_string())).unwrap();
+    assert!(!c.share_ctrl);
+    let t = Transport::new(Config {
+        share_ctrl: false,
+        ..cfg(0, 1)
+    })
+    .unwrap();
+    let ((tx_a, rx_a), (tx_b, rx_b)) = two_way(&t);
+    assert!(!tx_a.shares_control_stream() && !rx_a.shares_control_stream());
+    assert!(!tx_b.shares_control_stream() && !rx_b.shares_control_stream());
+}

@@ -9,12 +9,14 @@
 //! | kind | stream | a | b | c | d |
 //! |---|---|---|---|---|---|
 //! | HELLO | handshake, sender→receiver | data streams | magic | nonce | connection id |
+//! | JOIN | handshake, sender→receiver | data streams | magic | nonce | connection id, then 8 bytes: link id |
 //! | STREAM | control and data, sender→receiver | stream index ([`CTRL_STREAM`] for control) | magic | nonce | connection id |
-//! | ACK | handshake, receiver→sender | 0 | magic | nonce | connection id |
+//! | ACK | handshake, receiver→sender | 0, or 1 (JOINED) | magic | nonce | connection id |
 //! | REJECT | handshake, receiver→sender | reason | magic | nonce | connection id |
 //! | MSG | control, sender→receiver | 0 | tag | size | chunk size |
 //! | CREDIT | control, receiver→sender | 0 | magic | control bytes consumed | 0 |
 //! | ABORT | control and handshake, either way | reason | magic | detail (e.g. ms stalled) | 0 |
+//! | CLOSE | control, either way | 1: my sending end closed, 2: my receiving end closed | magic | 0 | 0 |
 //!
 //! After the ACK the handshake stream carries nothing but an ABORT (at most one per side, when
 //! it gives up): every message header, inline payload and CREDIT travels on the data network.
@@ -23,6 +25,13 @@
 //! `TCP_USER_TIMEOUT` on it only fires for a dead peer or link). ABORT is sent by whichever
 //! side fails first on both the control and the handshake stream, so the other side learns the
 //! reason at once even when the data network is the part that died.
+//!
+//! JOIN is a HELLO that asks to share an existing control stream (the *link* whose id it
+//! carries, running the other way between the same two addresses) instead of the control
+//! stream this connection opened; JOINED accepts. Two one-way connections between the same
+//! pair then share one TCP connection for their headers, inline messages and CREDITs, so that
+//! a reply carries the acknowledgement of the request (see `tcp::ctrl`). CLOSE tells the peer
+//! that one of the two connections sharing a link is gone while the other stays.
 //!
 //! `flags` carries the protocol version in handshake frames and `INLINE` in message frames.
 
@@ -42,6 +51,12 @@ const K_REJECT: u8 = 4;
 const K_MSG: u8 = 5;
 const K_CREDIT: u8 = 6;
 const K_ABORT: u8 = 7;
+const K_JOIN: u8 = 8;
+const K_CLOSE: u8 = 9;
+/// Bytes after the header of a JOIN frame (the link id).
+const JOIN_TRAILER: usize = 8;
+/// `a` of an ACK that accepts a JOIN.
+const ACK_JOINED: u16 = 1;
 
 /// Stream index that marks the control stream (on the data network) in a STREAM frame.
 pub const CTRL_STREAM: u16 = u16::MAX;
@@ -175,6 +190,17 @@ pub enum Frame {
         /// Data streams that will follow.
         nstreams: u16,
     },
+    /// A HELLO that asks to share control stream `link` (see the module docs).
+    Join {
+        /// Listener nonce from the handle.
+        nonce: u64,
+        /// Sender-chosen connection id.
+        conn_id: u64,
+        /// Data streams that will follow.
+        nstreams: u16,
+        /// Id of the link to share (the connection id of the connection that opened it).
+        link: u64,
+    },
     /// First frame on the control stream or a data stream.
     Stream {
         /// Listener nonce from the handle.
@@ -186,6 +212,14 @@ pub enum Frame {
     },
     /// The receiver has every stream: the connection is up.
     Ack {
+        /// Echoed nonce.
+        nonce: u64,
+        /// Echoed connection id.
+        conn_id: u64,
+    },
+    /// The receiver has every stream and accepted the JOIN: the connection is up, and its
+    /// control stream is the shared link.
+    Joined {
         /// Echoed nonce.
         nonce: u64,
         /// Echoed connection id.
@@ -207,6 +241,11 @@ pub enum Frame {
         /// Bytes consumed since the connection was established (after the handshake).
         consumed: u64,
     },
+    /// One of the two connections sharing a link is closed (the other stays).
+    Close {
+        /// Which end of the sender of this frame closed.
+        end: End,
+    },
     /// The sending side gives up on the connection.
     Abort {
         /// Why.
@@ -214,6 +253,15 @@ pub enum Frame {
         /// Reason-specific detail (milliseconds for a stall).
         detail: u64,
     },
+}
+
+/// One end of a connection, as seen by the side that owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The sending end.
+    Send,
+    /// The receiving end.
+    Recv,
 }
 
 /// Why bytes are not a frame.
@@ -262,6 +310,9 @@ impl Frame {
     pub fn name(&self) -> &'static str {
         match self {
             Frame::Hello { .. } => "HELLO",
+            Frame::Join { .. } => "JOIN",
+            Frame::Joined { .. } => "ACK (JOINED)",
+            Frame::Close { .. } => "CLOSE",
             Frame::Stream { .. } => "STREAM",
             Frame::Ack { .. } => "ACK",
             Frame::Reject { .. } => "REJECT",
@@ -280,6 +331,22 @@ impl Frame {
                 conn_id,
                 nstreams,
             } => (K_HELLO, VERSION, *nstreams, magic, *nonce, *conn_id),
+            Frame::Join {
+                nonce,
+                conn_id,
+                nstreams,
+                ..
+            } => (K_JOIN, VERSION, *nstreams, magic, *nonce, *conn_id),
+            Frame::Joined { nonce, conn_id } => {
+                (K_ACK, VERSION, ACK_JOINED, magic, *nonce, *conn_id)
+            }
+            Frame::Close { end } => {
+                let a = match end {
+                    End::Send => 1,
+                    End::Recv => 2,
+                };
+                (K_CLOSE, VERSION, a, magic, 0, 0)
+            }
             Frame::Stream {
                 nonce,
                 conn_id,
@@ -309,6 +376,9 @@ impl Frame {
         }) = self
         {
             out.extend_from_slice(p);
+        }
+        if let Frame::Join { link, .. } = self {
+            out.extend_from_slice(&link.to_be_bytes());
         }
     }
 
@@ -364,6 +434,9 @@ impl FrameDecoder {
             return FRAME_LEN - have;
         }
         let h = &self.buf[self.pos..];
+        if h[0] == K_JOIN {
+            return (FRAME_LEN + JOIN_TRAILER).saturating_sub(have);
+        }
         if h[0] == K_MSG && h[1] & F_INLINE != 0 {
             let size = u64::from_be_bytes(h[8..16].try_into().unwrap_or([0; 8]));
             if size <= MAX_INLINE {
@@ -420,12 +493,48 @@ impl FrameDecoder {
                     idx: a,
                 }
             }
-            K_ACK => {
+            K_JOIN => {
                 check_hs()?;
-                Frame::Ack {
+                if avail.len() < FRAME_LEN + JOIN_TRAILER {
+                    return Ok(None);
+                }
+                let mut l = [0u8; 8];
+                l.copy_from_slice(&avail[FRAME_LEN..FRAME_LEN + JOIN_TRAILER]);
+                self.pos += JOIN_TRAILER;
+                Frame::Join {
                     nonce: c,
                     conn_id: d,
+                    nstreams: a,
+                    link: u64::from_be_bytes(l),
                 }
+            }
+            K_ACK => {
+                check_hs()?;
+                if a == ACK_JOINED {
+                    Frame::Joined {
+                        nonce: c,
+                        conn_id: d,
+                    }
+                } else {
+                    Frame::Ack {
+                        nonce: c,
+                        conn_id: d,
+                    }
+                }
+            }
+            K_CLOSE => {
+                check_hs()?;
+                let end = match a {
+                    1 => End::Send,
+                    2 => End::Recv,
+                    _ => {
+                        return Err(FrameError::Unexpected {
+                            got: "CLOSE of an unknown end",
+                            expected: "CLOSE 1 or 2",
+                        });
+                    }
+                };
+                Frame::Close { end }
             }
             K_REJECT => {
                 check_hs()?;
@@ -527,6 +636,18 @@ mod tests {
                 inline: Some(vec![]),
             }),
             Frame::Credit { consumed: 1 << 40 },
+            Frame::Join {
+                nonce: 7,
+                conn_id: 10,
+                nstreams: 2,
+                link: 0xfeed_beef_0000_0001,
+            },
+            Frame::Joined {
+                nonce: 7,
+                conn_id: 10,
+            },
+            Frame::Close { end: End::Send },
+            Frame::Close { end: End::Recv },
             Frame::Abort {
                 reason: AbortReason::Stalled,
                 detail: 2000,

@@ -9,8 +9,9 @@ pub const HANDLE_SIZE: usize = 128;
 /// First four bytes of every handle and every handshake frame.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// Protocol version; a peer with another version is refused with a clear error. Version 2
-/// moved the per-message control stream from the management to the data network.
-pub const VERSION: u8 = 2;
+/// moved the per-message control stream from the management to the data network; version 3
+/// lets two one-way connections share one control stream (JOIN, JOINED, CLOSE).
+pub const VERSION: u8 = 3;
 /// Most data addresses a handle carries.
 pub const MAX_DATA_ADDRS: usize = 4;
 

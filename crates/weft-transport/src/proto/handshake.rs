@@ -17,6 +17,9 @@ use super::frame::{CTRL_STREAM, Frame, FrameDecoder, FrameError, RejectReason};
 pub enum ConnectEvent {
     /// The receiver acknowledged: the connection is up.
     Established,
+    /// The receiver acknowledged and accepted the JOIN: the connection is up, and its control
+    /// stream is the offered link.
+    Joined,
     /// The receiver refused.
     Rejected(RejectReason),
     /// The receiver sent something that is not an ACK.
@@ -31,6 +34,8 @@ pub struct Connector {
     nonce: u64,
     conn_id: u64,
     nstreams: u16,
+    /// Link offered in a JOIN.
+    join: Option<u64>,
     deadline: Instant,
     dec: FrameDecoder,
     event: Option<ConnectEvent>,
@@ -49,19 +54,40 @@ impl Connector {
             nonce,
             conn_id,
             nstreams,
+            join: None,
             deadline: now + timeout,
             dec: FrameDecoder::new(),
             event: None,
         }
     }
 
+    /// The connection id this handshake announces.
+    pub fn conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
+    /// Offers to share control stream `link` (HELLO becomes JOIN). The sender still opens its
+    /// own control stream, used when the receiver answers a plain ACK.
+    pub fn offer_join(&mut self, link: u64) {
+        self.join = Some(link);
+    }
+
     /// Bytes to write first on the handshake stream (management network).
     pub fn hello(&self) -> Vec<u8> {
         let mut v = Vec::new();
-        Frame::Hello {
-            nonce: self.nonce,
-            conn_id: self.conn_id,
-            nstreams: self.nstreams,
+        let (nonce, conn_id, nstreams) = (self.nonce, self.conn_id, self.nstreams);
+        match self.join {
+            None => Frame::Hello {
+                nonce,
+                conn_id,
+                nstreams,
+            },
+            Some(link) => Frame::Join {
+                nonce,
+                conn_id,
+                nstreams,
+                link,
+            },
         }
         .encode(&mut v);
         v
@@ -106,7 +132,14 @@ impl Connector {
             {
                 Some(ConnectEvent::Established)
             }
-            Ok(Some(Frame::Ack { .. })) => Some(ConnectEvent::Protocol(FrameError::Nonce)),
+            Ok(Some(Frame::Joined { nonce, conn_id }))
+                if nonce == self.nonce && conn_id == self.conn_id && self.join.is_some() =>
+            {
+                Some(ConnectEvent::Joined)
+            }
+            Ok(Some(Frame::Ack { .. } | Frame::Joined { .. })) => {
+                Some(ConnectEvent::Protocol(FrameError::Nonce))
+            }
             Ok(Some(Frame::Reject { reason, .. })) => Some(ConnectEvent::Rejected(reason)),
             Ok(Some(f)) => Some(ConnectEvent::Protocol(FrameError::Unexpected {
                 got: f.name(),
@@ -144,6 +177,9 @@ pub enum AcceptEvent<K> {
         streams: Vec<K>,
         /// Bytes to write on `ctrl`.
         ack: Vec<u8>,
+        /// The link the sender offered to share (JOIN): the receiver may answer JOINED
+        /// ([`Frame::Joined`]) instead of `ack` and use that link as the control stream.
+        join: Option<u64>,
     },
     /// A socket to close; `reply` (if any) should be written to it first, best effort.
     /// `error` says why, for the log and for the caller.
@@ -191,6 +227,7 @@ struct Pending<K> {
     ctrl: Option<K>,
     dctrl: Option<K>,
     nstreams: Option<u16>,
+    join: Option<u64>,
     streams: Vec<Option<K>>,
 }
 
@@ -274,9 +311,9 @@ impl<K: Copy + Eq> Acceptor<K> {
         };
         self.incoming.swap_remove(pos);
         let (nonce, conn_id) = match &frame {
-            Frame::Hello { nonce, conn_id, .. } | Frame::Stream { nonce, conn_id, .. } => {
-                (*nonce, *conn_id)
-            }
+            Frame::Hello { nonce, conn_id, .. }
+            | Frame::Join { nonce, conn_id, .. }
+            | Frame::Stream { nonce, conn_id, .. } => (*nonce, *conn_id),
             f => {
                 let e = FrameError::Unexpected {
                     got: f.name(),
@@ -304,10 +341,27 @@ impl<K: Copy + Eq> Acceptor<K> {
                     ctrl: None,
                     dctrl: None,
                     nstreams: None,
+                    join: None,
                     streams: Vec::new(),
                 });
                 self.pending.len() - 1
             }
+        };
+        let (frame, join) = match frame {
+            Frame::Join {
+                nonce,
+                conn_id,
+                nstreams,
+                link,
+            } => (
+                Frame::Hello {
+                    nonce,
+                    conn_id,
+                    nstreams,
+                },
+                Some(link),
+            ),
+            f => (f, None),
         };
         match frame {
             Frame::Hello { nstreams, .. } => {
@@ -327,6 +381,7 @@ impl<K: Copy + Eq> Acceptor<K> {
                 }
                 self.pending[p].ctrl = Some(key);
                 self.pending[p].nstreams = Some(nstreams);
+                self.pending[p].join = join;
             }
             Frame::Stream { idx, .. } if idx == CTRL_STREAM => {
                 if self.pending[p].dctrl.is_some() {
@@ -394,6 +449,7 @@ impl<K: Copy + Eq> Acceptor<K> {
             dctrl,
             streams,
             ack,
+            join: pend.join,
         });
     }
 
@@ -484,15 +540,70 @@ mod tests {
             dctrl,
             streams,
             ack,
+            join,
         }) = a.poll_event()
         else {
             panic!()
         };
         assert_eq!((conn_id, ctrl, dctrl, streams), (7, 0, 4, vec![1, 2, 3]));
+        assert_eq!(join, None);
         let mut c = c;
         c.handle_ctrl_bytes(&ack);
         assert_eq!(c.poll_event(), Some(ConnectEvent::Established));
         assert!(!a.busy());
+    }
+
+    /// A JOIN reaches the receiver with its link; JOINED completes the sender's handshake as
+    /// joined, a plain ACK as not joined; JOINED without an offer is a protocol error.
+    #[test]
+    fn join_is_offered_and_answered_either_way() {
+        let now = t0();
+        for accept in [true, false] {
+            let mut c = Connector::new(now, Duration::from_secs(1), 42, 7, 1);
+            c.offer_join(0xabc);
+            let mut a: Acceptor<u32> = Acceptor::new(42, 8, Duration::from_secs(1));
+            for (k, bytes) in [
+                (0u32, c.hello()),
+                (1, c.ctrl_hello()),
+                (2, c.stream_hello(0)),
+            ] {
+                a.handle_new(now, k);
+                for b in &bytes {
+                    a.handle_bytes(now, k, std::slice::from_ref(b));
+                }
+            }
+            let Some(AcceptEvent::Ready { join, ack, .. }) = a.poll_event() else {
+                panic!()
+            };
+            assert_eq!(join, Some(0xabc));
+            let reply = if accept {
+                let mut v = Vec::new();
+                Frame::Joined {
+                    nonce: 42,
+                    conn_id: 7,
+                }
+                .encode(&mut v);
+                v
+            } else {
+                ack
+            };
+            c.handle_ctrl_bytes(&reply);
+            let want = if accept {
+                ConnectEvent::Joined
+            } else {
+                ConnectEvent::Established
+            };
+            assert_eq!(c.poll_event(), Some(want));
+        }
+        let mut c = Connector::new(now, Duration::from_secs(1), 42, 7, 1);
+        let mut v = Vec::new();
+        Frame::Joined {
+            nonce: 42,
+            conn_id: 7,
+        }
+        .encode(&mut v);
+        c.handle_ctrl_bytes(&v);
+        assert!(matches!(c.poll_event(), Some(ConnectEvent::Protocol(_))));
     }
 
     #[test]

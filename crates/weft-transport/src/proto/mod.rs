@@ -10,8 +10,8 @@ mod handshake;
 mod plan;
 
 pub use frame::{
-    AbortReason, CTRL_STREAM, CTRL_WINDOW, FRAME_LEN, Frame, FrameDecoder, FrameError, MAX_INLINE,
-    MsgHeader, RejectReason,
+    AbortReason, CTRL_STREAM, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, FrameError,
+    MAX_INLINE, MsgHeader, RejectReason,
 };
 pub use handle::{HANDLE_SIZE, HandleError, ListenHandle, MAGIC, MAX_DATA_ADDRS, VERSION};
 pub use handshake::{AcceptError, AcceptEvent, Acceptor, ConnectEvent, Connector};

@@ -6,9 +6,13 @@
 //! unless a side gives up (one ABORT frame), so the peer learns why even when the data network
 //! is what died; it has no keepalive, so a healthy connection sends no byte on it.
 //!
+//! Two connections running opposite ways between the same addresses of one [`Transport`] share
+//! one control stream (module `ctrl`): the second one's handshake offers it (JOIN).
+//!
 //! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
 //! `Listener::accept`, `test`), except chunk I/O, which helper threads do when `nthreads > 0`.
 
+mod ctrl;
 mod engine;
 
 use std::collections::{HashMap, VecDeque};
@@ -25,9 +29,10 @@ use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
 use crate::proto::{
-    self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, Frame,
+    self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, End, Frame,
     FrameDecoder, ListenHandle, MAX_DATA_ADDRS,
 };
+use ctrl::CtrlLink;
 use engine::{Dir, Engine, ReqState, Stream, Task};
 
 /// Most buffers one grouped receive may have.
@@ -246,6 +251,8 @@ pub struct Transport {
     cfg: Config,
     mgmt: Rail,
     devices: Vec<Device>,
+    /// Identifies this transport's control links (see `ctrl`); clones share it.
+    instance: u64,
 }
 
 impl Transport {
@@ -309,7 +316,12 @@ impl Transport {
                 .map(|i| dev(std::slice::from_ref(i)))
                 .collect()
         };
-        Ok(Transport { cfg, mgmt, devices })
+        Ok(Transport {
+            cfg,
+            mgmt,
+            devices,
+            instance: random_u64(),
+        })
     }
 
     /// The configuration in force.
@@ -368,6 +380,7 @@ impl Transport {
         let handle = ListenHandle { nonce, mgmt, data };
         Ok(Listener {
             cfg: self.cfg.clone(),
+            instance: self.instance,
             handle,
             listeners,
             acceptor: Acceptor::new(nonce, MAX_STREAMS as u16, self.cfg.timeout),
@@ -393,13 +406,26 @@ impl Transport {
             local.is_ipv4() == remote.is_ipv4() && local.is_loopback() == remote.is_loopback()
         };
         let mgmt_local = compatible(self.mgmt.addr, h.mgmt.ip()).then_some(self.mgmt.addr);
-        let hs = Connector::new(
+        let mut hs = Connector::new(
             now,
             self.cfg.timeout,
             h.nonce,
             random_u64(),
             nstreams as u16,
         );
+        // The control stream runs from the first rail to the first data address: share the
+        // link of a connection that runs the other way between those two, if there is one.
+        let offer = if self.cfg.share_ctrl {
+            let rail = &d.rails[0];
+            let remote = remote_data[0].ip();
+            let local = compatible(rail.addr, remote).then_some(rail.addr);
+            ctrl::offer(self.instance, local, remote)
+        } else {
+            None
+        };
+        if let Some(o) = &offer {
+            hs.offer_join(o.id());
+        }
         let mut ctrl = PendingSock::new(
             h.mgmt,
             mgmt_local,
@@ -424,7 +450,10 @@ impl Transport {
         }
         Ok(Connecting {
             cfg: self.cfg.clone(),
+            instance: self.instance,
+            conn_id: hs.conn_id(),
             hs,
+            offer,
             ctrl,
             dctrl,
             streams,
@@ -559,7 +588,11 @@ impl PendingSock {
 #[derive(Debug)]
 pub struct Connecting {
     cfg: Config,
+    instance: u64,
+    conn_id: u64,
     hs: Connector,
+    /// The link offered in a JOIN, reserved until the answer.
+    offer: Option<ctrl::Offer>,
     /// Handshake stream (management network).
     ctrl: PendingSock,
     /// Control stream (data network).
@@ -596,12 +629,23 @@ impl Connecting {
         self.hs.handle_timeout(now);
         match self.hs.poll_event() {
             None => Ok(None),
-            Some(ConnectEvent::Established) => {
+            Some(ev @ (ConnectEvent::Established | ConnectEvent::Joined)) => {
                 let dup = |s: &Socket| -> Result<TcpStream> {
                     Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
                 };
                 let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
-                let ctrl = dup(&self.dctrl.sock)?;
+                let offer = self.offer.take();
+                let ctrl = match (ev, offer.and_then(ctrl::Offer::accept)) {
+                    (ConnectEvent::Joined, Some(link)) => link,
+                    // JOINED without an offer is refused by the Connector.
+                    _ => CtrlLink::open(
+                        self.conn_id,
+                        self.instance,
+                        dup(&self.dctrl.sock)?,
+                        self.dctrl.link.clone(),
+                        End::Send,
+                    )?,
+                };
                 let mut streams = Vec::new();
                 for s in &self.streams {
                     let t: TcpStream = s
@@ -613,20 +657,13 @@ impl Connecting {
                 }
                 let engine = Engine::new(Dir::Send, streams, self.cfg.nthreads, self.cfg.timeout)?;
                 Ok(Some(SendConn {
+                    link: ctrl.link().clone(),
                     ctrl,
-                    link: self.dctrl.link.clone(),
                     side,
                     engine,
                     inline_max: self.cfg.inline_max,
                     min_chunk: self.cfg.min_chunk as u64,
-                    out: Vec::new(),
-                    out_pos: 0,
-                    queued: 0,
-                    flushed: 0,
-                    credit: 0,
-                    dec: FrameDecoder::new(),
                     next_check: now,
-                    peer_gone: None,
                     linger: self.cfg.timeout.min(LINGER_MAX),
                     reqs: Slab::new(MAX_SEND_REQUESTS),
                     next_stream: 0,
@@ -668,6 +705,8 @@ impl Connecting {
 #[derive(Debug)]
 pub struct Listener {
     cfg: Config,
+    /// The transport's instance (see `ctrl`).
+    instance: u64,
     handle: ListenHandle,
     listeners: Vec<(TcpListener, String)>,
     acceptor: Acceptor<u64>,
@@ -762,11 +801,12 @@ impl Listener {
                     })
                 }
                 AcceptEvent::Ready {
+                    conn_id,
                     ctrl,
                     dctrl,
                     streams,
                     ack,
-                    ..
+                    join,
                 } => {
                     let (hs, hs_link) = self
                         .socks
@@ -788,27 +828,48 @@ impl Listener {
                         .map_err(|e| link.io("setsockopt", Stage::Accept, &e))?;
                     tune_side(socket2::SockRef::from(&hs))
                         .map_err(|e| hs_link.io("setsockopt", Stage::Accept, &e))?;
-                    write_all_until(&hs, &ack, now + self.cfg.timeout)
-                        .map_err(|e| hs_link.io("send ack", Stage::Accept, &e))?;
                     let engine = Engine::new(Dir::Recv, data, self.cfg.nthreads, self.cfg.timeout)?;
+                    let addrs = c
+                        .local_addr()
+                        .and_then(|l| Ok((l.ip(), c.peer_addr()?.ip())));
+                    let joined = match (join, addrs) {
+                        (Some(id), Ok((local, peer))) if self.cfg.share_ctrl => {
+                            ctrl::join(self.instance, id, local, peer)
+                        }
+                        _ => None,
+                    };
+                    let (ctrl, ack) = match joined {
+                        Some(l) => {
+                            let mut joined_ack = Vec::new();
+                            Frame::Joined {
+                                nonce: self.handle.nonce,
+                                conn_id,
+                            }
+                            .encode(&mut joined_ack);
+                            (l, joined_ack)
+                        }
+                        None => (
+                            CtrlLink::open(conn_id, self.instance, c, link, End::Recv)?,
+                            ack,
+                        ),
+                    };
+                    if let Err(e) = write_all_until(&hs, &ack, now + self.cfg.timeout) {
+                        ctrl.detach(End::Recv, Duration::ZERO);
+                        return Err(hs_link.io("send ack", Stage::Accept, &e));
+                    }
                     Ok(Some(RecvConn {
-                        ctrl: c,
-                        link,
+                        link: ctrl.link().clone(),
+                        ctrl,
                         side: SideChannel::new(hs, hs_link),
                         next_check: now,
                         engine,
-                        dec: FrameDecoder::new(),
                         msgs: VecDeque::new(),
                         reqs: Slab::new(MAX_RECV_REQUESTS),
                         order: VecDeque::new(),
                         next_stream: 0,
                         peer_closed: false,
                         error: None,
-                        rbuf: vec![0; 64 * 1024],
-                        consumed: 0,
-                        reported: 0,
-                        tx: Vec::new(),
-                        tx_pos: 0,
+                        linger: self.cfg.timeout.min(LINGER_MAX),
                     }))
                 }
             };
@@ -925,7 +986,8 @@ impl SideChannel {
 
 #[derive(Debug)]
 struct SendReq {
-    ctrl_end: u64,
+    /// Sequence number of its MSG frame on the control link.
+    seq: u64,
     size: usize,
     chunks: Arc<ReqState>,
 }
@@ -933,26 +995,17 @@ struct SendReq {
 /// The sending end of a connection.
 #[derive(Debug)]
 pub struct SendConn {
-    /// Control stream (data network).
-    ctrl: TcpStream,
+    /// Control stream (data network), possibly shared with a receiving connection from the
+    /// same peer (see `ctrl`).
+    ctrl: Arc<CtrlLink>,
     link: Link,
     /// Handshake stream (management network), now the ABORT side channel.
     side: SideChannel,
     engine: Engine,
     inline_max: usize,
     min_chunk: u64,
-    out: Vec<u8>,
-    out_pos: usize,
-    queued: u64,
-    flushed: u64,
-    /// Control bytes the receiver has consumed (its last CREDIT).
-    credit: u64,
-    /// Frames from the receiver (CREDIT, ABORT).
-    dec: FrameDecoder,
     /// When to look at the control stream next.
     next_check: Instant,
-    /// The control stream ended (EOF, reset, dead peer). Only an error for work still to do.
-    peer_gone: Option<Error>,
     /// Longest a drop waits for the receiver's kernel to acknowledge the control stream.
     linger: Duration,
     reqs: Slab<SendReq>,
@@ -981,63 +1034,34 @@ impl SendConn {
         self.reqs.live()
     }
 
-    /// Records the connection's first error; on the first one, tells the receiver why (ABORT,
-    /// on the control stream and the side channel) and shuts both down so that it fails now
-    /// rather than on its timers.
-    fn fail(&mut self, e: Error) -> Error {
-        if self.error.is_none() {
-            let abort = abort_frame(&e);
-            if let Some(f) = &abort {
-                f.encode(&mut self.out);
-                flush_some(&self.ctrl, &self.out, &mut self.out_pos);
-            }
-            let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
-            self.side.send_abort(abort.as_ref());
-        }
-        self.error.get_or_insert(e).clone()
+    /// Whether the control stream is shared with a receiving connection from the same peer.
+    pub fn shares_control_stream(&self) -> bool {
+        self.ctrl.shared()
     }
 
-    /// Reads CREDIT and ABORT frames from the receiver.
-    fn read_ctrl(&mut self) -> Result<()> {
-        let mut buf = [0u8; 512];
-        while self.peer_gone.is_none() {
-            match (&self.ctrl).read(&mut buf) {
-                Ok(0) => self.peer_gone = Some(self.link.closed(Stage::Data)),
-                Ok(n) => {
-                    self.dec.handle_bytes(&buf[..n]);
-                    if n < buf.len() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => self.peer_gone = Some(self.link.io("recv", Stage::Data, &e)),
-            }
+    /// Records the connection's first error; on the first one, tells the receiver why (ABORT,
+    /// on the control stream and the side channel) and shuts both down so that it fails now
+    /// rather than on its timers. A control stream shared with a healthy receiving connection
+    /// stays up for it unless the stream itself failed (`link_failed`): this connection only
+    /// leaves it (CLOSE), and the ABORT goes on the side channel.
+    fn fail(&mut self, e: Error, link_failed: bool) -> Error {
+        if let Some(first) = &self.error {
+            return first.clone();
         }
-        loop {
-            match self.dec.poll_frame() {
-                Ok(None) => return Ok(()),
-                Ok(Some(Frame::Credit { consumed })) => self.credit = self.credit.max(consumed),
-                Ok(Some(Frame::Abort { reason, detail })) => {
-                    return Err(self
-                        .link
-                        .aborted(format!("the receiver gave up: {}", reason.describe(detail))));
-                }
-                Ok(Some(f)) => {
-                    let e = proto::FrameError::Unexpected {
-                        got: f.name(),
-                        expected: "CREDIT or ABORT",
-                    };
-                    return Err(self.link.protocol(Stage::Data, e));
-                }
-                Err(e) => return Err(self.link.protocol(Stage::Data, e)),
-            }
-        }
+        let abort = abort_frame(&e);
+        let e = if link_failed || !self.ctrl.shared() {
+            self.ctrl.fail(&e, abort.as_ref())
+        } else {
+            self.ctrl.detach(End::Send, Duration::ZERO);
+            e
+        };
+        self.side.send_abort(abort.as_ref());
+        self.error.insert(e).clone()
     }
 
     /// Whether some request still needs the receiver (bytes not yet handed to the kernel).
     fn work_pending(&self) -> bool {
-        self.out_pos < self.out.len()
+        self.ctrl.pending_out()
             || self
                 .reqs
                 .values()
@@ -1049,50 +1073,27 @@ impl SendConn {
             return Err(e.clone());
         }
         let now = Instant::now();
-        let window_full = self.flushed >= self.credit + CTRL_WINDOW;
-        if now >= self.next_check || (window_full && self.out_pos < self.out.len()) {
+        let check = now >= self.next_check;
+        if check {
             self.next_check = now + CTRL_CHECK_EVERY;
-            if let Err(e) = self.read_ctrl() {
-                return Err(self.fail(e));
-            }
             if let Some(e) = self.side.poll_abort("receiver") {
-                return Err(self.fail(e));
-            }
-            if let Some(e) = self.peer_gone.clone()
-                && self.work_pending()
-            {
-                return Err(self.fail(e));
+                return Err(self.fail(e, false));
             }
         }
-        while self.out_pos < self.out.len() {
-            // CREDIT flow control: never more than CTRL_WINDOW bytes unread by the receiver.
-            let room = (self.credit + CTRL_WINDOW).saturating_sub(self.flushed);
-            if room == 0 {
-                break;
-            }
-            let end = self.out.len().min(
-                self.out_pos
-                    .saturating_add(usize::try_from(room).unwrap_or(usize::MAX)),
-            );
-            match (&self.ctrl).write(&self.out[self.out_pos..end]) {
-                Ok(n) => {
-                    self.out_pos += n;
-                    self.flushed += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let e = self.link.io("send", Stage::Data, &e);
-                    return Err(self.fail(e));
-                }
-            }
+        if let Err(e) = self.ctrl.pump(check) {
+            return Err(self.fail(e, true));
         }
-        if self.out_pos == self.out.len() {
-            self.out.clear();
-            self.out_pos = 0;
+        if let Some(e) = self.ctrl.write_error() {
+            return Err(self.fail(e, true));
+        }
+        if check
+            && let Some(e) = self.ctrl.peer_recv_gone()
+            && self.work_pending()
+        {
+            return Err(self.fail(e, false));
         }
         if let Err(e) = self.engine.progress() {
-            return Err(self.fail(e));
+            return Err(self.fail(e, false));
         }
         Ok(())
     }
@@ -1112,25 +1113,28 @@ impl SendConn {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
-        if let Some(e) = self.peer_gone.clone() {
-            return Err(self.fail(e));
+        if let Some(e) = self.ctrl.peer_recv_gone() {
+            return Err(self.fail(e, false));
         }
         if self.reqs.live() >= MAX_SEND_REQUESTS {
             return Ok(None);
         }
         let chunks = Arc::new(ReqState::default());
-        if len <= self.inline_max {
+        let seq = if len <= self.inline_max {
             let payload = if len == 0 {
                 &[][..]
             } else {
                 // SAFETY: the caller guarantees `data..data+len` is readable.
                 unsafe { std::slice::from_raw_parts(data, len) }
             };
-            Frame::encode_msg(&mut self.out, tag, Some(payload), len as u64, 0);
+            self.ctrl
+                .queue_msg(|out| Frame::encode_msg(out, tag, Some(payload), len as u64, 0))
         } else {
             let n = self.engine.nstreams();
             let chunk = proto::chunk_size(len as u64, n, self.min_chunk);
-            Frame::encode_msg(&mut self.out, tag, None, len as u64, chunk);
+            let seq = self
+                .ctrl
+                .queue_msg(|out| Frame::encode_msg(out, tag, None, len as u64, chunk));
             let start = self.next_stream;
             let count = (len as u64).div_ceil(chunk) as usize;
             self.next_stream = (start + count) % n;
@@ -1146,10 +1150,10 @@ impl SendConn {
                 (c.stream, t)
             });
             self.engine.push(tasks);
-        }
-        self.queued = self.flushed + (self.out.len() - self.out_pos) as u64;
+            seq
+        };
         let id = self.reqs.insert(SendReq {
-            ctrl_end: self.queued,
+            seq,
             size: len,
             chunks,
         });
@@ -1160,12 +1164,12 @@ impl SendConn {
     /// Whether request `id` is done; `Some(bytes)` once it is (the id is then released).
     pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
         self.progress()?;
-        let flushed = self.flushed;
+        let flushed = self.ctrl.seq_flushed();
         let r = self
             .reqs
             .get_mut(id)
             .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
-        if flushed >= r.ctrl_end && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+        if flushed >= r.seq && r.chunks.remaining.load(Ordering::Acquire) == 0 {
             let size = r.size;
             self.reqs.remove(id);
             return Ok(Some(size));
@@ -1188,45 +1192,15 @@ impl SendConn {
     }
 }
 
-/// Longest a [`SendConn`] drop waits for its control stream's bytes to be acknowledged.
+/// Longest a connection's drop waits for its control stream's bytes to be acknowledged.
 const LINGER_MAX: Duration = Duration::from_secs(2);
 
-/// Bytes written to `s` that its peer's kernel has not acknowledged yet (`SIOCOUTQ`).
-fn unacked(s: &TcpStream) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
-    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
-    if r == 0 {
-        usize::try_from(n).unwrap_or(0)
-    } else {
-        0
-    }
-}
-
 impl Drop for SendConn {
-    /// Closes gracefully. Linux answers `close()` on a socket with unread received bytes (here:
-    /// CREDIT frames) with a reset and discards what it has not sent yet, which may be inline
-    /// messages that `test()` already reported done. So: discard what the receiver sent, wait
-    /// (bounded; one round trip when the peer is alive) until its kernel has acknowledged every
-    /// control byte, then close. Data streams carry nothing back, so they close with a FIN.
+    /// Leaves the control link: CLOSE to the peer while a receiving connection still uses it,
+    /// else a graceful close (see [`CtrlLink::detach`]). Data streams carry nothing back, so
+    /// they close with a FIN.
     fn drop(&mut self) {
-        if self.error.is_some() {
-            return;
-        }
-        let deadline = Instant::now() + self.linger;
-        let mut buf = [0u8; 512];
-        loop {
-            while let Ok(n) = (&self.ctrl).read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-            }
-            if unacked(&self.ctrl) == 0 || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
+        self.ctrl.detach(End::Send, self.linger);
     }
 }
 
@@ -1269,28 +1243,23 @@ struct RecvReq {
 /// The receiving end of a connection.
 #[derive(Debug)]
 pub struct RecvConn {
-    /// Control stream (data network).
-    ctrl: TcpStream,
+    /// Control stream (data network), possibly shared with a sending connection to the same
+    /// peer (see `ctrl`).
+    ctrl: Arc<CtrlLink>,
     link: Link,
     /// Handshake stream (management network), now the ABORT side channel.
     side: SideChannel,
     /// When to look at the side channel next.
     next_check: Instant,
     engine: Engine,
-    dec: FrameDecoder,
     msgs: VecDeque<proto::MsgHeader>,
     reqs: Slab<RecvReq>,
     order: VecDeque<RequestId>,
     next_stream: usize,
     peer_closed: bool,
     error: Option<Error>,
-    rbuf: Vec<u8>,
-    /// Control bytes read since the handshake, and the amount last reported in a CREDIT.
-    consumed: u64,
-    reported: u64,
-    /// Frames to the sender (CREDIT, ABORT) not yet written.
-    tx: Vec<u8>,
-    tx_pos: usize,
+    /// Longest a drop waits for the sender's kernel to acknowledge the control stream.
+    linger: Duration,
 }
 
 impl RecvConn {
@@ -1309,83 +1278,39 @@ impl RecvConn {
         self.engine.nstreams()
     }
 
+    /// Whether the control stream is shared with a sending connection to the same peer.
+    pub fn shares_control_stream(&self) -> bool {
+        self.ctrl.shared()
+    }
+
     /// Records the connection's first error; on the first one, tells the sender why (ABORT,
     /// on the control stream and the side channel: the control stream may be on the link that
-    /// died) and shuts both down, so the sender fails now instead of waiting.
-    fn fail(&mut self, e: Error) -> Error {
-        if self.error.is_none() {
-            let abort = abort_frame(&e);
-            if let Some(f) = &abort {
-                f.encode(&mut self.tx);
-                flush_some(&self.ctrl, &self.tx, &mut self.tx_pos);
-            }
-            let _ = self.ctrl.shutdown(std::net::Shutdown::Write);
-            self.side.send_abort(abort.as_ref());
+    /// died) and shuts both down, so the sender fails now instead of waiting. A shared control
+    /// stream stays up for the other connection unless it failed itself (see `SendConn::fail`).
+    fn fail(&mut self, e: Error, link_failed: bool) -> Error {
+        if let Some(first) = &self.error {
+            return first.clone();
         }
-        self.error.get_or_insert(e).clone()
+        let abort = abort_frame(&e);
+        let e = if link_failed || !self.ctrl.shared() {
+            self.ctrl.fail(&e, abort.as_ref())
+        } else {
+            self.ctrl.detach(End::Recv, Duration::ZERO);
+            e
+        };
+        self.side.send_abort(abort.as_ref());
+        self.error.insert(e).clone()
     }
 
-    /// Returns credit to the sender once a quarter of its window has been consumed.
-    fn send_credit(&mut self) {
-        if self.consumed - self.reported >= CTRL_WINDOW / 4 {
-            self.reported = self.consumed;
-            Frame::Credit {
-                consumed: self.consumed,
-            }
-            .encode(&mut self.tx);
-        }
-        if self.tx_pos < self.tx.len() {
-            // A failed write means the sender is gone; reading the control stream reports that.
-            if !flush_some(&self.ctrl, &self.tx, &mut self.tx_pos) {
-                self.tx_pos = self.tx.len();
-            }
-            if self.tx_pos == self.tx.len() {
-                self.tx.clear();
-                self.tx_pos = 0;
-            }
-        }
-    }
-
+    /// Reads the control stream; errors are failures of the stream itself.
     fn read_ctrl(&mut self) -> Result<()> {
-        while !self.peer_closed {
-            match (&self.ctrl).read(&mut self.rbuf) {
-                Ok(0) => self.peer_closed = true,
-                Ok(n) => {
-                    self.consumed += n as u64;
-                    self.dec.handle_bytes(&self.rbuf[..n]);
-                    if n < self.rbuf.len() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // A sender that closed with a CREDIT unread makes its kernel answer with a
-                // reset; what it sent before is still queued here and read first. So a reset is
-                // a close: an error only if a posted receive still needs a message.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => self.peer_closed = true,
-                Err(e) => return Err(self.link.io("recv", Stage::Data, &e)),
-            }
+        self.ctrl.pump(true)?;
+        self.ctrl.take_msgs(&mut self.msgs);
+        if let Some(e) = self.ctrl.read_error() {
+            return Err(e);
         }
-        self.send_credit();
-        loop {
-            match self.dec.poll_frame() {
-                Ok(None) => return Ok(()),
-                Ok(Some(Frame::Msg(h))) => self.msgs.push_back(h),
-                Ok(Some(Frame::Abort { reason, detail })) => {
-                    return Err(self
-                        .link
-                        .aborted(format!("the sender gave up: {}", reason.describe(detail))));
-                }
-                Ok(Some(f)) => {
-                    let e = proto::FrameError::Unexpected {
-                        got: f.name(),
-                        expected: "MSG",
-                    };
-                    return Err(self.link.protocol(Stage::Data, e));
-                }
-                Err(e) => return Err(self.link.protocol(Stage::Data, e)),
-            }
-        }
+        self.peer_closed = self.ctrl.peer_send_closed();
+        Ok(())
     }
 
     fn match_msgs(&mut self) -> Result<()> {
@@ -1456,14 +1381,14 @@ impl RecvConn {
         if now >= self.next_check {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Some(e) = self.side.poll_abort("sender") {
-                return Err(self.fail(e));
+                return Err(self.fail(e, false));
             }
         }
-        let r = self
-            .read_ctrl()
-            .and_then(|()| self.match_msgs())
-            .and_then(|()| self.engine.progress());
-        r.map_err(|e| self.fail(e))
+        if let Err(e) = self.read_ctrl() {
+            return Err(self.fail(e, true));
+        }
+        let r = self.match_msgs().and_then(|()| self.engine.progress());
+        r.map_err(|e| self.fail(e, false))
     }
 
     /// Posts a receive of up to [`MAX_RECVS`] buffers; each incoming message lands in the first
@@ -1537,6 +1462,14 @@ impl RecvConn {
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+impl Drop for RecvConn {
+    /// Leaves the control link: CLOSE to the peer while a sending connection still uses it,
+    /// else a graceful close (see [`CtrlLink::detach`]).
+    fn drop(&mut self) {
+        self.ctrl.detach(End::Recv, self.linger);
     }
 }
 

@@ -1,0 +1,563 @@
+//! The control stream of a connection, which two one-way connections may share.
+//!
+//! NCCL's connections are one-way, so a ping-pong between two ranks runs over two of them. With
+//! one TCP connection per direction every message is answered by a pure ACK segment of its own,
+//! and a round trip costs four segments instead of two: on a veth pair that was 65% more time
+//! than one TCP connection used both ways. So the sending end of a new connection offers (JOIN,
+//! see `proto::frame`) to put its control stream on the *link* of a connection that already
+//! runs the other way between the same two addresses; when the receiver accepts (JOINED), the
+//! headers and inline payloads of both directions, and their CREDITs, share one TCP
+//! connection, and each reply carries the acknowledgement of the request. Bulk data keeps its
+//! own data streams.
+//!
+//! A link belongs to at most one sending and one receiving connection. It owns the socket, the
+//! output queue and the CREDIT flow control of the whole stream (every byte counts, whoever
+//! wrote it), and routes what it reads: MSG frames to the receiving connection, CREDIT to the
+//! flow control, CLOSE and ABORT to both. Either connection's calls move the whole link, so a
+//! link keeps working while only one of its connections is polled.
+//!
+//! **Invariant:** frames are never interleaved: the output queue holds whole frames.
+//! **Invariant:** CREDIT, CLOSE of a receiving end, and ABORT bypass the window, so two ends
+//! whose windows are both full still return credit to each other (no deadlock); MSG frames and
+//! the CLOSE of a sending end wait for the window, in order.
+//! **Invariant:** a link fails as a whole: an ABORT, a protocol error or a local failure of
+//! either connection ends both (NCCL treats any connection error as fatal to the communicator).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Link, Stage};
+use crate::proto::{self, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, MsgHeader};
+
+/// Every live link of this process, for JOIN offers and answers.
+static LINKS: Mutex<Vec<Weak<CtrlLink>>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a thread panicked while holding it; the state (queues of plain
+    // values and counters, each updated before the next is touched) is still consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One control stream (see the module docs).
+#[derive(Debug)]
+pub(crate) struct CtrlLink {
+    /// The connection id of the connection that opened it.
+    id: u64,
+    /// The transport whose connections may use it (links are never shared across
+    /// [`crate::Transport`]s, whose configurations may differ).
+    owner: u64,
+    sock: TcpStream,
+    link: Link,
+    local: SocketAddr,
+    st: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    send_attached: bool,
+    recv_attached: bool,
+    /// Offered in a JOIN whose answer has not come yet.
+    offered: bool,
+
+    /// Whole frames committed to the stream, written up to `out_pos`.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Stream offset where each committed MSG frame ends, and its sequence number.
+    out_msgs: VecDeque<(u64, u64)>,
+    /// Frames waiting for the window (MSG, CLOSE of the sending end), from `held_pos`.
+    held: Vec<u8>,
+    held_pos: usize,
+    /// Length and sequence number (0: not a MSG) of each held frame.
+    held_frames: VecDeque<(usize, u64)>,
+    /// Stream bytes committed to `out`, and handed to the kernel, since the link opened.
+    committed: u64,
+    flushed: u64,
+    /// Last MSG sequence number given out, and the last one handed to the kernel.
+    seq: u64,
+    seq_flushed: u64,
+    /// Stream bytes the peer has read (its last CREDIT).
+    peer_consumed: u64,
+
+    rbuf: Vec<u8>,
+    dec: FrameDecoder,
+    /// Stream bytes read, and the amount last reported in a CREDIT.
+    consumed: u64,
+    reported: u64,
+    /// MSG frames for the receiving connection.
+    inbox: VecDeque<MsgHeader>,
+    /// The stream ended (end of stream or reset): nothing more to read.
+    eof: bool,
+    /// The peer's sending end is gone (CLOSE, end of stream, reset): no MSG will follow.
+    peer_send_closed: bool,
+    /// The peer's receiving end is gone (CLOSE, end of stream, reset).
+    peer_recv_closed: bool,
+    /// Reading failed otherwise (a timed-out or unreachable peer).
+    read_error: Option<Error>,
+    /// Writing failed: the peer's receiving end will never see what is queued.
+    write_error: Option<Error>,
+    /// The link's failure (an ABORT from the peer, a protocol error, a local failure of either
+    /// connection): every later call of either connection returns it.
+    error: Option<Error>,
+    /// The writing half is shut (after a failure, or on the last detach).
+    shut: bool,
+}
+
+impl CtrlLink {
+    /// A link on `sock` used by the connection end `end`; registered for JOINs.
+    pub fn open(
+        id: u64,
+        owner: u64,
+        sock: TcpStream,
+        link: Link,
+        end: End,
+    ) -> Result<Arc<CtrlLink>, Error> {
+        let local = sock
+            .local_addr()
+            .map_err(|e| link.io("local_addr", Stage::Data, &e))?;
+        let st = State {
+            send_attached: end == End::Send,
+            recv_attached: end == End::Recv,
+            offered: false,
+            out: Vec::new(),
+            out_pos: 0,
+            out_msgs: VecDeque::new(),
+            held: Vec::new(),
+            held_pos: 0,
+            held_frames: VecDeque::new(),
+            committed: 0,
+            flushed: 0,
+            seq: 0,
+            seq_flushed: 0,
+            peer_consumed: 0,
+            rbuf: vec![0; 64 * 1024],
+            dec: FrameDecoder::new(),
+            consumed: 0,
+            reported: 0,
+            inbox: VecDeque::new(),
+            eof: false,
+            peer_send_closed: false,
+            peer_recv_closed: false,
+            read_error: None,
+            write_error: None,
+            error: None,
+            shut: false,
+        };
+        let l = Arc::new(CtrlLink {
+            id,
+            owner,
+            sock,
+            link,
+            local,
+            st: Mutex::new(st),
+        });
+        let mut all = lock(&LINKS);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&l));
+        Ok(l)
+    }
+
+    /// Peer address and local interface.
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Whether both a sending and a receiving connection use this link.
+    pub fn shared(&self) -> bool {
+        let st = lock(&self.st);
+        st.send_attached && st.recv_attached
+    }
+
+    /// Queues a MSG frame that `encode` appends; returns its sequence number, which
+    /// [`CtrlLink::seq_flushed`] reaches once the whole frame is in the kernel.
+    pub fn queue_msg(&self, encode: impl FnOnce(&mut Vec<u8>)) -> u64 {
+        let mut st = lock(&self.st);
+        st.seq += 1;
+        let seq = st.seq;
+        st.enqueue(seq, encode);
+        seq
+    }
+
+    /// Moves the link: reads what the peer sent (always when `read`, else only while frames
+    /// wait for credit), returns credit, commits waiting frames the window allows, writes.
+    /// Errors are the link's failure; read and write failures that are only fatal to one end
+    /// are kept for [`CtrlLink::read_error`] and [`CtrlLink::write_error`].
+    pub fn pump(&self, read: bool) -> Result<(), Error> {
+        let mut g = lock(&self.st);
+        let st = &mut *g;
+        if let Some(e) = &st.error {
+            return Err(e.clone());
+        }
+        if read || st.held_pos < st.held.len() {
+            self.read_some(st);
+        }
+        if st.consumed - st.reported >= CTRL_WINDOW / 4 && !st.shut {
+            st.reported = st.consumed;
+            let mut f = Vec::with_capacity(FRAME_LEN);
+            Frame::Credit {
+                consumed: st.consumed,
+            }
+            .encode(&mut f);
+            st.commit_bytes(&f, 0);
+        }
+        st.commit_held();
+        self.flush(st);
+        match &st.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn read_some(&self, st: &mut State) {
+        while !st.eof && st.read_error.is_none() {
+            match (&self.sock).read(&mut st.rbuf) {
+                Ok(0) => st.end_of_stream(),
+                Ok(n) => {
+                    st.consumed += n as u64;
+                    st.dec.handle_bytes(&st.rbuf[..n]);
+                    if n < st.rbuf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A peer that closed with bytes unread (a CREDIT) makes its kernel answer with a
+                // reset; what it sent before is still queued here and read first. So a reset is
+                // a close, an error only for work still to do.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => st.end_of_stream(),
+                Err(e) => st.read_error = Some(self.link.io("recv", Stage::Data, &e)),
+            }
+        }
+        while st.error.is_none() {
+            match st.dec.poll_frame() {
+                Ok(None) => break,
+                // Nobody will take a message once the receiving connection has left.
+                Ok(Some(Frame::Msg(h))) => {
+                    if st.recv_attached {
+                        st.inbox.push_back(h);
+                    }
+                }
+                Ok(Some(Frame::Credit { consumed })) => {
+                    st.peer_consumed = st.peer_consumed.max(consumed);
+                }
+                Ok(Some(Frame::Close { end: End::Send })) => st.peer_send_closed = true,
+                Ok(Some(Frame::Close { end: End::Recv })) => st.peer_recv_closed = true,
+                Ok(Some(Frame::Abort { reason, detail })) => {
+                    let who = match (st.send_attached, st.recv_attached) {
+                        (true, false) => "receiver",
+                        (false, true) => "sender",
+                        _ => "peer",
+                    };
+                    let why = format!("the {who} gave up: {}", reason.describe(detail));
+                    st.error = Some(self.link.aborted(why));
+                }
+                Ok(Some(f)) => {
+                    let e = proto::FrameError::Unexpected {
+                        got: f.name(),
+                        expected: "MSG, CREDIT, CLOSE or ABORT",
+                    };
+                    st.error = Some(self.link.protocol(Stage::Data, e));
+                }
+                Err(e) => st.error = Some(self.link.protocol(Stage::Data, e)),
+            }
+        }
+    }
+
+    fn flush(&self, st: &mut State) {
+        while st.out_pos < st.out.len() && st.write_error.is_none() {
+            match (&self.sock).write(&st.out[st.out_pos..]) {
+                Ok(n) => {
+                    st.out_pos += n;
+                    st.flushed += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => st.write_error = Some(self.link.io("send", Stage::Data, &e)),
+            }
+        }
+        while let Some(&(end, seq)) = st.out_msgs.front() {
+            if end > st.flushed {
+                break;
+            }
+            st.seq_flushed = seq;
+            st.out_msgs.pop_front();
+        }
+        if st.out_pos == st.out.len() {
+            st.out.clear();
+            st.out_pos = 0;
+        }
+    }
+
+    /// The last MSG sequence number whose frame is entirely in the kernel.
+    pub fn seq_flushed(&self) -> u64 {
+        lock(&self.st).seq_flushed
+    }
+
+    /// Moves the MSG frames read so far to `into`.
+    pub fn take_msgs(&self, into: &mut VecDeque<proto::MsgHeader>) {
+        into.append(&mut lock(&self.st).inbox);
+    }
+
+    /// Whether the peer's sending end is gone (no MSG will follow those already taken).
+    pub fn peer_send_closed(&self) -> bool {
+        lock(&self.st).peer_send_closed
+    }
+
+    /// Why the peer's receiving end will read nothing more, if it will not.
+    pub fn peer_recv_gone(&self) -> Option<Error> {
+        let st = lock(&self.st);
+        if let Some(e) = &st.read_error {
+            return Some(e.clone());
+        }
+        st.peer_recv_closed.then(|| self.link.closed(Stage::Data))
+    }
+
+    /// A read failure other than the peer closing (the peer's host or the link is dead).
+    pub fn read_error(&self) -> Option<Error> {
+        lock(&self.st).read_error.clone()
+    }
+
+    /// A write failure: what is queued will never arrive.
+    pub fn write_error(&self) -> Option<Error> {
+        lock(&self.st).write_error.clone()
+    }
+
+    /// Whether bytes wait to be written.
+    pub fn pending_out(&self) -> bool {
+        let st = lock(&self.st);
+        st.out_pos < st.out.len() || st.held_pos < st.held.len()
+    }
+
+    /// Fails the link with `e` (once; later calls keep the first error): tells the peer why
+    /// with `abort`, best effort, and shuts the writing half so the peer fails now.
+    pub fn fail(&self, e: &Error, abort: Option<&Frame>) -> Error {
+        let mut g = lock(&self.st);
+        let st = &mut *g;
+        if st.error.is_none() {
+            st.error = Some(e.clone());
+        }
+        if !st.shut {
+            st.shut = true;
+            if let Some(f) = abort {
+                f.encode(&mut st.out);
+                self.flush(st);
+            }
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        }
+        st.error.clone().unwrap_or_else(|| e.clone())
+    }
+
+    /// Ends this side's use of the link by its `end` (again: nothing). While the other connection still uses
+    /// it, the peer is told with CLOSE (after the frames already queued, for a sending end).
+    /// The last one to leave closes the stream gracefully, waiting at most `linger`: Linux
+    /// answers `close()` with unread received bytes (a CREDIT) by a reset that discards what it
+    /// has not sent yet, which may be messages that `test()` already reported done. So it
+    /// writes what is queued, discards what the peer sent, and waits until the peer's kernel
+    /// has acknowledged every byte (one round trip when the peer is alive).
+    pub fn detach(&self, end: End, linger: Duration) {
+        let last = {
+            let mut g = lock(&self.st);
+            let st = &mut *g;
+            let attached = match end {
+                End::Send => std::mem::replace(&mut st.send_attached, false),
+                End::Recv => {
+                    st.inbox.clear();
+                    std::mem::replace(&mut st.recv_attached, false)
+                }
+            };
+            if !attached {
+                // Left already, after a failure of its own.
+                return;
+            }
+            let last = !st.send_attached && !st.recv_attached;
+            if !last && st.error.is_none() && !st.shut {
+                let mut f = Vec::with_capacity(FRAME_LEN);
+                Frame::Close { end }.encode(&mut f);
+                match end {
+                    End::Send => st.enqueue(0, |o| o.extend_from_slice(&f)),
+                    End::Recv => st.commit_bytes(&f, 0),
+                }
+                st.commit_held();
+                self.flush(st);
+            }
+            last && st.error.is_none() && !st.shut
+        };
+        if !last {
+            return;
+        }
+        let deadline = Instant::now() + linger;
+        loop {
+            {
+                let mut g = lock(&self.st);
+                let st = &mut *g;
+                self.read_some(st);
+                st.inbox.clear();
+                st.commit_held();
+                self.flush(st);
+                let queued = st.out_pos < st.out.len() || st.held_pos < st.held.len();
+                let failed = st.write_error.is_some() || st.read_error.is_some();
+                if failed || (!queued && unacked(&self.sock) == 0) {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        lock(&self.st).shut = true;
+        let _ = self.sock.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl State {
+    /// Queues a frame behind the window (or commits it at once when nothing waits and the
+    /// window has room), keeping stream order.
+    fn enqueue(&mut self, seq: u64, encode: impl FnOnce(&mut Vec<u8>)) {
+        if self.held_pos == self.held.len() && self.committed - self.peer_consumed < CTRL_WINDOW {
+            let before = self.out.len();
+            encode(&mut self.out);
+            self.committed += (self.out.len() - before) as u64;
+            if seq > 0 {
+                self.out_msgs.push_back((self.committed, seq));
+            }
+            return;
+        }
+        let before = self.held.len();
+        encode(&mut self.held);
+        let len = self.held.len() - before;
+        self.held_frames.push_back((len, seq));
+    }
+
+    /// Commits whole frames to the stream, bypassing the window.
+    fn commit_bytes(&mut self, frame: &[u8], seq: u64) {
+        self.out.extend_from_slice(frame);
+        self.committed += frame.len() as u64;
+        if seq > 0 {
+            self.out_msgs.push_back((self.committed, seq));
+        }
+    }
+
+    /// Commits held frames while the window has room (a frame may overrun it: the kernel
+    /// buffer is several windows large).
+    fn commit_held(&mut self) {
+        while let Some(&(len, seq)) = self.held_frames.front() {
+            if self.committed - self.peer_consumed >= CTRL_WINDOW {
+                break;
+            }
+            let start = self.held_pos;
+            self.out.extend_from_slice(&self.held[start..start + len]);
+            self.committed += len as u64;
+            if seq > 0 {
+                self.out_msgs.push_back((self.committed, seq));
+            }
+            self.held_pos += len;
+            self.held_frames.pop_front();
+        }
+        if self.held_pos == self.held.len() {
+            self.held.clear();
+            self.held_pos = 0;
+        }
+    }
+
+    fn end_of_stream(&mut self) {
+        self.eof = true;
+        self.peer_send_closed = true;
+        self.peer_recv_closed = true;
+    }
+}
+
+/// Bytes written to `s` that its peer's kernel has not acknowledged yet (`SIOCOUTQ`).
+fn unacked(s: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+fn usable(st: &State) -> bool {
+    st.error.is_none()
+        && st.read_error.is_none()
+        && st.write_error.is_none()
+        && !st.shut
+        && !st.peer_send_closed
+        && !st.peer_recv_closed
+}
+
+/// A link offered in a JOIN, reserved until the answer: [`Offer::accept`] attaches the sending
+/// end to it; dropping the offer releases it.
+#[derive(Debug)]
+pub(crate) struct Offer(Option<Arc<CtrlLink>>);
+
+impl Offer {
+    /// The offered link's id.
+    pub fn id(&self) -> u64 {
+        self.0.as_ref().map_or(0, |l| l.id)
+    }
+
+    /// The receiver answered JOINED: the link becomes this connection's control stream.
+    pub fn accept(mut self) -> Option<Arc<CtrlLink>> {
+        let l = self.0.take()?;
+        {
+            let mut st = lock(&l.st);
+            st.offered = false;
+            st.send_attached = true;
+        }
+        Some(l)
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let Some(l) = &self.0 {
+            lock(&l.st).offered = false;
+        }
+    }
+}
+
+/// A link of transport `owner` to offer for a new sending connection from `local` (any local
+/// address when `None`) to `peer`: one that only a receiving connection uses, healthy, between
+/// the same addresses.
+pub(crate) fn offer(owner: u64, local: Option<IpAddr>, peer: IpAddr) -> Option<Offer> {
+    let all = lock(&LINKS);
+    for l in all.iter().filter_map(Weak::upgrade) {
+        if l.owner != owner || l.link.peer.ip() != peer || local.is_some_and(|a| a != l.local.ip())
+        {
+            continue;
+        }
+        let mut st = lock(&l.st);
+        if st.recv_attached && !st.send_attached && !st.offered && usable(&st) {
+            st.offered = true;
+            drop(st);
+            return Some(Offer(Some(l)));
+        }
+    }
+    None
+}
+
+/// The answer of transport `owner` to a JOIN of link `id` for a connection whose new control
+/// stream runs from `local` to `peer`: the link, with this side's receiving end attached, if
+/// the transport has it with only a sending connection on it, healthy, between the same
+/// addresses.
+pub(crate) fn join(owner: u64, id: u64, local: IpAddr, peer: IpAddr) -> Option<Arc<CtrlLink>> {
+    let all = lock(&LINKS);
+    for l in all.iter().filter_map(Weak::upgrade) {
+        if l.owner != owner || l.id != id || l.link.peer.ip() != peer || l.local.ip() != local {
+            continue;
+        }
+        let mut st = lock(&l.st);
+        if st.send_attached && !st.recv_attached && usable(&st) {
+            st.recv_attached = true;
+            drop(st);
+            return Some(l);
+        }
+    }
+    None
+}
