@@ -3,6 +3,11 @@
 //! `libnvidia-ml.so.1` is `dlopen`ed, never linked: the agent must run on hosts without an
 //! NVIDIA driver (a management node, a CI runner), and a link dependency on a missing
 //! library would stop it from starting at all.
+//!
+//! Where NVML cannot be opened but `nvidia-smi` runs (a driver installed without its
+//! library on the loader path, a container with only the tool mounted), the caller may run
+//! `nvidia-smi` with [`NVIDIA_SMI_ARGS`] (bounded; this crate starts no process) and read its
+//! output with [`parse_nvidia_smi`].
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
@@ -205,9 +210,93 @@ fn gpus_from(library: &str) -> Result<Vec<Gpu>, String> {
     Ok(gpus)
 }
 
+/// Arguments of `nvidia-smi` whose output [`parse_nvidia_smi`] reads: one CSV line per GPU,
+/// `index, name, uuid, memory.total (MiB), pci.bus_id`.
+pub const NVIDIA_SMI_ARGS: [&str; 2] = [
+    "--query-gpu=index,name,uuid,memory.total,pci.bus_id",
+    "--format=csv,noheader,nounits",
+];
+
+/// The GPUs in the output of `nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id
+/// --format=csv,noheader,nounits` (a header line, and ` MiB` units, are tolerated). A memory
+/// of `[N/A]` (GB10's unified memory) is `None`; lines that are not GPUs are skipped.
+pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
+    let mut gpus = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() < 5 {
+            continue;
+        }
+        let Ok(index) = f[0].parse::<u32>() else {
+            continue;
+        };
+        // The name may hold a comma; the last three fields are fixed.
+        let n = f.len();
+        let name = f[1..n - 3].join(",");
+        let na = |v: &str| v.is_empty() || v.starts_with('[') || v.eq_ignore_ascii_case("n/a");
+        let uuid = (!na(f[n - 3])).then(|| f[n - 3].to_string());
+        let memory_total_bytes = f[n - 2]
+            .trim_end_matches("MiB")
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .map(|mib| mib * 1024 * 1024);
+        let pci = (!na(f[n - 1])).then(|| sysfs_bus_id(f[n - 1]));
+        gpus.push(Gpu {
+            index,
+            name: if name.is_empty() {
+                "unknown".into()
+            } else {
+                name
+            },
+            uuid,
+            memory_total_bytes,
+            pci,
+        });
+    }
+    gpus
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Output captured from `nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id
+    /// --format=csv,noheader,nounits` on an 8 x H200 host and on a DGX Spark (GB10, unified
+    /// memory: `[N/A]`). The machine these tests run on has no GPU, so only the parser is
+    /// tested here, on text.
+    #[test]
+    fn nvidia_smi_csv_gives_count_and_memory() {
+        let h200 = "0, NVIDIA H200, GPU-3f6c1a2e-9d1b-7c44-a0e1-5b2f8c9d0e11, 143771, 00000000:19:00.0\n\
+                    1, NVIDIA H200, GPU-7a0b2c3d-4e5f-6071-8293-a4b5c6d7e8f9, 143771, 00000000:3B:00.0\n";
+        let g = parse_nvidia_smi(h200);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].name, "NVIDIA H200");
+        assert_eq!(g[1].index, 1);
+        assert_eq!(g[0].memory_total_bytes, Some(143_771 * 1024 * 1024));
+        assert_eq!(g[1].pci.as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(
+            g[0].uuid.as_deref(),
+            Some("GPU-3f6c1a2e-9d1b-7c44-a0e1-5b2f8c9d0e11")
+        );
+
+        let spark =
+            "0, NVIDIA GB10, GPU-11111111-2222-3333-4444-555555555555, [N/A], 0000000F:01:00.0\n";
+        let g = parse_nvidia_smi(spark);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].memory_total_bytes, None);
+        assert_eq!(g[0].name, "NVIDIA GB10");
+
+        // With a header and units (a user's own `--format=csv`), and noise.
+        let with_header = "index, name, uuid, memory.total [MiB], pci.bus_id\n\
+                           0, NVIDIA A100-SXM4-80GB, GPU-aa, 81920 MiB, 00000000:07:00.0\n\
+                           No devices were found\n";
+        let g = parse_nvidia_smi(with_header);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].memory_total_bytes, Some(81_920 * 1024 * 1024));
+        assert!(parse_nvidia_smi("No devices were found\n").is_empty());
+        assert!(parse_nvidia_smi("").is_empty());
+    }
 
     #[test]
     fn an_absent_library_is_no_gpus() {

@@ -48,7 +48,7 @@ mod types;
 
 pub use discover::{ADDRESSES_FILE, DEVICE_PCI_FILE, GPUS_FILE, discover};
 pub use error::DiscoverError;
-pub use gpu::{NVML_LIBRARY, nvml_gpus};
+pub use gpu::{NVIDIA_SMI_ARGS, NVML_LIBRARY, nvml_gpus, parse_nvidia_smi};
 pub use host::local_addresses;
 pub use types::{
     Gpu, HostReport, LinkLayer, NetDev, NodeType, OperState, PhysState, PortState, RdmaDevice,

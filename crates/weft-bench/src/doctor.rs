@@ -14,6 +14,7 @@ use crate::facts::{self, Probe, ProbeResult};
 use crate::p2p;
 use crate::remote::{self, Gathered, Remote};
 use crate::runner::HostRunner;
+use crate::ssh_pairs::{self, Outcome};
 
 /// Severity of a finding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -42,7 +43,7 @@ pub struct Finding {
     pub level: Level,
     pub host: String,
     /// `link`, `speed`, `mtu`, `jumbo`, `throughput`, `roles`, `address`, `rdma`, `gpu`, `clock`,
-    /// `env`, `reach`.
+    /// `env`, `reach`, `ssh` (host to host; the subject is the peer).
     pub check: String,
     /// The interface or device concerned, if any.
     pub subject: Option<String>,
@@ -67,6 +68,9 @@ pub struct DoctorOptions {
     /// Bulk transfer per ordered pair of the throughput check (`bench p2p`'s probe and
     /// analysis, short); `None` skips the check.
     pub throughput: Option<Duration>,
+    /// Connect timeout of the host-to-host SSH check (every ordered pair of hosts reached
+    /// over SSH); `None` skips the check.
+    pub ssh_pairs: Option<Duration>,
 }
 
 /// A pair below this fraction of the median is slow (as `bench p2p`'s default).
@@ -104,7 +108,7 @@ impl Out {
     }
 }
 
-fn majority<T: Ord + Copy>(v: impl IntoIterator<Item = T>) -> Option<T> {
+fn majority<T: Ord + Clone>(v: impl IntoIterator<Item = T>) -> Option<T> {
     let mut c: BTreeMap<T, usize> = BTreeMap::new();
     for x in v {
         *c.entry(x).or_default() += 1;
@@ -150,6 +154,8 @@ pub fn run(
             ),
         }
     }
+    let reached: Vec<usize> = ok.iter().map(|(i, _)| *i).collect();
+    ssh_pair_check(hosts, r, o, &names, &reached, &mut out);
     // Per host: roles, data interfaces.
     struct H {
         idx: usize,
@@ -541,42 +547,12 @@ pub fn run(
             out.add(Level::Warn, name, "env", None, format!("{k}={v} is pinned in the environment"), Some("unset NCCL_IB_GID_INDEX: GID indexes move when addresses change; NCCL picks the RoCE v2 GID itself".into()));
         }
     }
-    // GPUs.
-    let counts: Vec<(usize, usize)> = ok
+    // GPUs: count and total memory per GPU, against the other hosts.
+    let gpus: Vec<(usize, &[weft_agent::Gpu])> = ok
         .iter()
-        .map(|(i, g)| (*i, g.facts.report.gpus.len()))
+        .map(|(i, g)| (*i, &g.facts.report.gpus[..]))
         .collect();
-    let gmaj = majority(counts.iter().map(|c| c.1)).unwrap_or(0);
-    for (i, c) in &counts {
-        if *c == 0 && gmaj == 0 {
-            out.add(
-                Level::Info,
-                &names[*i],
-                "gpu",
-                None,
-                "no GPUs (no NVIDIA driver)".into(),
-                None,
-            );
-        } else if *c != gmaj {
-            out.add(
-                Level::Warn,
-                &names[*i],
-                "gpu",
-                None,
-                format!("{c} GPUs, the other hosts have {gmaj}"),
-                Some("check `nvidia-smi` and the driver on this host".into()),
-            );
-        } else {
-            out.add(
-                Level::Pass,
-                &names[*i],
-                "gpu",
-                None,
-                format!("{c} GPUs"),
-                None,
-            );
-        }
-    }
+    gpu_check(&gpus, &names, &mut out);
     // Clocks: offset against this machine, beyond what the call's own duration explains.
     for (i, g) in &ok {
         let beyond = (g.offset_ns.abs() - g.uncertainty_ns).max(0);
@@ -658,6 +634,218 @@ pub fn run(
         env,
         failed,
     })
+}
+
+/// GiB, for messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// One host's GPUs, for messages: `8x NVIDIA H200 (140.4 GiB)`, groups in index order.
+pub fn gpu_summary(gpus: &[weft_agent::Gpu]) -> String {
+    let mut groups: Vec<(String, Option<u64>, usize)> = Vec::new();
+    for g in gpus {
+        match groups.last_mut() {
+            Some(l) if l.0 == g.name && l.1 == g.memory_total_bytes => l.2 += 1,
+            _ => groups.push((g.name.clone(), g.memory_total_bytes, 1)),
+        }
+    }
+    groups
+        .iter()
+        .map(|(n, m, c)| {
+            let mem = m.map_or_else(|| "memory not reported".to_string(), gib);
+            format!("{c}x {n} ({mem})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Two GPU memory sizes are the same within 2% (ECC on or off moves the total a little).
+fn same_memory(a: Option<u64>, b: Option<u64>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.abs_diff(b) as f64 <= 0.02 * a.max(b) as f64,
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// GPU count and memory of every host against the majority: PASS with the count and memory,
+/// WARN where a host has another count or another memory size, INFO where no host has a GPU.
+fn gpu_check(gpus: &[(usize, &[weft_agent::Gpu])], names: &[String], out: &mut Out) {
+    let gmaj = majority(gpus.iter().map(|g| g.1.len())).unwrap_or(0);
+    // The reference memory list: the most common one (in whole GiB) among hosts of that count.
+    let key = |v: &[weft_agent::Gpu]| -> Vec<Option<u64>> {
+        let mut k: Vec<Option<u64>> = v
+            .iter()
+            .map(|g| g.memory_total_bytes.map(|b| (b + (1 << 29)) >> 30))
+            .collect();
+        k.sort_unstable();
+        k
+    };
+    let reference: Option<&[weft_agent::Gpu]> =
+        majority(gpus.iter().filter(|g| g.1.len() == gmaj).map(|g| key(g.1)))
+            .and_then(|k| gpus.iter().find(|g| key(g.1) == k).map(|g| g.1));
+    let sorted_mem = |v: &[weft_agent::Gpu]| -> Vec<Option<u64>> {
+        let mut m: Vec<Option<u64>> = v.iter().map(|g| g.memory_total_bytes).collect();
+        m.sort_unstable();
+        m
+    };
+    for (i, v) in gpus {
+        let name = &names[*i];
+        let c = v.len();
+        if c == 0 && gmaj == 0 {
+            out.add(
+                Level::Info,
+                name,
+                "gpu",
+                None,
+                "no GPUs (no NVIDIA driver)".into(),
+                None,
+            );
+            continue;
+        }
+        let summary = if c == 0 {
+            "no GPUs".to_string()
+        } else {
+            gpu_summary(v)
+        };
+        let reference_summary = reference.map_or_else(String::new, gpu_summary);
+        if c != gmaj {
+            out.add(
+                Level::Warn,
+                name,
+                "gpu",
+                None,
+                format!("{c} GPUs ({summary}), the other hosts have {gmaj} ({reference_summary})"),
+                Some(format!("check `nvidia-smi` and the driver on {name}: a GPU that fell off the bus or a missing driver")),
+            );
+            continue;
+        }
+        let same = reference.is_none_or(|r| {
+            sorted_mem(r)
+                .iter()
+                .zip(sorted_mem(v))
+                .all(|(a, b)| same_memory(*a, b))
+        });
+        if same {
+            out.add(
+                Level::Pass,
+                name,
+                "gpu",
+                None,
+                format!("{c} GPUs: {summary}"),
+                None,
+            );
+        } else {
+            out.add(
+                Level::Warn,
+                name,
+                "gpu",
+                None,
+                format!("GPU memory differs from the other hosts: {summary}, the others have {reference_summary}"),
+                Some(format!("a job sized for the larger memory runs out of memory on {name}: check the GPU model, MIG and ECC settings (`nvidia-smi -q -d MEMORY,ECC`)")),
+            );
+        }
+    }
+}
+
+/// SSH between every ordered pair of the hosts reached over SSH, from each host the doctor
+/// could reach; hosts reached otherwise (netns, local) are not checked, and an INFO says so.
+fn ssh_pair_check(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    o: &DoctorOptions,
+    names: &[String],
+    reached: &[usize],
+    out: &mut Out,
+) {
+    let Some(connect) = o.ssh_pairs else {
+        out.add(
+            Level::Info,
+            "*",
+            "ssh",
+            None,
+            "host-to-host SSH check skipped (--no-ssh-pairs)".into(),
+            None,
+        );
+        return;
+    };
+    let over_ssh: Vec<usize> = (0..hosts.len())
+        .filter(|&i| hosts[i].ssh_options().is_some())
+        .collect();
+    if over_ssh.len() < 2 {
+        let how: Vec<&str> = {
+            let mut v: Vec<&str> = hosts.iter().map(|h| h.kind()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        out.add(
+            Level::Info,
+            "*",
+            "ssh",
+            None,
+            format!(
+                "SKIP host-to-host SSH check: not over SSH (hosts reached via {}; fewer than two hosts over SSH)",
+                how.join(", ")
+            ),
+            None,
+        );
+        return;
+    }
+    let sources: Vec<usize> = over_ssh
+        .iter()
+        .copied()
+        .filter(|i| reached.contains(i))
+        .collect();
+    let bound = connect * 2 + r.timeout;
+    let res = ssh_pairs::probe_all(hosts, &sources, &over_ssh, connect, bound);
+    for &s in &sources {
+        let mine: Vec<&ssh_pairs::PairResult> = res.iter().filter(|p| p.src == s).collect();
+        let src = &names[s];
+        let mut bad = 0usize;
+        for p in &mine {
+            let dst = &names[p.dst];
+            match &p.outcome {
+                Outcome::Reached => {}
+                Outcome::Failed { status, error } => {
+                    bad += 1;
+                    out.add(
+                        Level::Fail,
+                        src,
+                        "ssh",
+                        Some(dst),
+                        format!("{src} -> {dst}: ssh failed (exit {status}): {error}"),
+                        Some(ssh_pairs::remedy(src, dst, *status, error)),
+                    );
+                }
+                Outcome::NotRun(why) => {
+                    bad += 1;
+                    out.add(
+                        Level::Warn,
+                        src,
+                        "ssh",
+                        Some(dst),
+                        format!("{src} -> {dst}: the SSH probe could not run on {src}: {why}"),
+                        Some(format!("check that `sh` and `ssh` run on {src}")),
+                    );
+                }
+            }
+        }
+        if bad == 0 {
+            out.add(
+                Level::Pass,
+                src,
+                "ssh",
+                None,
+                format!(
+                    "{src} reaches its {} peers over SSH (BatchMode, strict host-key checking)",
+                    mine.len()
+                ),
+                None,
+            );
+        }
+    }
 }
 
 /// The throughput check: every ordered pair for `d` through [`remote::p2p_matrix`], then
@@ -794,6 +982,72 @@ fn probe_subset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gpu(index: u32, name: &str, mib: Option<u64>) -> weft_agent::Gpu {
+        weft_agent::Gpu {
+            index,
+            name: name.into(),
+            uuid: None,
+            memory_total_bytes: mib.map(|m| m << 20),
+            pci: None,
+        }
+    }
+
+    fn gpu_findings(hosts: &[Vec<weft_agent::Gpu>]) -> Vec<Finding> {
+        let names: Vec<String> = (0..hosts.len()).map(|i| format!("n{i}")).collect();
+        let v: Vec<(usize, &[weft_agent::Gpu])> =
+            hosts.iter().enumerate().map(|(i, g)| (i, &g[..])).collect();
+        let mut out = Out(Vec::new());
+        gpu_check(&v, &names, &mut out);
+        out.0
+    }
+
+    #[test]
+    fn gpu_count_and_memory_differences_warn_on_the_odd_host() {
+        let h200 = |n: u32| -> Vec<weft_agent::Gpu> {
+            (0..n)
+                .map(|i| gpu(i, "NVIDIA H200", Some(143_771)))
+                .collect()
+        };
+        // All alike: PASS with the memory.
+        let f = gpu_findings(&[h200(8), h200(8)]);
+        assert!(f.iter().all(|f| f.level == Level::Pass), "{f:?}");
+        assert!(f[0].message.contains("8x NVIDIA H200 (140.4 GiB)"), "{f:?}");
+        // One host lost a GPU: WARN on it only.
+        let f = gpu_findings(&[h200(8), h200(7), h200(8)]);
+        let warned: Vec<&str> = f
+            .iter()
+            .filter(|f| f.level == Level::Warn)
+            .map(|f| f.host.as_str())
+            .collect();
+        assert_eq!(warned, ["n1"], "{f:?}");
+        // Same count, another memory size (a different model): WARN on it only.
+        let mut odd = h200(8);
+        odd[3] = gpu(3, "NVIDIA H100 80GB HBM3", Some(81_559));
+        let f = gpu_findings(&[h200(8), h200(8), odd]);
+        let warned: Vec<(&str, &str)> = f
+            .iter()
+            .filter(|f| f.level == Level::Warn)
+            .map(|f| (f.host.as_str(), f.message.as_str()))
+            .collect();
+        assert_eq!(warned.len(), 1, "{f:?}");
+        assert_eq!(warned[0].0, "n2");
+        assert!(warned[0].1.contains("memory differs"), "{f:?}");
+        // ECC on one host shaves off less than 2%: the same memory.
+        let ecc: Vec<weft_agent::Gpu> = (0..8)
+            .map(|i| gpu(i, "NVIDIA H200", Some(141_000)))
+            .collect();
+        let f = gpu_findings(&[h200(8), ecc]);
+        assert!(f.iter().all(|f| f.level == Level::Pass), "{f:?}");
+        // No driver anywhere: INFO.
+        let f = gpu_findings(&[vec![], vec![]]);
+        assert!(f.iter().all(|f| f.level == Level::Info), "{f:?}");
+        // Unified memory (GB10) is said so.
+        assert_eq!(
+            gpu_summary(&[gpu(0, "NVIDIA GB10", None)]),
+            "1x NVIDIA GB10 (memory not reported)"
+        );
+    }
 
     #[test]
     fn majority_prefers_the_larger_on_a_tie() {

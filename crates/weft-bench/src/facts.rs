@@ -28,10 +28,13 @@ pub struct HostFacts {
 
 /// Gathers [`HostFacts`] on this host (or in this namespace).
 pub fn gather(root: &Path) -> Result<HostFacts, BenchError> {
-    let report = weft_agent::discover(root).map_err(|e| BenchError::Host {
+    let mut report = weft_agent::discover(root).map_err(|e| BenchError::Host {
         host: "local".into(),
         msg: format!("discovery: {e}"),
     })?;
+    if report.gpus.is_empty() && root == Path::new("/") {
+        report.gpus = nvidia_smi_gpus(NVIDIA_SMI_TIMEOUT);
+    }
     let routes = std::fs::read_to_string(root.join("proc/net/route")).unwrap_or_default();
     let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("WEFT_"))
@@ -43,6 +46,29 @@ pub fn gather(root: &Path) -> Result<HostFacts, BenchError> {
         unix_time_ns: now_ns(),
         env,
     })
+}
+
+/// Bound on `nvidia-smi` (it can take seconds while the driver wakes the GPUs up).
+const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The GPUs `nvidia-smi` lists (count, name, total memory), for hosts where NVML could not be
+/// opened but the tool runs; none where it is absent, fails or runs past `timeout`.
+pub fn nvidia_smi_gpus(timeout: Duration) -> Vec<weft_agent::Gpu> {
+    let mut c = std::process::Command::new("nvidia-smi");
+    c.args(weft_agent::NVIDIA_SMI_ARGS);
+    match crate::runner::run_bounded(c, timeout) {
+        Ok(o) if o.status.success() => {
+            weft_agent::parse_nvidia_smi(&String::from_utf8_lossy(&o.stdout))
+        }
+        Ok(o) => {
+            tracing::debug!("nvidia-smi exited with {}", o.status);
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::debug!("no nvidia-smi: {e}");
+            Vec::new()
+        }
+    }
 }
 
 /// Nanoseconds since the Unix epoch on this host's clock.

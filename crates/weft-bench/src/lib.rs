@@ -35,10 +35,12 @@ pub mod comm;
 pub mod doctor;
 pub mod dtype;
 pub mod facts;
+pub mod glyphs;
 pub mod net;
 pub mod p2p;
 pub mod perf;
 pub mod remote;
+pub mod ssh_pairs;
 
 /// Errors of the bench and doctor library. Messages name the rank, peer or host at fault.
 #[derive(Debug, thiserror::Error)]

@@ -376,25 +376,106 @@ fn colour(frac: f64) -> (u8, u8, u8) {
     }
 }
 
-/// Writes the bandwidth matrix of `rail` as a PNG heat map: rows are senders, columns
-/// receivers in `m.hosts` order; red is slow, green the fastest pair, grey the diagonal, black a
-/// pair that could not be measured. No text (no fonts needed): the CLI prints the legend.
-pub fn heatmap(m: &Matrix, rail: usize, path: &Path) -> Result<(), BenchError> {
+/// Scale of the heat map's text: each font pixel is 2x2 image pixels.
+const TEXT_SCALE: i32 = 2;
+/// Side of one cell, image pixels.
+const CELL: i32 = 60;
+const MARGIN: i32 = 10;
+
+/// Size of the heat map of `m`, image pixels.
+fn heatmap_size(m: &Matrix) -> (u32, u32) {
+    let (left, top) = heatmap_origin(m);
+    let n = m.hosts.len().max(1) as i32;
+    let (tw, _) = crate::glyphs::text_size(&heatmap_title(m, 0));
+    let w = (left + n * CELL + MARGIN).max(MARGIN * 2 + tw * TEXT_SCALE);
+    (w as u32, (top + n * CELL + MARGIN) as u32)
+}
+
+/// Top-left corner of the cell grid: room for the title, the row labels (left) and the turned
+/// column labels (top).
+fn heatmap_origin(m: &Matrix) -> (i32, i32) {
+    let longest = m
+        .hosts
+        .iter()
+        .map(|h| crate::glyphs::text_size(h).0)
+        .max()
+        .unwrap_or(0);
+    let title_h = crate::glyphs::GLYPH_H * TEXT_SCALE + MARGIN;
+    (
+        MARGIN * 2 + longest * TEXT_SCALE,
+        MARGIN + title_h + longest * TEXT_SCALE + MARGIN,
+    )
+}
+
+fn heatmap_title(m: &Matrix, rail: usize) -> String {
+    format!(
+        "GB/S RAIL {rail}: ROWS SEND, COLUMNS RECEIVE (MEDIAN {:.2})",
+        m.median_gbps
+    )
+}
+
+/// A cell's text: the rate in Gb/s with 3 significant digits or so.
+pub fn cell_label(gbps: f64) -> String {
+    if gbps >= 100.0 {
+        format!("{gbps:.0}")
+    } else if gbps >= 10.0 {
+        format!("{gbps:.1}")
+    } else {
+        format!("{gbps:.2}")
+    }
+}
+
+/// Draws the heat map of `rail` on `root` (of [`heatmap_size`]).
+fn render<DB: plotters::prelude::DrawingBackend>(
+    m: &Matrix,
+    rail: usize,
+    root: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), String> {
+    use crate::glyphs::{GLYPH_H, draw_text, text_size};
     use plotters::prelude::*;
-    let n = m.hosts.len().max(1);
-    let cell = 60u32;
-    let side = cell * n as u32 + 20;
-    let err = |e: String| BenchError::Io {
-        context: format!("writing {}", path.display()),
-        source: io::Error::other(e),
-    };
-    let root = BitMapBackend::new(path, (side, side)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let (left, top) = heatmap_origin(m);
+    draw_text(
+        root,
+        &heatmap_title(m, rail),
+        (MARGIN, MARGIN),
+        TEXT_SCALE,
+        false,
+        &BLACK,
+    )?;
     let best = m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max);
     for (i, src) in m.hosts.iter().enumerate() {
+        let y = top + i as i32 * CELL;
+        let x = left + i as i32 * CELL;
+        // Row label (sender), right-aligned against the grid, centred on the row.
+        let (w, _) = text_size(src);
+        draw_text(
+            root,
+            src,
+            (
+                left - MARGIN - w * TEXT_SCALE,
+                y + (CELL - GLYPH_H * TEXT_SCALE) / 2,
+            ),
+            TEXT_SCALE,
+            false,
+            &BLACK,
+        )?;
+        // Column label (receiver), turned, bottom-aligned against the grid.
+        draw_text(
+            root,
+            src,
+            (
+                x + (CELL - GLYPH_H * TEXT_SCALE) / 2,
+                top - MARGIN - w * TEXT_SCALE,
+            ),
+            TEXT_SCALE,
+            true,
+            &BLACK,
+        )?;
         for (j, dst) in m.hosts.iter().enumerate() {
-            let c = if i == j {
-                RGBColor(190, 190, 190)
+            let (c, label, ink) = if i == j {
+                (RGBColor(190, 190, 190), "-".to_string(), BLACK)
             } else {
                 match m
                     .pairs
@@ -403,21 +484,69 @@ pub fn heatmap(m: &Matrix, rail: usize, path: &Path) -> Result<(), BenchError> {
                 {
                     Some(p) if p.error.is_none() && best > 0.0 => {
                         let (r, g, b) = colour(p.gbps / best);
-                        RGBColor(r, g, b)
+                        // Black on light cells (green, yellow), white on dark (red).
+                        let luma =
+                            0.299 * f64::from(r) + 0.587 * f64::from(g) + 0.114 * f64::from(b);
+                        let ink = if luma < 110.0 { WHITE } else { BLACK };
+                        (RGBColor(r, g, b), cell_label(p.gbps), ink)
                     }
-                    _ => RGBColor(0, 0, 0),
+                    Some(p) if p.error.is_some() => (RGBColor(0, 0, 0), "ERR".into(), WHITE),
+                    _ => (RGBColor(0, 0, 0), "?".into(), WHITE),
                 }
             };
-            let (x, y) = (10 + j as i32 * cell as i32, 10 + i as i32 * cell as i32);
+            let x = left + j as i32 * CELL;
             root.draw(&Rectangle::new(
-                [(x + 1, y + 1), (x + cell as i32 - 1, y + cell as i32 - 1)],
+                [(x + 1, y + 1), (x + CELL - 1, y + CELL - 1)],
                 c.filled(),
             ))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(e)?;
+            let (w, h) = text_size(&label);
+            draw_text(
+                root,
+                &label,
+                (
+                    x + (CELL - w * TEXT_SCALE) / 2,
+                    y + (CELL - h * TEXT_SCALE) / 2,
+                ),
+                TEXT_SCALE,
+                false,
+                &ink,
+            )?;
         }
     }
+    Ok(())
+}
+
+/// Writes the bandwidth matrix of `rail` as a PNG heat map: rows are senders, columns
+/// receivers in `m.hosts` order, each labelled with the host's name; each cell holds the rate
+/// in Gb/s; red is slow, green the fastest pair, grey the diagonal, black a pair that could not
+/// be measured (`ERR`). Text comes from the built-in bitmap font ([`crate::glyphs`]): no font
+/// file, no system font.
+pub fn heatmap(m: &Matrix, rail: usize, path: &Path) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let err = |e: String| BenchError::Io {
+        context: format!("writing {}", path.display()),
+        source: io::Error::other(e),
+    };
+    let root = BitMapBackend::new(path, heatmap_size(m)).into_drawing_area();
+    render(m, rail, &root).map_err(err)?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
+}
+
+/// The heat map of `rail` as RGB pixels (width, height, 3 bytes a pixel), as [`heatmap`] would
+/// write it.
+pub fn heatmap_rgb(m: &Matrix, rail: usize) -> Result<(u32, u32, Vec<u8>), BenchError> {
+    use plotters::prelude::*;
+    let (w, h) = heatmap_size(m);
+    let mut buf = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        render(m, rail, &root).map_err(BenchError::Usage)?;
+        root.present()
+            .map_err(|e| BenchError::Usage(format!("heat map: {e}")))?;
+    }
+    Ok((w, h, buf))
 }
 
 /// Reads the `ready PORT` line a server prints, waiting at most `timeout`.
@@ -518,5 +647,67 @@ mod tests {
         let p = d.path().join("m.png");
         heatmap(&m, 0, &p).unwrap();
         assert_eq!(&std::fs::read(&p).unwrap()[..4], b"\x89PNG");
+    }
+
+    /// The labels are drawn: the row label of the first host holds black (label) pixels, and
+    /// it differs between two host names; each measured cell holds its value in black on its
+    /// colour, and another value draws other pixels.
+    #[test]
+    fn heat_map_has_host_labels_and_cell_values() {
+        let mk = |a: &str, gbps: f64| {
+            analyse(
+                vec![a.into(), "node2".into()],
+                vec![pair(a, "node2", gbps, 1448), pair("node2", a, 0.3, 1448)],
+                0.5,
+            )
+        };
+        let m1 = mk("node1", 1.0);
+        let m2 = mk("node7", 1.0);
+        let (w, h, p1) = heatmap_rgb(&m1, 0).unwrap();
+        let (w2, h2, p2) = heatmap_rgb(&m2, 0).unwrap();
+        assert_eq!((w, h), (w2, h2));
+        let (left, top) = heatmap_origin(&m1);
+        let px = |p: &[u8], x: i32, y: i32| -> (u8, u8, u8) {
+            let k = (y as usize * w as usize + x as usize) * 3;
+            (p[k], p[k + 1], p[k + 2])
+        };
+        let region = |p: &[u8], x0: i32, y0: i32, x1: i32, y1: i32| -> Vec<(u8, u8, u8)> {
+            (y0..y1)
+                .flat_map(|y| (x0..x1).map(move |x| (x, y)))
+                .map(|(x, y)| px(p, x, y))
+                .collect()
+        };
+        // Row label of host 0: left of the grid, on row 0.
+        let l1 = region(&p1, 0, top, left, top + CELL);
+        let l2 = region(&p2, 0, top, left, top + CELL);
+        let black = |v: &[(u8, u8, u8)]| v.iter().filter(|c| **c == (0, 0, 0)).count();
+        assert!(black(&l1) > 20, "no label pixels");
+        assert_ne!(l1, l2, "two names, one picture");
+        // Column label of host 0: above the grid.
+        let c1 = region(&p1, left, 0, left + CELL, top);
+        assert!(black(&c1) > 20);
+        // Cell (0, 1): green (the best pair) with "1.00" in black.
+        let cell = region(
+            &p1,
+            left + CELL + 2,
+            top + 2,
+            left + 2 * CELL - 2,
+            top + CELL - 2,
+        );
+        assert!(black(&cell) > 20, "no value in the cell");
+        assert!(cell.iter().any(|c| c.1 == 200 && c.0 < 50), "not green");
+        let m3 = mk("node1", 2.0);
+        let (_, _, p3) = heatmap_rgb(&m3, 0).unwrap();
+        let cell3 = region(
+            &p3,
+            left + CELL + 2,
+            top + 2,
+            left + 2 * CELL - 2,
+            top + CELL - 2,
+        );
+        assert_ne!(cell, cell3, "1.00 and 2.00 drew the same pixels");
+        assert_eq!(cell_label(394.2), "394");
+        assert_eq!(cell_label(23.45), "23.4");
+        assert_eq!(cell_label(0.3), "0.30");
     }
 }

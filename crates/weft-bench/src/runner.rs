@@ -19,6 +19,13 @@ pub trait HostRunner: Send + Sync {
     /// A `Command` that runs `argv` on the host with `env` set.
     fn command(&self, argv: &[String], env: &[(String, String)]) -> Command;
 
+    /// The extra `ssh` options (`-F FILE`, `-i KEY`, `-o K=V`) this runner reaches its host
+    /// with, when it reaches it over SSH; `None` otherwise. The doctor's host-to-host SSH check
+    /// passes them on, so that the hosts use the same configuration.
+    fn ssh_options(&self) -> Option<Vec<String>> {
+        None
+    }
+
     /// Runs `argv` and returns its output whatever the exit status; kills it (and its process
     /// group) after `timeout`.
     fn run(
@@ -98,6 +105,9 @@ impl HostRunner for Ssh {
     fn kind(&self) -> &'static str {
         "ssh"
     }
+    fn ssh_options(&self) -> Option<Vec<String>> {
+        Some(self.extra.clone())
+    }
     fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
         let mut line = String::new();
         if !env.is_empty() {
@@ -150,6 +160,15 @@ impl HostRunner for Netns {
 /// Parses a host list: `a,b,c` reached `via` (`ssh`, `netns`, `local`), or entries with their
 /// own prefix (`ssh:node1`, `netns:ns1`, `local`).
 pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+    parse_hosts_with(list, via, &[])
+}
+
+/// [`parse_hosts`], with `ssh_extra` (`-F FILE`, `-o K=V`, ...) on every host reached by SSH.
+pub fn parse_hosts_with(
+    list: &str,
+    via: &str,
+    ssh_extra: &[String],
+) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
     let mut v: Vec<Box<dyn HostRunner>> = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name) = match item.split_once(':') {
@@ -160,7 +179,7 @@ pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, Be
         v.push(match kind {
             "ssh" => Box::new(Ssh {
                 host: name.to_string(),
-                extra: Vec::new(),
+                extra: ssh_extra.to_vec(),
             }),
             "netns" => Box::new(Netns {
                 ns: name.to_string(),
@@ -285,6 +304,9 @@ mod tests {
             ]
         );
         assert!(parse_hosts("", "ssh").is_err());
+        let h = parse_hosts_with("a,netns:b", "ssh", &["-F".into(), "cfg".into()]).unwrap();
+        assert_eq!(h[0].ssh_options(), Some(vec!["-F".into(), "cfg".into()]));
+        assert_eq!(h[1].ssh_options(), None);
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub use fabric::{
 };
 /// Signals for [`SimFabric::kill_sm`] (re-exported from `nix`).
 pub use nix::sys::signal::Signal;
-pub use sshd::{SSHD, Sshd};
+pub use sshd::{SSHD, Sshd, SshdOptions};
 pub use topology::{
     GUID_PREFIX, SM_HOST, SM_HOST2, SimHca, SimSwitch, Topology, hca_node_guid, sm_host_node_guid,
     switch_node_guid,

@@ -8,6 +8,10 @@
 //! starts its own. Drop kills sshd and every session process it forked, by pid, and
 //! removes the scratch dir.
 //!
+//! [`Sshd::start_with`] takes [`SshdOptions`]: run sshd inside a network namespace (one sshd
+//! per simulated host of a `weft-netns` cluster), listen on another address or port,
+//! authorize more user keys, and set environment variables in its sessions.
+//!
 //! ```no_run
 //! # fn main() -> Result<(), weft_testbed::TestbedError> {
 //! let sshd = weft_testbed::Sshd::start()?;
@@ -20,6 +24,7 @@
 
 use std::fs;
 use std::io::Read as _;
+use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,19 +49,46 @@ const PRIVSEP_DIR: &str = "/run/sshd";
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where and how [`Sshd::start_with`] runs sshd. `SshdOptions::default()` is what
+/// [`Sshd::start`] does: 127.0.0.1, a free port, in this process's network namespace.
+#[derive(Debug, Clone, Default)]
+pub struct SshdOptions {
+    /// Run sshd inside this network namespace (`ip netns exec NS /usr/sbin/sshd ...`;
+    /// needs root). Its sessions, and what they run, are in that namespace too.
+    pub netns: Option<String>,
+    /// The address to listen on; default 127.0.0.1.
+    pub listen: Option<IpAddr>,
+    /// The port; default a free port of this namespace, or 22 inside `netns`.
+    pub port: Option<u16>,
+    /// Public keys (`type base64 [comment]` lines) authorized besides this sshd's own
+    /// user key, e.g. another sshd's [`Sshd::user_public_key`].
+    pub authorized_keys: Vec<String>,
+    /// Environment variables for every session (sshd's `SetEnv`), besides `SHLVL=1`;
+    /// values without whitespace.
+    pub set_env: Vec<(String, String)>,
+}
+
 /// A running sshd. See the module docs.
 pub struct Sshd {
     dir: Option<TempDir>,
     path: PathBuf,
     child: Option<Child>,
+    host: String,
     port: u16,
     user: String,
     host_public_key: String,
+    user_public_key: String,
+    options: SshdOptions,
 }
 
 impl Sshd {
     /// Starts an sshd on a free loopback port; waits at most 10 s until it listens.
     pub fn start() -> Result<Sshd, TestbedError> {
+        Sshd::start_with(&SshdOptions::default())
+    }
+
+    /// Starts an sshd as `options` say; waits at most 10 s until it listens.
+    pub fn start_with(options: &SshdOptions) -> Result<Sshd, TestbedError> {
         if !Path::new(SSHD).exists() {
             return Err(TestbedError::Missing(format!(
                 "{SSHD} (install openssh-server)"
@@ -81,24 +113,38 @@ impl Sshd {
         let user = run_quick("id", &["-un"])?.trim().to_string();
         keygen(&path.join("host_key"), "weft-testbed-host")?;
         keygen(&path.join("user_key"), "weft-testbed-user")?;
-        let user_public = read(&path.join("user_key.pub"))?;
-        fs::write(path.join("authorized_keys"), user_public)
-            .map_err(io("write authorized_keys"))?;
+        let user_public_key = key_of(&read(&path.join("user_key.pub"))?);
+        let mut authorized = format!("{user_public_key}\n");
+        for k in &options.authorized_keys {
+            authorized.push_str(k.trim());
+            authorized.push('\n');
+        }
+        fs::write(path.join("authorized_keys"), authorized).map_err(io("write authorized_keys"))?;
         let host_public_key = key_of(&read(&path.join("host_key.pub"))?);
 
         let mut sshd = Sshd {
             dir: Some(dir),
             path,
             child: None,
+            host: options
+                .listen
+                .map_or_else(|| "127.0.0.1".to_string(), |a| a.to_string()),
             port: 0,
             user,
             host_public_key,
+            user_public_key,
+            options: options.clone(),
         };
         // Another process may take the free port between the probe and sshd's bind; then
-        // sshd exits at once and another port is tried.
+        // sshd exits at once and another port is tried (only when the port is ours to pick).
+        let fixed = options.port.or_else(|| options.netns.as_ref().map(|_| 22));
+        let tries = if fixed.is_some() { 1 } else { 5 };
         let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port()?;
+        for _ in 0..tries {
+            let port = match fixed {
+                Some(p) => p,
+                None => free_port()?,
+            };
             match sshd.spawn(port) {
                 Ok(()) => {
                     sshd.write_known_hosts(&sshd.known_hosts_file(), &sshd.host_public_key)?;
@@ -110,7 +156,7 @@ impl Sshd {
         }
         Err(TestbedError::ProcessFailed {
             program: SSHD.into(),
-            status: "no free port after 5 tries".into(),
+            status: format!("no free port after {tries} tries"),
             stdout: String::new(),
             stderr: last,
         })
@@ -118,8 +164,18 @@ impl Sshd {
 
     fn spawn(&mut self, port: u16) -> Result<(), SpawnFailure> {
         let p = &self.path;
+        let listen = match self.options.listen {
+            Some(IpAddr::V6(a)) => format!("[{a}]:{port}"),
+            _ => format!("{}:{port}", self.host),
+        };
+        // sshd takes the first SetEnv line only: every variable goes on one line.
+        let mut set_env = "SHLVL=1".to_string();
+        for (k, v) in &self.options.set_env {
+            set_env.push(' ');
+            set_env.push_str(&format!("{k}={v}"));
+        }
         let config = format!(
-            "ListenAddress 127.0.0.1:{port}\n\
+            "ListenAddress {listen}\n\
              HostKey {host_key}\n\
              PidFile {pid}\n\
              AuthorizedKeysFile {auth}\n\
@@ -136,7 +192,7 @@ impl Sshd {
              PrintLastLog no\n\
              MaxStartups 64\n\
              MaxSessions 64\n\
-             SetEnv SHLVL=1\n\
+             SetEnv {set_env}\n\
              LogLevel VERBOSE\n",
             host_key = p.join("host_key").display(),
             pid = p.join("sshd.pid").display(),
@@ -155,7 +211,15 @@ impl Sshd {
         let err = out
             .try_clone()
             .map_err(|e| SpawnFailure::Other(io("dup sshd.log")(e)))?;
-        let child = Command::new(SSHD)
+        let mut command = match &self.options.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns.as_str(), SSHD]);
+                c
+            }
+            None => Command::new(SSHD),
+        };
+        let child = command
             .arg("-D")
             .arg("-e")
             .arg("-f")
@@ -172,7 +236,7 @@ impl Sshd {
                 })
             })?;
         self.child = Some(child);
-        let listening = format!("Server listening on 127.0.0.1 port {port}.");
+        let listening = format!("Server listening on {} port {port}.", self.host);
         let start = Instant::now();
         loop {
             let text = fs::read_to_string(&log).unwrap_or_default();
@@ -199,7 +263,7 @@ impl Sshd {
             if start.elapsed() > START_TIMEOUT {
                 self.stop();
                 return Err(SpawnFailure::Other(TestbedError::Timeout {
-                    what: format!("sshd to listen on 127.0.0.1:{port}"),
+                    what: format!("sshd to listen on {listen}"),
                     timeout: START_TIMEOUT,
                     detail: text,
                 }));
@@ -208,9 +272,9 @@ impl Sshd {
         }
     }
 
-    /// The address sshd listens on.
+    /// The address sshd listens on (127.0.0.1 unless [`SshdOptions::listen`] says).
     pub fn host(&self) -> &str {
-        "127.0.0.1"
+        &self.host
     }
 
     pub fn port(&self) -> u16 {
@@ -227,15 +291,30 @@ impl Sshd {
         self.path.join("user_key")
     }
 
+    /// `type base64` of the user key that sshd accepts (to authorize it on another sshd).
+    pub fn user_public_key(&self) -> &str {
+        &self.user_public_key
+    }
+
+    /// How known_hosts names this sshd: `[host]:port`, or `host` alone on port 22 (ssh
+    /// looks the plain name up for the default port).
+    fn known_hosts_name(&self) -> String {
+        if self.port == 22 {
+            self.host.clone()
+        } else {
+            format!("[{}]:{}", self.host, self.port)
+        }
+    }
+
     /// A known_hosts file with exactly one line: this sshd's host key for
-    /// `[127.0.0.1]:<port>`.
+    /// `[<host>]:<port>`.
     pub fn known_hosts_file(&self) -> PathBuf {
         self.path.join("known_hosts")
     }
 
     /// The known_hosts line for this sshd.
     pub fn known_hosts_line(&self) -> String {
-        format!("[{}]:{} {}\n", self.host(), self.port, self.host_public_key)
+        format!("{} {}\n", self.known_hosts_name(), self.host_public_key)
     }
 
     /// `type base64` of the host key.
@@ -247,7 +326,7 @@ impl Sshd {
     /// (`type base64`); with another key than [`Sshd::host_public_key`] it is the file of
     /// a client that expects a different host.
     pub fn write_known_hosts(&self, path: &Path, key: &str) -> Result<(), TestbedError> {
-        fs::write(path, format!("[{}]:{} {key}\n", self.host(), self.port))
+        fs::write(path, format!("{} {key}\n", self.known_hosts_name()))
             .map_err(io(format!("write {}", path.display())))
     }
 
@@ -518,6 +597,47 @@ mod tests {
             String::from_utf8_lossy(&out.stderr).contains("Host key verification failed"),
             "{}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn options_authorize_another_key_and_set_session_variables() {
+        let a = Sshd::start().unwrap();
+        let b = Sshd::start_with(&SshdOptions {
+            authorized_keys: vec![a.user_public_key().to_string()],
+            set_env: vec![("WEFT_SSH_FROM".into(), "node-b".into())],
+            ..SshdOptions::default()
+        })
+        .unwrap();
+        assert_ne!(a.port(), b.port());
+        // b's own arguments, with a's identity instead of b's.
+        let args: Vec<String> = b
+            .client_args()
+            .into_iter()
+            .map(|x| {
+                if x.starts_with("IdentityFile=") {
+                    format!("IdentityFile={}", a.identity_file().display())
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let out = Command::new("ssh")
+            .args(&args)
+            .arg("echo from=$WEFT_SSH_FROM")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\nsshd log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            b.log()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "from=node-b\n");
+        assert!(
+            b.known_hosts_line()
+                .starts_with(&format!("[127.0.0.1]:{} ", b.port()))
         );
     }
 

@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts, wait_until};
+use weft_bench::runner::{HostRunner, Local, parse_hosts, parse_hosts_with, wait_until};
 use weft_bench::{RankSpec, facts, net, p2p, run_rank};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
@@ -87,11 +87,25 @@ pub struct HostArgs {
     /// Bound in seconds on each helper run on a host.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
+    /// An ssh_config file for every `ssh` to the hosts (`ssh -F FILE`); the doctor's
+    /// host-to-host SSH check uses it on the hosts too, so the path must be valid there.
+    #[arg(long, value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+    /// An extra option for every `ssh` to the hosts (`-o KEY=VALUE`), repeatable.
+    #[arg(long = "ssh-option", value_name = "KEY=VALUE")]
+    pub ssh_options: Vec<String>,
 }
 
 impl HostArgs {
     pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, weft_bench::remote::Remote)> {
-        let r = parse_hosts(&self.hosts, &self.via)?;
+        let mut extra: Vec<String> = Vec::new();
+        if let Some(f) = &self.ssh_config {
+            extra.extend(["-F".to_string(), f.display().to_string()]);
+        }
+        for o in &self.ssh_options {
+            extra.extend(["-o".to_string(), o.clone()]);
+        }
+        let r = parse_hosts_with(&self.hosts, &self.via, &extra)?;
         let exe = if r.iter().any(|h| h.kind() == "ssh") {
             self.remote_weft.clone()
         } else {

@@ -11,7 +11,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host: data interfaces up, with an address, link speed and MTU against\n--expect-* (else against the other hosts), jumbo frames end to end (DF-bit ICMP of MTU-28\nbytes between every pair; needs root or CAP_NET_RAW), throughput (a short `weft bench p2p`\nof --throughput-s per ordered pair; a host whose pairs are far below the median fails; skip\nwith --no-throughput), management and data roles, RDMA ports\n(state, rate, link layer, netdev), GPU count, clock offset. Prints the WEFT_/NCCL_ settings\nfor jobs. Exit code 1 when any check FAILs."
+    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host:\n* SSH to every other host: `ssh -o BatchMode=yes -o ConnectTimeout=--ssh-timeout-s\n  -o StrictHostKeyChecking=yes [--ssh-config, --ssh-option] HOST true` run on the host,\n  for every ordered pair, several at once. A FAIL names the pair (from -> to), ssh's error\n  and a fix (known_hosts entry, authorized key, sshd). With --via netns or local nothing is\n  reached over SSH: an INFO line says SKIP. Skip it with --no-ssh-pairs.\n* data interfaces up, with an address, link speed and MTU against --expect-* (else against\n  the other hosts); management and data roles.\n* jumbo frames end to end: DF-bit ICMP of MTU-28 bytes between every pair (root or\n  CAP_NET_RAW).\n* throughput: a short `weft bench p2p` of --throughput-s per ordered pair; a host whose\n  pairs are far below the median fails. Skip it with --no-throughput.\n* RDMA ports (state, rate, link layer, netdev); GPU count and memory per GPU where there is\n  a driver (NVML, else nvidia-smi), a WARN when hosts differ; clock offset.\nPrints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs."
 )]
 pub struct DoctorArgs {
     #[command(flatten)]
@@ -31,6 +31,12 @@ pub struct DoctorArgs {
     /// Skip the throughput check (a short `weft bench p2p` between every ordered pair).
     #[arg(long)]
     no_throughput: bool,
+    /// Connect timeout in seconds of each host-to-host SSH probe.
+    #[arg(long, default_value_t = 5)]
+    ssh_timeout_s: u64,
+    /// Skip the host-to-host SSH check.
+    #[arg(long)]
+    no_ssh_pairs: bool,
 }
 
 pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
@@ -49,6 +55,8 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
             max_skew: Duration::from_millis(a.max_skew_ms),
             probe_timeout: Duration::from_millis(1000),
             throughput: (!a.no_throughput).then(|| Duration::from_secs_f64(a.throughput_s)),
+            ssh_pairs: (!a.no_ssh_pairs)
+                .then(|| Duration::from_secs(a.ssh_timeout_s.clamp(1, 120))),
         },
     )?;
     if json {

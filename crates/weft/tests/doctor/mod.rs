@@ -9,6 +9,8 @@ use std::process::{Command, Output};
 
 use weft_netns::{Cluster, ClusterSpec, Shape};
 
+mod ssh;
+
 fn weft(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(args)
