@@ -32,7 +32,11 @@ fn cfg(nthreads: usize, nsocks: usize) -> Config {
 
 /// Connects in one thread by polling both ends, as NCCL's GDR probe does.
 fn pair(c: Config) -> (SendConn, RecvConn) {
-    let t = Transport::new(c).unwrap();
+    pair_on(&Transport::new(c).unwrap())
+}
+
+/// Connects `t` to itself, polling both ends in one thread.
+fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
     let mut cg = t.connect(0, &l.handle()).unwrap();
     let (mut tx, mut rx) = (None, None);
@@ -594,24 +598,8 @@ fn an_abort_on_the_side_channel_alone_fails_the_peer() {
 /// Connects `t` to itself once in each direction (as two ranks' ring neighbours do), the
 /// second connection after the first is up, polling both ends in one thread.
 fn two_way(t: &Transport) -> ((SendConn, RecvConn), (SendConn, RecvConn)) {
-    let one = |t: &Transport| {
-        let mut l = t.listen(0).unwrap();
-        let mut cg = t.connect(0, &l.handle()).unwrap();
-        let (mut tx, mut rx) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tx.is_none() || rx.is_none() {
-            assert!(Instant::now() < deadline, "connect/accept did not finish");
-            if tx.is_none() {
-                tx = cg.poll().unwrap();
-            }
-            if rx.is_none() {
-                rx = l.accept().unwrap();
-            }
-        }
-        (tx.unwrap(), rx.unwrap())
-    };
-    let a = one(t);
-    let b = one(t);
+    let a = pair_on(t);
+    let b = pair_on(t);
     (a, b)
 }
 

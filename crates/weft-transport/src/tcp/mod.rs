@@ -1039,23 +1039,12 @@ impl SendConn {
         self.ctrl.shared()
     }
 
-    /// Records the connection's first error; on the first one, tells the receiver why (ABORT,
-    /// on the control stream and the side channel) and shuts both down so that it fails now
-    /// rather than on its timers. A control stream shared with a healthy receiving connection
-    /// stays up for it unless the stream itself failed (`link_failed`): this connection only
-    /// leaves it (CLOSE), and the ABORT goes on the side channel.
+    /// Records the connection's first error and tells the receiver (see [`give_up`]).
     fn fail(&mut self, e: Error, link_failed: bool) -> Error {
         if let Some(first) = &self.error {
             return first.clone();
         }
-        let abort = abort_frame(&e);
-        let e = if link_failed || !self.ctrl.shared() {
-            self.ctrl.fail(&e, abort.as_ref())
-        } else {
-            self.ctrl.detach(End::Send, Duration::ZERO);
-            e
-        };
-        self.side.send_abort(abort.as_ref());
+        let e = give_up(&self.ctrl, &mut self.side, End::Send, e, link_failed);
         self.error.insert(e).clone()
     }
 
@@ -1192,6 +1181,29 @@ impl SendConn {
     }
 }
 
+/// A connection's first failure, `e`: tells the peer why (ABORT on the control stream and the
+/// side channel) and shuts both down so that it fails now rather than on its timers. A control
+/// stream shared with a healthy connection of the other direction stays up for that one unless
+/// the stream itself failed (`link_failed`): the failing end only leaves it (CLOSE), and the
+/// ABORT goes on the side channel. Returns the error the connection keeps.
+fn give_up(
+    ctrl: &CtrlLink,
+    side: &mut SideChannel,
+    end: End,
+    e: Error,
+    link_failed: bool,
+) -> Error {
+    let abort = abort_frame(&e);
+    let e = if link_failed || !ctrl.shared() {
+        ctrl.fail(&e, abort.as_ref())
+    } else {
+        ctrl.detach(end, Duration::ZERO);
+        e
+    };
+    side.send_abort(abort.as_ref());
+    e
+}
+
 /// Longest a connection's drop waits for its control stream's bytes to be acknowledged.
 const LINGER_MAX: Duration = Duration::from_secs(2);
 
@@ -1283,22 +1295,14 @@ impl RecvConn {
         self.ctrl.shared()
     }
 
-    /// Records the connection's first error; on the first one, tells the sender why (ABORT,
-    /// on the control stream and the side channel: the control stream may be on the link that
-    /// died) and shuts both down, so the sender fails now instead of waiting. A shared control
-    /// stream stays up for the other connection unless it failed itself (see `SendConn::fail`).
+    /// Records the connection's first error and tells the sender (see [`give_up`]): on the
+    /// control stream and on the side channel, since the control stream may be on the link
+    /// that died.
     fn fail(&mut self, e: Error, link_failed: bool) -> Error {
         if let Some(first) = &self.error {
             return first.clone();
         }
-        let abort = abort_frame(&e);
-        let e = if link_failed || !self.ctrl.shared() {
-            self.ctrl.fail(&e, abort.as_ref())
-        } else {
-            self.ctrl.detach(End::Recv, Duration::ZERO);
-            e
-        };
-        self.side.send_abort(abort.as_ref());
+        let e = give_up(&self.ctrl, &mut self.side, End::Recv, e, link_failed);
         self.error.insert(e).clone()
     }
 
