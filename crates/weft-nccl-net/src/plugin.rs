@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use weft_transport::{
-    Config, Connecting, Listener, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, RecvBuf,
-    RecvConn, RequestId, SendConn, Transport,
+    Config, Connecting, Listener, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, MemHandle,
+    RecvBuf, RecvConn, RequestId, SendConn, Transport,
 };
 
 use crate::ffi;
@@ -57,14 +57,18 @@ pub fn init() -> Result<()> {
         .collect();
     let c = t.config();
     info(&format!(
-        "Using {}; OOB {}:{}; streams {}x{} threads; timeout {:?}",
+        "Using {}; OOB {}:{}; backend {}; streams {}x{} threads; timeout {:?}",
         devs.join(" "),
         t.mgmt().iface,
         t.mgmt().addr,
+        t.backend(),
         c.nsocks_per_thread,
         c.nthreads,
         c.timeout
     ));
+    if let Some(note) = t.backend_note() {
+        warn(note);
+    }
     if t.devices().is_empty() {
         return Err(PluginError::Usage("no data device found".into()));
     }
@@ -248,8 +252,14 @@ pub struct Request {
     id: AtomicU64,
 }
 
-/// Behind a sendComm.
+/// First field of a [`SendComm`] / [`RecvComm`]: regMr and deregMr get either as `void*`.
+const SEND_MAGIC: u64 = u64::from_le_bytes(*b"weftSEND");
+const RECV_MAGIC: u64 = u64::from_le_bytes(*b"weftRECV");
+
+/// Behind a sendComm. `repr(C)`: `magic` is at offset 0 (see [`comm_ref`]).
+#[repr(C)]
 pub struct SendComm {
+    magic: u64,
     conn: Mutex<SendConn>,
     reqs: Vec<Request>,
 }
@@ -257,6 +267,7 @@ pub struct SendComm {
 impl SendComm {
     fn into_raw(c: SendConn) -> *mut c_void {
         let mut b = Box::new(SendComm {
+            magic: SEND_MAGIC,
             conn: Mutex::new(c),
             reqs: Vec::new(),
         });
@@ -271,8 +282,10 @@ impl SendComm {
     }
 }
 
-/// Behind a recvComm.
+/// Behind a recvComm. `repr(C)`: `magic` is at offset 0 (see [`comm_ref`]).
+#[repr(C)]
 pub struct RecvComm {
+    magic: u64,
     conn: Mutex<RecvConn>,
     reqs: Vec<Request>,
 }
@@ -280,6 +293,7 @@ pub struct RecvComm {
 impl RecvComm {
     fn into_raw(c: RecvConn) -> *mut c_void {
         let mut b = Box::new(RecvComm {
+            magic: RECV_MAGIC,
             conn: Mutex::new(c),
             reqs: Vec::new(),
         });
@@ -294,12 +308,64 @@ impl RecvComm {
     }
 }
 
+impl Drop for SendComm {
+    fn drop(&mut self) {
+        self.magic = 0;
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        self.magic = 0;
+    }
+}
+
+enum CommRef<'a> {
+    Send(&'a SendComm),
+    Recv(&'a RecvComm),
+}
+
+/// The send or receive comm behind a `void*` of regMr/deregMr.
+///
+/// # Safety
+/// `comm` must be NULL or a live sendComm or recvComm (NCCL passes one of its comms).
+unsafe fn comm_ref<'a>(comm: *mut c_void) -> Result<CommRef<'a>> {
+    if comm.is_null() {
+        return Err(PluginError::Null("comm"));
+    }
+    // SAFETY: per the contract `comm` points at a SendComm or RecvComm; both are `repr(C)`
+    // with the u64 magic first, and boxed (so aligned for u64).
+    let magic = unsafe { comm.cast::<u64>().read() };
+    match magic {
+        // SAFETY: the magic says which of the two it is.
+        SEND_MAGIC => Ok(CommRef::Send(unsafe { &*comm.cast::<SendComm>() })),
+        // SAFETY: as above.
+        RECV_MAGIC => Ok(CommRef::Recv(unsafe { &*comm.cast::<RecvComm>() })),
+        _ => Err(PluginError::Usage(
+            "regMr/deregMr on a pointer that is not a send or receive comm".into(),
+        )),
+    }
+}
+
+/// The registration behind an mhandle NCCL passes to isend/irecv (NULL: none).
+///
+/// # Safety
+/// `mh` must be NULL or a handle of [`reg_mr`] not yet given to [`dereg_mr`].
+unsafe fn mem_handle<'a>(mh: *mut c_void) -> Option<&'a MemHandle> {
+    if mh.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract, a live `MemReg` made by `reg_mr`.
+    Some(&unsafe { &*mh.cast::<MemReg>() }.handle)
+}
+
 /// Starts a send; `*request` is NULL when the comm is busy (NCCL retries).
 pub fn isend(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: usize,
     tag: i32,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     crate::guard::out(request, "request", std::ptr::null_mut())?;
@@ -308,9 +374,12 @@ pub fn isend(
     if data.is_null() && size > 0 {
         return Err(PluginError::Null("data"));
     }
+    // SAFETY: NCCL passes the mhandle regMr gave it for this buffer (or NULL) and deregisters
+    // it only after the request is done.
+    let mh = unsafe { mem_handle(mhandle) };
     // SAFETY: NCCL keeps `data..data+size` registered and untouched until test() reports done,
     // and closes the comm (which joins the helper threads) before freeing it.
-    let id = unsafe { lock(&s.conn).isend(data.cast::<u8>(), size, tag)? };
+    let id = unsafe { lock(&s.conn).isend_mr(data.cast::<u8>(), size, tag, mh)? };
     if let Some(id) = id {
         let slot = &s.reqs[id.index()];
         slot.id.store(id.raw(), Ordering::Release);
@@ -330,6 +399,7 @@ pub fn irecv(
     data: *mut *mut c_void,
     size_of: impl Fn(usize) -> usize,
     tags: *mut i32,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     crate::guard::out(request, "request", std::ptr::null_mut())?;
@@ -347,6 +417,7 @@ pub fn irecv(
         len: 0,
         tag: 0,
     }; MAX_RECVS];
+    let mut mhs: [Option<&MemHandle>; MAX_RECVS] = [None; MAX_RECVS];
     for (i, b) in bufs.iter_mut().enumerate().take(n) {
         // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
         let (p, tag) = unsafe { (*data.add(i), *tags.add(i)) };
@@ -355,10 +426,15 @@ pub fn irecv(
             len: size_of(i),
             tag,
         };
+        if !mhandles.is_null() {
+            // SAFETY: a non-NULL mhandle array has `n` entries, each NULL or a live handle of
+            // regMr that NCCL deregisters only after the request is done.
+            mhs[i] = unsafe { mem_handle(*mhandles.add(i)) };
+        }
     }
     // SAFETY: NCCL keeps the buffers registered and untouched until test() reports done, and
     // closes the comm (joining helper threads) before freeing them.
-    let id = unsafe { lock(&r.conn).irecv(&bufs[..n])? };
+    let id = unsafe { lock(&r.conn).irecv_mr(&bufs[..n], &mhs[..n])? };
     if let Some(id) = id {
         let slot = &r.reqs[id.index()];
         slot.id.store(id.raw(), Ordering::Release);
@@ -422,10 +498,10 @@ pub fn close_recv(recv_comm: *mut c_void) -> Result<()> {
     Ok(())
 }
 
-/// A memory registration: TCP needs none, but the handle records what was registered.
+/// A memory registration of one comm: on the ofi backend a libfabric registration made
+/// through the connection's registration cache; TCP needs none (the handle records the range).
 pub struct MemReg {
-    _addr: usize,
-    _size: usize,
+    handle: MemHandle,
 }
 
 /// Registers memory; only host memory is supported.
@@ -436,28 +512,37 @@ pub fn reg_mr(
     ty: i32,
     mhandle: *mut *mut c_void,
 ) -> Result<()> {
-    if comm.is_null() {
-        return Err(PluginError::Null("comm"));
-    }
+    crate::guard::out(mhandle, "mhandle", std::ptr::null_mut())?;
     if ty != ffi::NCCL_PTR_HOST {
         return Err(PluginError::Usage(format!(
             "regMr of memory type {ty}: weft moves host memory only (ptrSupport=NCCL_PTR_HOST)"
         )));
     }
+    if data.is_null() && size > 0 {
+        return Err(PluginError::Null("data"));
+    }
+    let p = data.cast::<u8>().cast_const();
+    // SAFETY: NCCL passes one of the comms connect/accept made, until it closes it.
+    let handle = match unsafe { comm_ref(comm)? } {
+        CommRef::Send(c) => lock(&c.conn).reg_mr(p, size)?,
+        CommRef::Recv(c) => lock(&c.conn).reg_mr(p, size)?,
+    };
     crate::guard::out(
         mhandle,
         "mhandle",
-        crate::guard::into_handle(Box::new(MemReg {
-            _addr: data as usize,
-            _size: size,
-        })),
+        crate::guard::into_handle(Box::new(MemReg { handle })),
     )
 }
 
-/// Frees a registration.
-pub fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
+/// Frees a registration: the comm no longer uses any registration of that memory.
+pub fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
     // SAFETY: NCCL deregisters each handle that regMr returned exactly once.
-    drop(unsafe { crate::guard::free_handle::<MemReg>(mhandle, "mhandle")? });
+    let reg = unsafe { crate::guard::free_handle::<MemReg>(mhandle, "mhandle")? };
+    // SAFETY: NCCL passes the comm the handle was registered with, still open.
+    match unsafe { comm_ref(comm)? } {
+        CommRef::Send(c) => lock(&c.conn).dereg_mr(reg.handle),
+        CommRef::Recv(c) => lock(&c.conn).dereg_mr(reg.handle),
+    }
     Ok(())
 }
 

@@ -140,13 +140,13 @@ unsafe extern "C" fn isend_v8(
     data: *mut c_void,
     size: c_int,
     tag: c_int,
-    _mh: *mut c_void,
+    mh: *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     guard!("isend", {
         let size = usize::try_from(size)
             .map_err(|_| crate::guard::PluginError::Usage(format!("isend size {size}")))?;
-        plugin::isend(c, data, size, tag, req)
+        plugin::isend(c, data, size, tag, mh, req)
     })
 }
 
@@ -156,7 +156,7 @@ unsafe extern "C" fn irecv_v8(
     data: *mut *mut c_void,
     sizes: *mut c_int,
     tags: *mut c_int,
-    _mh: *mut *mut c_void,
+    mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     guard!("irecv", {
@@ -165,7 +165,7 @@ unsafe extern "C" fn irecv_v8(
         }
         // SAFETY: NCCL passes `n` sizes; `plugin::irecv` only asks for i < n.
         let size_of = |i: usize| usize::try_from(unsafe { *sizes.add(i) }).unwrap_or(0);
-        plugin::irecv(c, n, data, size_of, tags, req)
+        plugin::irecv(c, n, data, size_of, tags, mh, req)
     })
 }
 
@@ -209,10 +209,10 @@ unsafe extern "C" fn isend_v9(
     data: *mut c_void,
     size: usize,
     tag: c_int,
-    _mh: *mut c_void,
+    mh: *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard!("isend", { plugin::isend(c, data, size, tag, req) })
+    guard!("isend", { plugin::isend(c, data, size, tag, mh, req) })
 }
 
 unsafe extern "C" fn irecv_v9(
@@ -221,7 +221,7 @@ unsafe extern "C" fn irecv_v9(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mh: *mut *mut c_void,
+    mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
     guard!("irecv", {
@@ -230,7 +230,7 @@ unsafe extern "C" fn irecv_v9(
         }
         // SAFETY: NCCL passes `n` sizes; `plugin::irecv` only asks for i < n.
         let size_of = |i: usize| unsafe { *sizes.add(i) };
-        plugin::irecv(c, n, data, size_of, tags, req)
+        plugin::irecv(c, n, data, size_of, tags, mh, req)
     })
 }
 
@@ -259,11 +259,11 @@ unsafe extern "C" fn isend_v10(
     data: *mut c_void,
     size: usize,
     tag: c_int,
-    _mh: *mut c_void,
+    mh: *mut c_void,
     _ph: *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard!("isend", { plugin::isend(c, data, size, tag, req) })
+    guard!("isend", { plugin::isend(c, data, size, tag, mh, req) })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -273,7 +273,7 @@ unsafe extern "C" fn irecv_v10(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mh: *mut *mut c_void,
+    mh: *mut *mut c_void,
     _ph: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> ncclResult_t {
@@ -283,7 +283,7 @@ unsafe extern "C" fn irecv_v10(
         }
         // SAFETY: NCCL passes `n` sizes; `plugin::irecv` only asks for i < n.
         let size_of = |i: usize| unsafe { *sizes.add(i) };
-        plugin::irecv(c, n, data, size_of, tags, req)
+        plugin::irecv(c, n, data, size_of, tags, mh, req)
     })
 }
 

@@ -189,6 +189,47 @@ impl Connecting {
     }
 }
 
+/// Memory registered through a connection ([`SendConn::reg_mr`], [`RecvConn::reg_mr`]; NCCL's
+/// `regMr`). TCP needs no registration: its handles only record the range. Give it back with
+/// `dereg_mr` of the same connection before the memory is freed (not `Clone`: deregistering
+/// consumes the one handle, so no copy can reach a later send or receive).
+#[derive(Debug)]
+pub struct MemHandle {
+    ptr: usize,
+    len: usize,
+    ofi: Option<ofi::Registration>,
+}
+
+impl MemHandle {
+    /// Registered address.
+    pub fn addr(&self) -> usize {
+        self.ptr
+    }
+
+    /// Registered length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether a libfabric registration is behind it (ofi connections).
+    pub fn is_registered(&self) -> bool {
+        self.ofi.is_some()
+    }
+
+    fn tcp(ptr: *const u8, len: usize) -> MemHandle {
+        MemHandle {
+            ptr: ptr as usize,
+            len,
+            ofi: None,
+        }
+    }
+}
+
 // The TCP variant stays inline: its path is unchanged, without an extra indirection.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
@@ -254,6 +295,76 @@ impl SendConn {
         match &self.0 {
             S::Tcp(_) => (0, 0),
             S::Ofi(c) => c.mr_stats(),
+        }
+    }
+
+    /// Bytes of remote CQ data an ofi connection uses (4 or 8); 0 for TCP.
+    pub fn cq_data_bytes(&self) -> usize {
+        match &self.0 {
+            S::Tcp(_) => 0,
+            S::Ofi(c) => c.cq_data_bytes(),
+        }
+    }
+
+    /// libfabric rails (endpoints) of an ofi connection; 0 for TCP.
+    pub fn ofi_rails(&self) -> usize {
+        match &self.0 {
+            S::Tcp(_) => 0,
+            S::Ofi(c) => c.rails(),
+        }
+    }
+
+    /// Bytes written by RMA on each rail of an ofi connection; empty for TCP.
+    pub fn ofi_rail_bytes(&self) -> Vec<u64> {
+        match &self.0 {
+            S::Tcp(_) => Vec::new(),
+            S::Ofi(c) => c.rail_bytes(),
+        }
+    }
+
+    /// Messages an ofi connection sent over its TCP lane (`WEFT_OFI_MIN_BYTES`); `None` without
+    /// a lane.
+    pub fn ofi_lane_msgs(&self) -> Option<u64> {
+        match &self.0 {
+            S::Tcp(_) => None,
+            S::Ofi(c) => c.lane_msgs(),
+        }
+    }
+
+    /// Registers `len` bytes at `ptr` for sends on this connection (ofi: through its
+    /// registration cache; TCP: nothing to do).
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {
+        let mut h = MemHandle::tcp(ptr, len);
+        if let S::Ofi(c) = &mut self.0 {
+            h.ofi = Some(c.reg_mr(ptr, len)?);
+        }
+        Ok(h)
+    }
+
+    /// Releases a handle of [`SendConn::reg_mr`]: no later send of this connection uses a
+    /// registration of that memory (it may be freed and its address reused).
+    pub fn dereg_mr(&mut self, h: MemHandle) {
+        if let (S::Ofi(c), Some(r)) = (&mut self.0, h.ofi) {
+            c.dereg_mr(r);
+        }
+    }
+
+    /// [`SendConn::isend`] of memory inside `mh`, whose registration it uses.
+    ///
+    /// # Safety
+    /// As for [`SendConn::isend`].
+    pub unsafe fn isend_mr(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+        mh: Option<&MemHandle>,
+    ) -> Result<Option<RequestId>> {
+        match &mut self.0 {
+            // SAFETY: forwarded under the same contract.
+            S::Tcp(c) => unsafe { c.isend(data, len, tag) },
+            // SAFETY: forwarded under the same contract.
+            S::Ofi(c) => unsafe { c.isend_mr(data, len, tag, mh.and_then(|h| h.ofi.as_ref())) },
         }
     }
 
@@ -349,6 +460,63 @@ impl RecvConn {
         match &self.0 {
             R::Tcp(_) => (0, 0),
             R::Ofi(c) => c.mr_stats(),
+        }
+    }
+
+    /// Bytes of remote CQ data an ofi connection uses (4 or 8); 0 for TCP.
+    pub fn cq_data_bytes(&self) -> usize {
+        match &self.0 {
+            R::Tcp(_) => 0,
+            R::Ofi(c) => c.cq_data_bytes(),
+        }
+    }
+
+    /// libfabric rails (endpoints) of an ofi connection; 0 for TCP.
+    pub fn ofi_rails(&self) -> usize {
+        match &self.0 {
+            R::Tcp(_) => 0,
+            R::Ofi(c) => c.rails(),
+        }
+    }
+
+    /// Registers `len` bytes at `ptr` for receives on this connection; see
+    /// [`SendConn::reg_mr`].
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {
+        let mut h = MemHandle::tcp(ptr, len);
+        if let R::Ofi(c) = &mut self.0 {
+            h.ofi = Some(c.reg_mr(ptr, len)?);
+        }
+        Ok(h)
+    }
+
+    /// Releases a handle of [`RecvConn::reg_mr`]; see [`SendConn::dereg_mr`].
+    pub fn dereg_mr(&mut self, h: MemHandle) {
+        if let (R::Ofi(c), Some(r)) = (&mut self.0, h.ofi) {
+            c.dereg_mr(r);
+        }
+    }
+
+    /// [`RecvConn::irecv`] where buffer `i` lies inside `mhs[i]` (missing or `None`: looked
+    /// up).
+    ///
+    /// # Safety
+    /// As for [`RecvConn::irecv`].
+    pub unsafe fn irecv_mr(
+        &mut self,
+        bufs: &[RecvBuf],
+        mhs: &[Option<&MemHandle>],
+    ) -> Result<Option<RequestId>> {
+        match &mut self.0 {
+            // SAFETY: forwarded under the same contract.
+            R::Tcp(c) => unsafe { c.irecv(bufs) },
+            R::Ofi(c) => {
+                let mut regs: [Option<&ofi::Registration>; tcp::MAX_RECVS] = [None; tcp::MAX_RECVS];
+                for (r, h) in regs.iter_mut().zip(mhs) {
+                    *r = h.and_then(|h| h.ofi.as_ref());
+                }
+                // SAFETY: forwarded under the same contract.
+                unsafe { c.irecv_mr(bufs, &regs) }
+            }
         }
     }
 

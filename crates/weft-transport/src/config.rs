@@ -167,8 +167,19 @@ pub struct Config {
     /// `None`: the first of [`crate::ofi::DEFAULT_PROVIDERS`] that works.
     pub ofi_provider: Option<String>,
     /// libfabric domain (`lo`, `eth1`, `mlx5_0`, ...). `None`: the one named like the device's
-    /// data interface, else the provider's first.
+    /// data interface, else the provider's first. A comma-separated list (`lo,eth0`, or `lo,lo`
+    /// for the same domain opened twice) gives every device that many rails (multi-rail).
     pub ofi_domain: Option<String>,
+    /// Bytes of remote CQ data the ofi protocol may use: 8 or 4. `None`: what the provider
+    /// offers (`verbs;ofi_rxm` 4, `tcp;ofi_rxm` and `shm` 8). 4 forces the 4-byte protocol on a
+    /// provider that offers 8.
+    pub ofi_cq_data_bytes: Option<usize>,
+    /// ofi multi-rail: messages of at least this many bytes are striped across the rails of a
+    /// connection; smaller ones go whole to one rail, round robin.
+    pub ofi_stripe_bytes: usize,
+    /// ofi: messages smaller than this go over a TCP stream on the data network (the TCP
+    /// backend's way of moving bytes) instead of libfabric; 0 (default): all over libfabric.
+    pub ofi_min_bytes: usize,
 }
 
 /// The data path a [`crate::Transport`] uses.
@@ -226,6 +237,9 @@ impl Default for Config {
             backend: BackendKind::Tcp,
             ofi_provider: None,
             ofi_domain: None,
+            ofi_cq_data_bytes: None,
+            ofi_stripe_bytes: 1 << 20,
+            ofi_min_bytes: 0,
         }
     }
 }
@@ -290,7 +304,19 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "WEFT_OFI_DOMAIN",
-        "libfabric domain, e.g. lo, eth1, mlx5_0; default: the device's data interface, else the provider's first",
+        "libfabric domain, e.g. lo, eth1, mlx5_0, or a list for several rails (lo,eth0; lo,lo opens one twice); default: the device's data interface, else the provider's first",
+    ),
+    (
+        "WEFT_OFI_CQ_DATA_BYTES",
+        "4 or 8: bytes of remote CQ data the ofi protocol uses; 4 forces the 4-byte protocol (that of verbs;ofi_rxm) on providers that offer 8; default: what the provider offers",
+    ),
+    (
+        "WEFT_OFI_STRIPE_BYTES",
+        "ofi multi-rail (WEFT_OFI_DOMAIN=a,b): messages of at least this size are striped across the rails; default 1048576",
+    ),
+    (
+        "WEFT_OFI_MIN_BYTES",
+        "ofi: messages smaller than this go over a TCP stream on the data interface, larger ones over libfabric; default 0 (all over libfabric)",
     ),
     (
         "WEFT_OFI_LIBRARY",
@@ -370,6 +396,21 @@ impl Config {
         }
         c.ofi_provider = nonempty("WEFT_OFI_PROVIDER").map(|v| v.trim().to_string());
         c.ofi_domain = nonempty("WEFT_OFI_DOMAIN").map(|v| v.trim().to_string());
+        match num(&get, "WEFT_OFI_CQ_DATA_BYTES", 4, 8)? {
+            None => {}
+            Some(v @ (4 | 8)) => c.ofi_cq_data_bytes = Some(v),
+            Some(v) => {
+                return Err(Error::Config(format!(
+                    "WEFT_OFI_CQ_DATA_BYTES={v}: expected 4 or 8"
+                )));
+            }
+        }
+        if let Some(v) = num(&get, "WEFT_OFI_STRIPE_BYTES", 4096, 1 << 40)? {
+            c.ofi_stripe_bytes = v;
+        }
+        if let Some(v) = num(&get, "WEFT_OFI_MIN_BYTES", 0, 16 << 20)? {
+            c.ofi_min_bytes = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -471,5 +512,29 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.to_string().contains("64"), "{e}");
+    }
+
+    #[test]
+    fn ofi_knobs() {
+        let c = Config::from_lookup(|k| match k {
+            "WEFT_OFI_CQ_DATA_BYTES" => Some("4".into()),
+            "WEFT_OFI_STRIPE_BYTES" => Some("65536".into()),
+            "WEFT_OFI_MIN_BYTES" => Some("4096".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.ofi_cq_data_bytes, Some(4));
+        assert_eq!(c.ofi_stripe_bytes, 65536);
+        assert_eq!(c.ofi_min_bytes, 4096);
+        assert_eq!(
+            Config::from_lookup(|_| None).unwrap().ofi_cq_data_bytes,
+            None
+        );
+        for bad in ["5", "2", "x"] {
+            let e =
+                Config::from_lookup(|k| (k == "WEFT_OFI_CQ_DATA_BYTES").then(|| bad.to_string()))
+                    .unwrap_err();
+            assert!(e.to_string().contains("WEFT_OFI_CQ_DATA_BYTES"), "{e}");
+        }
     }
 }

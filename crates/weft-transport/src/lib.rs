@@ -91,7 +91,7 @@ pub mod ofi;
 pub mod proto;
 pub mod tcp;
 
-pub use backend::{Connecting, Listener, RecvConn, SendConn, Transport};
+pub use backend::{Connecting, Listener, MemHandle, RecvConn, SendConn, Transport};
 pub use config::{BackendKind, Config, ENV_VARS, IfSpec};
 pub use error::{Error, Result, Stage};
 pub use tcp::{

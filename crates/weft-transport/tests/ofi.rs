@@ -9,9 +9,16 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use weft_transport::{BackendKind, Config, Error, RecvBuf, RecvConn, SendConn, Transport};
+use weft_transport::{
+    BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, SendConn, Transport,
+};
 
 const PROVIDERS: &[(&str, &str)] = &[("tcp;ofi_rxm", "lo"), ("shm", "")];
+
+// Set by the 4-byte variants: `WEFT_OFI_CQ_DATA_BYTES=4` on every transport they open.
+thread_local! {
+    static CQ4: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 fn cfg(provider: &str, domain: &str) -> Config {
     Config {
@@ -23,6 +30,7 @@ fn cfg(provider: &str, domain: &str) -> Config {
         backend: BackendKind::Ofi,
         ofi_provider: Some(provider.into()),
         ofi_domain: (!domain.is_empty()).then(|| domain.to_string()),
+        ofi_cq_data_bytes: CQ4.with(|c| c.get()).then_some(4),
         ..Config::default()
     }
 }
@@ -58,7 +66,22 @@ fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     }
     let (tx, rx) = (tx.unwrap(), rx.unwrap());
     assert!(tx.is_ofi() && rx.is_ofi());
+    let want = if t.config().ofi_cq_data_bytes == Some(4) {
+        4
+    } else {
+        8
+    };
+    assert_eq!(tx.cq_data_bytes(), want, "sender's remote CQ data");
+    assert_eq!(rx.cq_data_bytes(), want, "receiver's remote CQ data");
     (tx, rx)
+}
+
+/// Runs `f` with the 4-byte protocol forced (`WEFT_OFI_CQ_DATA_BYTES=4`), as on
+/// `verbs;ofi_rxm`.
+fn each_provider_cq4(f: impl Fn(&str, &Transport)) {
+    CQ4.with(|c| c.set(true));
+    each_provider(f);
+    CQ4.with(|c| c.set(false));
 }
 
 fn each_provider(f: impl Fn(&str, &Transport)) {
@@ -104,32 +127,39 @@ fn sizes() -> Vec<usize> {
 
 #[test]
 fn sizes_0_to_64mib_receive_larger_than_send() {
-    each_provider(|p, t| {
-        let (mut tx, mut rx) = pair_on(t);
-        let sizes = sizes();
-        let s2 = sizes.clone();
-        let h = thread::spawn(move || {
-            for (i, n) in s2.iter().enumerate() {
-                tx.send(&pattern(*n, i as u8), i as i32).unwrap();
-            }
-            tx
-        });
-        for (i, n) in sizes.iter().enumerate() {
-            let mut buf = vec![0u8; n + 100];
-            let got = rx.recv(&mut buf, i as i32).unwrap();
-            assert_eq!(got, *n, "{p}: message {i}");
-            assert!(
-                buf[..*n] == pattern(*n, i as u8)[..],
-                "{p}: payload of message {i} ({n} bytes) differs"
-            );
-            assert!(
-                buf[*n..].iter().all(|b| *b == 0),
-                "{p}: wrote past the message"
-            );
+    each_provider(sizes_0_to_64mib_receive_larger_than_send_on);
+}
+
+#[test]
+fn cq4_sizes_0_to_64mib_receive_larger_than_send() {
+    each_provider_cq4(sizes_0_to_64mib_receive_larger_than_send_on);
+}
+
+fn sizes_0_to_64mib_receive_larger_than_send_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let sizes = sizes();
+    let s2 = sizes.clone();
+    let h = thread::spawn(move || {
+        for (i, n) in s2.iter().enumerate() {
+            tx.send(&pattern(*n, i as u8), i as i32).unwrap();
         }
-        let tx = h.join().unwrap();
-        drop(tx);
+        tx
     });
+    for (i, n) in sizes.iter().enumerate() {
+        let mut buf = vec![0u8; n + 100];
+        let got = rx.recv(&mut buf, i as i32).unwrap();
+        assert_eq!(got, *n, "{p}: message {i}");
+        assert!(
+            buf[..*n] == pattern(*n, i as u8)[..],
+            "{p}: payload of message {i} ({n} bytes) differs"
+        );
+        assert!(
+            buf[*n..].iter().all(|b| *b == 0),
+            "{p}: wrote past the message"
+        );
+    }
+    let tx = h.join().unwrap();
+    drop(tx);
 }
 
 /// Sends posted before the receives (eager, kept until the receive comes) and after (RMA),
@@ -137,301 +167,349 @@ fn sizes_0_to_64mib_receive_larger_than_send() {
 /// both ends are polled, as NCCL's proxy does, so the sends are tested after the receives.
 #[test]
 fn eager_before_the_receive_and_rma_after_it_in_one_thread() {
-    each_provider(|p, t| {
-        let (mut tx, mut rx) = pair_on(t);
-        let early: Vec<Vec<u8>> = (0..10).map(|i| pattern(100 * i, i as u8)).collect();
-        let mut sreqs = Vec::new();
-        for (i, m) in early.iter().enumerate() {
-            // SAFETY: `early` outlives the requests, tested to completion below.
-            sreqs.push(
-                unsafe { tx.isend(m.as_ptr(), m.len(), i as i32) }
-                    .unwrap()
-                    .unwrap(),
-            );
-        }
-        for (i, m) in early.iter().enumerate() {
-            let mut buf = vec![0u8; 4096];
-            let b = RecvBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-                tag: i as i32,
-            };
-            // SAFETY: `buf` outlives the request, tested to completion below.
-            let rr = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let c = loop {
-                if let Some(c) = rx.test(rr).unwrap() {
-                    break c;
-                }
-                for r in &sreqs {
-                    let _ = tx.test(*r);
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{p}: receive {i} did not complete"
-                );
-            };
-            assert_eq!(c.sizes(), &[m.len()], "{p}");
-            assert_eq!(&buf[..m.len()], &m[..], "{p}");
-        }
-        // Now the receive first, then a small send: it goes by RMA write into the buffer.
-        let mut buf = vec![0u8; 64];
-        let rb = RecvBuf {
+    each_provider(eager_before_the_receive_and_rma_after_it_in_one_thread_on);
+}
+
+#[test]
+fn cq4_eager_before_the_receive_and_rma_after_it_in_one_thread() {
+    each_provider_cq4(eager_before_the_receive_and_rma_after_it_in_one_thread_on);
+}
+
+fn eager_before_the_receive_and_rma_after_it_in_one_thread_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let early: Vec<Vec<u8>> = (0..10).map(|i| pattern(100 * i, i as u8)).collect();
+    let mut sreqs = Vec::new();
+    for (i, m) in early.iter().enumerate() {
+        // SAFETY: `early` outlives the requests, tested to completion below.
+        sreqs.push(
+            unsafe { tx.isend(m.as_ptr(), m.len(), i as i32) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for (i, m) in early.iter().enumerate() {
+        let mut buf = vec![0u8; 4096];
+        let b = RecvBuf {
             ptr: buf.as_mut_ptr(),
             len: buf.len(),
-            tag: 99,
+            tag: i as i32,
         };
         // SAFETY: `buf` outlives the request, tested to completion below.
-        let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+        let rr = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        // SAFETY: an empty send reads nothing.
-        let sr = unsafe { tx.isend(std::ptr::null(), 0, 99) }
-            .unwrap()
-            .unwrap();
-        let (mut sd, mut rd) = (None, None);
-        while sd.is_none() || rd.is_none() {
+        let c = loop {
+            if let Some(c) = rx.test(rr).unwrap() {
+                break c;
+            }
+            for r in &sreqs {
+                let _ = tx.test(*r);
+            }
             assert!(
                 Instant::now() < deadline,
-                "{p}: empty message did not arrive"
+                "{p}: receive {i} did not complete"
             );
-            if sd.is_none() {
-                sd = tx.test(sr).unwrap();
-            }
-            if rd.is_none() {
-                rd = rx.test(rr).unwrap();
-            }
+        };
+        assert_eq!(c.sizes(), &[m.len()], "{p}");
+        assert_eq!(&buf[..m.len()], &m[..], "{p}");
+    }
+    // Now the receive first, then a small send: it goes by RMA write into the buffer.
+    let mut buf = vec![0u8; 64];
+    let rb = RecvBuf {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        tag: 99,
+    };
+    // SAFETY: `buf` outlives the request, tested to completion below.
+    let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // SAFETY: an empty send reads nothing.
+    let sr = unsafe { tx.isend(std::ptr::null(), 0, 99) }
+        .unwrap()
+        .unwrap();
+    let (mut sd, mut rd) = (None, None);
+    while sd.is_none() || rd.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: empty message did not arrive"
+        );
+        if sd.is_none() {
+            sd = tx.test(sr).unwrap();
         }
-        assert_eq!(rd.unwrap().sizes(), &[0], "{p}");
-    });
+        if rd.is_none() {
+            rd = rx.test(rr).unwrap();
+        }
+    }
+    assert_eq!(rd.unwrap().sizes(), &[0], "{p}");
 }
 
 #[test]
 fn thirty_two_in_flight_and_grouped_receives_by_tag() {
-    each_provider(|p, t| {
-        let (mut tx, mut rx) = pair_on(t);
-        let msgs: Vec<Vec<u8>> = (0..64)
-            .map(|i| {
-                pattern(
-                    if i % 3 == 0 {
-                        100 + i
-                    } else {
-                        1000 + i * 30_000
-                    },
-                    i as u8,
-                )
-            })
-            .collect();
-        let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
-        let mut rreqs = Vec::new();
-        for pair in bufs.chunks_mut(2) {
-            let (a, b) = pair.split_at_mut(1);
-            let rb = [
-                RecvBuf {
-                    ptr: a[0].as_mut_ptr(),
-                    len: a[0].len(),
-                    tag: 1,
+    each_provider(thirty_two_in_flight_and_grouped_receives_by_tag_on);
+}
+
+#[test]
+fn cq4_thirty_two_in_flight_and_grouped_receives_by_tag() {
+    each_provider_cq4(thirty_two_in_flight_and_grouped_receives_by_tag_on);
+}
+
+fn thirty_two_in_flight_and_grouped_receives_by_tag_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let msgs: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            pattern(
+                if i % 3 == 0 {
+                    100 + i
+                } else {
+                    1000 + i * 30_000
                 },
-                RecvBuf {
-                    ptr: b[0].as_mut_ptr(),
-                    len: b[0].len(),
-                    tag: 2,
-                },
-            ];
-            // SAFETY: the buffers outlive the requests, all tested to completion below.
-            rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
-        }
-        let mut sreqs = Vec::new();
-        for (i, m) in msgs.iter().enumerate() {
-            let tag = if i % 2 == 0 { 2 } else { 1 };
-            // SAFETY: `msgs` outlives the requests, all tested to completion below.
-            sreqs.push(
-                unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
-                    .unwrap()
-                    .unwrap(),
-            );
-        }
-        assert!(tx.in_flight() >= 32, "{p}");
-        let mut done_s = vec![false; sreqs.len()];
-        let mut done_r = vec![None; rreqs.len()];
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
-            assert!(
-                Instant::now() < deadline,
-                "{p}: 32 in flight did not complete"
-            );
-            for (i, r) in sreqs.iter().enumerate() {
-                if !done_s[i] {
-                    done_s[i] = tx.test(*r).unwrap().is_some();
-                }
+                i as u8,
+            )
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
+    let mut rreqs = Vec::new();
+    for pair in bufs.chunks_mut(2) {
+        let (a, b) = pair.split_at_mut(1);
+        let rb = [
+            RecvBuf {
+                ptr: a[0].as_mut_ptr(),
+                len: a[0].len(),
+                tag: 1,
+            },
+            RecvBuf {
+                ptr: b[0].as_mut_ptr(),
+                len: b[0].len(),
+                tag: 2,
+            },
+        ];
+        // SAFETY: the buffers outlive the requests, all tested to completion below.
+        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
+    }
+    let mut sreqs = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let tag = if i % 2 == 0 { 2 } else { 1 };
+        // SAFETY: `msgs` outlives the requests, all tested to completion below.
+        sreqs.push(
+            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert!(tx.in_flight() >= 32, "{p}");
+    let mut done_s = vec![false; sreqs.len()];
+    let mut done_r = vec![None; rreqs.len()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: 32 in flight did not complete"
+        );
+        for (i, r) in sreqs.iter().enumerate() {
+            if !done_s[i] {
+                done_s[i] = tx.test(*r).unwrap().is_some();
             }
-            for (i, r) in rreqs.iter().enumerate() {
-                if done_r[i].is_none() {
-                    done_r[i] = rx.test(*r).unwrap();
-                }
+        }
+        for (i, r) in rreqs.iter().enumerate() {
+            if done_r[i].is_none() {
+                done_r[i] = rx.test(*r).unwrap();
             }
         }
-        for (i, c) in done_r.iter().enumerate() {
-            let c = c.unwrap();
-            assert_eq!(
-                c.sizes(),
-                &[msgs[2 * i + 1].len(), msgs[2 * i].len()],
-                "{p}"
-            );
-            assert_eq!(
-                &bufs[2 * i][..msgs[2 * i + 1].len()],
-                &msgs[2 * i + 1][..],
-                "{p}"
-            );
-            assert_eq!(
-                &bufs[2 * i + 1][..msgs[2 * i].len()],
-                &msgs[2 * i][..],
-                "{p}"
-            );
-        }
-    });
+    }
+    for (i, c) in done_r.iter().enumerate() {
+        let c = c.unwrap();
+        assert_eq!(
+            c.sizes(),
+            &[msgs[2 * i + 1].len(), msgs[2 * i].len()],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i][..msgs[2 * i + 1].len()],
+            &msgs[2 * i + 1][..],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i + 1][..msgs[2 * i].len()],
+            &msgs[2 * i][..],
+            "{p}"
+        );
+    }
 }
 
 /// Sends whose receive is not there yet, interleaved with tests, more than the eager credit:
 /// the sender falls back to waiting for the receive (CTS) instead of overrunning.
 #[test]
 fn more_small_sends_than_eager_credit() {
-    each_provider(|p, t| {
-        let (mut tx, mut rx) = pair_on(t);
-        let n = 300;
-        let h = thread::spawn(move || {
-            for i in 0..n {
-                tx.send(&pattern(64, i as u8), 7).unwrap();
-            }
-            tx
-        });
-        thread::sleep(Duration::from_millis(100));
+    each_provider(more_small_sends_than_eager_credit_on);
+}
+
+#[test]
+fn cq4_more_small_sends_than_eager_credit() {
+    each_provider_cq4(more_small_sends_than_eager_credit_on);
+}
+
+fn more_small_sends_than_eager_credit_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let n = 300;
+    let h = thread::spawn(move || {
         for i in 0..n {
-            let mut buf = [0u8; 64];
-            assert_eq!(rx.recv(&mut buf, 7).unwrap(), 64, "{p}");
-            assert_eq!(&buf[..], &pattern(64, i as u8)[..], "{p}: message {i}");
+            tx.send(&pattern(64, i as u8), 7).unwrap();
         }
-        drop(h.join().unwrap());
+        tx
     });
+    thread::sleep(Duration::from_millis(100));
+    for i in 0..n {
+        let mut buf = [0u8; 64];
+        assert_eq!(rx.recv(&mut buf, 7).unwrap(), 64, "{p}");
+        assert_eq!(&buf[..], &pattern(64, i as u8)[..], "{p}: message {i}");
+    }
+    drop(h.join().unwrap());
 }
 
 #[test]
 fn registration_cache_makes_repeated_buffers_free() {
-    each_provider(|p, t| {
-        let (mut tx, mut rx) = pair_on(t);
-        let src = pattern(1 << 20, 3);
-        let h = thread::spawn(move || {
-            for _ in 0..50 {
-                tx.send(&src, 0).unwrap();
-            }
-            tx
-        });
-        let mut buf = vec![0u8; 1 << 20];
-        let t0 = Instant::now();
+    each_provider(registration_cache_makes_repeated_buffers_free_on);
+}
+
+#[test]
+fn cq4_registration_cache_makes_repeated_buffers_free() {
+    each_provider_cq4(registration_cache_makes_repeated_buffers_free_on);
+}
+
+fn registration_cache_makes_repeated_buffers_free_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let src = pattern(1 << 20, 3);
+    let h = thread::spawn(move || {
         for _ in 0..50 {
-            assert_eq!(rx.recv(&mut buf, 0).unwrap(), 1 << 20);
+            tx.send(&src, 0).unwrap();
         }
-        let _tx = h.join().unwrap();
-        let (hits, misses) = rx.mr_stats();
-        eprintln!(
-            "{p}: receiver registrations: {hits} hits, {misses} misses in {:?}",
-            t0.elapsed()
-        );
-        assert_eq!(
-            misses, 1,
-            "{p}: the same buffer was registered more than once"
-        );
-        assert_eq!(hits, 49, "{p}");
+        tx
     });
+    let mut buf = vec![0u8; 1 << 20];
+    let t0 = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(rx.recv(&mut buf, 0).unwrap(), 1 << 20);
+    }
+    let _tx = h.join().unwrap();
+    let (hits, misses) = rx.mr_stats();
+    eprintln!(
+        "{p}: receiver registrations: {hits} hits, {misses} misses in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        misses, 1,
+        "{p}: the same buffer was registered more than once"
+    );
+    assert_eq!(hits, 49, "{p}");
 }
 
 #[test]
 fn truncation_and_tag_mismatch_are_errors_on_both_sides() {
-    each_provider(|p, t| {
-        // Truncation by RMA: the receive is posted first, the sender sees its size.
-        let (mut tx, mut rx) = pair_on(t);
-        let mut small = [0u8; 10];
-        let rb = RecvBuf {
-            ptr: small.as_mut_ptr(),
-            len: small.len(),
-            tag: 5,
-        };
-        // SAFETY: `small` outlives the request (the connection fails and is dropped first).
-        let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
-        let big = [1u8; 100_000];
-        let start = Instant::now();
-        // SAFETY: `big` outlives the request (the connection fails and is dropped first).
-        let sr = unsafe { tx.isend(big.as_ptr(), big.len(), 5) }
-            .unwrap()
-            .unwrap();
-        let (mut se, mut re) = (None, None);
-        while se.is_none() || re.is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "{p}: {se:?} {re:?}"
-            );
-            if se.is_none() {
-                match tx.test(sr) {
-                    Err(e) => se = Some(e),
-                    Ok(Some(_)) => panic!("{p}: truncated send succeeded"),
-                    Ok(None) => {}
-                }
-            }
-            if re.is_none() {
-                match rx.test(rr) {
-                    Err(e) => re = Some(e),
-                    Ok(Some(_)) => panic!("{p}: truncated receive completed"),
-                    Ok(None) => {}
-                }
+    each_provider(truncation_and_tag_mismatch_are_errors_on_both_sides_on);
+}
+
+#[test]
+fn cq4_truncation_and_tag_mismatch_are_errors_on_both_sides() {
+    each_provider_cq4(truncation_and_tag_mismatch_are_errors_on_both_sides_on);
+}
+
+fn truncation_and_tag_mismatch_are_errors_on_both_sides_on(p: &str, t: &Transport) {
+    // Truncation by RMA: the receive is posted first, the sender sees its size.
+    let (mut tx, mut rx) = pair_on(t);
+    let mut small = [0u8; 10];
+    let rb = RecvBuf {
+        ptr: small.as_mut_ptr(),
+        len: small.len(),
+        tag: 5,
+    };
+    // SAFETY: `small` outlives the request (the connection fails and is dropped first).
+    let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    let big = [1u8; 100_000];
+    let start = Instant::now();
+    // SAFETY: `big` outlives the request (the connection fails and is dropped first).
+    let sr = unsafe { tx.isend(big.as_ptr(), big.len(), 5) }
+        .unwrap()
+        .unwrap();
+    let (mut se, mut re) = (None, None);
+    while se.is_none() || re.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{p}: {se:?} {re:?}"
+        );
+        if se.is_none() {
+            match tx.test(sr) {
+                Err(e) => se = Some(e),
+                Ok(Some(_)) => panic!("{p}: truncated send succeeded"),
+                Ok(None) => {}
             }
         }
-        let (se, re) = (se.unwrap(), re.unwrap());
-        assert!(
-            matches!(
-                se,
-                Error::Truncated {
-                    sent: 100_000,
-                    posted: 10,
-                    tag: 5,
-                    ..
-                }
-            ),
-            "{p}: {se}"
-        );
-        assert!(matches!(re, Error::Aborted { .. }), "{p}: {re}");
-        // Truncation and mismatch of an eager message: found by the receiver.
-        let (mut tx, mut rx) = pair_on(t);
-        let h = thread::spawn(move || {
-            let _ = tx.send(&[1u8; 100], 5);
-            tx
-        });
-        let mut small = [0u8; 10];
-        let r = rx.recv(&mut small, 5);
-        assert!(
-            matches!(
-                r,
-                Err(Error::Truncated {
-                    sent: 100,
-                    posted: 10,
-                    tag: 5,
-                    ..
-                })
-            ),
-            "{p}: {r:?}"
-        );
-        drop(h.join().unwrap());
-        let (mut tx, mut rx) = pair_on(t);
-        let h = thread::spawn(move || {
-            let _ = tx.send(&[1u8; 10], 5);
-            tx
-        });
-        let mut buf = [0u8; 10];
-        let r = rx.recv(&mut buf, 6);
-        assert!(
-            matches!(r, Err(Error::TagMismatch { tag: 5, .. })),
-            "{p}: {r:?}"
-        );
-        drop(h.join().unwrap());
+        if re.is_none() {
+            match rx.test(rr) {
+                Err(e) => re = Some(e),
+                Ok(Some(_)) => panic!("{p}: truncated receive completed"),
+                Ok(None) => {}
+            }
+        }
+    }
+    let (se, re) = (se.unwrap(), re.unwrap());
+    assert!(
+        matches!(
+            se,
+            Error::Truncated {
+                sent: 100_000,
+                posted: 10,
+                tag: 5,
+                ..
+            }
+        ),
+        "{p}: {se}"
+    );
+    assert!(matches!(re, Error::Aborted { .. }), "{p}: {re}");
+    // Truncation and mismatch of a small message: found by the receiver when it came eagerly,
+    // by the sender when the receive was posted first (then the receiver hears its ABORT).
+    let (mut tx, mut rx) = pair_on(t);
+    let h = thread::spawn(move || {
+        let r = tx.send(&[1u8; 100], 5);
+        (tx, r)
     });
+    let mut small = [0u8; 10];
+    let r = rx.recv(&mut small, 5);
+    let (tx, sr) = h.join().unwrap();
+    let truncated = |e: &Error| {
+        matches!(
+            e,
+            Error::Truncated {
+                sent: 100,
+                posted: 10,
+                tag: 5,
+                ..
+            }
+        )
+    };
+    match &r {
+        Err(e) if truncated(e) => {}
+        Err(Error::Aborted { .. }) => {
+            assert!(sr.as_ref().is_err_and(truncated), "{p}: sender: {sr:?}")
+        }
+        r => panic!("{p}: {r:?}"),
+    }
+    drop(tx);
+    let (mut tx, mut rx) = pair_on(t);
+    let h = thread::spawn(move || {
+        let r = tx.send(&[1u8; 10], 5);
+        (tx, r)
+    });
+    let mut buf = [0u8; 10];
+    let r = rx.recv(&mut buf, 6);
+    let (tx, sr) = h.join().unwrap();
+    let mismatch = |e: &Error| matches!(e, Error::TagMismatch { tag: 5, .. });
+    match &r {
+        Err(e) if mismatch(e) => {}
+        Err(Error::Aborted { .. }) => {
+            assert!(sr.as_ref().is_err_and(mismatch), "{p}: sender: {sr:?}")
+        }
+        r => panic!("{p}: {r:?}"),
+    }
+    drop(tx);
 }
 
 /// In one process only with `tcp;ofi_rxm`: `shm` maps the peer's memory region, which a peer in
@@ -555,4 +633,422 @@ fn an_unusable_provider_falls_back_to_tcp_which_still_works() {
     assert_eq!(rx.recv(&mut buf, 3).unwrap(), 100_000);
     assert_eq!(buf, pattern(100_000, 1));
     drop(h.join().unwrap());
+}
+
+/// One message from `src` into `dst` with both sides polled from this thread; returns the size
+/// the receiver reported.
+fn transfer_mr(
+    tx: &mut SendConn,
+    rx: &mut RecvConn,
+    src: &[u8],
+    dst: &mut [u8],
+    mhs: (Option<&MemHandle>, Option<&MemHandle>),
+    tag: i32,
+) -> usize {
+    let rb = RecvBuf {
+        ptr: dst.as_mut_ptr(),
+        len: dst.len(),
+        tag,
+    };
+    // SAFETY: `dst` and `src` outlive the requests, tested to completion below.
+    let rr = unsafe { rx.irecv_mr(&[rb], &[mhs.1]) }.unwrap().unwrap();
+    // SAFETY: as above.
+    let sr = unsafe { tx.isend_mr(src.as_ptr(), src.len(), tag, mhs.0) }
+        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut sd, mut rd) = (None, None);
+    while sd.is_none() || rd.is_none() {
+        assert!(Instant::now() < deadline, "transfer did not complete");
+        if sd.is_none() {
+            sd = tx.test(sr).unwrap();
+        }
+        if rd.is_none() {
+            rd = rx.test(rr).unwrap();
+        }
+    }
+    assert_eq!(sd, Some(src.len()));
+    rd.unwrap().sizes()[0]
+}
+
+/// Anonymous memory at a fixed address (`at`, or anywhere), as an allocator reuses it.
+fn map(at: Option<*mut u8>, len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping; MAP_FIXED only over our own earlier mapping, which
+    // was unmapped first.
+    let p = unsafe {
+        libc::mmap(
+            at.map_or(std::ptr::null_mut(), |p| p.cast()),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | if at.is_some() { libc::MAP_FIXED } else { 0 },
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap");
+    p.cast()
+}
+
+/// NCCL's regMr/deregMr through a connection: sends and receives with the handle use its
+/// registration (no cache lookup), deregistration removes every cached registration over the
+/// range, and memory freed and mapped again at the same address with another size is
+/// registered afresh and receives correctly.
+fn registration_through_the_connection_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    const BIG: usize = 2 << 20;
+    let src = pattern(BIG, 9);
+    let sh = tx.reg_mr(src.as_ptr(), src.len()).unwrap();
+    assert!(sh.is_registered(), "{p}");
+    let base = map(None, BIG);
+    // SAFETY: `base` maps BIG writable bytes, unmapped only below.
+    let dst = unsafe { std::slice::from_raw_parts_mut(base, BIG) };
+    let rh = rx.reg_mr(base, BIG).unwrap();
+    let (_, misses0) = rx.mr_stats();
+    // The whole region and a piece of it, with the handles: no registration, no lookup.
+    for (i, (off, n)) in [(0, BIG), (4096 + 3, 100_000), (BIG - 10, 10)]
+        .iter()
+        .enumerate()
+    {
+        dst.fill(0);
+        let got = transfer_mr(
+            &mut tx,
+            &mut rx,
+            &src[*off..off + n],
+            &mut dst[*off..off + n],
+            (Some(&sh), Some(&rh)),
+            i as i32,
+        );
+        assert_eq!(got, *n, "{p}");
+        assert!(dst[*off..off + n] == src[*off..off + n], "{p}: piece {i}");
+    }
+    assert_eq!(
+        rx.mr_stats().1,
+        misses0,
+        "{p}: a send with its handle registered again"
+    );
+    rx.dereg_mr(rh);
+    tx.dereg_mr(sh);
+    // Free the memory; map it again at the same address, smaller, with other contents.
+    // SAFETY: our mapping of BIG bytes; nothing refers to it (the handle was given back).
+    assert_eq!(unsafe { libc::munmap(base.cast(), BIG) }, 0);
+    const SMALL: usize = 256 << 10;
+    let again = map(Some(base), SMALL);
+    assert_eq!(again, base, "{p}: the mapping moved");
+    // SAFETY: `again` maps SMALL writable bytes, unmapped at the end.
+    let dst = unsafe { std::slice::from_raw_parts_mut(again, SMALL) };
+    dst.fill(0xee);
+    let misses1 = rx.mr_stats().1;
+    let rh = rx.reg_mr(again, SMALL).unwrap();
+    assert_eq!(
+        rx.mr_stats().1,
+        misses1 + rx.ofi_rails() as u64,
+        "{p}: the re-registration at the same address was served from a stale cache entry"
+    );
+    let src2 = pattern(SMALL, 77);
+    let sh = tx.reg_mr(src2.as_ptr(), SMALL).unwrap();
+    let got = transfer_mr(&mut tx, &mut rx, &src2, dst, (Some(&sh), Some(&rh)), 5);
+    assert_eq!(got, SMALL, "{p}");
+    assert!(dst[..] == src2[..], "{p}: payload after re-registration");
+    // Without handles, the lookup finds the new registration (a hit, no new registration).
+    dst.fill(0);
+    let (h2, m2) = rx.mr_stats();
+    let got = transfer_mr(
+        &mut tx,
+        &mut rx,
+        &src2[..1000],
+        &mut dst[..1000],
+        (None, None),
+        6,
+    );
+    assert_eq!(got, 1000, "{p}");
+    assert_eq!(rx.mr_stats(), (h2 + rx.ofi_rails() as u64, m2), "{p}");
+    assert!(dst[..1000] == src2[..1000], "{p}");
+    rx.dereg_mr(rh);
+    tx.dereg_mr(sh);
+    drop((tx, rx));
+    // SAFETY: our mapping; the connections that used it are closed.
+    assert_eq!(unsafe { libc::munmap(again.cast(), SMALL) }, 0);
+}
+
+#[test]
+fn registration_through_the_connection() {
+    each_provider(registration_through_the_connection_on);
+}
+
+#[test]
+fn cq4_registration_through_the_connection() {
+    each_provider_cq4(registration_through_the_connection_on);
+}
+
+/// Two rails per connection (`WEFT_OFI_DOMAIN=a,b`): the same domain opened twice, two
+/// different domains (`lo` and `eth0`, where `eth0` exists), and `shm` twice. Striping from
+/// 64 KiB on.
+const MULTI: &[(&str, &str)] = &[
+    ("tcp;ofi_rxm", "lo,lo"),
+    ("tcp;ofi_rxm", "lo,eth0"),
+    ("shm", "shm,shm"),
+];
+const STRIPE: usize = 64 << 10;
+
+fn each_multirail(cq4: bool, f: impl Fn(&str, &Transport)) {
+    for (p, d) in MULTI {
+        let mut c = cfg(p, d);
+        c.ofi_stripe_bytes = STRIPE;
+        if cq4 {
+            c.ofi_cq_data_bytes = Some(4);
+        }
+        let t = Transport::new(c).unwrap();
+        if !t.is_ofi() {
+            let note = t.backend_note().unwrap_or_default().to_string();
+            if d.contains("eth0") && note.contains("\"eth0\"") {
+                eprintln!("skipped {p} [{d}]: {note}");
+                continue;
+            }
+            assert!(
+                !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
+                "libfabric is installed but {p} [{d}] is unusable: {note}"
+            );
+            eprintln!("skipped: {note}");
+            return;
+        }
+        assert_eq!(t.backend(), format!("ofi {p}/{}", d.replace(',', "+")));
+        eprintln!(
+            "provider {p}, rails {d}, cq data {}",
+            if cq4 { 4 } else { 8 }
+        );
+        f(&format!("{p} [{d}]"), &t);
+    }
+}
+
+/// Sizes on both sides of the stripe threshold (and of the eager and 4-byte inline limits),
+/// receives larger than the sends, in order; every byte checked and nothing written past a
+/// message; both rails carry data.
+fn two_rails_around_the_stripe_threshold_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    assert_eq!((tx.ofi_rails(), rx.ofi_rails()), (2, 2), "{p}");
+    let sizes = [
+        0,
+        1,
+        100,
+        8192,
+        8193,
+        40_000,
+        65_535,
+        STRIPE - 1,
+        STRIPE,
+        STRIPE + 1,
+        2 * STRIPE + 1,
+        300_001,
+        1 << 20,
+        (1 << 20) + 3,
+        16 << 20,
+    ];
+    for round in 0..2 {
+        // Round 0: the sender runs ahead (small ones eager); round 1: each receive is posted
+        // before its send (everything by RMA, small ones round robin over the rails).
+        let s2 = sizes;
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let h = thread::spawn(move || {
+            for (i, n) in s2.iter().enumerate() {
+                if round == 1 {
+                    go_rx.recv().unwrap();
+                }
+                tx.send(&pattern(*n, (i + round) as u8), i as i32).unwrap();
+            }
+            tx
+        });
+        for (i, n) in sizes.iter().enumerate() {
+            let mut buf = vec![0xa5u8; n + 4099];
+            let b = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+                tag: i as i32,
+            };
+            let rr = loop {
+                // SAFETY: `buf` outlives the request, tested to completion below.
+                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
+                    break r;
+                }
+            };
+            if round == 1 {
+                go_tx.send(()).unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let c = loop {
+                if let Some(c) = rx.test(rr).unwrap() {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
+            };
+            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
+            assert!(
+                buf[..*n] == pattern(*n, (i + round) as u8)[..],
+                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
+            );
+            assert!(
+                buf[*n..].iter().all(|b| *b == 0xa5),
+                "{p}: round {round}: wrote past message {i}"
+            );
+        }
+        tx = h.join().unwrap();
+    }
+    let per_rail = tx.ofi_rail_bytes();
+    eprintln!("{p}: bytes written per rail {per_rail:?}");
+    assert_eq!(per_rail.len(), 2, "{p}");
+    // The 16 MiB messages alone put 8 MiB on each rail.
+    assert!(per_rail.iter().all(|b| *b >= 8 << 20), "{p}: {per_rail:?}");
+}
+
+#[test]
+fn two_rails_around_the_stripe_threshold() {
+    each_multirail(false, two_rails_around_the_stripe_threshold_on);
+}
+
+#[test]
+fn cq4_two_rails_around_the_stripe_threshold() {
+    each_multirail(true, two_rails_around_the_stripe_threshold_on);
+}
+
+#[test]
+fn two_rails_thirty_two_in_flight_and_registrations() {
+    each_multirail(false, thirty_two_in_flight_and_grouped_receives_by_tag_on);
+    each_multirail(true, thirty_two_in_flight_and_grouped_receives_by_tag_on);
+    each_multirail(true, registration_through_the_connection_on);
+}
+
+/// `WEFT_OFI_MIN_BYTES=64 KiB`: messages under it over the TCP lane, the others over libfabric.
+const LANE_MIN: usize = 64 << 10;
+
+fn each_lane(cq4: bool, f: impl Fn(&str, &Transport)) {
+    for (p, d) in PROVIDERS {
+        let mut c = cfg(p, d);
+        c.ofi_min_bytes = LANE_MIN;
+        c.data_ifname = Some("=lo".parse().unwrap());
+        if cq4 {
+            c.ofi_cq_data_bytes = Some(4);
+        }
+        let t = Transport::new(c).unwrap();
+        if !t.is_ofi() {
+            let note = t.backend_note().unwrap_or_default().to_string();
+            assert!(
+                !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
+                "libfabric is installed but {p} is unusable: {note}"
+            );
+            eprintln!("skipped: {note}");
+            return;
+        }
+        eprintln!("provider {p}, lane under {LANE_MIN} bytes, cq4 {cq4}");
+        f(&format!("{p} (lane)"), &t);
+    }
+}
+
+/// Sizes on both sides of the threshold, in order: the sender ahead (small ones go on the lane
+/// at once, large ones wait for their receive) and each receive posted first (small ones on
+/// the lane with their buffer, large ones by RMA). Every byte checked, nothing written past a
+/// message, and the small ones really took the lane.
+fn by_size_lane_or_libfabric_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    assert_eq!(tx.ofi_lane_msgs(), Some(0), "{p}: no lane");
+    let sizes = [
+        0,
+        1,
+        100,
+        8192,
+        8193,
+        40_000,
+        LANE_MIN - 1,
+        LANE_MIN,
+        LANE_MIN + 1,
+        3,
+        1 << 20,
+        LANE_MIN - 1,
+        7,
+        4 << 20,
+        0,
+    ];
+    let small = sizes.iter().filter(|n| **n < LANE_MIN).count() as u64;
+    for round in 0..2 {
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let h = thread::spawn(move || {
+            for (i, n) in sizes.iter().enumerate() {
+                if round == 1 {
+                    go_rx.recv().unwrap();
+                }
+                tx.send(&pattern(*n, (3 * i + round) as u8), i as i32)
+                    .unwrap();
+            }
+            tx
+        });
+        for (i, n) in sizes.iter().enumerate() {
+            let mut buf = vec![0xa5u8; n + 777];
+            let b = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+                tag: i as i32,
+            };
+            let rr = loop {
+                // SAFETY: `buf` outlives the request, tested to completion below.
+                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
+                    break r;
+                }
+            };
+            if round == 1 {
+                go_tx.send(()).unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let c = loop {
+                if let Some(c) = rx.test(rr).unwrap() {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
+            };
+            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
+            assert!(
+                buf[..*n] == pattern(*n, (3 * i + round) as u8)[..],
+                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
+            );
+            assert!(
+                buf[*n..].iter().all(|b| *b == 0xa5),
+                "{p}: round {round}: wrote past message {i}"
+            );
+        }
+        tx = h.join().unwrap();
+        assert_eq!(
+            tx.ofi_lane_msgs(),
+            Some(small * (round as u64 + 1)),
+            "{p}: messages under {LANE_MIN} bytes not on the lane"
+        );
+    }
+    // The large ones went by RMA: at least 2 x (1 MiB + 4 MiB) written.
+    let written: u64 = tx.ofi_rail_bytes().iter().sum();
+    assert!(written >= 2 * (5 << 20), "{p}: {written} bytes by RMA");
+}
+
+#[test]
+fn by_size_lane_or_libfabric() {
+    each_lane(false, by_size_lane_or_libfabric_on);
+}
+
+#[test]
+fn cq4_by_size_lane_or_libfabric() {
+    each_lane(true, by_size_lane_or_libfabric_on);
+}
+
+/// The main tests with the lane on: grouped receives by tag with both kinds of message in
+/// flight, more small sends than the eager credit, eager-before-receive, and the errors.
+#[test]
+fn lane_with_grouped_receives_credit_and_errors() {
+    each_lane(false, thirty_two_in_flight_and_grouped_receives_by_tag_on);
+    each_lane(false, more_small_sends_than_eager_credit_on);
+    each_lane(
+        false,
+        eager_before_the_receive_and_rma_after_it_in_one_thread_on,
+    );
+    each_lane(
+        false,
+        truncation_and_tag_mismatch_are_errors_on_both_sides_on,
+    );
+    each_lane(true, thirty_two_in_flight_and_grouped_receives_by_tag_on);
 }

@@ -558,6 +558,7 @@ impl Endpoint {
             mr,
             base: ptr as usize,
             len,
+            _dom: dom.clone(),
         };
         if dom.info.mr_mode & sys::FI_MR_ENDPOINT != 0 {
             // SAFETY: fi_mr_bind(mr, &ep->fid, 0) and fi_mr_enable(mr) on live objects.
@@ -589,7 +590,8 @@ impl Drop for Endpoint {
     }
 }
 
-/// One memory registration.
+/// One memory registration. It keeps its domain open: a registration handed out (the plugin's
+/// `regMr` handle) may outlive the connection that made it.
 #[derive(Debug)]
 pub struct Mr {
     mr: *mut sys::fid_mr,
@@ -597,6 +599,7 @@ pub struct Mr {
     pub base: usize,
     /// Registered length.
     pub len: usize,
+    _dom: Arc<Domain>,
 }
 
 // SAFETY: a registration is an immutable handle; closing it is done once, by Drop.
@@ -668,6 +671,28 @@ impl MrCache {
             }
         }
         Ok(m)
+    }
+
+    /// Forgets every cached registration that overlaps `ptr..ptr+len` (its memory is being
+    /// deregistered, and may be freed and reused with other pages at the same address): later
+    /// lookups register afresh. Registrations still held elsewhere (a request in flight, a
+    /// handle) stay valid for their holders. Returns how many entries were dropped.
+    pub fn invalidate(&mut self, ptr: usize, len: usize) -> usize {
+        let end = ptr.saturating_add(len.max(1));
+        let before = self.entries.len();
+        self.entries
+            .retain(|m| m.base >= end || m.base.saturating_add(m.len) <= ptr);
+        before - self.entries.len()
+    }
+
+    /// Registrations cached.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 
     /// Drops every registration (before the endpoint closes).

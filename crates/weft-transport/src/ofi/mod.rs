@@ -9,35 +9,84 @@
 //! # Connection set-up (management network)
 //!
 //! The listen handle is the TCP backend's (nonce and management address, no data address). The
-//! sender opens its endpoint, connects a TCP stream to the management address and writes HELLO
-//! (`nstreams = 0`) followed by a MSG frame whose inline payload is its *address record*
-//! (provider, `fi_getname` address, eager slots); the receiver checks the nonce, opens an
-//! endpoint for the connection, `fi_av_insert`s the sender's address and answers ACK plus its
-//! own record. From then on the TCP stream is the side channel, as in the TCP backend: silent
-//! except for one ABORT when a side gives up, and EOF when the peer process dies. It is also
-//! the liveness watch of a dead peer *host* (keepalive, `TCP_USER_TIMEOUT = timeout`), since an
-//! RDM endpoint has no connection whose death the application would see.
+//! sender opens its endpoints (one per rail), connects a TCP stream to the management address
+//! and writes HELLO (`nstreams = 0`) followed by a MSG frame whose inline payload is its
+//! *address record* (version 2: provider, `fi_getname` address of each rail, eager slots, the
+//! bytes of remote CQ data it can use); the receiver checks the nonce, opens an endpoint per
+//! rail for the connection (as many rails as both sides have), `fi_av_insert`s the sender's
+//! addresses and answers ACK plus its own record, which fixes what the connection uses: the
+//! rails, and the remote CQ data size (the smaller of both sides', with, for 4 bytes, where its
+//! size table is). A version 1 record (one rail, 8 bytes) is still understood. From then on
+//! the TCP stream is the side channel, as in the TCP backend: silent except for one ABORT when
+//! a side gives up, and EOF when the peer process dies. It is also the liveness watch of a dead
+//! peer *host* (keepalive, `TCP_USER_TIMEOUT = timeout`), since an RDM endpoint has no
+//! connection whose death the application would see.
 //!
 //! # Data path (data network), receiver-driven
 //!
 //! Every message has a sequence number (sends and receive buffers match in posting order).
 //! * **CTS**: each `irecv` of `n` buffers sends the sender one clear-to-send message (`fi_send`
-//!   into buffers the sender pre-posted): the first sequence number it covers, and per buffer
-//!   address (virtual, or offset without FI_MR_VIRT_ADDR), remote key, capacity and tag, plus
-//!   the number of eager messages the receiver has consumed (eager credit).
-//! * **RMA**: a send whose CTS is there is one `fi_writedata` straight into the receive buffer;
-//!   the remote CQ data (`size << 32 | request index << 8 | buffer index`) completes it on the
-//!   receiver. Tags pick the buffer with [`crate::proto::select_slot`], the sender choosing.
+//!   on rail 0 into buffers the sender pre-posted): the first sequence number it covers, and
+//!   per buffer its capacity and tag and, per rail, its address (virtual, or offset without
+//!   FI_MR_VIRT_ADDR) and remote key, plus the number of eager messages the receiver has
+//!   consumed (eager credit).
+//! * **RMA**: a send whose CTS is there is written straight into the receive buffer with
+//!   `fi_writedata`, whose remote CQ data completes it on the receiver. Tags pick the buffer
+//!   with [`crate::proto::select_slot`], the sender choosing.
+//!   * *8 bytes of remote CQ data* (`tcp;ofi_rxm`, `shm`): `size << 32 | stripes << 16 |
+//!     request index << 8 | buffer index`.
+//!   * *4 bytes* (`verbs;ofi_rxm`, or `WEFT_OFI_CQ_DATA_BYTES=4`): request index (6 bits),
+//!     buffer index (3), kind (2), the low 5 bits of the message's sequence number (a check
+//!     that the write belongs to this receive), and 16 bits that hold the size of a message
+//!     under 64 KiB (kind *sized*: one write, complete in itself) or the number of stripes
+//!     (kind *data*). A larger or striped message also writes a 16-byte *size record* (size,
+//!     sequence number) into the receiver's registered size table, at the entry of its request
+//!     and buffer, with its own remote CQ data (kind *record*). The receiver completes the
+//!     buffer when it has seen every data write and the record. Each completion with remote CQ
+//!     data is delivered only after that write's data is placed, so this needs no ordering
+//!     between the writes (no FI_ORDER_WAW/RAW), on any provider.
+//! * **Rails** (`WEFT_OFI_DOMAIN=a,b`, up to [`MAX_RAILS`]; a domain may be named twice and is
+//!   then opened twice): a message of at least `WEFT_OFI_STRIPE_BYTES` is cut into one stripe
+//!   per rail, each written on its rail with the stripe count in its CQ data; smaller messages
+//!   go whole to the rails in turn. CTS, eager messages and size records use rail 0. The
+//!   receiver polls every rail's completion queue.
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
 //!   left, is copied into a registered bounce buffer and `fi_send`'s into one of the
 //!   [`EAGER_SLOTS`] buffers the receiver keeps posted; the receiver copies it into the matching
 //!   buffer (or keeps it until the receive is posted). Eager sends are complete once copied.
 //!   Within one grouped receive eager sends are always a prefix (a sender that has the CTS
 //!   uses RMA), so both sides choose the same buffers.
+//! * **TCP lane** (`WEFT_OFI_MIN_BYTES`, default 0 = off): messages under that size go over
+//!   one TCP stream on the data network instead of libfabric, larger ones by RMA as above. The
+//!   sender asks for it in its address record; the receiver opens a listener on its device's
+//!   data address for the connection and answers with it; the sender connects right after the
+//!   handshake and starts the stream with the connection id. Each message carries its sequence
+//!   number, tag, size and the buffer index when the sender knows it (its CTS is there); one
+//!   sent before the CTS (with eager credit, under the same rule as an eager send) has no
+//!   index and lands like an eager message. The receiver places index-less messages (eager or
+//!   lane) strictly in sequence order within their receive, since the two ways may overtake
+//!   each other; they are a prefix of it, so both sides choose the same buffers, and messages
+//!   complete in order whatever way they took. The sender's lane send is complete once copied.
+//!
+//! # Registration
+//!
+//! Buffers are registered through a per-rail cache ([`fabric::MrCache`]). The plugin's
+//! regMr/deregMr go through the connection ([`SendConn::reg_mr`], [`SendConn::dereg_mr`]): a
+//! [`Registration`] holds the buffer's registration on every rail, and sends and receives that
+//! pass it use it without a lookup. Registering drops every cached entry over the range first,
+//! and deregistering drops every cached entry over it, so memory freed after deregMr and
+//! reused (even at the same address) is never reached through an old registration.
 //!
 //! # Limits
-//! Requires remote CQ data of 8 bytes (`tcp;ofi_rxm`, `shm`; `verbs;ofi_rxm` offers 4 and is
-//! refused for now) and messages up to 4 GiB - 1 and `max_msg_size`. Host memory only.
+//! Remote CQ data of 4 or 8 bytes (both work; the 4-byte protocol costs a second write for
+//! messages of 64 KiB and more), messages up to 4 GiB - 1 and `max_msg_size`, at most
+//! [`MAX_RAILS`] rails, all of one provider. Host memory only (no FI_HMEM, no dmabuf). Size
+//! records, CTS and eager messages do not stripe. The TCP lane is one stream (messages up to
+//! 16 MiB), not the TCP backend's multi-stream engine; a lane whose sender cannot write for
+//! `timeout` fails (a receiver that stops polling for that long with more than the socket
+//! buffers queued on the lane trips it). A cut data link is seen by neither RDM endpoints nor
+//! the lane's receiver until the provider or the kernel gives up (the side channel runs on the
+//! management network).
 
 pub mod fabric;
 pub mod sys;
@@ -69,10 +118,36 @@ const CTS_RX_SLOTS: usize = 2 * MAX_RECV_REQUESTS;
 const CTS_TX_SLOTS: usize = MAX_RECV_REQUESTS;
 const HDR: usize = 24;
 const EAGER_BUF: usize = HDR + EAGER_MAX;
+/// A CTS entry of rail 0 (address, key, capacity, tag); each further rail adds its address
+/// and key.
 const CTS_ENTRY: usize = 32;
-const CTS_BUF: usize = 32 + CTS_ENTRY * MAX_RECVS;
+const CTS_RAIL: usize = 16;
+const CTS_BUF: usize = 32 + (CTS_ENTRY + CTS_RAIL * (MAX_RAILS - 1)) * MAX_RECVS;
+
+/// Bytes of one CTS entry with `rails` rails.
+fn cts_entry(rails: usize) -> usize {
+    CTS_ENTRY + CTS_RAIL * (rails - 1)
+}
 const K_EAGER: u32 = 1;
 const K_CTS: u32 = 2;
+/// A size record of the 4-byte protocol: message size and sequence number, little endian.
+const REC: usize = 16;
+// The 4-byte remote CQ data: bits 0..6 request index, 6..9 buffer index, 9..11 kind, 11..16 the
+// low bits of the message's sequence number, 16..32 the size of a small message.
+const IMM_SLOT_SHIFT: u32 = 6;
+const IMM_KIND_SHIFT: u32 = 9;
+const IMM_CHECK_SHIFT: u32 = 11;
+const IMM_CHECK_MASK: u64 = 0x1f;
+const IMM_SIZE_SHIFT: u32 = 16;
+/// Largest message whose size rides in the 4-byte remote CQ data itself.
+const IMM_SIZE_MAX: usize = 0xffff;
+/// Kind: the data, with its size in bits 16..32 (complete in itself).
+const IMM_SIZED: u64 = 0;
+/// Kind: the data; the size comes in a size record.
+const IMM_DATA: u64 = 1;
+/// Kind: the size record of the buffer, written into the receiver's size table.
+const IMM_RECORD: u64 = 2;
+const _: () = assert!(MAX_RECV_REQUESTS <= 1 << IMM_SLOT_SHIFT && MAX_RECVS <= 8);
 /// Tag of the MSG frame that carries an address record in the handshake.
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// Reject code: the sender is not an ofi sender (TCP backend on the other side).
@@ -81,10 +156,20 @@ const REJECT_NOT_OFI: u16 = 100;
 /// Default provider preference when `WEFT_OFI_PROVIDER` is unset.
 pub const DEFAULT_PROVIDERS: &[&str] = &["verbs;ofi_rxm", "tcp;ofi_rxm"];
 
-/// The libfabric backend of a host: one opened domain per data device.
+/// Most rails (domains) of one ofi connection.
+pub const MAX_RAILS: usize = 4;
+
+/// The libfabric backend of a host: one opened domain per data device, plus the domains of its
+/// further rails (`WEFT_OFI_DOMAIN=a,b,...`).
 #[derive(Debug)]
 pub struct Backend {
     domains: Vec<Arc<Domain>>,
+    /// Per device, the domains of rails 1.. (empty: one rail).
+    more: Vec<Vec<Arc<Domain>>>,
+    /// Per device, the address of its first data interface (where a TCP lane listens).
+    lane_addrs: Vec<Option<IpAddr>>,
+    /// `WEFT_OFI_CQ_DATA_BYTES`.
+    cq_force: Option<usize>,
 }
 
 impl Backend {
@@ -96,6 +181,24 @@ impl Backend {
             Some(p) => vec![p.clone()],
             None => DEFAULT_PROVIDERS.iter().map(|s| s.to_string()).collect(),
         };
+        // WEFT_OFI_DOMAIN=a,b: rail 0 on domain a, rail 1 on domain b (a domain named twice is
+        // opened twice).
+        let names: Vec<String> = cfg
+            .ofi_domain
+            .as_deref()
+            .map(|v| {
+                v.split(',')
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.len() > MAX_RAILS {
+            return Err(format!(
+                "WEFT_OFI_DOMAIN names {} domains (at most {MAX_RAILS} rails)",
+                names.len()
+            ));
+        }
         let mut why = Vec::new();
         for prov in &wanted {
             let infos = match fabric::query(&lib, prov) {
@@ -112,10 +215,10 @@ impl Backend {
             let usable: Vec<_> = infos
                 .into_iter()
                 .filter(|(i, _)| {
-                    let ok = i.cq_data_size >= 8;
+                    let ok = usable_cq_data(i);
                     if !ok {
                         why.push(format!(
-                            "{}/{}: {}-byte remote CQ data (8 needed)",
+                            "{}/{}: {}-byte remote CQ data (4 needed)",
                             i.provider, i.domain, i.cq_data_size
                         ));
                     }
@@ -131,9 +234,9 @@ impl Backend {
             for d in devices {
                 // Domain: WEFT_OFI_DOMAIN, else the one named like the device's first data
                 // interface (tcp names domains after interfaces), else the provider's first.
-                let name = cfg
-                    .ofi_domain
-                    .clone()
+                let name = names
+                    .first()
+                    .cloned()
                     .unwrap_or_else(|| d.rails.first().map_or(String::new(), |r| r.iface.clone()));
                 let pick = infos
                     .iter()
@@ -178,21 +281,66 @@ impl Backend {
                     None => return Err(format!("{prov}: no domain for device {}", d.name)),
                 }
             }
-            return Ok(Backend { domains });
+            let mut more = Vec::new();
+            for _ in devices {
+                let mut rails = Vec::new();
+                for name in names.iter().skip(1) {
+                    let (info, fi) = fabric::query(&lib, prov)?
+                        .into_iter()
+                        .find(|(i, _)| i.domain == *name && usable_cq_data(i))
+                        .ok_or_else(|| {
+                            format!("{prov}: no domain named {name:?} (WEFT_OFI_DOMAIN)")
+                        })?;
+                    rails.push(Arc::new(Domain::open(info, fi)?));
+                }
+                more.push(rails);
+            }
+            return Ok(Backend {
+                domains,
+                more,
+                lane_addrs: devices
+                    .iter()
+                    .map(|d| d.rails.first().map(|r| r.addr))
+                    .collect(),
+                cq_force: cfg.ofi_cq_data_bytes,
+            });
         }
         Err(format!("no usable libfabric provider: {}", why.join("; ")))
     }
 
-    /// `provider/domain` of device `dev`.
+    /// `provider/domain` of device `dev` (`provider/a+b` with several rails).
     pub fn describe(&self, dev: usize) -> String {
         self.domains.get(dev).map_or_else(String::new, |d| {
-            format!("{}/{}", d.info.provider, d.info.domain)
+            let mut s = format!("{}/{}", d.info.provider, d.info.domain);
+            for m in self.more.get(dev).into_iter().flatten() {
+                s.push('+');
+                s.push_str(&m.info.domain);
+            }
+            s
         })
+    }
+
+    /// Rails (domains) of device `dev`.
+    pub fn rails(&self, dev: usize) -> usize {
+        1 + self.more.get(dev).map_or(0, Vec::len)
+    }
+
+    fn rail_domains(&self, dev: usize) -> Result<Vec<Arc<Domain>>> {
+        let mut v = vec![self.domain(dev)?.clone()];
+        v.extend(self.more.get(dev).into_iter().flatten().cloned());
+        Ok(v)
     }
 
     /// What the provider of device `dev` reported.
     pub fn info(&self, dev: usize) -> Option<&DomainInfo> {
         self.domains.get(dev).map(|d| &d.info)
+    }
+
+    /// Bytes of remote CQ data this side can use on `dom`: 8, or 4 (the provider offers less
+    /// than 8, or `WEFT_OFI_CQ_DATA_BYTES=4`).
+    fn cq_bytes(&self, dom: &Domain) -> u8 {
+        let n = dom.info.cq_data_size.min(self.cq_force.unwrap_or(8));
+        if n >= 8 { 8 } else { 4 }
     }
 
     fn domain(&self, dev: usize) -> Result<&Arc<Domain>> {
@@ -248,19 +396,32 @@ impl Backend {
         handle: &[u8],
     ) -> Result<Connecting> {
         let h = ListenHandle::decode(handle)?;
-        let dom = self.domain(dev)?.clone();
+        let doms = self.rail_domains(dev)?;
+        let dom = doms[0].clone();
         let link = Link {
             peer: h.mgmt,
             iface: mgmt.1.to_string(),
         };
-        let ep = Endpoint::open(&dom, 4096)
-            .map_err(|e| ofi_err(&link, "fi_endpoint", Stage::Connect, e))?;
+        let mut eps = Vec::new();
+        let mut names = Vec::new();
+        for d in &doms {
+            let ep = Endpoint::open(d, 4096)
+                .map_err(|e| ofi_err(&link, "fi_endpoint", Stage::Connect, e))?;
+            names.push(
+                ep.name()
+                    .map_err(|e| ofi_err(&link, "fi_getname", Stage::Connect, e))?,
+            );
+            eps.push(ep);
+        }
         let rec = AddrRecord {
             provider: dom.info.provider.clone(),
-            addr: ep
-                .name()
-                .map_err(|e| ofi_err(&link, "fi_getname", Stage::Connect, e))?,
+            addr: names.remove(0),
             eager_slots: EAGER_SLOTS as u32,
+            cq_data: self.cq_bytes(&dom),
+            table: None,
+            more: names,
+            min_bytes: cfg.ofi_min_bytes as u32,
+            lane: None,
         };
         let conn_id = crate::tcp::random_u64();
         let mut out = Vec::new();
@@ -289,9 +450,17 @@ impl Backend {
             nonce: h.nonce,
             conn_id,
             deadline: Instant::now() + cfg.timeout,
-            ep: Some(ep),
+            eps,
+            cq_data: rec.cq_data,
+            lane_local: self.lane_addrs.get(dev).copied().flatten(),
         })
     }
+}
+
+/// Whether the protocol works with the provider's remote CQ data: 4 bytes (the 4-byte
+/// protocol, `verbs;ofi_rxm`) or more.
+fn usable_cq_data(i: &DomainInfo) -> bool {
+    i.cq_data_size >= 4
 }
 
 fn ofi_err(link: &Link, op: &'static str, stage: Stage, message: String) -> Error {
@@ -346,31 +515,67 @@ fn open_side(
     Ok(s)
 }
 
-/// What each side tells the other in the handshake.
+/// What each side tells the other in the handshake. Version 2 adds the remote CQ data bytes
+/// (the sender: what it can use; the receiver: what the connection uses, the smaller of both)
+/// and, from a receiver using 4 bytes, where its size table is (address or offset, key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AddrRecord {
     provider: String,
     addr: Vec<u8>,
     eager_slots: u32,
+    cq_data: u8,
+    table: Option<(u64, u64)>,
+    /// Addresses of rails 1.. (the sender: its rails; the receiver: those the connection uses).
+    more: Vec<Vec<u8>>,
+    /// The sender: messages under this size go over a TCP lane (`WEFT_OFI_MIN_BYTES`; 0: no
+    /// lane). The receiver: echoes it when it opened the lane.
+    min_bytes: u32,
+    /// The receiver: where its TCP lane listens (on its data interface).
+    lane: Option<SocketAddr>,
 }
 
 impl AddrRecord {
     fn encode(&self, out: &mut Vec<u8>) {
         let mut p = Vec::new();
         p.extend_from_slice(b"WOFI");
-        p.push(1);
+        p.push(2);
         p.push(self.provider.len().min(255) as u8);
         p.extend_from_slice(&self.provider.as_bytes()[..self.provider.len().min(255)]);
         p.extend_from_slice(&(self.addr.len() as u16).to_be_bytes());
         p.extend_from_slice(&self.addr);
         p.extend_from_slice(&self.eager_slots.to_be_bytes());
+        p.push(self.cq_data);
+        let (ta, tk) = self.table.unwrap_or((0, 0));
+        p.push(u8::from(self.table.is_some()));
+        p.extend_from_slice(&ta.to_be_bytes());
+        p.extend_from_slice(&tk.to_be_bytes());
+        p.push(self.more.len() as u8);
+        for a in &self.more {
+            p.extend_from_slice(&(a.len() as u16).to_be_bytes());
+            p.extend_from_slice(a);
+        }
+        p.extend_from_slice(&self.min_bytes.to_be_bytes());
+        match self.lane {
+            None => p.push(0),
+            Some(SocketAddr::V4(a)) => {
+                p.push(4);
+                p.extend_from_slice(&a.ip().octets());
+                p.extend_from_slice(&a.port().to_be_bytes());
+            }
+            Some(SocketAddr::V6(a)) => {
+                p.push(6);
+                p.extend_from_slice(&a.ip().octets());
+                p.extend_from_slice(&a.port().to_be_bytes());
+            }
+        }
         Frame::encode_msg(out, ADDR_TAG, Some(&p), p.len() as u64, 0);
     }
 
     fn decode(p: &[u8]) -> Option<AddrRecord> {
-        if p.len() < 6 || &p[..4] != b"WOFI" || p[4] != 1 {
+        if p.len() < 6 || &p[..4] != b"WOFI" || !(1..=2).contains(&p[4]) {
             return None;
         }
+        let version = p[4];
         let pl = p[5] as usize;
         let provider = String::from_utf8(p.get(6..6 + pl)?.to_vec()).ok()?;
         let at = 6 + pl;
@@ -378,10 +583,56 @@ impl AddrRecord {
         let addr = p.get(at + 2..at + 2 + al)?.to_vec();
         let at = at + 2 + al;
         let eager_slots = u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?);
+        let at = at + 4;
+        let mut min_bytes = 0;
+        let mut lane = None;
+        let (cq_data, table, more) = if version == 1 {
+            (8, None, Vec::new())
+        } else {
+            let cq = *p.get(at)?;
+            let has = *p.get(at + 1)? != 0;
+            let ta = u64::from_be_bytes(p.get(at + 2..at + 10)?.try_into().ok()?);
+            let tk = u64::from_be_bytes(p.get(at + 10..at + 18)?.try_into().ok()?);
+            let n = *p.get(at + 18)? as usize;
+            if n >= MAX_RAILS {
+                return None;
+            }
+            let mut at = at + 19;
+            let mut more = Vec::with_capacity(n);
+            for _ in 0..n {
+                let l = u16::from_be_bytes(p.get(at..at + 2)?.try_into().ok()?) as usize;
+                more.push(p.get(at + 2..at + 2 + l)?.to_vec());
+                at += 2 + l;
+            }
+            min_bytes = u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?);
+            let at = at + 4;
+            let ip_len = match *p.get(at)? {
+                0 => 0,
+                4 => 4,
+                6 => 16,
+                _ => return None,
+            };
+            if ip_len > 0 {
+                let ip: IpAddr = if ip_len == 4 {
+                    <[u8; 4]>::try_from(p.get(at + 1..at + 5)?).ok()?.into()
+                } else {
+                    <[u8; 16]>::try_from(p.get(at + 1..at + 17)?).ok()?.into()
+                };
+                let port =
+                    u16::from_be_bytes(p.get(at + 1 + ip_len..at + 3 + ip_len)?.try_into().ok()?);
+                lane = Some(SocketAddr::new(ip, port));
+            }
+            (cq, has.then_some((ta, tk)), more)
+        };
         Some(AddrRecord {
             provider,
             addr,
             eager_slots,
+            cq_data,
+            table,
+            more,
+            min_bytes,
+            lane,
         })
     }
 }
@@ -401,7 +652,11 @@ pub struct Connecting {
     nonce: u64,
     conn_id: u64,
     deadline: Instant,
-    ep: Option<Endpoint>,
+    /// One endpoint per rail; taken when established.
+    eps: Vec<Endpoint>,
+    cq_data: u8,
+    /// The address of our data interface, to bind a TCP lane to.
+    lane_local: Option<IpAddr>,
 }
 
 impl std::fmt::Debug for Connecting {
@@ -519,9 +774,11 @@ impl Connecting {
     }
 
     fn establish(&mut self, rec: AddrRecord) -> Result<SendConn> {
-        let Some(mut ep) = self.ep.take() else {
+        if self.eps.is_empty() {
             return Err(Error::Usage("connection already established".into()));
-        };
+        }
+        let mut eps = std::mem::take(&mut self.eps);
+        let ep = &eps[0];
         if rec.provider != ep.dom.info.provider {
             return Err(Error::Rejected {
                 peer: self.link.peer,
@@ -532,8 +789,37 @@ impl Connecting {
                 ),
             });
         }
-        ep.set_peer(&rec.addr)
-            .map_err(|e| ofi_err(&self.link, "fi_av_insert", Stage::Handshake, e))?;
+        // The receiver answers with what the connection uses: at most what we offered.
+        let cq4 = match rec.cq_data.min(self.cq_data) {
+            8 => false,
+            4 if rec.table.is_some() => true,
+            n => {
+                return Err(Error::Rejected {
+                    peer: self.link.peer,
+                    iface: self.link.iface.clone(),
+                    reason: format!(
+                        "the listener answered with {n}-byte remote CQ data{} (4 or 8 expected)",
+                        if rec.table.is_none() {
+                            " and no size table"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
+            }
+        };
+        // The receiver answers with the rails the connection uses: at most ours.
+        if rec.more.len() >= eps.len() {
+            return Err(self.bad("address record with no more rails than offered"));
+        }
+        eps.truncate(1 + rec.more.len());
+        for (ep, addr) in eps
+            .iter_mut()
+            .zip(std::iter::once(&rec.addr).chain(&rec.more))
+        {
+            ep.set_peer(addr)
+                .map_err(|e| ofi_err(&self.link, "fi_av_insert", Stage::Handshake, e))?;
+        }
         let sock: TcpStream = self
             .sock
             .try_clone()
@@ -541,9 +827,34 @@ impl Connecting {
             .into();
         let link = Link {
             peer: self.link.peer,
-            iface: format!("{} ({})", self.link.iface, describe(&ep)),
+            iface: format!("{} ({})", self.link.iface, describe(&eps)),
         };
-        SendConn::new(ep, link, sock, rec.eager_slots)
+        let lane = match rec.lane {
+            Some(addr) if self.cfg.ofi_min_bytes > 0 && rec.min_bytes > 0 => {
+                let local = self.lane_local.filter(|l| l.is_ipv4() == addr.is_ipv4());
+                Some(LaneTx::connect(
+                    addr,
+                    local,
+                    self.conn_id,
+                    &self.cfg,
+                    &link,
+                )?)
+            }
+            _ => None,
+        };
+        let mut s = SendConn::new(
+            eps,
+            link,
+            sock,
+            rec.eager_slots,
+            rec.table.filter(|_| cq4),
+            self.cfg.ofi_stripe_bytes,
+        )?;
+        if lane.is_some() {
+            s.min_bytes = self.cfg.ofi_min_bytes;
+            s.lane = lane;
+        }
+        Ok(s)
     }
 
     /// Polls until connected or failed (at most the configured timeout).
@@ -557,8 +868,16 @@ impl Connecting {
     }
 }
 
-fn describe(ep: &Endpoint) -> String {
-    format!("ofi {}/{}", ep.dom.info.provider, ep.dom.info.domain)
+fn describe(eps: &[Endpoint]) -> String {
+    let mut s = String::from("ofi ");
+    for (i, ep) in eps.iter().enumerate() {
+        if i == 0 {
+            s.push_str(&format!("{}/{}", ep.dom.info.provider, ep.dom.info.domain));
+        } else {
+            s.push_str(&format!("+{}", ep.dom.info.domain));
+        }
+    }
+    s
 }
 
 struct PendingAccept {
@@ -739,7 +1058,8 @@ impl Listener {
     }
 
     fn finish(&mut self, i: usize, nonce: u64, conn_id: u64, rec: AddrRecord) -> Result<RecvConn> {
-        let dom = self.backend.domain(self.dev)?.clone();
+        let doms = self.backend.rail_domains(self.dev)?;
+        let dom = doms[0].clone();
         let p = &self.pending[i];
         if rec.provider != dom.info.provider {
             let mut v = Vec::new();
@@ -759,24 +1079,67 @@ impl Listener {
                 ),
             });
         }
-        let mut ep = Endpoint::open(&dom, 4096)
-            .map_err(|e| ofi_err(&p.link, "fi_endpoint", Stage::Accept, e))?;
-        ep.set_peer(&rec.addr)
-            .map_err(|e| ofi_err(&p.link, "fi_av_insert", Stage::Accept, e))?;
-        let mine = AddrRecord {
-            provider: dom.info.provider.clone(),
-            addr: ep
-                .name()
-                .map_err(|e| ofi_err(&p.link, "fi_getname", Stage::Accept, e))?,
-            eager_slots: EAGER_SLOTS as u32,
-        };
+        // Remote CQ data: the smaller of both sides' (a version 1 sender said nothing: 8).
+        let cq_data = rec.cq_data.min(self.backend.cq_bytes(&dom));
+        if cq_data < 4 {
+            let mut v = Vec::new();
+            Frame::Reject {
+                nonce,
+                conn_id,
+                reason: RejectReason::Other(REJECT_NOT_OFI),
+            }
+            .encode(&mut v);
+            let _ = (&p.sock).write(&v);
+            return Err(Error::Rejected {
+                peer: p.link.peer,
+                iface: p.link.iface.clone(),
+                reason: format!("refused: the sender offers {cq_data}-byte remote CQ data"),
+            });
+        }
+        // Rails: as many as both sides have.
+        let n = doms.len().min(1 + rec.more.len());
+        let mut eps = Vec::new();
+        let mut names = Vec::new();
+        for (d, addr) in doms
+            .iter()
+            .zip(std::iter::once(&rec.addr).chain(&rec.more))
+            .take(n)
+        {
+            let mut ep = Endpoint::open(d, 4096)
+                .map_err(|e| ofi_err(&p.link, "fi_endpoint", Stage::Accept, e))?;
+            ep.set_peer(addr)
+                .map_err(|e| ofi_err(&p.link, "fi_av_insert", Stage::Accept, e))?;
+            names.push(
+                ep.name()
+                    .map_err(|e| ofi_err(&p.link, "fi_getname", Stage::Accept, e))?,
+            );
+            eps.push(ep);
+        }
         let link = Link {
             peer: p.link.peer,
-            iface: format!("{} ({})", p.link.iface, describe(&ep)),
+            iface: format!("{} ({})", p.link.iface, describe(&eps)),
         };
         let sock = p.sock.try_clone().map_err(|e| Error::local("dup", &e))?;
         // Post the eager buffers before the sender can learn our address.
-        let conn = RecvConn::new(ep, link.clone(), sock)?;
+        let mut conn = RecvConn::new(eps, link.clone(), sock, cq_data == 4)?;
+        // A TCP lane for small messages, when the sender asks for one.
+        let lane_ip = self.backend.lane_addrs.get(self.dev).copied().flatten();
+        let mut lane = None;
+        if let (true, Some(ip)) = (rec.min_bytes > 0, lane_ip) {
+            let l = LaneRx::listen(ip, conn_id, &self.cfg)?;
+            lane = Some(l.addr);
+            conn.lane = Some(l);
+        }
+        let mine = AddrRecord {
+            provider: dom.info.provider.clone(),
+            addr: names.remove(0),
+            eager_slots: EAGER_SLOTS as u32,
+            cq_data,
+            table: conn.table_remote(),
+            more: names,
+            min_bytes: if lane.is_some() { rec.min_bytes } else { 0 },
+            lane,
+        };
         let mut v = Vec::new();
         Frame::Ack { nonce, conn_id }.encode(&mut v);
         mine.encode(&mut v);
@@ -860,6 +1223,267 @@ impl Side {
     }
 }
 
+// ------------------------------------------------------------------------------------------
+// TCP lane (WEFT_OFI_MIN_BYTES): small messages over a TCP stream on the data network.
+
+/// Header of a message on a TCP lane: sequence number, tag, buffer index (`u32::MAX`: not
+/// known to the sender, the receiver picks it as for an eager message), size.
+const LANE_HDR: usize = 24;
+const LANE_NO_SLOT: u32 = u32::MAX;
+/// Largest message a lane carries (the bound of `WEFT_OFI_MIN_BYTES`).
+const LANE_MAX: usize = 16 << 20;
+
+/// A lane message as the receiver reads it.
+struct LaneMsg {
+    seq: u64,
+    tag: i32,
+    slot: Option<usize>,
+    payload: Vec<u8>,
+}
+
+/// The sender's end of a TCP lane: a non-blocking stream to the receiver's lane listener,
+/// opened right after the handshake, that starts with the connection id.
+struct LaneTx {
+    sock: Socket,
+    peer: SocketAddr,
+    connected: bool,
+    out: Vec<u8>,
+    pos: usize,
+    deadline: Instant,
+    timeout: Duration,
+    /// Messages sent over the lane (statistics).
+    msgs: u64,
+}
+
+impl LaneTx {
+    fn connect(
+        addr: SocketAddr,
+        local: Option<IpAddr>,
+        conn_id: u64,
+        cfg: &Config,
+        link: &Link,
+    ) -> Result<LaneTx> {
+        let e = |op: &'static str, err: &io::Error| {
+            Link {
+                peer: addr,
+                iface: link.iface.clone(),
+            }
+            .io(op, Stage::Connect, err)
+        };
+        let s = Socket::new(
+            SockDomain::for_address(addr),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )
+        .map_err(|x| e("lane socket", &x))?;
+        s.set_nonblocking(true)
+            .and_then(|()| s.set_tcp_nodelay(true))
+            .map_err(|x| e("lane setsockopt", &x))?;
+        if let Some(l) = local {
+            s.bind(&SocketAddr::new(l, 0).into())
+                .map_err(|x| e("lane bind", &x))?;
+        }
+        match s.connect(&SockAddr::from(addr)) {
+            Ok(()) => {}
+            Err(x) if x.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(x) => return Err(e("lane connect", &x)),
+        }
+        Ok(LaneTx {
+            sock: s,
+            peer: addr,
+            connected: false,
+            out: conn_id.to_le_bytes().to_vec(),
+            pos: 0,
+            deadline: Instant::now() + cfg.timeout,
+            timeout: cfg.timeout,
+            msgs: 0,
+        })
+    }
+
+    /// Queues one message (copied: the send is complete once this returns).
+    fn push(&mut self, seq: u64, tag: i32, slot: Option<usize>, payload: &[u8]) {
+        let mut h = [0u8; LANE_HDR];
+        put_u64(&mut h, 0, seq);
+        put_u32(&mut h, 8, tag as u32);
+        put_u32(&mut h, 12, slot.map_or(LANE_NO_SLOT, |s| s as u32));
+        put_u64(&mut h, 16, payload.len() as u64);
+        self.out.extend_from_slice(&h);
+        self.out.extend_from_slice(payload);
+        self.msgs += 1;
+        // Writing resets the bound: it covers a stream that accepts nothing for that long.
+        if self.pos == self.out.len() - h.len() - payload.len() {
+            self.deadline = Instant::now() + self.timeout;
+        }
+    }
+
+    /// Whether bytes are still queued.
+    fn pending(&self) -> bool {
+        self.pos < self.out.len()
+    }
+
+    /// Connects and writes what it can without blocking. Bounded: a lane that does not connect,
+    /// or takes nothing of queued bytes for `timeout`, is an error.
+    fn flush(&mut self, link: &Link) -> Result<()> {
+        let lane = || Link {
+            peer: self.peer,
+            iface: link.iface.clone(),
+        };
+        if !self.connected {
+            if poll_fd(self.sock.as_raw_fd(), libc::POLLOUT) == 0 {
+                if Instant::now() >= self.deadline {
+                    return Err(lane().timeout(Stage::Connect, self.timeout));
+                }
+                return Ok(());
+            }
+            match self.sock.take_error() {
+                Ok(None) => self.connected = true,
+                Ok(Some(e)) | Err(e) => return Err(lane().io("lane connect", Stage::Connect, &e)),
+            }
+        }
+        let start = self.pos;
+        while self.pos < self.out.len() {
+            match (&self.sock).write(&self.out[self.pos..]) {
+                Ok(n) => self.pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(lane().io("lane send", Stage::Data, &e)),
+            }
+        }
+        if self.pos > start {
+            self.deadline = Instant::now() + self.timeout;
+        } else if self.pending() && Instant::now() >= self.deadline {
+            return Err(lane().timeout(Stage::Data, self.timeout));
+        }
+        if self.pos == self.out.len() {
+            self.out.clear();
+            self.pos = 0;
+        } else if self.pos >= 1 << 20 {
+            self.out.drain(..self.pos);
+            self.pos = 0;
+        }
+        Ok(())
+    }
+}
+
+/// The receiver's end of a TCP lane: its own listener on the data interface, until the
+/// sender's stream (which must start with the connection id) arrives.
+struct LaneRx {
+    addr: SocketAddr,
+    listener: Option<TcpListener>,
+    sock: Option<TcpStream>,
+    conn_id: u64,
+    authed: bool,
+    inbuf: Vec<u8>,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl LaneRx {
+    fn listen(ip: IpAddr, conn_id: u64, cfg: &Config) -> Result<LaneRx> {
+        let sa = SocketAddr::new(ip, 0);
+        let op = || format!("TCP lane listener on {sa}");
+        let l = TcpListener::bind(sa).map_err(|e| Error::local(op(), &e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| Error::local(op(), &e))?;
+        let addr = l.local_addr().map_err(|e| Error::local(op(), &e))?;
+        Ok(LaneRx {
+            addr,
+            listener: Some(l),
+            sock: None,
+            conn_id,
+            authed: false,
+            inbuf: Vec::new(),
+            deadline: Instant::now() + cfg.timeout,
+            timeout: cfg.timeout,
+        })
+    }
+
+    /// Accepts the sender's stream and reads the messages that are complete.
+    fn poll(&mut self, link: &Link, out: &mut Vec<LaneMsg>) -> Result<()> {
+        let lane = |peer: SocketAddr| Link {
+            peer,
+            iface: link.iface.clone(),
+        };
+        if self.sock.is_none() {
+            let Some(l) = &self.listener else {
+                return Ok(());
+            };
+            match l.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(true)
+                        .and_then(|()| s.set_nodelay(true))
+                        .map_err(|e| lane(self.addr).io("lane accept", Stage::Accept, &e))?;
+                    self.sock = Some(s);
+                    self.listener = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= self.deadline {
+                        return Err(lane(self.addr).timeout(Stage::Accept, self.timeout));
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(lane(self.addr).io("lane accept", Stage::Accept, &e)),
+            }
+        }
+        let Some(sock) = &self.sock else {
+            return Ok(());
+        };
+        let peer = sock.peer_addr().unwrap_or(self.addr);
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            match (&*sock).read(&mut buf) {
+                // The sender closed its end: the side channel tells whether it is gone.
+                Ok(0) => break,
+                Ok(n) => self.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(lane(peer).io("lane recv", Stage::Data, &e)),
+            }
+        }
+        let bad = |got: &'static str| {
+            lane(peer).protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got,
+                    expected: "a TCP lane message",
+                },
+            )
+        };
+        let mut at = 0;
+        if !self.authed {
+            if self.inbuf.len() < 8 {
+                return Ok(());
+            }
+            if get_u64(&self.inbuf, 0) != self.conn_id {
+                return Err(bad("a stream of another connection"));
+            }
+            self.authed = true;
+            at = 8;
+        }
+        while self.inbuf.len() - at >= LANE_HDR {
+            let h = &self.inbuf[at..at + LANE_HDR];
+            let len = get_u64(h, 16);
+            if len > LANE_MAX as u64 {
+                return Err(bad("an oversized message"));
+            }
+            let len = len as usize;
+            if self.inbuf.len() - at - LANE_HDR < len {
+                break;
+            }
+            let slot = get_u32(h, 12);
+            out.push(LaneMsg {
+                seq: get_u64(h, 0),
+                tag: get_u32(h, 8) as i32,
+                slot: (slot != LANE_NO_SLOT).then_some(slot as usize),
+                payload: self.inbuf[at + LANE_HDR..at + LANE_HDR + len].to_vec(),
+            });
+            at += LANE_HDR + len;
+        }
+        self.inbuf.drain(..at);
+        Ok(())
+    }
+}
+
 /// Context of one posted operation: the provider's `fi_context2` first, then ours.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -904,6 +1528,13 @@ impl<T> Slab<T> {
             return None;
         }
         v.as_mut()
+    }
+    fn values_at(&self, id: RequestId) -> Option<&T> {
+        let (g, v) = self.slots.get(id.index())?;
+        if u64::from(*g) != id.raw() >> 32 {
+            return None;
+        }
+        v.as_ref()
     }
     fn at(&mut self, i: usize) -> Option<&mut T> {
         self.slots.get_mut(i)?.1.as_mut()
@@ -966,13 +1597,90 @@ impl Pool {
 /// before it calls the connection closed: what the peer sent before dying still lands.
 const EOF_GRACE: Duration = Duration::from_millis(500);
 
+/// Memory registered through a connection ([`SendConn::reg_mr`], [`RecvConn::reg_mr`]): the
+/// plugin's `regMr` handle. Sends and receives that pass it use its registration without a
+/// cache lookup; [`SendConn::dereg_mr`] drops it and every cache entry over its range, so no
+/// later operation of the connection uses a registration of memory that was deregistered.
+/// Not `Clone`: deregistering consumes the one handle.
+#[derive(Debug)]
+pub struct Registration {
+    ptr: usize,
+    len: usize,
+    /// One registration per rail.
+    mrs: Vec<Arc<Mr>>,
+    /// The connection that made it (registrations may be bound to its endpoint).
+    owner: u64,
+}
+
+/// Connection ids, to tell whose a [`Registration`] is.
+fn next_conn_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Registration {
+    /// This registration, if it is one of connection `owner` covering `ptr..ptr+len`.
+    fn covering(
+        reg: Option<&Registration>,
+        owner: u64,
+        ptr: usize,
+        len: usize,
+    ) -> Option<&Registration> {
+        reg.filter(|r| r.owner == owner && r.mrs.iter().all(|m| m.covers(ptr, len)))
+    }
+
+    /// Registered address.
+    pub fn addr(&self) -> usize {
+        self.ptr
+    }
+
+    /// Registered length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the registration is of zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+fn register(
+    caches: &mut [MrCache],
+    eps: &[Endpoint],
+    owner: u64,
+    ptr: usize,
+    len: usize,
+) -> std::result::Result<Registration, String> {
+    let mut mrs = Vec::with_capacity(eps.len());
+    for (cache, ep) in caches.iter_mut().zip(eps) {
+        // Anything cached over this range may be of memory freed since without a
+        // deregistration (the transport's own callers do not register): register afresh.
+        cache.invalidate(ptr, len);
+        mrs.push(cache.get(ep, ptr, len)?);
+    }
+    Ok(Registration {
+        ptr,
+        len,
+        mrs,
+        owner,
+    })
+}
+
+fn stats(caches: &[MrCache]) -> (u64, u64) {
+    caches
+        .iter()
+        .fold((0, 0), |(h, m), c| (h + c.hits, m + c.misses))
+}
+
 // ------------------------------------------------------------------------------------------
 // Sender
 
 #[derive(Debug, Clone, Copy)]
 struct CtsEntry {
-    addr: u64,
-    key: u64,
+    /// Per rail: address (or offset) and key of the buffer's registration there.
+    addr: [u64; MAX_RAILS],
+    key: [u64; MAX_RAILS],
     len: u64,
     tag: i32,
 }
@@ -994,27 +1702,44 @@ struct Unassigned {
     req: RequestId,
     /// Sent eagerly: only its buffer choice is left to account (no write).
     eager: bool,
+    /// Goes over the TCP lane once its buffer is known.
+    lane: bool,
 }
 
 struct WriteOp {
+    rail: usize,
     req: RequestId,
     ptr: usize,
     len: usize,
     addr: u64,
     key: u64,
     data: u64,
+    /// Which of the request's write contexts (see [`WRITES_PER_REQ`]).
+    k: usize,
+    /// The size record (from the request's slot of `recs`), not the caller's data.
+    record: bool,
 }
+
+/// Write contexts per send request: the data (one per stripe, at most one per rail), and the
+/// size record of the 4-byte protocol (the last).
+const WRITES_PER_REQ: usize = MAX_RAILS + 1;
 
 struct SendReq {
     size: usize,
     done: bool,
     posted: bool,
-    _mr: Option<Arc<Mr>>,
+    /// Writes queued or in flight; the request is done when the last one completes.
+    writes_left: usize,
+    /// The caller's registration (isend_mr), used instead of a cache lookup.
+    given: Vec<Arc<Mr>>,
+    /// Registrations of local memory its writes use, kept until they complete.
+    _mr: Vec<Arc<Mr>>,
 }
 
 /// The sending end of an ofi connection.
 pub struct SendConn {
-    ep: Endpoint,
+    /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
+    eps: Vec<Endpoint>,
     link: Link,
     side: Side,
     ctx: Box<[Ctx]>,
@@ -1024,7 +1749,8 @@ pub struct SendConn {
     eager_busy: usize,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
     eager_queue: VecDeque<(usize, usize, RequestId)>,
-    cache: MrCache,
+    /// Registration cache per rail.
+    caches: Vec<MrCache>,
     reqs: Slab<SendReq>,
     next_seq: u64,
     unassigned: VecDeque<Unassigned>,
@@ -1036,6 +1762,20 @@ pub struct SendConn {
     peer_slots: u64,
     mr_local: bool,
     max_msg: usize,
+    /// 4-byte protocol: the receiver's size table (address or offset, key).
+    table: Option<(u64, u64)>,
+    /// 4-byte protocol: one registered size record per send request.
+    recs: Pool,
+    id: u64,
+    /// Messages of at least this size are striped across the rails.
+    stripe: usize,
+    /// Rail of the next unstriped message (round robin).
+    next_rail: usize,
+    /// Bytes written per rail (statistics).
+    rail_bytes: [u64; MAX_RAILS],
+    /// The TCP lane for messages under `min_bytes` (WEFT_OFI_MIN_BYTES).
+    lane: Option<LaneTx>,
+    min_bytes: usize,
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -1051,11 +1791,20 @@ impl std::fmt::Debug for SendConn {
 }
 
 impl SendConn {
-    fn new(ep: Endpoint, link: Link, sock: TcpStream, peer_slots: u32) -> Result<SendConn> {
+    fn new(
+        eps: Vec<Endpoint>,
+        link: Link,
+        sock: TcpStream,
+        peer_slots: u32,
+        table: Option<(u64, u64)>,
+        stripe: usize,
+    ) -> Result<SendConn> {
         let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
-        let cts = Pool::new(&ep, CTS_RX_SLOTS, CTS_BUF).map_err(e)?;
-        let eager = Pool::new(&ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
-        let mut ctx = ctx_array(CTS_RX_SLOTS + EAGER_SLOTS + MAX_SEND_REQUESTS);
+        let ep = &eps[0];
+        let cts = Pool::new(ep, CTS_RX_SLOTS, CTS_BUF).map_err(e)?;
+        let eager = Pool::new(ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
+        let recs = Pool::new(ep, MAX_SEND_REQUESTS, REC).map_err(e)?;
+        let mut ctx = ctx_array(CTS_RX_SLOTS + EAGER_SLOTS + MAX_SEND_REQUESTS * WRITES_PER_REQ);
         for (i, c) in ctx.iter_mut().enumerate() {
             c.id = if i < CTS_RX_SLOTS {
                 (C_CTS_RX << 32) | i as u64
@@ -1066,8 +1815,9 @@ impl SendConn {
             };
         }
         let info = ep.dom.info.clone();
+        let caches = eps.iter().map(|_| MrCache::default()).collect();
         let mut s = SendConn {
-            ep,
+            eps,
             link,
             side: Side::new(sock),
             ctx,
@@ -1076,7 +1826,7 @@ impl SendConn {
             eager_free: (0..EAGER_SLOTS).rev().collect(),
             eager_busy: 0,
             eager_queue: VecDeque::new(),
-            cache: MrCache::default(),
+            caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
             next_seq: 0,
             unassigned: VecDeque::new(),
@@ -1088,6 +1838,14 @@ impl SendConn {
             peer_slots: u64::from(peer_slots),
             mr_local: info.mr_mode & sys::FI_MR_LOCAL != 0,
             max_msg: info.max_msg_size,
+            table,
+            recs,
+            id: next_conn_id(),
+            stripe: stripe.max(4096),
+            next_rail: 0,
+            rail_bytes: [0; MAX_RAILS],
+            lane: None,
+            min_bytes: 0,
             eof_at: None,
             error: None,
         };
@@ -1105,9 +1863,46 @@ impl SendConn {
         self.reqs.live()
     }
 
+    /// Bytes of remote CQ data the connection uses (4 or 8).
+    pub fn cq_data_bytes(&self) -> usize {
+        if self.table.is_some() { 4 } else { 8 }
+    }
+
     /// Registration cache statistics: (hits, misses).
     pub fn mr_stats(&self) -> (u64, u64) {
-        (self.cache.hits, self.cache.misses)
+        stats(&self.caches)
+    }
+
+    /// Rails (endpoints) of the connection.
+    pub fn rails(&self) -> usize {
+        self.eps.len()
+    }
+
+    /// Bytes of message data written on each rail so far (RMA writes; eager messages go on
+    /// rail 0 and are not counted).
+    pub fn rail_bytes(&self) -> Vec<u64> {
+        self.rail_bytes[..self.eps.len()].to_vec()
+    }
+
+    /// Messages sent over the TCP lane so far; `None` without a lane.
+    pub fn lane_msgs(&self) -> Option<u64> {
+        self.lane.as_ref().map(|l| l.msgs)
+    }
+
+    /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<Registration> {
+        register(&mut self.caches, &self.eps, self.id, ptr as usize, len)
+            .map_err(|m| self.fi("fi_mr_reg", m))
+    }
+
+    /// Releases a registration of [`SendConn::reg_mr`] (NCCL's deregMr): it and every cached
+    /// registration over its range are gone for later operations.
+    pub fn dereg_mr(&mut self, reg: Registration) {
+        if reg.owner == self.id {
+            for c in &mut self.caches {
+                c.invalidate(reg.ptr, reg.len);
+            }
+        }
     }
 
     fn fi(&self, op: &'static str, m: String) -> Error {
@@ -1128,7 +1923,7 @@ impl SendConn {
             let c: *mut Ctx = &mut self.ctx[i];
             // SAFETY: slot `i` of the registered CTS pool and its context live as long as the
             // endpoint (closed first in Drop); nothing else uses them until the completion.
-            let ok = unsafe { self.ep.recv(p, CTS_BUF, desc, c.cast()) }
+            let ok = unsafe { self.eps[0].recv(p, CTS_BUF, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_recv", m))?;
             if !ok {
                 break;
@@ -1153,20 +1948,34 @@ impl SendConn {
         let first = get_u64(b, 8);
         let consumed = get_u64(b, 16);
         let rreq = get_u32(b, 24);
+        if self.table.is_some() && rreq as usize >= MAX_RECV_REQUESTS {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "CTS with a request index over 63",
+                    expected: "CTS",
+                },
+            ));
+        }
         let mut entries = [CtsEntry {
-            addr: 0,
-            key: 0,
+            addr: [0; MAX_RAILS],
+            key: [0; MAX_RAILS],
             len: 0,
             tag: 0,
         }; MAX_RECVS];
+        let rails = self.eps.len();
+        let size = cts_entry(rails);
         for (k, e) in entries.iter_mut().enumerate().take(n) {
-            let at = 32 + k * CTS_ENTRY;
-            *e = CtsEntry {
-                addr: get_u64(b, at),
-                key: get_u64(b, at + 8),
-                len: get_u64(b, at + 16),
-                tag: get_u32(b, at + 24) as i32,
-            };
+            let at = 32 + k * size;
+            e.addr[0] = get_u64(b, at);
+            e.key[0] = get_u64(b, at + 8);
+            e.len = get_u64(b, at + 16);
+            e.tag = get_u32(b, at + 24) as i32;
+            for r in 1..rails {
+                let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
+                e.addr[r] = get_u64(b, at);
+                e.key[r] = get_u64(b, at + 8);
+            }
         }
         self.eager_consumed = self.eager_consumed.max(consumed);
         self.groups.insert(
@@ -1210,14 +2019,109 @@ impl SendConn {
                         tag: u.tag,
                     });
                 }
-                self.writes.push_back(WriteOp {
-                    req,
-                    ptr: u.ptr,
-                    len: u.len,
-                    addr: e.addr,
-                    key: e.key,
-                    data: ((u.len as u64) << 32) | (u64::from(g.rreq) << 8) | slot as u64,
-                });
+                if u.lane
+                    && let Some(lane) = &mut self.lane
+                {
+                    let payload = if u.len == 0 {
+                        &[][..]
+                    } else {
+                        // SAFETY: the caller of isend keeps `ptr..ptr+len` readable until the
+                        // request is done, which is now (after this copy).
+                        unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
+                    };
+                    lane.push(u.seq, u.tag, Some(slot), payload);
+                    if let Some(r) = self.reqs.get_mut(req) {
+                        r.done = true;
+                        r.posted = true;
+                    }
+                    if g.assigned == g.n {
+                        self.groups.remove(&first);
+                    }
+                    self.unassigned.pop_front();
+                    continue;
+                }
+                let (rreq, len) = (u64::from(g.rreq), u.len as u64);
+                // Stripes: one per rail from the threshold on, else the whole message on the
+                // next rail in turn. The receiver learns their number from the CQ data.
+                let rails = self.eps.len();
+                let parts = if rails > 1 && u.len >= self.stripe {
+                    rails
+                } else {
+                    1
+                };
+                let chunk = u.len.div_ceil(parts);
+                let rail0 = if parts == 1 {
+                    self.next_rail = (self.next_rail + 1) % rails;
+                    self.next_rail
+                } else {
+                    0
+                };
+                // Remote CQ data: 8 bytes `size << 32 | stripes << 16 | request << 8 | buffer`
+                // (stripes 0 meaning 1); 4 bytes see IMM_*.
+                let parts_field = if parts > 1 { parts as u64 } else { 0 };
+                let (data, record) = match self.table {
+                    None => (
+                        (len << 32) | (parts_field << 16) | (rreq << 8) | slot as u64,
+                        None,
+                    ),
+                    Some((ta, tk)) => {
+                        // 4-byte protocol: the size inline when it fits, else in a size record
+                        // written to the receiver's table (its own completion: the receiver
+                        // waits for both, so no ordering between the writes is needed).
+                        let base = rreq
+                            | ((slot as u64) << IMM_SLOT_SHIFT)
+                            | ((u.seq & IMM_CHECK_MASK) << IMM_CHECK_SHIFT);
+                        if parts == 1 && u.len <= IMM_SIZE_MAX {
+                            (
+                                base | (IMM_SIZED << IMM_KIND_SHIFT) | (len << IMM_SIZE_SHIFT),
+                                None,
+                            )
+                        } else {
+                            let at = (g.rreq as usize * MAX_RECVS + slot) * REC;
+                            (
+                                base | (IMM_DATA << IMM_KIND_SHIFT)
+                                    | (parts_field << IMM_SIZE_SHIFT),
+                                Some(WriteOp {
+                                    rail: 0,
+                                    req,
+                                    ptr: 0,
+                                    len: REC,
+                                    addr: ta + at as u64,
+                                    key: tk,
+                                    data: base | (IMM_RECORD << IMM_KIND_SHIFT),
+                                    k: MAX_RAILS,
+                                    record: true,
+                                }),
+                            )
+                        }
+                    }
+                };
+                for k in 0..parts {
+                    let off = (k * chunk).min(u.len);
+                    let rail = if parts == 1 { rail0 } else { k };
+                    self.writes.push_back(WriteOp {
+                        rail,
+                        req,
+                        ptr: u.ptr + off,
+                        len: chunk.min(u.len - off),
+                        addr: e.addr[rail] + off as u64,
+                        key: e.key[rail],
+                        data,
+                        k,
+                        record: false,
+                    });
+                }
+                let mut n = parts;
+                if let Some(op) = record {
+                    let rb = self.recs.slot(req.index());
+                    put_u64(rb, 0, len);
+                    put_u64(rb, 8, u.seq);
+                    self.writes.push_back(op);
+                    n += 1;
+                }
+                if let Some(r) = self.reqs.get_mut(req) {
+                    r.writes_left = n;
+                }
             }
             if g.assigned == g.n {
                 self.groups.remove(&first);
@@ -1236,7 +2140,7 @@ impl SendConn {
             let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
             // SAFETY: bounce slot and context stay untouched until this send's completion
             // returns the slot to `eager_free`; both live as long as the endpoint.
-            let ok = unsafe { self.ep.send(p, HDR + len, desc, c.cast()) }
+            let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_send", m))?;
             if !ok {
                 break;
@@ -1252,24 +2156,45 @@ impl SendConn {
 
     fn post_writes(&mut self) -> Result<()> {
         while let Some(w) = self.writes.front() {
-            let (req, ptr, len, addr, key, data) = (w.req, w.ptr, w.len, w.addr, w.key, w.data);
-            let mr = if self.mr_local {
-                Some(
-                    self.cache
-                        .get(&self.ep, ptr, len)
+            let (rail, req, ptr, len) = (w.rail, w.req, w.ptr, w.len);
+            let (addr, key, data) = (w.addr, w.key, w.data);
+            let c: *mut Ctx =
+                &mut self.ctx[CTS_RX_SLOTS + EAGER_SLOTS + req.index() * WRITES_PER_REQ + w.k];
+            if w.record {
+                let p = self.recs.ptr(req.index());
+                let desc = self.recs.mr.desc();
+                // SAFETY: the request's record slot is written only by `assign` before this
+                // write is queued and not again until the request completes; the remote range
+                // is the receiver's size table entry for the buffer its CTS gave this message.
+                let ok = unsafe { self.eps[0].write_data(p, len, desc, data, addr, key, c.cast()) }
+                    .map_err(|m| self.fi("fi_writedata", m))?;
+                if !ok {
+                    break;
+                }
+                self.writes.pop_front();
+                continue;
+            }
+            let given = self
+                .reqs
+                .get_mut(req)
+                .and_then(|r| r.given.get(rail))
+                .filter(|m| m.covers(ptr, len))
+                .cloned();
+            let mr = match given {
+                Some(m) => Some(m),
+                None if self.mr_local => Some(
+                    self.caches[rail]
+                        .get(&self.eps[rail], ptr, len)
                         .map_err(|m| self.fi("fi_mr_reg", m))?,
-                )
-            } else {
-                None
+                ),
+                None => None,
             };
             let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
-            let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + EAGER_SLOTS + req.index()];
             // SAFETY: the caller of isend keeps `ptr..ptr+len` valid until test reports done,
             // which is after this write's completion; the context lives with the endpoint; the
             // remote range was announced by the receiver's CTS for this very message.
             let ok = unsafe {
-                self.ep
-                    .write_data(ptr as *const u8, len, desc, data, addr, key, c.cast())
+                self.eps[rail].write_data(ptr as *const u8, len, desc, data, addr, key, c.cast())
             }
             .map_err(|m| self.fi("fi_writedata", m))?;
             if !ok {
@@ -1277,8 +2202,10 @@ impl SendConn {
             }
             if let Some(r) = self.reqs.get_mut(req) {
                 r.posted = true;
-                r._mr = mr;
+                // Kept until the write completes.
+                r._mr.extend(mr);
             }
+            self.rail_bytes[rail] += len as u64;
             self.writes.pop_front();
         }
         Ok(())
@@ -1292,11 +2219,14 @@ impl SendConn {
             buf: std::ptr::null_mut(),
             data: 0,
         }; 16];
-        loop {
-            let n = self
-                .ep
+        let mut rail = 0;
+        while rail < self.eps.len() {
+            let n = self.eps[rail]
                 .poll(&mut ents)
                 .map_err(|m| self.fi("fi_cq_read", m))?;
+            if n < ents.len() {
+                rail += 1;
+            }
             for e in &ents[..n] {
                 if e.op_context.is_null() {
                     continue;
@@ -1311,18 +2241,20 @@ impl SendConn {
                         self.eager_busy -= 1;
                     }
                     C_WRITE => {
-                        if let Some(r) = self.reqs.at(i) {
-                            r.done = true;
-                            r._mr = None;
+                        if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
+                            r.writes_left = r.writes_left.saturating_sub(1);
+                            if r.writes_left == 0 {
+                                r.done = true;
+                                r._mr.clear();
+                                r.given.clear();
+                            }
                         }
                     }
                     _ => {}
                 }
             }
-            if n < ents.len() {
-                return Ok(());
-            }
         }
+        Ok(())
     }
 
     fn work_pending(&self) -> bool {
@@ -1338,7 +2270,11 @@ impl SendConn {
             .and_then(|()| self.repost())
             .and_then(|()| self.post_eager())
             .and_then(|()| self.assign())
-            .and_then(|()| self.post_writes());
+            .and_then(|()| self.post_writes())
+            .and_then(|()| match &mut self.lane {
+                Some(l) => l.flush(&self.link),
+                None => Ok(()),
+            });
         if let Err(e) = r {
             return Err(self.fail(e));
         }
@@ -1366,6 +2302,24 @@ impl SendConn {
         len: usize,
         tag: i32,
     ) -> Result<Option<RequestId>> {
+        // SAFETY: forwarded under the same contract.
+        unsafe { self.isend_mr(data, len, tag, None) }
+    }
+
+    /// [`SendConn::isend`] of memory inside `reg` (from [`SendConn::reg_mr`]), whose
+    /// registration it uses instead of looking one up.
+    ///
+    /// # Safety
+    /// As for [`SendConn::isend`].
+    pub unsafe fn isend_mr(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+        reg: Option<&Registration>,
+    ) -> Result<Option<RequestId>> {
+        let given = Registration::covering(reg, self.id, data as usize, len)
+            .map_or_else(Vec::new, |r| r.mrs.clone());
         self.progress()?;
         if len > u32::MAX as usize || len > self.max_msg {
             return Err(Error::Usage(format!(
@@ -1382,17 +2336,54 @@ impl SendConn {
             .range(..=seq)
             .next_back()
             .is_some_and(|(_, g)| seq < g.first + g.n as u64);
-        let eager = len <= EAGER_MAX
-            && !cts_known
+        let early = !cts_known
             && self.unassigned.iter().all(|u| u.eager)
-            && self.eager_sent - self.eager_consumed < self.peer_slots
-            && !self.eager_free.is_empty();
+            && self.eager_sent - self.eager_consumed < self.peer_slots;
+        if self.lane.is_some() && len < self.min_bytes {
+            // The TCP lane: now, without a buffer index, when an eager send could go now;
+            // else once the CTS gives the buffer.
+            let Some(id) = self.reqs.insert(SendReq {
+                size: len,
+                done: early,
+                posted: early,
+                writes_left: 0,
+                given: Vec::new(),
+                _mr: Vec::new(),
+            }) else {
+                return Ok(None);
+            };
+            if early && let Some(lane) = &mut self.lane {
+                let payload = if len == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: the caller guarantees `data..data+len` is readable.
+                    unsafe { std::slice::from_raw_parts(data, len) }
+                };
+                lane.push(seq, tag, None, payload);
+                self.eager_sent += 1;
+            }
+            self.next_seq += 1;
+            self.unassigned.push_back(Unassigned {
+                seq,
+                tag,
+                ptr: data as usize,
+                len,
+                req: id,
+                eager: early,
+                lane: !early,
+            });
+            self.progress()?;
+            return Ok(Some(id));
+        }
+        let eager = len <= EAGER_MAX && early && !self.eager_free.is_empty();
         if eager && let Some(slot) = self.eager_free.pop() {
             let Some(id) = self.reqs.insert(SendReq {
                 size: len,
                 done: false,
                 posted: false,
-                _mr: None,
+                writes_left: 0,
+                given: Vec::new(),
+                _mr: Vec::new(),
             }) else {
                 self.eager_free.push(slot);
                 return Ok(None);
@@ -1418,6 +2409,7 @@ impl SendConn {
                 len,
                 req: id,
                 eager: true,
+                lane: false,
             });
             self.progress()?;
             return Ok(Some(id));
@@ -1426,7 +2418,9 @@ impl SendConn {
             size: len,
             done: false,
             posted: false,
-            _mr: None,
+            writes_left: 1,
+            given,
+            _mr: Vec::new(),
         }) else {
             return Ok(None);
         };
@@ -1438,6 +2432,7 @@ impl SendConn {
             len,
             req: id,
             eager: false,
+            lane: false,
         });
         self.progress()?;
         Ok(Some(id))
@@ -1479,14 +2474,26 @@ impl Drop for SendConn {
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.error.is_none()
-            && (self.eager_busy > 0 || self.reqs.values().any(|r| r.posted && !r.done))
+            && (self.eager_busy > 0
+                || self.reqs.values().any(|r| r.posted && !r.done)
+                || self.lane.as_ref().is_some_and(LaneTx::pending))
             && Instant::now() < deadline
         {
-            if self.poll_cq().and_then(|()| self.post_eager()).is_err() {
+            let lane = match &mut self.lane {
+                Some(l) => l.flush(&self.link),
+                None => Ok(()),
+            };
+            if lane
+                .and_then(|()| self.poll_cq())
+                .and_then(|()| self.post_eager())
+                .is_err()
+            {
                 break;
             }
         }
-        self.cache.clear();
+        for c in &mut self.caches {
+            c.clear();
+        }
     }
 }
 
@@ -1496,15 +2503,80 @@ impl Drop for SendConn {
 struct RecvReq {
     bufs: Vec<RecvBuf>,
     first: u64,
+    /// Taken by a message (its first data or eager message arrived).
     filled: [bool; MAX_RECVS],
+    /// Data writes arrived per buffer.
+    got: [usize; MAX_RECVS],
+    /// Data writes (stripes) the message of each buffer comes in (0: not known yet).
+    parts: [usize; MAX_RECVS],
+    /// Messages without a buffer index (eager, early on the lane) placed: the first `prefix`.
+    prefix: usize,
+    /// Size of the message per buffer, once known.
+    known: [Option<usize>; MAX_RECVS],
+    /// Complete: all of the data and its size are there.
+    complete: [bool; MAX_RECVS],
     sizes: [usize; MAX_RECVS],
     nfilled: usize,
     _mrs: Vec<Arc<Mr>>,
 }
 
+/// What one remote CQ data says.
+#[derive(Debug, Clone, Copy)]
+enum WriteEvent {
+    /// One of `parts` stripes of data for buffer `slot` of request `idx`, with the message
+    /// size if it came along.
+    Data {
+        idx: usize,
+        slot: usize,
+        parts: usize,
+        size: Option<usize>,
+        check: Option<u64>,
+    },
+    /// The size record of buffer `slot` of request `idx` is in the size table.
+    Record { idx: usize, slot: usize, check: u64 },
+}
+
+fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {
+    if !cq4 {
+        let parts = ((data >> 16) & 0xffff) as usize;
+        if parts > MAX_RAILS {
+            return None;
+        }
+        return Some(WriteEvent::Data {
+            idx: ((data >> 8) & 0xff) as usize,
+            slot: (data & 0xff) as usize,
+            parts: parts.max(1),
+            size: Some((data >> 32) as usize),
+            check: None,
+        });
+    }
+    let idx = (data & ((1 << IMM_SLOT_SHIFT) - 1)) as usize;
+    let slot = ((data >> IMM_SLOT_SHIFT) & 0x7) as usize;
+    let check = (data >> IMM_CHECK_SHIFT) & IMM_CHECK_MASK;
+    match (data >> IMM_KIND_SHIFT) & 0x3 {
+        IMM_SIZED => Some(WriteEvent::Data {
+            idx,
+            slot,
+            parts: 1,
+            size: Some(((data >> IMM_SIZE_SHIFT) & 0xffff) as usize),
+            check: Some(check),
+        }),
+        IMM_DATA if (data >> IMM_SIZE_SHIFT) as usize <= MAX_RAILS => Some(WriteEvent::Data {
+            idx,
+            slot,
+            parts: ((data >> IMM_SIZE_SHIFT) as usize).max(1),
+            size: None,
+            check: Some(check),
+        }),
+        IMM_RECORD if data >> IMM_SIZE_SHIFT == 0 => Some(WriteEvent::Record { idx, slot, check }),
+        _ => None,
+    }
+}
+
 /// The receiving end of an ofi connection.
 pub struct RecvConn {
-    ep: Endpoint,
+    /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
+    eps: Vec<Endpoint>,
     link: Link,
     side: Side,
     ctx: Box<[Ctx]>,
@@ -1512,7 +2584,8 @@ pub struct RecvConn {
     cts: Pool,
     cts_free: Vec<usize>,
     cts_queue: VecDeque<(usize, usize)>,
-    cache: MrCache,
+    /// Registration cache per rail.
+    caches: Vec<MrCache>,
     reqs: Slab<RecvReq>,
     order: VecDeque<RequestId>,
     next_seq: u64,
@@ -1520,6 +2593,11 @@ pub struct RecvConn {
     eager_consumed: u64,
     reposts: Vec<usize>,
     virt_addr: bool,
+    /// 4-byte protocol: the size table the senders write records into, one per buffer.
+    table: Option<Pool>,
+    id: u64,
+    /// The TCP lane, when the sender asked for one (WEFT_OFI_MIN_BYTES).
+    lane: Option<LaneRx>,
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -1535,10 +2613,16 @@ impl std::fmt::Debug for RecvConn {
 }
 
 impl RecvConn {
-    fn new(ep: Endpoint, link: Link, sock: TcpStream) -> Result<RecvConn> {
+    fn new(eps: Vec<Endpoint>, link: Link, sock: TcpStream, cq4: bool) -> Result<RecvConn> {
         let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Accept, m);
-        let eager = Pool::new(&ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
-        let cts = Pool::new(&ep, CTS_TX_SLOTS, CTS_BUF).map_err(e)?;
+        let ep = &eps[0];
+        let eager = Pool::new(ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
+        let cts = Pool::new(ep, CTS_TX_SLOTS, CTS_BUF).map_err(e)?;
+        let table = if cq4 {
+            Some(Pool::new(ep, MAX_RECV_REQUESTS * MAX_RECVS, REC).map_err(e)?)
+        } else {
+            None
+        };
         let mut ctx = ctx_array(EAGER_SLOTS + CTS_TX_SLOTS);
         for (i, c) in ctx.iter_mut().enumerate() {
             c.id = if i < EAGER_SLOTS {
@@ -1548,8 +2632,9 @@ impl RecvConn {
             };
         }
         let virt_addr = ep.dom.info.mr_mode & (sys::FI_MR_VIRT_ADDR | sys::FI_MR_BASIC) != 0;
+        let caches = eps.iter().map(|_| MrCache::default()).collect();
         let mut r = RecvConn {
-            ep,
+            eps,
             link,
             side: Side::new(sock),
             ctx,
@@ -1557,7 +2642,7 @@ impl RecvConn {
             cts,
             cts_free: (0..CTS_TX_SLOTS).rev().collect(),
             cts_queue: VecDeque::new(),
-            cache: MrCache::default(),
+            caches,
             reqs: Slab::new(MAX_RECV_REQUESTS),
             order: VecDeque::new(),
             next_seq: 0,
@@ -1565,6 +2650,9 @@ impl RecvConn {
             eager_consumed: 0,
             reposts: (0..EAGER_SLOTS).collect(),
             virt_addr,
+            table,
+            id: next_conn_id(),
+            lane: None,
             eof_at: None,
             error: None,
         };
@@ -1579,7 +2667,44 @@ impl RecvConn {
 
     /// Registration cache statistics: (hits, misses).
     pub fn mr_stats(&self) -> (u64, u64) {
-        (self.cache.hits, self.cache.misses)
+        stats(&self.caches)
+    }
+
+    /// Rails (endpoints) of the connection.
+    pub fn rails(&self) -> usize {
+        self.eps.len()
+    }
+
+    /// Bytes of remote CQ data the connection uses (4 or 8).
+    pub fn cq_data_bytes(&self) -> usize {
+        if self.table.is_some() { 4 } else { 8 }
+    }
+
+    /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<Registration> {
+        register(&mut self.caches, &self.eps, self.id, ptr as usize, len)
+            .map_err(|m| self.fi("fi_mr_reg", m))
+    }
+
+    /// Releases a registration of [`RecvConn::reg_mr`]; see [`SendConn::dereg_mr`].
+    pub fn dereg_mr(&mut self, reg: Registration) {
+        if reg.owner == self.id {
+            for c in &mut self.caches {
+                c.invalidate(reg.ptr, reg.len);
+            }
+        }
+    }
+
+    /// Where senders write size records (address, or offset without FI_MR_VIRT_ADDR; key).
+    fn table_remote(&self) -> Option<(u64, u64)> {
+        self.table.as_ref().map(|t| {
+            let addr = if self.virt_addr {
+                t.buf.as_ptr() as u64
+            } else {
+                (t.buf.as_ptr() as usize - t.mr.base) as u64
+            };
+            (addr, t.mr.key())
+        })
     }
 
     fn fi(&self, op: &'static str, m: String) -> Error {
@@ -1600,7 +2725,7 @@ impl RecvConn {
             let c: *mut Ctx = &mut self.ctx[i];
             // SAFETY: eager slot `i` and its context live as long as the endpoint (closed first
             // on drop) and are not touched until the receive completes.
-            let ok = unsafe { self.ep.recv(p, EAGER_BUF, desc, c.cast()) }
+            let ok = unsafe { self.eps[0].recv(p, EAGER_BUF, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_recv", m))?;
             if !ok {
                 break;
@@ -1615,7 +2740,7 @@ impl RecvConn {
             let c: *mut Ctx = &mut self.ctx[EAGER_SLOTS + slot];
             // SAFETY: CTS slot and context are reserved for this send until its completion
             // returns the slot to `cts_free`.
-            let ok = unsafe { self.ep.send(p, len, desc, c.cast()) }
+            let ok = unsafe { self.eps[0].send(p, len, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_send", m))?;
             if !ok {
                 break;
@@ -1625,40 +2750,107 @@ impl RecvConn {
         Ok(())
     }
 
-    /// Lands eager message `seq` in its receive, or keeps it until that receive is posted.
-    fn place(&mut self, seq: u64, tag: i32, payload: &[u8]) -> Result<bool> {
+    /// Lands the messages that came without a buffer index (eager, or early on the TCP lane;
+    /// kept in `unexpected`) in their receives. Such messages are a prefix of their receive
+    /// (see the module docs), so each is placed only after the one before it, whichever way
+    /// they came: then both sides choose the same buffers.
+    fn drain(&mut self) -> Result<()> {
         let peer = self.link.peer;
         for &id in &self.order {
             let Some(r) = self.reqs.get_mut(id) else {
                 continue;
             };
-            if seq < r.first || seq >= r.first + r.bufs.len() as u64 {
-                continue;
+            while r.prefix < r.bufs.len() {
+                let seq = r.first + r.prefix as u64;
+                let Some((tag, payload)) = self.unexpected.remove(&seq) else {
+                    break;
+                };
+                let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
+                let slot = proto::select_slot(&tags, &r.filled[..r.bufs.len()], tag)
+                    .ok_or(Error::TagMismatch { peer, tag })?;
+                let b = r.bufs[slot];
+                if payload.len() > b.len {
+                    return Err(Error::Truncated {
+                        peer,
+                        sent: payload.len() as u64,
+                        posted: b.len,
+                        tag,
+                    });
+                }
+                if !payload.is_empty() {
+                    // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len`
+                    // bytes, and payload.len() <= b.len.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(payload.as_ptr(), b.ptr, payload.len())
+                    };
+                }
+                r.filled[slot] = true;
+                r.complete[slot] = true;
+                r.sizes[slot] = payload.len();
+                r.nfilled += 1;
+                r.prefix += 1;
+                self.eager_consumed += 1;
             }
-            let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
-            let slot = proto::select_slot(&tags, &r.filled[..r.bufs.len()], tag)
-                .ok_or(Error::TagMismatch { peer, tag })?;
-            let b = r.bufs[slot];
-            if payload.len() > b.len {
-                return Err(Error::Truncated {
-                    peer,
-                    sent: payload.len() as u64,
-                    posted: b.len,
-                    tag,
-                });
-            }
-            if !payload.is_empty() {
-                // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len`
-                // bytes, and payload.len() <= b.len.
-                unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), b.ptr, payload.len()) };
-            }
-            r.filled[slot] = true;
-            r.sizes[slot] = payload.len();
-            r.nfilled += 1;
-            self.eager_consumed += 1;
-            return Ok(true);
         }
-        Ok(false)
+        Ok(())
+    }
+
+    /// Lands a TCP lane message whose buffer the sender knew (from the CTS).
+    fn on_lane_slotted(&mut self, m: LaneMsg, slot: usize) -> Result<()> {
+        let link = &self.link;
+        let bad = || {
+            link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "TCP lane message for no pending buffer",
+                    expected: "a message for a posted receive buffer",
+                },
+            )
+        };
+        let r = self
+            .order
+            .iter()
+            .find(|id| {
+                self.reqs
+                    .values_at(**id)
+                    .is_some_and(|r| m.seq >= r.first && m.seq < r.first + r.bufs.len() as u64)
+            })
+            .copied()
+            .and_then(|id| self.reqs.get_mut(id))
+            .filter(|r| slot < r.bufs.len() && !r.filled[slot] && r.bufs[slot].tag == m.tag)
+            .ok_or_else(bad)?;
+        let b = r.bufs[slot];
+        if m.payload.len() > b.len {
+            return Err(bad());
+        }
+        if !m.payload.is_empty() {
+            // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len` bytes,
+            // and the payload is no longer.
+            unsafe { std::ptr::copy_nonoverlapping(m.payload.as_ptr(), b.ptr, m.payload.len()) };
+        }
+        r.filled[slot] = true;
+        r.complete[slot] = true;
+        r.sizes[slot] = m.payload.len();
+        r.nfilled += 1;
+        Ok(())
+    }
+
+    /// Reads the TCP lane (if any) and lands what came.
+    fn poll_lane(&mut self) -> Result<()> {
+        let Some(l) = &mut self.lane else {
+            return Ok(());
+        };
+        let mut msgs = Vec::new();
+        l.poll(&self.link, &mut msgs)?;
+        for m in msgs {
+            match m.slot {
+                Some(slot) => self.on_lane_slotted(m, slot)?,
+                None => {
+                    self.unexpected.insert(m.seq, (m.tag, m.payload));
+                }
+            }
+        }
+        self.drain()
     }
 
     fn on_eager(&mut self, slot: usize) -> Result<()> {
@@ -1679,33 +2871,88 @@ impl RecvConn {
             ));
         }
         let payload = b[HDR..HDR + size as usize].to_vec();
-        if !self.place(seq, tag, &payload)? {
-            self.unexpected.insert(seq, (tag, payload));
-        }
+        self.unexpected.insert(seq, (tag, payload));
         self.reposts.push(slot);
-        Ok(())
+        self.drain()
     }
 
     fn on_write(&mut self, data: u64) -> Result<()> {
-        let idx = ((data >> 8) & 0xff) as usize;
-        let slot = (data & 0xff) as usize;
-        let size = (data >> 32) as usize;
+        let bad = |link: &Link, got: &'static str| {
+            link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got,
+                    expected: "a write into a posted receive buffer",
+                },
+            )
+        };
+        let cq4 = self.table.is_some();
+        let Some(ev) = decode_cq_data(cq4, data) else {
+            return Err(bad(&self.link, "unknown remote CQ data"));
+        };
+        let (idx, slot) = match ev {
+            WriteEvent::Data { idx, slot, .. } | WriteEvent::Record { idx, slot, .. } => {
+                (idx, slot)
+            }
+        };
+        // A size record is in the table before its completion is delivered.
+        let record = match (ev, &mut self.table) {
+            (WriteEvent::Record { .. }, Some(t)) => {
+                let b = t.slot((idx * MAX_RECVS + slot) % (MAX_RECV_REQUESTS * MAX_RECVS));
+                Some((get_u64(b, 0), get_u64(b, 8)))
+            }
+            _ => None,
+        };
         let r = self
             .reqs
             .at(idx)
-            .filter(|r| slot < r.bufs.len() && !r.filled[slot]);
+            .filter(|r| slot < r.bufs.len() && !r.complete[slot]);
         let Some(r) = r else {
-            return Err(self.link.protocol(
-                Stage::Data,
-                proto::FrameError::Unexpected {
-                    got: "write completion",
-                    expected: "a posted receive buffer",
-                },
-            ));
+            return Err(bad(&self.link, "write completion for no pending buffer"));
         };
-        r.filled[slot] = true;
-        r.sizes[slot] = size;
-        r.nfilled += 1;
+        // The low bits of the message's sequence number must fall in this receive.
+        let in_range =
+            |check: u64| (check.wrapping_sub(r.first) & IMM_CHECK_MASK) < r.bufs.len() as u64;
+        match ev {
+            WriteEvent::Data {
+                size, check, parts, ..
+            } => {
+                if check.is_some_and(|c| !in_range(c))
+                    || (r.parts[slot] != 0 && r.parts[slot] != parts)
+                {
+                    return Err(bad(&self.link, "write completion of another message"));
+                }
+                r.filled[slot] = true;
+                r.got[slot] += 1;
+                r.parts[slot] = parts;
+                if size.is_some() {
+                    r.known[slot] = size;
+                }
+            }
+            WriteEvent::Record { check, .. } => {
+                let (size, seq) = record.unwrap_or((u64::MAX, u64::MAX));
+                let n = r.bufs.len() as u64;
+                if !in_range(check)
+                    || seq & IMM_CHECK_MASK != check
+                    || seq < r.first
+                    || seq >= r.first + n
+                    || r.known[slot].is_some()
+                {
+                    return Err(bad(&self.link, "size record of another message"));
+                }
+                r.known[slot] = Some(size as usize);
+            }
+        }
+        if let Some(size) = r.known[slot] {
+            if size > r.bufs[slot].len || (r.parts[slot] != 0 && r.got[slot] > r.parts[slot]) {
+                return Err(bad(&self.link, "write larger than its buffer"));
+            }
+            if r.parts[slot] != 0 && r.got[slot] == r.parts[slot] {
+                r.complete[slot] = true;
+                r.sizes[slot] = size;
+                r.nfilled += 1;
+            }
+        }
         Ok(())
     }
 
@@ -1717,11 +2964,14 @@ impl RecvConn {
             buf: std::ptr::null_mut(),
             data: 0,
         }; 16];
-        loop {
-            let n = self
-                .ep
+        let mut rail = 0;
+        while rail < self.eps.len() {
+            let n = self.eps[rail]
                 .poll(&mut ents)
                 .map_err(|m| self.fi("fi_cq_read", m))?;
+            if n < ents.len() {
+                rail += 1;
+            }
             for e in &ents[..n] {
                 if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
                     self.on_write(e.data)?;
@@ -1739,17 +2989,18 @@ impl RecvConn {
                     _ => {}
                 }
             }
-            if n < ents.len() {
-                return Ok(());
-            }
         }
+        Ok(())
     }
 
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
-        let r = self.poll_cq().and_then(|()| self.repost());
+        let r = self
+            .poll_cq()
+            .and_then(|()| self.repost())
+            .and_then(|()| self.poll_lane());
         if let Err(e) = r {
             return Err(self.fail(e));
         }
@@ -1772,6 +3023,20 @@ impl RecvConn {
     /// Every buffer must be writable for its `len` bytes and untouched by anyone else until
     /// [`RecvConn::test`] reports the request done or the connection is dropped.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
+        // SAFETY: forwarded under the same contract.
+        unsafe { self.irecv_mr(bufs, &[]) }
+    }
+
+    /// [`RecvConn::irecv`] where buffer `i` lies inside `regs[i]` (from [`RecvConn::reg_mr`];
+    /// missing or `None`: looked up in the cache).
+    ///
+    /// # Safety
+    /// As for [`RecvConn::irecv`].
+    pub unsafe fn irecv_mr(
+        &mut self,
+        bufs: &[RecvBuf],
+        regs: &[Option<&Registration>],
+    ) -> Result<Option<RequestId>> {
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(Error::Usage(format!(
                 "irecv with {} buffers (1..={MAX_RECVS})",
@@ -1782,19 +3047,36 @@ impl RecvConn {
         if self.reqs.live() >= MAX_RECV_REQUESTS || self.cts_free.is_empty() {
             return Ok(None);
         }
-        let mut mrs = Vec::with_capacity(bufs.len());
-        for b in bufs {
-            let m = self
-                .cache
-                .get(&self.ep, b.ptr as usize, b.len)
-                .map_err(|m| self.fi("fi_mr_reg", m))?;
-            mrs.push(m);
+        // Per buffer, its registration on every rail (buffer k, rail r at k * rails + r).
+        let rails = self.eps.len();
+        let mut mrs = Vec::with_capacity(bufs.len() * rails);
+        for (i, b) in bufs.iter().enumerate() {
+            let given = Registration::covering(
+                regs.get(i).copied().flatten(),
+                self.id,
+                b.ptr as usize,
+                b.len,
+            );
+            for r in 0..rails {
+                let m = match given.and_then(|g| g.mrs.get(r)) {
+                    Some(m) => m.clone(),
+                    None => self.caches[r]
+                        .get(&self.eps[r], b.ptr as usize, b.len)
+                        .map_err(|m| self.fi("fi_mr_reg", m))?,
+                };
+                mrs.push(m);
+            }
         }
         let first = self.next_seq;
         let Some(id) = self.reqs.insert(RecvReq {
             bufs: bufs.to_vec(),
             first,
             filled: [false; MAX_RECVS],
+            got: [0; MAX_RECVS],
+            parts: [0; MAX_RECVS],
+            prefix: 0,
+            known: [None; MAX_RECVS],
+            complete: [false; MAX_RECVS],
             sizes: [0; MAX_RECVS],
             nfilled: 0,
             _mrs: Vec::new(),
@@ -1803,18 +3085,9 @@ impl RecvConn {
         };
         self.next_seq += bufs.len() as u64;
         self.order.push_back(id);
-        // Eager messages that came before this receive.
-        let early: Vec<u64> = self
-            .unexpected
-            .range(first..first + bufs.len() as u64)
-            .map(|(s, _)| *s)
-            .collect();
-        for s in early {
-            if let Some((tag, p)) = self.unexpected.remove(&s)
-                && let Err(e) = self.place(s, tag, &p)
-            {
-                return Err(self.fail(e));
-            }
+        // Messages that came before this receive.
+        if let Err(e) = self.drain() {
+            return Err(self.fail(e));
         }
         let Some(slot) = self.cts_free.pop() else {
             return Ok(None);
@@ -1828,24 +3101,31 @@ impl RecvConn {
         put_u64(b, 16, consumed);
         put_u32(b, 24, id.index() as u32);
         put_u32(b, 28, 0);
-        for (k, (rb, m)) in bufs.iter().zip(&mrs).enumerate() {
-            let at = 32 + k * CTS_ENTRY;
-            let addr = if virt {
+        let size = cts_entry(rails);
+        let addr = |rb: &RecvBuf, m: &Mr| {
+            if virt {
                 rb.ptr as u64
             } else {
                 (rb.ptr as usize - m.base) as u64
-            };
-            put_u64(b, at, addr);
-            put_u64(b, at + 8, m.key());
+            }
+        };
+        for (k, (rb, ms)) in bufs.iter().zip(mrs.chunks(rails)).enumerate() {
+            let at = 32 + k * size;
+            put_u64(b, at, addr(rb, &ms[0]));
+            put_u64(b, at + 8, ms[0].key());
             put_u64(b, at + 16, rb.len as u64);
             put_u32(b, at + 24, rb.tag as u32);
             put_u32(b, at + 28, 0);
+            for (r, m) in ms.iter().enumerate().skip(1) {
+                let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
+                put_u64(b, at, addr(rb, m));
+                put_u64(b, at + 8, m.key());
+            }
         }
         if let Some(r) = self.reqs.get_mut(id) {
             r._mrs = mrs;
         }
-        self.cts_queue
-            .push_back((slot, 32 + CTS_ENTRY * bufs.len()));
+        self.cts_queue.push_back((slot, 32 + size * bufs.len()));
         self.progress()?;
         Ok(Some(id))
     }
@@ -1904,7 +3184,9 @@ impl Drop for RecvConn {
                 break;
             }
         }
-        self.cache.clear();
+        for c in &mut self.caches {
+            c.clear();
+        }
     }
 }
 
@@ -1913,3 +3195,154 @@ impl Drop for RecvConn {
 unsafe impl Send for RecvConn {}
 // SAFETY: as above: a send connection only holds addresses vouched for in isend.
 unsafe impl Send for SendConn {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_payload(r: &AddrRecord) -> Vec<u8> {
+        let mut v = Vec::new();
+        r.encode(&mut v);
+        let mut d = FrameDecoder::new();
+        d.handle_bytes(&v);
+        match d.poll_frame() {
+            Ok(Some(Frame::Msg(h))) => h.inline.unwrap_or_default(),
+            f => panic!("not a MSG frame: {f:?}"),
+        }
+    }
+
+    #[test]
+    fn address_records_round_trip_and_version_1_means_8_bytes() {
+        let r = AddrRecord {
+            provider: "verbs;ofi_rxm".into(),
+            addr: vec![1, 2, 3, 4],
+            eager_slots: 64,
+            cq_data: 4,
+            table: Some((0xdead_beef_0000, 42)),
+            more: vec![vec![5, 6, 7], vec![8; 40]],
+            min_bytes: 65536,
+            lane: Some("[fd00::2]:4321".parse().unwrap()),
+        };
+        let p = record_payload(&r);
+        assert_eq!(AddrRecord::decode(&p), Some(r.clone()));
+        let v4 = AddrRecord {
+            lane: Some("10.1.2.3:999".parse().unwrap()),
+            ..r.clone()
+        };
+        assert_eq!(AddrRecord::decode(&record_payload(&v4)), Some(v4));
+        // More rails than MAX_RAILS: refused.
+        let many = AddrRecord {
+            more: vec![vec![1]; MAX_RAILS],
+            ..r.clone()
+        };
+        assert_eq!(AddrRecord::decode(&record_payload(&many)), None);
+        let one = AddrRecord {
+            more: Vec::new(),
+            min_bytes: 0,
+            lane: None,
+            ..r
+        };
+        let p = record_payload(&one);
+        assert_eq!(AddrRecord::decode(&p), Some(one));
+        // A version 1 record (no CQ data, table, rails or lane) is an 8-byte peer with one
+        // rail and no lane.
+        let mut v1 = p[..p.len() - 24].to_vec();
+        v1[4] = 1;
+        let d = AddrRecord::decode(&v1).unwrap();
+        assert_eq!((d.cq_data, d.table, d.more.len()), (8, None, 0));
+        assert_eq!((d.min_bytes, d.lane), (0, None));
+        // Truncated version 2 records are refused, not misread.
+        assert_eq!(AddrRecord::decode(&p[..p.len() - 1]), None);
+        let mut v3 = p.clone();
+        v3[4] = 3;
+        assert_eq!(AddrRecord::decode(&v3), None);
+    }
+
+    #[test]
+    fn verbs_is_preferred_and_its_4_byte_cq_data_is_usable() {
+        assert_eq!(DEFAULT_PROVIDERS.first(), Some(&"verbs;ofi_rxm"));
+        let info = |cq| DomainInfo {
+            provider: "verbs;ofi_rxm".into(),
+            domain: "mlx5_0".into(),
+            mr_mode: 0,
+            cq_data_size: cq,
+            max_msg_size: 1 << 30,
+            data_progress: 0,
+            mode: 0,
+            hmem: false,
+        };
+        assert!(usable_cq_data(&info(4)));
+        assert!(usable_cq_data(&info(8)));
+        assert!(!usable_cq_data(&info(2)));
+        assert!(!usable_cq_data(&info(0)));
+    }
+
+    #[test]
+    fn four_byte_cq_data_encodes_request_buffer_kind_stripes_and_check() {
+        let base = 63 | (7 << IMM_SLOT_SHIFT) | (0x15 << IMM_CHECK_SHIFT);
+        let sized = base | (IMM_SIZED << IMM_KIND_SHIFT) | (0xffff << IMM_SIZE_SHIFT);
+        assert!(sized <= u64::from(u32::MAX));
+        match decode_cq_data(true, sized) {
+            Some(WriteEvent::Data {
+                idx: 63,
+                slot: 7,
+                parts: 1,
+                size: Some(0xffff),
+                check: Some(0x15),
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        match decode_cq_data(true, base | (IMM_DATA << IMM_KIND_SHIFT)) {
+            Some(WriteEvent::Data {
+                parts: 1,
+                size: None,
+                check: Some(0x15),
+                ..
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        let striped = base | (IMM_DATA << IMM_KIND_SHIFT) | (3 << IMM_SIZE_SHIFT);
+        match decode_cq_data(true, striped) {
+            Some(WriteEvent::Data {
+                parts: 3,
+                size: None,
+                ..
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        match decode_cq_data(true, base | (IMM_RECORD << IMM_KIND_SHIFT)) {
+            Some(WriteEvent::Record {
+                idx: 63,
+                slot: 7,
+                check: 0x15,
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        // Kind 3, too many stripes, and bits on a record are protocol errors.
+        assert!(decode_cq_data(true, base | (3 << IMM_KIND_SHIFT)).is_none());
+        let too_many = (MAX_RAILS as u64 + 1) << IMM_SIZE_SHIFT;
+        assert!(decode_cq_data(true, base | (IMM_DATA << IMM_KIND_SHIFT) | too_many).is_none());
+        let rec = base | (IMM_RECORD << IMM_KIND_SHIFT) | (1 << IMM_SIZE_SHIFT);
+        assert!(decode_cq_data(true, rec).is_none());
+        // The 8-byte layout: size << 32 | stripes << 16 | request << 8 | buffer.
+        match decode_cq_data(false, (5 << 32) | (3 << 8) | 2) {
+            Some(WriteEvent::Data {
+                idx: 3,
+                slot: 2,
+                parts: 1,
+                size: Some(5),
+                check: None,
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        match decode_cq_data(false, (1 << 40) | (2 << 16) | (3 << 8) | 2) {
+            Some(WriteEvent::Data {
+                parts: 2,
+                size: Some(0x100),
+                ..
+            }) => {}
+            e => panic!("{e:?}"),
+        }
+        assert!(decode_cq_data(false, (MAX_RAILS as u64 + 1) << 16).is_none());
+    }
+}
