@@ -5,6 +5,14 @@
 //!
 //! `cargo test --release -p weft-transport --test ofi_bench -- --ignored --nocapture`
 //! (`WEFT_BENCH_PROVIDERS="tcp;ofi_rxm:lo,shm:"` to choose).
+//!
+//! A quick look within one host only: one run, unpinned, fi_pingpong's figures uncorrected.
+//! fi_pingpong times its loop from the first send, which includes `ofi_rxm`'s connection
+//! set-up (20-200 ms on the 2-vCPU VM), and two busy-polling processes on a loaded 2-core host
+//! wait for each other's time slices, which is why its figures here swing by 10x between
+//! neighbouring sizes. The comparison in docs/benchmarks.md is `benches/ofi_netns.rs`: a
+//! namespace pair, pinned processes, fi_pingpong corrected for its set-up, alternating
+//! repetitions and medians.
 
 use std::process::{Command, Stdio};
 use std::thread;
