@@ -700,3 +700,96 @@ fn sharing_can_be_turned_off() {
     assert!(!tx_a.shares_control_stream() && !rx_a.shares_control_stream());
     assert!(!tx_b.shares_control_stream() && !rx_b.shares_control_stream());
 }
+
+/// Both directions connected at once, several per direction, as NCCL sets up its channels:
+/// no handshake finds a link to JOIN, so the sending ends move onto shared control streams
+/// afterwards (MOVE) while messages flow. Every message arrives intact and in order, each
+/// direction's connections end up sharing, and closing one direction leaves the other working.
+#[test]
+fn connections_opened_at_once_move_onto_shared_control_streams() {
+    const N: usize = 3;
+    let t = Transport::new(roomy(0, 2)).unwrap();
+    let mut ls: Vec<_> = (0..2 * N).map(|_| t.listen(0).unwrap()).collect();
+    let mut cs: Vec<_> = ls
+        .iter()
+        .map(|l| Some(t.connect(0, &l.handle()).unwrap()))
+        .collect();
+    let mut txs: Vec<Option<SendConn>> = (0..2 * N).map(|_| None).collect();
+    let mut rxs: Vec<Option<RecvConn>> = (0..2 * N).map(|_| None).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while txs.iter().any(Option::is_none) || rxs.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline, "connect/accept did not finish");
+        for i in 0..2 * N {
+            if let Some(c) = cs[i].as_mut()
+                && let Some(tx) = c.poll().unwrap()
+            {
+                txs[i] = Some(tx);
+                cs[i] = None;
+            }
+            if rxs[i].is_none() {
+                rxs[i] = ls[i].accept().unwrap();
+            }
+        }
+    }
+    let mut txs: Vec<SendConn> = txs.into_iter().map(Option::unwrap).collect();
+    let mut rxs: Vec<RecvConn> = rxs.into_iter().map(Option::unwrap).collect();
+    // Traffic on every connection, polled round-robin from one thread, until all share.
+    let sizes = [0usize, 8, 1000, 70_000, 300_000];
+    for round in 0..300usize {
+        for i in 0..2 * N {
+            let n = sizes[round % sizes.len()];
+            let data = pattern(n, (round + i) as u8);
+            let id = loop {
+                // SAFETY: `data` outlives the request: we wait for it below.
+                let r = unsafe { txs[i].isend(data.as_ptr(), n, round as i32) };
+                if let Some(id) = r.unwrap() {
+                    break id;
+                }
+            };
+            let mut buf = vec![0u8; n];
+            let b = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: n,
+                tag: round as i32,
+            };
+            // SAFETY: `buf` outlives the request: we wait for it below.
+            let rid = unsafe { rxs[i].irecv(&[b]) }.unwrap().unwrap();
+            let (mut sent, mut got) = (false, false);
+            let until = Instant::now() + Duration::from_secs(10);
+            while !(sent && got) {
+                assert!(Instant::now() < until, "round {round} conn {i} stuck");
+                sent = sent || txs[i].test(id).unwrap().is_some();
+                if !got && let Some(c) = rxs[i].test(rid).unwrap() {
+                    assert_eq!(c.sizes(), &[n]);
+                    got = true;
+                }
+            }
+            assert!(buf == data, "round {round} conn {i}: payload differs");
+        }
+        if round > 20
+            && txs.iter().all(SendConn::shares_control_stream)
+            && rxs.iter().all(RecvConn::shares_control_stream)
+        {
+            break;
+        }
+    }
+    assert!(
+        txs.iter().all(SendConn::shares_control_stream),
+        "senders sharing: {:?}",
+        txs.iter()
+            .map(SendConn::shares_control_stream)
+            .collect::<Vec<_>>()
+    );
+    assert!(rxs.iter().all(RecvConn::shares_control_stream));
+    // Close every connection of one direction: the other keeps working.
+    let keep: Vec<(SendConn, RecvConn)> = txs.into_iter().zip(rxs).collect();
+    let (mut first, second): (Vec<_>, Vec<_>) =
+        keep.into_iter().enumerate().partition(|(i, _)| *i < N);
+    drop(second);
+    for (_, (tx, rx)) in &mut first {
+        tx.send(b"after close", 77).unwrap();
+        let mut buf = [0u8; 11];
+        assert_eq!(rx.recv(&mut buf, 77).unwrap(), 11);
+        assert_eq!(&buf, b"after close");
+    }
+}

@@ -17,9 +17,11 @@
 //! | CREDIT | control, receiver→sender | 0 | magic | control bytes consumed | 0 |
 //! | ABORT | control and handshake, either way | reason | magic | detail (e.g. ms stalled) | 0 |
 //! | CLOSE | control, either way | 1: my sending end closed, 2: my receiving end closed | magic | 0 | 0 |
+//! | MOVE | control, either way | 1: request, 2: accepted, 3: refused, 4: moved | magic | link id | 0 |
 //!
 //! After the ACK the handshake stream carries nothing but an ABORT (at most one per side, when
-//! it gives up): every message header, inline payload and CREDIT travels on the data network.
+//! it gives up; the ofi backend adds POSTED, a MSG frame with its own tag, see `ofi`): every
+//! message header, inline payload and CREDIT travels on the data network.
 //! CREDIT is the control stream's flow control (the sender keeps at most [`CTRL_WINDOW`] bytes
 //! unread by the receiver, so the control stream's TCP window never closes and
 //! `TCP_USER_TIMEOUT` on it only fires for a dead peer or link). ABORT is sent by whichever
@@ -31,7 +33,11 @@
 //! stream this connection opened; JOINED accepts. Two one-way connections between the same
 //! pair then share one TCP connection for their headers, inline messages and CREDITs, so that
 //! a reply carries the acknowledgement of the request (see `tcp::ctrl`). CLOSE tells the peer
-//! that one of the two connections sharing a link is gone while the other stays.
+//! that one of the two connections sharing a link is gone while the other stays. MOVE does
+//! what JOIN does for connections that are both up already (NCCL opens both directions at
+//! once, so neither finds the other's link at its handshake): the sending end asks on its own
+//! control stream to move onto `link`, the receiver accepts or refuses, and on acceptance the
+//! sender ends its old control stream with MOVED and continues on the link.
 //!
 //! `flags` carries the protocol version in handshake frames and `INLINE` in message frames.
 
@@ -53,6 +59,7 @@ const K_CREDIT: u8 = 6;
 const K_ABORT: u8 = 7;
 const K_JOIN: u8 = 8;
 const K_CLOSE: u8 = 9;
+const K_MOVE: u8 = 10;
 /// Bytes after the header of a JOIN frame (the link id).
 const JOIN_TRAILER: usize = 8;
 /// `a` of an ACK that accepts a JOIN.
@@ -241,6 +248,13 @@ pub enum Frame {
         /// Bytes consumed since the connection was established (after the handshake).
         consumed: u64,
     },
+    /// A step of moving a connection's control stream onto a shared link.
+    Move {
+        /// Which step.
+        step: MoveStep,
+        /// The link the connection moves onto.
+        link: u64,
+    },
     /// One of the two connections sharing a link is closed (the other stays).
     Close {
         /// Which end of the sender of this frame closed.
@@ -253,6 +267,30 @@ pub enum Frame {
         /// Reason-specific detail (milliseconds for a stall).
         detail: u64,
     },
+}
+
+/// The steps of a MOVE (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveStep {
+    /// Sender to receiver: may this connection move onto the link?
+    Request,
+    /// Receiver to sender: yes; the receiving end is attached to the link.
+    Accepted,
+    /// Receiver to sender: no; stay.
+    Refused,
+    /// Sender to receiver, last frame of the old control stream: continue on the link.
+    Moved,
+}
+
+impl MoveStep {
+    fn code(self) -> u16 {
+        match self {
+            MoveStep::Request => 1,
+            MoveStep::Accepted => 2,
+            MoveStep::Refused => 3,
+            MoveStep::Moved => 4,
+        }
+    }
 }
 
 /// One end of a connection, as seen by the side that owns it.
@@ -313,6 +351,7 @@ impl Frame {
             Frame::Join { .. } => "JOIN",
             Frame::Joined { .. } => "ACK (JOINED)",
             Frame::Close { .. } => "CLOSE",
+            Frame::Move { .. } => "MOVE",
             Frame::Stream { .. } => "STREAM",
             Frame::Ack { .. } => "ACK",
             Frame::Reject { .. } => "REJECT",
@@ -340,6 +379,7 @@ impl Frame {
             Frame::Joined { nonce, conn_id } => {
                 (K_ACK, VERSION, ACK_JOINED, magic, *nonce, *conn_id)
             }
+            Frame::Move { step, link } => (K_MOVE, VERSION, step.code(), magic, *link, 0),
             Frame::Close { end } => {
                 let a = match end {
                     End::Send => 1,
@@ -522,6 +562,22 @@ impl FrameDecoder {
                     }
                 }
             }
+            K_MOVE => {
+                check_hs()?;
+                let step = match a {
+                    1 => MoveStep::Request,
+                    2 => MoveStep::Accepted,
+                    3 => MoveStep::Refused,
+                    4 => MoveStep::Moved,
+                    _ => {
+                        return Err(FrameError::Unexpected {
+                            got: "MOVE of an unknown step",
+                            expected: "MOVE 1 to 4",
+                        });
+                    }
+                };
+                Frame::Move { step, link: c }
+            }
             K_CLOSE => {
                 check_hs()?;
                 let end = match a {
@@ -648,6 +704,22 @@ mod tests {
             },
             Frame::Close { end: End::Send },
             Frame::Close { end: End::Recv },
+            Frame::Move {
+                step: MoveStep::Request,
+                link: 5,
+            },
+            Frame::Move {
+                step: MoveStep::Accepted,
+                link: 6,
+            },
+            Frame::Move {
+                step: MoveStep::Refused,
+                link: 7,
+            },
+            Frame::Move {
+                step: MoveStep::Moved,
+                link: u64::MAX,
+            },
             Frame::Abort {
                 reason: AbortReason::Stalled,
                 detail: 2000,

@@ -11,7 +11,7 @@ mod plan;
 
 pub use frame::{
     AbortReason, CTRL_STREAM, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, FrameError,
-    MAX_INLINE, MsgHeader, RejectReason,
+    MAX_INLINE, MoveStep, MsgHeader, RejectReason,
 };
 pub use handle::{HANDLE_SIZE, HandleError, ListenHandle, MAGIC, MAX_DATA_ADDRS, VERSION};
 pub use handshake::{AcceptError, AcceptEvent, Acceptor, ConnectEvent, Connector};

@@ -27,14 +27,23 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Link, Stage};
-use crate::proto::{self, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, MsgHeader};
+use crate::proto::{self, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, MoveStep, MsgHeader};
 
 /// Every live link of this process, for JOIN offers and answers.
 static LINKS: Mutex<Vec<Weak<CtrlLink>>> = Mutex::new(Vec::new());
+/// Bumped whenever a link may have become available to offer (a new link, a released offer),
+/// so that a sending connection looks for one to move onto only when something changed.
+static OFFERS_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// The current value of the offer generation (see [`OFFERS_GEN`]).
+pub(crate) fn offers_generation() -> u64 {
+    OFFERS_GEN.load(Ordering::Acquire)
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a thread panicked while holding it; the state (queues of plain
@@ -60,8 +69,18 @@ pub(crate) struct CtrlLink {
 struct State {
     send_attached: bool,
     recv_attached: bool,
-    /// Offered in a JOIN whose answer has not come yet.
+    /// Offered in a JOIN or MOVE whose answer has not come yet.
     offered: bool,
+    /// The sending connection on this link asked to move onto link `id` (MOVE request sent).
+    moving_to: Option<u64>,
+    /// MOVE requests from the peer's sending end (link ids), not yet answered.
+    move_requests: VecDeque<u64>,
+    /// The peer's answer to this side's MOVE request.
+    move_answer: Option<bool>,
+    /// The peer's sending end moved away (MOVED): nothing more for the receiving end here.
+    moved: bool,
+    /// This side's sending end moved away (it only finishes what it queued here).
+    leaving: bool,
 
     /// Whole frames committed to the stream, written up to `out_pos`.
     out: Vec<u8>,
@@ -122,6 +141,11 @@ impl CtrlLink {
             send_attached: end == End::Send,
             recv_attached: end == End::Recv,
             offered: false,
+            moving_to: None,
+            move_requests: VecDeque::new(),
+            move_answer: None,
+            moved: false,
+            leaving: false,
             out: Vec::new(),
             out_pos: 0,
             out_msgs: VecDeque::new(),
@@ -157,7 +181,80 @@ impl CtrlLink {
         let mut all = lock(&LINKS);
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&l));
+        OFFERS_GEN.fetch_add(1, Ordering::AcqRel);
         Ok(l)
+    }
+
+    /// The link's id (the connection id of the connection that opened it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The transport whose connections may use it.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    /// Local and peer address.
+    pub fn ips(&self) -> (IpAddr, IpAddr) {
+        (self.local.ip(), self.link.peer.ip())
+    }
+
+    /// Writes `f` ahead of frames waiting for the window (MOVE requests and answers).
+    pub fn send_now(&self, f: &Frame) {
+        let mut g = lock(&self.st);
+        let st = &mut *g;
+        if st.shut {
+            return;
+        }
+        let mut b = Vec::with_capacity(FRAME_LEN);
+        f.encode(&mut b);
+        st.commit_bytes(&b, 0);
+        self.flush(st);
+    }
+
+    /// Queues `f` behind the frames already queued (MOVED after the last MSG).
+    pub fn send_in_order(&self, f: &Frame) {
+        let mut g = lock(&self.st);
+        let st = &mut *g;
+        if st.shut {
+            return;
+        }
+        st.enqueue(0, |o| f.encode(o));
+        st.commit_held();
+        self.flush(st);
+    }
+
+    /// This side's sending connection moved onto another link: no one may join or move here.
+    pub fn set_leaving(&self) {
+        lock(&self.st).leaving = true;
+    }
+
+    /// Records that this link's sending connection asked to move onto link `to`.
+    pub fn set_moving_to(&self, to: Option<u64>) {
+        lock(&self.st).moving_to = to;
+    }
+
+    /// The next MOVE request of the peer's sending end, if any.
+    pub fn take_move_request(&self) -> Option<u64> {
+        lock(&self.st).move_requests.pop_front()
+    }
+
+    /// The peer's answer to this side's MOVE request, once it came.
+    pub fn take_move_answer(&self) -> Option<bool> {
+        lock(&self.st).move_answer.take()
+    }
+
+    /// Whether the peer's sending end has moved away (MOVED read).
+    pub fn moved(&self) -> bool {
+        lock(&self.st).moved
+    }
+
+    /// Whether everything written is in the kernel and acknowledged by the peer's kernel, so
+    /// that closing loses nothing.
+    pub fn quiescent(&self) -> bool {
+        let st = lock(&self.st);
+        st.out_pos == st.out.len() && st.held_pos == st.held.len() && unacked(&self.sock) == 0
     }
 
     /// Peer address and local interface.
@@ -243,6 +340,12 @@ impl CtrlLink {
                 Ok(Some(Frame::Credit { consumed })) => {
                     st.peer_consumed = st.peer_consumed.max(consumed);
                 }
+                Ok(Some(Frame::Move { step, link })) => match step {
+                    MoveStep::Request => st.move_requests.push_back(link),
+                    MoveStep::Accepted => st.move_answer = Some(true),
+                    MoveStep::Refused => st.move_answer = Some(false),
+                    MoveStep::Moved => st.moved = true,
+                },
                 Ok(Some(Frame::Close { end: End::Send })) => st.peer_send_closed = true,
                 Ok(Some(Frame::Close { end: End::Recv })) => st.peer_recv_closed = true,
                 Ok(Some(Frame::Abort { reason, detail })) => {
@@ -372,7 +475,8 @@ impl CtrlLink {
                 // Left already, after a failure of its own.
                 return;
             }
-            let last = !st.send_attached && !st.recv_attached;
+            // An offered link is about to get an end: not the last one out.
+            let last = !st.send_attached && !st.recv_attached && !st.offered;
             if !last && st.error.is_none() && !st.shut {
                 let mut f = Vec::with_capacity(FRAME_LEN);
                 Frame::Close { end }.encode(&mut f);
@@ -489,6 +593,8 @@ fn usable(st: &State) -> bool {
         && !st.shut
         && !st.peer_send_closed
         && !st.peer_recv_closed
+        && !st.moved
+        && !st.leaving
 }
 
 /// A link offered in a JOIN, reserved until the answer: [`Offer::accept`] attaches the sending
@@ -518,17 +624,26 @@ impl Drop for Offer {
     fn drop(&mut self) {
         if let Some(l) = &self.0 {
             lock(&l.st).offered = false;
+            OFFERS_GEN.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
 
-/// A link of transport `owner` to offer for a new sending connection from `local` (any local
+/// A link of transport `owner` to offer for a sending connection from `local` (any local
 /// address when `None`) to `peer`: one that only a receiving connection uses, healthy, between
-/// the same addresses.
-pub(crate) fn offer(owner: u64, local: Option<IpAddr>, peer: IpAddr) -> Option<Offer> {
+/// the same addresses, and not one of `exclude` (the mover's own link, links refused before).
+pub(crate) fn offer(
+    owner: u64,
+    local: Option<IpAddr>,
+    peer: IpAddr,
+    exclude: &[u64],
+) -> Option<Offer> {
     let all = lock(&LINKS);
     for l in all.iter().filter_map(Weak::upgrade) {
-        if l.owner != owner || l.link.peer.ip() != peer || local.is_some_and(|a| a != l.local.ip())
+        if l.owner != owner
+            || l.link.peer.ip() != peer
+            || local.is_some_and(|a| a != l.local.ip())
+            || exclude.contains(&l.id)
         {
             continue;
         }
@@ -554,6 +669,36 @@ pub(crate) fn join(owner: u64, id: u64, local: IpAddr, peer: IpAddr) -> Option<A
         }
         let mut st = lock(&l.st);
         if st.send_attached && !st.recv_attached && usable(&st) {
+            st.recv_attached = true;
+            drop(st);
+            return Some(l);
+        }
+    }
+    None
+}
+
+/// The answer of transport `owner` to a MOVE request onto link `id` from the connection whose
+/// control stream is link `from`, running from `local` to `peer`: the link, with this side's
+/// receiving end attached, if the transport has it with only a sending connection on it,
+/// healthy, between the same addresses, and that sending connection is not moving itself. The
+/// one exception is the symmetric race (it is moving onto `from`, as the requester onto `id`):
+/// then the move onto the link with the smaller id wins, as both sides decide the same way. A
+/// refusal is transient; the requester looks again later.
+pub(crate) fn accept_move(
+    owner: u64,
+    id: u64,
+    from: u64,
+    local: IpAddr,
+    peer: IpAddr,
+) -> Option<Arc<CtrlLink>> {
+    let all = lock(&LINKS);
+    for l in all.iter().filter_map(Weak::upgrade) {
+        if l.owner != owner || l.id != id || l.link.peer.ip() != peer || l.local.ip() != local {
+            continue;
+        }
+        let mut st = lock(&l.st);
+        let wins = st.moving_to.is_none_or(|to| to == from && id < to);
+        if st.send_attached && !st.recv_attached && wins && usable(&st) {
             st.recv_attached = true;
             drop(st);
             return Some(l);

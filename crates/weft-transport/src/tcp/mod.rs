@@ -130,6 +130,10 @@ impl<T> Slab<T> {
     fn values(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().filter_map(|(_, v)| v.as_ref())
     }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().filter_map(|(_, v)| v.as_mut())
+    }
 }
 
 pub(crate) fn random_u64() -> u64 {
@@ -419,7 +423,7 @@ impl Transport {
             let rail = &d.rails[0];
             let remote = remote_data[0].ip();
             let local = compatible(rail.addr, remote).then_some(rail.addr);
-            ctrl::offer(self.instance, local, remote)
+            ctrl::offer(self.instance, local, remote, &[])
         } else {
             None
         };
@@ -668,6 +672,17 @@ impl Connecting {
                     reqs: Slab::new(MAX_SEND_REQUESTS),
                     next_stream: 0,
                     error: None,
+                    moving: if self.cfg.share_ctrl {
+                        Moving::Watching {
+                            generation: u64::MAX,
+                            at: now,
+                            asked: 0,
+                        }
+                    } else {
+                        Moving::Settled
+                    },
+                    old: None,
+                    timeout: self.cfg.timeout,
                 }))
             }
             Some(ConnectEvent::Rejected(r)) => Err(Error::Rejected {
@@ -870,6 +885,7 @@ impl Listener {
                         peer_closed: false,
                         error: None,
                         linger: self.cfg.timeout.min(LINGER_MAX),
+                        next: None,
                     }))
                 }
             };
@@ -988,6 +1004,8 @@ impl SideChannel {
 struct SendReq {
     /// Sequence number of its MSG frame on the control link.
     seq: u64,
+    /// Its MSG frame is on the control stream this connection moved away from.
+    on_old: bool,
     size: usize,
     chunks: Arc<ReqState>,
 }
@@ -1011,6 +1029,39 @@ pub struct SendConn {
     reqs: Slab<SendReq>,
     next_stream: usize,
     error: Option<Error>,
+    /// Moving onto a shared control stream after the handshake (protocol MOVE).
+    moving: Moving,
+    /// The control stream left by a MOVE, until what was queued on it is delivered.
+    old: Option<Arc<CtrlLink>>,
+    timeout: Duration,
+}
+
+/// Most MOVE requests one connection makes (refusals are normally transient: the race of two
+/// moves in opposite directions, a link going away; the bound rules out ping-pong).
+const MAX_MOVE_REQUESTS: u32 = 64;
+/// How often a connection that has not moved looks for a link even when nothing seemed to
+/// change.
+const MOVE_RESCAN: Duration = Duration::from_millis(20);
+
+/// Where a [`SendConn`] is in moving its control stream onto a link shared with a receiving
+/// connection from the same peer (see the `ctrl` module).
+#[derive(Debug)]
+enum Moving {
+    /// Looking for a link each time the set of links changes (`generation`) and at least
+    /// every [`MOVE_RESCAN`], after `asked` requests so far.
+    Watching {
+        generation: u64,
+        at: Instant,
+        asked: u32,
+    },
+    /// Asked the receiver (MOVE request) to move onto the offered link.
+    Asked {
+        offer: ctrl::Offer,
+        since: Instant,
+        asked: u32,
+    },
+    /// Moved, refused, or nothing to do (shared from the start, or sharing turned off).
+    Settled,
 }
 
 impl SendConn {
@@ -1081,10 +1132,111 @@ impl SendConn {
         {
             return Err(self.fail(e, false));
         }
+        if check {
+            self.try_move(now);
+        }
+        if let Some(old) = &self.old {
+            let pending = self.reqs.values().any(|r| r.on_old);
+            let r = old
+                .pump(false)
+                .and_then(|()| old.write_error().map_or(Ok(()), Err));
+            match r {
+                Err(e) if pending => return Err(self.fail(e, false)),
+                Err(_) => self.old = None,
+                Ok(()) if !pending && old.quiescent() => {
+                    old.detach(End::Send, Duration::ZERO);
+                    self.old = None;
+                }
+                Ok(()) => {}
+            }
+        }
         if let Err(e) = self.engine.progress() {
             return Err(self.fail(e, false));
         }
         Ok(())
+    }
+
+    /// Moves the control stream onto a link shared with a receiving connection from the same
+    /// peer, if one has appeared since the handshake (both directions connected at once): asks
+    /// (MOVE request), and on acceptance ends the old stream with MOVED and continues on the
+    /// link. Called at most once per `CTRL_CHECK_EVERY`.
+    fn try_move(&mut self, now: Instant) {
+        match &mut self.moving {
+            Moving::Settled => {}
+            Moving::Watching {
+                generation,
+                at,
+                asked,
+            } => {
+                let g = ctrl::offers_generation();
+                if *generation == g && now.duration_since(*at) < MOVE_RESCAN {
+                    return;
+                }
+                *generation = g;
+                *at = now;
+                if self.ctrl.shared() {
+                    self.moving = Moving::Settled;
+                    return;
+                }
+                let (local, peer) = self.ctrl.ips();
+                let own = [self.ctrl.id()];
+                if let Some(offer) = ctrl::offer(self.ctrl.owner(), Some(local), peer, &own) {
+                    let link = offer.id();
+                    self.ctrl.set_moving_to(Some(link));
+                    self.ctrl.send_now(&Frame::Move {
+                        step: proto::MoveStep::Request,
+                        link,
+                    });
+                    self.moving = Moving::Asked {
+                        offer,
+                        since: now,
+                        asked: *asked + 1,
+                    };
+                }
+            }
+            Moving::Asked { since, .. } => {
+                let answer = self.ctrl.take_move_answer();
+                if answer.is_none() && now.duration_since(*since) < self.timeout {
+                    return;
+                }
+                self.ctrl.set_moving_to(None);
+                let Moving::Asked { offer, asked, .. } =
+                    std::mem::replace(&mut self.moving, Moving::Settled)
+                else {
+                    return;
+                };
+                if answer.is_none() {
+                    // No answer within the timeout: the peer does not move; stay.
+                    return;
+                }
+                if answer == Some(false) {
+                    // Refused: the peer's own move onto ours won, or the link is going away.
+                    // Look again when the links change (releasing the offer is such a
+                    // change), a bounded number of times.
+                    if asked < MAX_MOVE_REQUESTS {
+                        self.moving = Moving::Watching {
+                            generation: ctrl::offers_generation(),
+                            at: now,
+                            asked,
+                        };
+                    }
+                    return;
+                }
+                let Some(link) = offer.accept() else {
+                    return;
+                };
+                self.ctrl.send_in_order(&Frame::Move {
+                    step: proto::MoveStep::Moved,
+                    link: link.id(),
+                });
+                for r in self.reqs.values_mut() {
+                    r.on_old = true;
+                }
+                self.link = link.link().clone();
+                self.ctrl.set_leaving();
+                self.old = Some(std::mem::replace(&mut self.ctrl, link));
+            }
+        }
     }
 
     /// Starts sending `len` bytes at `data` with `tag`. `Ok(None)`: too many requests in
@@ -1143,6 +1295,7 @@ impl SendConn {
         };
         let id = self.reqs.insert(SendReq {
             seq,
+            on_old: false,
             size: len,
             chunks,
         });
@@ -1154,11 +1307,13 @@ impl SendConn {
     pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
         self.progress()?;
         let flushed = self.ctrl.seq_flushed();
+        let flushed_old = self.old.as_ref().map_or(u64::MAX, |o| o.seq_flushed());
         let r = self
             .reqs
             .get_mut(id)
             .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
-        if flushed >= r.seq && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+        let sent = if r.on_old { flushed_old } else { flushed };
+        if sent >= r.seq && r.chunks.remaining.load(Ordering::Acquire) == 0 {
             let size = r.size;
             self.reqs.remove(id);
             return Ok(Some(size));
@@ -1212,6 +1367,9 @@ impl Drop for SendConn {
     /// else a graceful close (see [`CtrlLink::detach`]). Data streams carry nothing back, so
     /// they close with a FIN.
     fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            old.detach(End::Send, self.linger);
+        }
         self.ctrl.detach(End::Send, self.linger);
     }
 }
@@ -1272,6 +1430,8 @@ pub struct RecvConn {
     error: Option<Error>,
     /// Longest a drop waits for the sender's kernel to acknowledge the control stream.
     linger: Duration,
+    /// The link the sender is moving onto (MOVE accepted, MOVED not read yet).
+    next: Option<Arc<CtrlLink>>,
 }
 
 impl RecvConn {
@@ -1310,6 +1470,38 @@ impl RecvConn {
     fn read_ctrl(&mut self) -> Result<()> {
         self.ctrl.pump(true)?;
         self.ctrl.take_msgs(&mut self.msgs);
+        if let Some(link) = self.ctrl.take_move_request() {
+            // The sender asks to move onto `link` (see `SendConn::try_move`).
+            let (local, peer) = self.ctrl.ips();
+            let target = match &self.next {
+                None => ctrl::accept_move(self.ctrl.owner(), link, self.ctrl.id(), local, peer),
+                Some(_) => None,
+            };
+            let step = if target.is_some() {
+                proto::MoveStep::Accepted
+            } else {
+                proto::MoveStep::Refused
+            };
+            self.ctrl.send_now(&Frame::Move { step, link });
+            if target.is_some() {
+                self.next = target;
+            }
+        }
+        if self.ctrl.moved() {
+            // Every message sent on the old stream is in `msgs`; the rest come on the link.
+            let next = self.next.take().ok_or_else(|| {
+                let e = proto::FrameError::Unexpected {
+                    got: "MOVED",
+                    expected: "MOVED only after an accepted MOVE",
+                };
+                self.link.protocol(Stage::Data, e)
+            })?;
+            self.link = next.link().clone();
+            let old = std::mem::replace(&mut self.ctrl, next);
+            old.detach(End::Recv, Duration::ZERO);
+            self.ctrl.pump(true)?;
+            self.ctrl.take_msgs(&mut self.msgs);
+        }
         if let Some(e) = self.ctrl.read_error() {
             return Err(e);
         }
@@ -1473,6 +1665,9 @@ impl Drop for RecvConn {
     /// Leaves the control link: CLOSE to the peer while a sending connection still uses it,
     /// else a graceful close (see [`CtrlLink::detach`]).
     fn drop(&mut self) {
+        if let Some(next) = self.next.take() {
+            next.detach(End::Recv, Duration::ZERO);
+        }
         self.ctrl.detach(End::Recv, self.linger);
     }
 }
