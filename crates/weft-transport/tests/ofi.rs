@@ -2,7 +2,8 @@
 //! loopback and `shm`, both in one process (NCCL's self-connection) and across threads. Sizes
 //! 0..64 MiB with receives larger than the send, eager and RMA paths, tags and grouped
 //! receives, 32 in flight, the registration cache, errors (truncation, tag mismatch, a peer
-//! that dies, a TCP peer), and the fallback to TCP when no provider is usable.
+//! that dies, a TCP peer, a stalled data path; late peers are not errors), and the fallback to
+//! TCP when no provider is usable.
 //!
 //! Without libfabric every test prints "skipped" and passes: the backend is optional.
 
@@ -1051,4 +1052,123 @@ fn lane_with_grouped_receives_credit_and_errors() {
         truncation_and_tag_mismatch_are_errors_on_both_sides_on,
     );
     each_lane(true, thirty_two_in_flight_and_grouped_receives_by_tag_on);
+}
+
+/// The data-phase stall timer: a sender whose RMA write sees no completion for `timeout`
+/// while it polls fails with a data-transfer timeout naming the data path, and the receiver
+/// hears its ABORT. In one process, a receiver that posts its receive (so the write may start)
+/// and then stops polling stands in for a cut data link: with `tcp;ofi_rxm`'s manual progress,
+/// and a message larger than the socket buffers, nothing completes. Waits the timer does not
+/// bound: a sender whose receive is not posted, a receiver whose sender has not sent yet.
+#[test]
+fn a_stalled_data_path_is_a_timeout_and_late_peers_are_not() {
+    let timeout = Duration::from_millis(1000);
+    for (p, d) in PROVIDERS {
+        let Some(t) = transport(p, d) else {
+            continue;
+        };
+        let t = Transport::new(Config {
+            timeout,
+            ..t.config().clone()
+        })
+        .unwrap();
+        // A late receiver: the sender polls for twice the timeout without a CTS, then the
+        // receive is posted and the message arrives.
+        let (mut tx, mut rx) = pair_on(&t);
+        let big = pattern(32 << 20, 3);
+        // SAFETY: `big` outlives the request, which completes below.
+        let id = unsafe { tx.isend(big.as_ptr(), big.len(), 1) }
+            .unwrap()
+            .unwrap();
+        let start = Instant::now();
+        while start.elapsed() < 2 * timeout {
+            assert!(
+                tx.test(id).unwrap().is_none(),
+                "{p}: sent without a receive"
+            );
+        }
+        let mut buf = vec![0u8; big.len()];
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag: 1,
+        };
+        // SAFETY: `buf` outlives the request, which completes below.
+        let rid = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            sent = sent || tx.test(id).unwrap().is_some();
+            got = got || rx.test(rid).unwrap().is_some();
+        }
+        assert!(buf == big, "{p}: late receive corrupted");
+        // A late sender: the receiver polls its posted receive for twice the timeout (POSTED
+        // goes to a sender with nothing to send, which ignores it), then the message comes.
+        // SAFETY: as above.
+        let rid = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
+        let start = Instant::now();
+        while start.elapsed() < 2 * timeout {
+            assert!(
+                rx.test(rid).unwrap().is_none(),
+                "{p}: received before a send"
+            );
+        }
+        let small = pattern(100, 9);
+        tx.send(&small, 1).unwrap();
+        while rx.test(rid).unwrap().is_none() {}
+        assert_eq!(&buf[..100], &small[..], "{p}: late send corrupted");
+        drop((tx, rx));
+        if *p != "tcp;ofi_rxm" {
+            continue;
+        }
+        // A stalled write: once a first message has set the provider's connection up, the
+        // receiver posts (its CTS leaves at once) and stops polling; the sender writes more
+        // than the socket buffers hold.
+        let (mut tx, mut rx) = pair_on(&t);
+        let mut one = [0u8; 1];
+        let h = thread::spawn(move || {
+            rx.recv(&mut one, 1).unwrap();
+            rx
+        });
+        tx.send(&[1], 1).unwrap();
+        let mut rx = h.join().unwrap();
+        // SAFETY: as above.
+        let rid = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
+        // SAFETY: as above.
+        let id = unsafe { tx.isend(big.as_ptr(), big.len(), 1) }
+            .unwrap()
+            .unwrap();
+        let start = Instant::now();
+        let e = loop {
+            match tx.test(id) {
+                Ok(None) => assert!(start.elapsed() < 5 * timeout, "{p}: no stall timeout"),
+                Ok(Some(_)) => panic!("{p}: the write completed without the receiver"),
+                Err(e) => break e,
+            }
+        };
+        let took = start.elapsed();
+        assert!(
+            took >= timeout / 2 && took < timeout + Duration::from_millis(500),
+            "{p}: failed after {took:?}: {e}"
+        );
+        assert!(
+            matches!(e, Error::Timeout { .. }) && e.to_string().contains("data transfer"),
+            "{p}: {e}"
+        );
+        assert!(
+            e.to_string().contains(p),
+            "{p}: does not name the provider: {e}"
+        );
+        // The receiver hears the sender's ABORT on the side channel.
+        let start = Instant::now();
+        let e = loop {
+            match rx.test(rid) {
+                Ok(None) => assert!(start.elapsed() < timeout, "{p}: no ABORT"),
+                Ok(Some(_)) => panic!("{p}: received a message the sender gave up on"),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(e, Error::Aborted { .. }), "{p}: {e}");
+        drop(tx);
+        drop(rx);
+    }
 }

@@ -18,9 +18,10 @@
 //! rails, and the remote CQ data size (the smaller of both sides', with, for 4 bytes, where its
 //! size table is). A version 1 record (one rail, 8 bytes) is still understood. From then on
 //! the TCP stream is the side channel, as in the TCP backend: silent except for one ABORT when
-//! a side gives up, and EOF when the peer process dies. It is also the liveness watch of a dead
-//! peer *host* (keepalive, `TCP_USER_TIMEOUT = timeout`), since an RDM endpoint has no
-//! connection whose death the application would see.
+//! a side gives up, EOF when the peer process dies, and POSTED while a receive stalls (see
+//! "Failure detection"). It is also the liveness watch of a dead peer *host* (keepalive,
+//! `TCP_USER_TIMEOUT = timeout`), since an RDM endpoint has no connection whose death the
+//! application would see.
 //!
 //! # Data path (data network), receiver-driven
 //!
@@ -68,6 +69,43 @@
 //!   each other; they are a prefix of it, so both sides choose the same buffers, and messages
 //!   complete in order whatever way they took. The sender's lane send is complete once copied.
 //!
+//! # Failure detection on the data path
+//!
+//! A cut data link (management network up) makes no RDM operation fail: the provider (with
+//! `tcp;ofi_rxm`, the kernel under it) retries for many minutes. Completions are the only
+//! sign of progress, so the bound is a *stall timer* per connection: timed work that sees no
+//! completion of the connection for `timeout` while the connection is being polled fails with
+//! [`Error::Timeout`] (stage data transfer) naming the data path (the peer's data address when
+//! its endpoint address is an IP one, and "data device (ofi provider/domain)"), and sends ABORT
+//! on the side channel, so the other side fails at once too. Each poll reads the completion
+//! queues *before* it looks at the timer (what completed while nobody polled counts), and a gap
+//! of more than 100 ms between two polls is time the application was not polling, which does
+//! not count: with a manual-progress provider nothing can complete then.
+//!
+//! Only waits that a live peer answers while it polls anyway are timed, so that a peer that is
+//! legitimately late (a sender that has not called isend yet, a receiver that has not posted)
+//! is never an error, whatever the provider's progress model:
+//! * **Sender**: its RMA writes (queued or in flight), and eager sends whose receive has been
+//!   posted since (a CTS covers them). Writes only start after the receiver posted (CTS), and a
+//!   receiver polls a posted receive until it completes, so both sides drive their providers
+//!   then. Not an eager send to a receive not yet posted: a manual-progress receiver need not
+//!   poll it before it posts, which may be much later.
+//! * **Receiver**: a message that is partly here (a stripe, or data without its size record).
+//!   A posted receive with nothing arrived is not timed on its own: the sender may simply not
+//!   have sent yet. But on a cut link its CTS may be lost after the receiver's provider
+//!   reported it sent, or the data after the sender's provider reported the write complete
+//!   (with `tcp`, both complete once the kernel has the bytes). So a receive whose CTS left
+//!   and that sees nothing for `timeout` sends POSTED on the side channel (again every
+//!   `timeout / 4` while that lasts): the first message it waits for and how far its sent CTS
+//!   reach. The sender fails, as for a stall, if it waits for a CTS that POSTED says has left
+//!   (after polling `min(timeout / 4, 1 s)` more, for a CTS still in its provider), or if it
+//!   handed the awaited message over `timeout` ago or more; otherwise (it has not sent yet) it
+//!   ignores POSTED.
+//!
+//! A cut data link thus fails both sides `timeout` to `timeout * 1.25` after the last
+//! completion, provided the application polls. Idle connections (nothing posted) notice
+//! nothing until the next operation, which then fails as above.
+//!
 //! # Registration
 //!
 //! Buffers are registered through a per-rail cache ([`fabric::MrCache`]). The plugin's
@@ -84,9 +122,13 @@
 //! records, CTS and eager messages do not stripe. The TCP lane is one stream (messages up to
 //! 16 MiB), not the TCP backend's multi-stream engine; a lane whose sender cannot write for
 //! `timeout` fails (a receiver that stops polling for that long with more than the socket
-//! buffers queued on the lane trips it). A cut data link is seen by neither RDM endpoints nor
-//! the lane's receiver until the provider or the kernel gives up (the side channel runs on the
-//! management network).
+//! buffers queued on the lane trips it); the stall timer does not cover the lane's receiver.
+//! A cut data link is bounded by the stall timer (see "Failure detection on the data path"),
+//! which sees completions, not bytes: one RMA write that takes longer than `timeout` to
+//! complete (4 GiB at 1 Gbit/s with the default 30 s) trips it, as does a receiver that posts
+//! and then stops polling its receive for `timeout`. A receive of several buffers waits, in
+//! POSTED, for the first message it has not got counting in arrival order, which with several
+//! rails may differ from the sender's order.
 
 pub mod fabric;
 pub mod sys;
@@ -150,6 +192,11 @@ const IMM_RECORD: u64 = 2;
 const _: () = assert!(MAX_RECV_REQUESTS <= 1 << IMM_SLOT_SHIFT && MAX_RECVS <= 8);
 /// Tag of the MSG frame that carries an address record in the handshake.
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
+/// Tag of the MSG frame a receiver sends on the side channel while a receive whose CTS left
+/// sees nothing for `timeout` (POSTED): its inline payload is the sequence number of the first
+/// message the receiver waits for, and the one its sent CTS cover up to (8 bytes each, little
+/// endian). Peers that predate it ignore it.
+const POSTED_TAG: i32 = 0x4f46_4950; // "OFIP"
 /// Reject code: the sender is not an ofi sender (TCP backend on the other side).
 const REJECT_NOT_OFI: u16 = 100;
 
@@ -168,6 +215,8 @@ pub struct Backend {
     more: Vec<Vec<Arc<Domain>>>,
     /// Per device, the address of its first data interface (where a TCP lane listens).
     lane_addrs: Vec<Option<IpAddr>>,
+    /// Per device, its name (data interfaces), for errors of the data path.
+    dev_names: Vec<String>,
     /// `WEFT_OFI_CQ_DATA_BYTES`.
     cq_force: Option<usize>,
 }
@@ -302,6 +351,7 @@ impl Backend {
                     .iter()
                     .map(|d| d.rails.first().map(|r| r.addr))
                     .collect(),
+                dev_names: devices.iter().map(|d| d.name.clone()).collect(),
                 cq_force: cfg.ofi_cq_data_bytes,
             });
         }
@@ -341,6 +391,11 @@ impl Backend {
     fn cq_bytes(&self, dom: &Domain) -> u8 {
         let n = dom.info.cq_data_size.min(self.cq_force.unwrap_or(8));
         if n >= 8 { 8 } else { 4 }
+    }
+
+    /// Name of device `dev` (its data interfaces), or "" when unknown.
+    fn dev_name(&self, dev: usize) -> String {
+        self.dev_names.get(dev).cloned().unwrap_or_default()
     }
 
     fn domain(&self, dev: usize) -> Result<&Arc<Domain>> {
@@ -453,6 +508,7 @@ impl Backend {
             eps,
             cq_data: rec.cq_data,
             lane_local: self.lane_addrs.get(dev).copied().flatten(),
+            data_iface: self.dev_name(dev),
         })
     }
 }
@@ -657,6 +713,8 @@ pub struct Connecting {
     cq_data: u8,
     /// The address of our data interface, to bind a TCP lane to.
     lane_local: Option<IpAddr>,
+    /// Name of our data device, for errors of the data path.
+    data_iface: String,
 }
 
 impl std::fmt::Debug for Connecting {
@@ -842,6 +900,7 @@ impl Connecting {
             }
             _ => None,
         };
+        let data = data_link(&self.link, &self.data_iface, &rec.addr, &eps);
         let mut s = SendConn::new(
             eps,
             link,
@@ -850,6 +909,9 @@ impl Connecting {
             rec.table.filter(|_| cq4),
             self.cfg.ofi_stripe_bytes,
         )?;
+        s.data = data;
+        s.stall.timeout = self.cfg.timeout;
+        s.cts_lost.timeout = cts_grace(self.cfg.timeout);
         if lane.is_some() {
             s.min_bytes = self.cfg.ofi_min_bytes;
             s.lane = lane;
@@ -878,6 +940,97 @@ fn describe(eps: &[Endpoint]) -> String {
         }
     }
     s
+}
+
+/// The data path of a connection as its errors name it: the peer's data address (its rail 0
+/// endpoint address when that is an IP socket address, as with `tcp`; else the management
+/// peer) and "data device (ofi provider/domain)".
+fn data_link(mgmt: &Link, dev: &str, peer_addr: &[u8], eps: &[Endpoint]) -> Link {
+    let dev = if dev.is_empty() {
+        mgmt.iface.as_str()
+    } else {
+        dev
+    };
+    Link {
+        peer: sockaddr(peer_addr).unwrap_or(mgmt.peer),
+        iface: format!("{dev} ({})", describe(eps)),
+    }
+}
+
+/// An endpoint address that is a `struct sockaddr_in` or `sockaddr_in6` (FI_SOCKADDR_IN*).
+fn sockaddr(a: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes(a.get(..2)?.try_into().ok()?));
+    let port = u16::from_be_bytes(a.get(2..4)?.try_into().ok()?);
+    let ip: IpAddr = if family == libc::AF_INET && a.len() >= 16 {
+        <[u8; 4]>::try_from(a.get(4..8)?).ok()?.into()
+    } else if family == libc::AF_INET6 && a.len() >= 28 {
+        <[u8; 16]>::try_from(a.get(8..24)?).ok()?.into()
+    } else {
+        return None;
+    };
+    (!ip.is_unspecified()).then_some(SocketAddr::new(ip, port))
+}
+
+/// How long a sender keeps polling for a CTS its receiver says left `timeout` ago (POSTED)
+/// before it calls it lost.
+fn cts_grace(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// How long a closing receive connection keeps reading its completion queues.
+const DRAIN: Duration = Duration::from_millis(20);
+
+/// Handed-over messages a sender remembers the time of (for POSTED).
+const HANDED_LOG: usize = 4 * MAX_SEND_REQUESTS;
+
+/// Gaps between two polls of a connection longer than this are time the application was not
+/// polling it, which the stall timer does not count.
+const POLL_GAP: Duration = Duration::from_millis(100);
+
+/// The data-phase stall timer of a connection (see the module docs, "Failure detection").
+struct Stall {
+    timeout: Duration,
+    /// When the work now outstanding last saw progress (a completion), or started.
+    since: Instant,
+    /// When the connection was last polled.
+    polled: Instant,
+}
+
+impl Stall {
+    fn new() -> Stall {
+        let now = Instant::now();
+        Stall {
+            timeout: Duration::from_secs(30),
+            since: now,
+            polled: now,
+        }
+    }
+
+    /// Called on every poll, after the completion queues were read: `progressed`, whether
+    /// any completion came; `waiting`, whether timed work is outstanding. True when that work
+    /// saw no progress for `timeout` of polling.
+    fn check(&mut self, progressed: bool, waiting: bool) -> bool {
+        let now = Instant::now();
+        let gap = now.duration_since(self.polled);
+        self.polled = now;
+        if progressed || !waiting {
+            self.since = now;
+            return false;
+        }
+        if gap > POLL_GAP {
+            // Nobody polled: with a manual-progress provider nothing could move meanwhile.
+            self.since += gap;
+        }
+        now.duration_since(self.since) >= self.timeout
+    }
+
+    /// Fires again after `after` more of polling without progress.
+    fn rearm(&mut self, after: Duration) {
+        let now = Instant::now();
+        self.since = now
+            .checked_sub(self.timeout.saturating_sub(after))
+            .unwrap_or(now);
+    }
 }
 
 struct PendingAccept {
@@ -1121,7 +1274,11 @@ impl Listener {
         };
         let sock = p.sock.try_clone().map_err(|e| Error::local("dup", &e))?;
         // Post the eager buffers before the sender can learn our address.
+        let data = data_link(&p.link, &self.backend.dev_name(self.dev), &rec.addr, &eps);
         let mut conn = RecvConn::new(eps, link.clone(), sock, cq_data == 4)?;
+        conn.data = data;
+        conn.stall.timeout = self.cfg.timeout;
+        conn.quiet.timeout = self.cfg.timeout;
         // A TCP lane for small messages, when the sender asks for one.
         let lane_ip = self.backend.lane_addrs.get(self.dev).copied().flatten();
         let mut lane = None;
@@ -1159,12 +1316,19 @@ impl Listener {
     }
 }
 
-/// The management side channel of an established connection: ABORT and EOF.
+/// The management side channel of an established connection: ABORT and EOF, and POSTED
+/// (a receiver's CTS that left long ago; see "Failure detection" in the module docs).
 struct Side {
     sock: TcpStream,
     dec: FrameDecoder,
     eof: bool,
     next_check: Instant,
+    /// The largest "CTS sent up to" of the peer's POSTED frames.
+    posted: u64,
+    /// The message the peer's latest POSTED waits for, until looked at.
+    waits_for: Option<u64>,
+    /// We sent ABORT (and shut our end down).
+    aborted: bool,
 }
 
 impl Side {
@@ -1174,7 +1338,26 @@ impl Side {
             dec: FrameDecoder::new(),
             eof: false,
             next_check: Instant::now(),
+            posted: 0,
+            waits_for: None,
+            aborted: false,
         }
+    }
+
+    /// Tells the sender that we wait for message `first` and that our CTS up to sequence
+    /// number `upto` left, all at least `timeout` ago.
+    fn send_posted(&mut self, first: u64, upto: u64) {
+        if self.aborted {
+            return;
+        }
+        let mut p = [0u8; 16];
+        put_u64(&mut p, 0, first);
+        put_u64(&mut p, 8, upto);
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, POSTED_TAG, Some(&p), p.len() as u64, 0);
+        // A few bytes on a socket that carries nothing else: they fit (or the next stall
+        // sends them again).
+        let _ = (&self.sock).write(&b);
     }
 
     /// At most every millisecond: the peer's ABORT as an error.
@@ -1194,12 +1377,23 @@ impl Side {
                 Err(_) => self.eof = true,
             }
         }
-        match self.dec.poll_frame() {
-            Ok(Some(Frame::Abort { reason, detail })) => {
-                Some(link.aborted(format!("the {who} gave up: {}", reason.describe(detail))))
+        loop {
+            match self.dec.poll_frame() {
+                Ok(Some(Frame::Abort { reason, detail })) => {
+                    return Some(
+                        link.aborted(format!("the {who} gave up: {}", reason.describe(detail))),
+                    );
+                }
+                Ok(Some(Frame::Msg(h))) if h.tag == POSTED_TAG => {
+                    if let Some(p) = h.inline.as_deref().filter(|p| p.len() >= 16) {
+                        self.waits_for = Some(get_u64(p, 0));
+                        self.posted = self.posted.max(get_u64(p, 8));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return None,
+                Err(e) => return Some(link.protocol(Stage::Data, e)),
             }
-            Ok(_) => None,
-            Err(e) => Some(link.protocol(Stage::Data, e)),
         }
     }
 
@@ -1220,6 +1414,7 @@ impl Side {
         Frame::Abort { reason, detail: 0 }.encode(&mut b);
         let _ = (&self.sock).write(&b);
         let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        self.aborted = true;
     }
 }
 
@@ -1776,6 +1971,18 @@ pub struct SendConn {
     /// The TCP lane for messages under `min_bytes` (WEFT_OFI_MIN_BYTES).
     lane: Option<LaneTx>,
     min_bytes: usize,
+    /// The data path, as a stall names it.
+    data: Link,
+    stall: Stall,
+    /// Bounds the wait for a CTS the receiver says left `timeout` ago (POSTED).
+    cts_lost: Stall,
+    /// Messages before this sequence number have had their CTS.
+    cts_upto: u64,
+    /// When the latest messages were given their buffer (their data handed over): sequence
+    /// number and instant, oldest first, at most [`HANDED_LOG`].
+    handed: VecDeque<(u64, Instant)>,
+    /// Per eager bounce slot in use, the sequence number of its message.
+    eager_seq: [Option<u64>; EAGER_SLOTS],
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -1816,6 +2023,7 @@ impl SendConn {
         }
         let info = ep.dom.info.clone();
         let caches = eps.iter().map(|_| MrCache::default()).collect();
+        let data = link.clone();
         let mut s = SendConn {
             eps,
             link,
@@ -1846,6 +2054,12 @@ impl SendConn {
             rail_bytes: [0; MAX_RAILS],
             lane: None,
             min_bytes: 0,
+            data,
+            stall: Stall::new(),
+            cts_lost: Stall::new(),
+            cts_upto: 0,
+            handed: VecDeque::new(),
+            eager_seq: [None; EAGER_SLOTS],
             eof_at: None,
             error: None,
         };
@@ -1978,6 +2192,7 @@ impl SendConn {
             }
         }
         self.eager_consumed = self.eager_consumed.max(consumed);
+        self.cts_upto = self.cts_upto.max(first + n as u64);
         self.groups.insert(
             first,
             Group {
@@ -2002,6 +2217,10 @@ impl SendConn {
             if u.seq >= g.first + g.n as u64 {
                 break;
             }
+            if self.handed.len() >= HANDED_LOG {
+                self.handed.pop_front();
+            }
+            self.handed.push_back((u.seq, Instant::now()));
             let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
             let peer = self.link.peer;
             let slot = proto::select_slot(&tags, &g.filled[..g.n], u.tag)
@@ -2211,7 +2430,8 @@ impl SendConn {
         Ok(())
     }
 
-    fn poll_cq(&mut self) -> Result<()> {
+    /// Reads every rail's completion queue; whether anything completed.
+    fn poll_cq(&mut self) -> Result<bool> {
         let mut ents = [sys::fi_cq_data_entry {
             op_context: std::ptr::null_mut(),
             flags: 0,
@@ -2220,6 +2440,7 @@ impl SendConn {
             data: 0,
         }; 16];
         let mut rail = 0;
+        let mut any = false;
         while rail < self.eps.len() {
             let n = self.eps[rail]
                 .poll(&mut ents)
@@ -2227,6 +2448,7 @@ impl SendConn {
             if n < ents.len() {
                 rail += 1;
             }
+            any |= n > 0;
             for e in &ents[..n] {
                 if e.op_context.is_null() {
                     continue;
@@ -2239,6 +2461,7 @@ impl SendConn {
                     C_EAGER_TX => {
                         self.eager_free.push(i);
                         self.eager_busy -= 1;
+                        self.eager_seq[i] = None;
                     }
                     C_WRITE => {
                         if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
@@ -2254,19 +2477,37 @@ impl SendConn {
                 }
             }
         }
-        Ok(())
+        Ok(any)
     }
 
     fn work_pending(&self) -> bool {
         self.reqs.values().any(|r| !r.done)
     }
 
+    /// Whether the sender waits for the completion of data it handed over for a receive the
+    /// receiver has posted (so the receiver polls it, and drives its provider): an RMA write
+    /// queued or in flight, or an eager send whose message a CTS has covered since. Not an
+    /// eager send to a receive not posted yet (with a manual-progress provider it may not
+    /// complete until the receiver polls, which it may legitimately do much later), and not
+    /// the TCP lane (bounded on its own).
+    fn timed_work(&self) -> bool {
+        !self.writes.is_empty()
+            || self.reqs.values().any(|r| r.posted && !r.done)
+            || (self.eager_busy > 0
+                && self
+                    .eager_seq
+                    .iter()
+                    .any(|s| s.is_some_and(|s| s < self.cts_upto)))
+    }
+
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
+        let mut progressed = false;
         let r = self
             .poll_cq()
+            .map(|p| progressed = p)
             .and_then(|()| self.repost())
             .and_then(|()| self.post_eager())
             .and_then(|()| self.assign())
@@ -2280,6 +2521,36 @@ impl SendConn {
         }
         if let Some(e) = self.side.poll(&self.link, "receiver") {
             return Err(self.fail(e));
+        }
+        // After reading the completion queues: what completed while nobody polled counts.
+        let waiting = self.timed_work();
+        if self.stall.check(progressed, waiting) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // The next message (after `assign`, the first without its CTS) is one the receiver
+        // has posted, and its CTS left the receiver `timeout` ago: lost on the data path.
+        let lost = self
+            .unassigned
+            .front()
+            .is_some_and(|u| u.seq < self.side.posted);
+        if self.cts_lost.check(false, lost) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // The receiver has seen nothing for `timeout` and waits for a message we handed over
+        // (and saw complete: the provider took it) `timeout` ago or more: lost on the way.
+        if let Some(w) = self.side.waits_for.take() {
+            let sent = self.unassigned.front().map_or(self.next_seq, |u| u.seq);
+            let at = self.handed.partition_point(|h| h.0 < w);
+            let old = match self.handed.get(at) {
+                Some(&(seq, t)) if seq == w => t.elapsed() >= self.stall.timeout,
+                _ => at == 0,
+            };
+            if w < sent && old {
+                let e = self.data.timeout(Stage::Data, self.stall.timeout);
+                return Err(self.fail(e));
+            }
         }
         if self.side.eof && self.work_pending() {
             let at = *self.eof_at.get_or_insert_with(Instant::now);
@@ -2399,6 +2670,7 @@ impl SendConn {
                 b[HDR..HDR + len].copy_from_slice(src);
             }
             self.eager_busy += 1;
+            self.eager_seq[slot] = Some(seq);
             self.eager_sent += 1;
             self.next_seq += 1;
             self.eager_queue.push_back((slot, len, id));
@@ -2485,7 +2757,7 @@ impl Drop for SendConn {
             };
             if lane
                 .and_then(|()| self.poll_cq())
-                .and_then(|()| self.post_eager())
+                .and_then(|_| self.post_eager())
                 .is_err()
             {
                 break;
@@ -2598,6 +2870,15 @@ pub struct RecvConn {
     id: u64,
     /// The TCP lane, when the sender asked for one (WEFT_OFI_MIN_BYTES).
     lane: Option<LaneRx>,
+    /// The data path, as a stall names it.
+    data: Link,
+    stall: Stall,
+    /// Bounds the wait for the data of a receive whose CTS left, before POSTED is sent.
+    quiet: Stall,
+    /// Per CTS slot, the sequence number its receive covers up to.
+    cts_seq: [u64; CTS_TX_SLOTS],
+    /// The CTS of every receive before this sequence number has left (completed).
+    cts_done: u64,
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -2633,6 +2914,7 @@ impl RecvConn {
         }
         let virt_addr = ep.dom.info.mr_mode & (sys::FI_MR_VIRT_ADDR | sys::FI_MR_BASIC) != 0;
         let caches = eps.iter().map(|_| MrCache::default()).collect();
+        let data = link.clone();
         let mut r = RecvConn {
             eps,
             link,
@@ -2653,6 +2935,11 @@ impl RecvConn {
             table,
             id: next_conn_id(),
             lane: None,
+            data,
+            stall: Stall::new(),
+            quiet: Stall::new(),
+            cts_seq: [0; CTS_TX_SLOTS],
+            cts_done: 0,
             eof_at: None,
             error: None,
         };
@@ -2956,7 +3243,8 @@ impl RecvConn {
         Ok(())
     }
 
-    fn poll_cq(&mut self) -> Result<()> {
+    /// Reads every rail's completion queue; whether anything completed.
+    fn poll_cq(&mut self) -> Result<bool> {
         let mut ents = [sys::fi_cq_data_entry {
             op_context: std::ptr::null_mut(),
             flags: 0,
@@ -2965,6 +3253,7 @@ impl RecvConn {
             data: 0,
         }; 16];
         let mut rail = 0;
+        let mut any = false;
         while rail < self.eps.len() {
             let n = self.eps[rail]
                 .poll(&mut ents)
@@ -2972,6 +3261,7 @@ impl RecvConn {
             if n < ents.len() {
                 rail += 1;
             }
+            any |= n > 0;
             for e in &ents[..n] {
                 if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
                     self.on_write(e.data)?;
@@ -2985,20 +3275,35 @@ impl RecvConn {
                 let i = (id & 0xffff_ffff) as usize;
                 match id >> 32 {
                     C_EAGER_RX => self.on_eager(i)?,
-                    C_CTS_TX => self.cts_free.push(i),
+                    C_CTS_TX => {
+                        self.cts_done = self.cts_done.max(self.cts_seq[i % CTS_TX_SLOTS]);
+                        self.cts_free.push(i);
+                    }
                     _ => {}
                 }
             }
         }
-        Ok(())
+        Ok(any)
+    }
+
+    /// Whether a message the sender has started is only partly here (a stripe or the data
+    /// without its size record), so the sender is polling and its rest is due.
+    fn timed_work(&self) -> bool {
+        self.order.iter().any(|id| {
+            self.reqs
+                .values_at(*id)
+                .is_some_and(|r| (0..r.bufs.len()).any(|k| r.filled[k] && !r.complete[k]))
+        })
     }
 
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
+        let mut progressed = false;
         let r = self
             .poll_cq()
+            .map(|p| progressed = p)
             .and_then(|()| self.repost())
             .and_then(|()| self.poll_lane());
         if let Err(e) = r {
@@ -3006,6 +3311,30 @@ impl RecvConn {
         }
         if let Some(e) = self.side.poll(&self.link, "sender") {
             return Err(self.fail(e));
+        }
+        // After reading the completion queues: what completed while nobody polled counts.
+        let waiting = self.timed_work();
+        if self.stall.check(progressed, waiting) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // A receive whose CTS left and nothing since: the sender may not have sent yet (not
+        // an error), or the CTS was lost on a cut data link while the sender waits for it.
+        // Only the sender can tell: POSTED asks it (it fails if it waits for that CTS).
+        let cts_done = self.cts_done;
+        // The first message not here yet of the oldest such receive (messages of a grouped
+        // receive arrive in order on one rail).
+        let first = self.order.iter().find_map(|id| {
+            self.reqs
+                .values_at(*id)
+                .filter(|r| r.first < cts_done && r.nfilled < r.bufs.len())
+                .map(|r| r.first + r.nfilled as u64)
+        });
+        if self.quiet.check(progressed, first.is_some()) {
+            self.side.send_posted(first.unwrap_or(0), cts_done);
+            // Again every quarter of the timeout while it lasts: the sender may have handed
+            // the message over only just before the first one came.
+            self.quiet.rearm(self.quiet.timeout / 4);
         }
         if self.side.eof && !self.order.is_empty() {
             let at = *self.eof_at.get_or_insert_with(Instant::now);
@@ -3125,6 +3454,7 @@ impl RecvConn {
         if let Some(r) = self.reqs.get_mut(id) {
             r._mrs = mrs;
         }
+        self.cts_seq[slot] = first + bufs.len() as u64;
         self.cts_queue.push_back((slot, 32 + size * bufs.len()));
         self.progress()?;
         Ok(Some(id))
@@ -3180,6 +3510,16 @@ impl Drop for RecvConn {
             && self.cts_free.len() + self.cts_queue.len() < CTS_TX_SLOTS
             && Instant::now() < deadline
         {
+            if self.poll_cq().is_err() {
+                break;
+            }
+        }
+        // With a receive pending, a sender that went away mid-write may have left the provider
+        // a partly received message: let it read the rest and the close (bounded) before the
+        // endpoint is closed, which libfabric 1.17's tcp;ofi_rxm does not survive otherwise
+        // (SIGSEGV in fi_close).
+        let deadline = Instant::now() + DRAIN;
+        while !self.order.is_empty() && Instant::now() < deadline {
             if self.poll_cq().is_err() {
                 break;
             }
@@ -3256,6 +3596,55 @@ mod tests {
         let mut v3 = p.clone();
         v3[4] = 3;
         assert_eq!(AddrRecord::decode(&v3), None);
+    }
+
+    #[test]
+    fn endpoint_addresses_that_are_ip_socket_addresses_name_the_data_peer() {
+        let mut v4 = [0u8; 16];
+        v4[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&4242u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[10, 201, 1, 2]);
+        assert_eq!(sockaddr(&v4), Some("10.201.1.2:4242".parse().unwrap()));
+        let mut v6 = [0u8; 28];
+        v6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[2..4].copy_from_slice(&7u16.to_be_bytes());
+        v6[23] = 1;
+        assert_eq!(sockaddr(&v6), Some("[::1]:7".parse().unwrap()));
+        // Unspecified, short, or not an IP address (shm names, IB addresses): none.
+        v4[4..8].fill(0);
+        assert_eq!(sockaddr(&v4), None);
+        assert_eq!(sockaddr(&v6[..20]), None);
+        assert_eq!(sockaddr(b"fi_shm://1234"), None);
+    }
+
+    #[test]
+    fn the_stall_timer_counts_polled_time_without_progress_only() {
+        let mut s = Stall::new();
+        s.timeout = Duration::from_millis(300);
+        // Nothing outstanding: never fires, however long.
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(!s.check(false, false));
+        // Outstanding, polled without progress: fires after the timeout.
+        let start = Instant::now();
+        while !s.check(false, true) {
+            assert!(start.elapsed() < Duration::from_secs(2));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(290));
+        // Progress restarts it; a gap without polls does not count.
+        assert!(!s.check(true, true));
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(!s.check(false, true), "time nobody polled counted");
+        // Rearmed: fires again after the given time.
+        let start = Instant::now();
+        while !s.check(false, true) {}
+        s.rearm(Duration::from_millis(50));
+        let again = Instant::now();
+        while !s.check(false, true) {}
+        assert!(
+            again.elapsed() < Duration::from_millis(200),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
