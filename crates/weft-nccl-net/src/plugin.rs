@@ -209,6 +209,16 @@ pub fn connect(dev: i32, handle: *mut c_void, send_comm: *mut *mut c_void) -> Re
     h[STAGE_MARK_AT..STAGE_MARK_AT + 4].fill(0);
     match conn.poll()? {
         Some(c) => {
+            let (peer, iface) = c.peer();
+            info(&format!(
+                "connected to {peer} via {iface}: {} data stream(s), control stream {}",
+                c.nstreams(),
+                if c.shares_control_stream() {
+                    "shared with the connection from that peer"
+                } else {
+                    "of its own"
+                }
+            ));
             let comm = SendComm::into_raw(c);
             crate::guard::out(send_comm, "sendComm", comm)
         }
@@ -227,6 +237,16 @@ pub fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<(
     // SAFETY: NCCL passes back the listenComm `listen` created, until closeListen.
     let l = unsafe { crate::guard::handle_ref::<ListenComm>(listen_comm, "listenComm")? };
     if let Some(c) = lock(&l.listener).accept()? {
+        let (peer, iface) = c.peer();
+        info(&format!(
+            "accepted {peer} via {iface}: {} data stream(s), control stream {}",
+            c.nstreams(),
+            if c.shares_control_stream() {
+                "shared with the connection to that peer"
+            } else {
+                "of its own"
+            }
+        ));
         crate::guard::out(recv_comm, "recvComm", RecvComm::into_raw(c))?;
     }
     Ok(())
