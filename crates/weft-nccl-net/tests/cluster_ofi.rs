@@ -25,10 +25,8 @@
 //! passes without running. With libfabric installed, an unusable provider is a failure.
 
 use std::ffi::{c_int, c_void};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdin, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 use nccl_net_weft::ffi::*;
@@ -450,88 +448,11 @@ fn worker(args: &[String]) -> R {
 // Parent side
 // ---------------------------------------------------------------------------------------------
 
-/// A worker process in a host, with its output as a channel of lines. Killed on drop.
-struct Worker {
-    host: usize,
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
-
-impl Worker {
-    fn spawn(c: &Cluster, host: usize, args: &[&str], env: &[(&str, &str)]) -> R<Worker> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd = c
-            .command(host, &exe.to_string_lossy())
-            .map_err(|e| e.to_string())?;
-        cmd.arg("--worker")
-            .args(args)
-            .env("WEFT_MGMT_IFNAME", "mgmt0")
-            .env("WEFT_DATA_IFNAME", "data")
-            .env("WEFT_BACKEND", "ofi")
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Worker {
-            host,
-            child,
-            stdin,
-            lines,
-        })
-    }
-
-    /// The next line starting with `prefix` (other lines are skipped; `ERR` fails).
-    fn expect(&mut self, prefix: &str, within: Duration) -> R<String> {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with(prefix) => return Ok(l),
-                Ok(l) if l.starts_with("ERR") => {
-                    return Err(format!("host {}: {l}", self.host));
-                }
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!(
-                        "host {}: no {prefix:?} within {within:?}",
-                        self.host
-                    ));
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(format!("host {}: exited before {prefix:?}", self.host));
-                }
-            }
-        }
-    }
-
-    fn send(&mut self, line: &str) -> R {
-        writeln!(self.stdin, "{line}").map_err(|e| format!("host {}: {e}", self.host))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn counters(c: &Cluster, host: usize, ifname: &str) -> R<u64> {
-    let (rx, tx) = c.counters(host, ifname).map_err(|e| e.to_string())?;
-    Ok(rx + tx)
+/// A worker on the ofi backend (the callers' `env` comes after, so it may override).
+fn spawn_ofi(c: &Cluster, host: usize, args: &[&str], env: &[(&str, &str)]) -> R<Worker> {
+    let mut all = vec![("WEFT_BACKEND", "ofi")];
+    all.extend_from_slice(env);
+    Worker::spawn(c, host, args, &all)
 }
 
 fn cluster() -> R<Cluster> {
@@ -567,8 +488,8 @@ fn start_pair(
 ) -> R<(Worker, Worker)> {
     let (vs, ss) = (v.to_string(), size.to_string());
     let (sm, rm) = (format!("{mode}-send"), format!("{mode}-recv"));
-    let mut rx = Worker::spawn(c, to, &[&vs, &rm, &ss], env)?;
-    let mut tx = Worker::spawn(c, from, &[&vs, &sm, &ss], env)?;
+    let mut rx = spawn_ofi(c, to, &[&vs, &rm, &ss], env)?;
+    let mut tx = spawn_ofi(c, from, &[&vs, &sm, &ss], env)?;
     let h = rx.expect("H ", Duration::from_secs(30))?;
     let (hexh, _) = ofi_handle(&h, c.host(to).mgmt_addr)?;
     tx.send(&format!("C {hexh}"))?;
@@ -823,7 +744,7 @@ fn t_malformed_handshake() -> R {
     let c = cluster()?;
     let env = fault_env(TCP);
     let size = 3 << 20;
-    let mut rx = Worker::spawn(&c, 1, &["9", "listen", &size.to_string()], &env)?;
+    let mut rx = spawn_ofi(&c, 1, &["9", "listen", &size.to_string()], &env)?;
     let line = rx.expect("H ", Duration::from_secs(30))?;
     let (hexh, h) = ofi_handle(&line, c.host(1).mgmt_addr)?;
     let me = c.host(0).mgmt_addr.to_string();
@@ -878,7 +799,7 @@ fn t_malformed_handshake() -> R {
     }
     drop(s);
     // The listener still works.
-    let mut tx = Worker::spawn(&c, 0, &["9", "stream-send", &size.to_string()], &env)?;
+    let mut tx = spawn_ofi(&c, 0, &["9", "stream-send", &size.to_string()], &env)?;
     tx.send(&format!("C {hexh}"))?;
     rx.expect("DONE", Duration::from_secs(60))?;
     Ok(())

@@ -12,6 +12,10 @@ use nccl_net_weft::ffi::*;
 
 pub type R<T = ()> = Result<T, String>;
 
+pub mod worker;
+#[allow(unused_imports)] // conformance and ofi_mr run no workers
+pub use worker::{Worker, counters};
+
 pub static LOG: Mutex<Vec<(c_int, String)>> = Mutex::new(Vec::new());
 
 /// NCCL's logger is variadic; the plugin always calls it with fmt "%s" and exactly one `char*`.
