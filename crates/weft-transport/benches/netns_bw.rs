@@ -6,7 +6,11 @@
 //! cargo bench -p weft-transport --bench netns_bw               # full sweep, 5 repetitions
 //! cargo bench -p weft-transport --bench netns_bw -- --reps 3 --max-mib 64 --no-loopback
 //! WEFT_NTHREADS=1 WEFT_NSOCKS_PERTHREAD=4 cargo bench -p weft-transport --bench netns_bw
+//! cargo bench -p weft-transport --bench netns_bw -- --latency-only --reps 5 [--at-once]
 //! ```
+//!
+//! `--at-once` connects both directions of the latency test at the same time, as NCCL does,
+//! so that the control streams become shared by MOVE instead of JOIN.
 //!
 //! The transport is configured from the `WEFT_*` variables like the plugin (interfaces are
 //! forced to `mgmt0` / `data0`). Bandwidth is one-way: one sender thread in host 0 keeps up to
@@ -37,6 +41,7 @@ struct Opts {
     iperf: bool,
     latency: bool,
     bandwidth: bool,
+    at_once: bool,
 }
 
 fn opts() -> Opts {
@@ -55,6 +60,7 @@ fn opts() -> Opts {
         iperf: !args.iter().any(|a| a == "--no-iperf"),
         latency: !args.iter().any(|a| a == "--no-latency"),
         bandwidth: !args.iter().any(|a| a == "--latency-only"),
+        at_once: args.iter().any(|a| a == "--at-once"),
     }
 }
 
@@ -288,25 +294,66 @@ fn ns_pair_with(c: &Cluster, ts: &[Transport], from: usize, to: usize) -> R<(Sen
     })
 }
 
+/// Host `me` connects to the listener `handle` of the other host and accepts on `l`, polling
+/// both in one thread inside its namespace, as NCCL's proxy does with both directions at once.
+fn both_ways(
+    c: &Cluster,
+    t: &Transport,
+    me: usize,
+    mut l: weft_transport::Listener,
+    handle: &[u8],
+) -> R<(SendConn, RecvConn)> {
+    c.in_host(me, || -> R<(SendConn, RecvConn)> {
+        let mut cg = t.connect(0, handle)?;
+        let (mut tx, mut rx) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tx.is_none() || rx.is_none() {
+            if Instant::now() > deadline {
+                return Err("connect/accept did not finish within 30 s".into());
+            }
+            if tx.is_none() {
+                tx = cg.poll()?;
+            }
+            if rx.is_none() {
+                rx = l.accept()?;
+            }
+        }
+        Ok((tx.ok_or("no tx")?, rx.ok_or("no rx")?))
+    })?
+}
+
 /// Median 8-byte round trip over weft, µs, and whether the two connections shared their
-/// control stream.
-fn weft_latency(c: &Cluster, cfg: &Config) -> R<(f64, bool)> {
+/// control stream by the end. `at_once`: both directions connect at the same time (NCCL's
+/// pattern: neither handshake can JOIN, the senders MOVE during the warm-up); else one after
+/// the other (the second JOINs at its handshake).
+fn weft_latency(c: &Cluster, cfg: &Config, at_once: bool) -> R<(f64, bool)> {
     let ts = (0..2)
         .map(|i| {
             c.in_host(i, || Transport::new(cfg.clone()))?
                 .map_err(Into::into)
         })
         .collect::<R<Vec<_>>>()?;
-    let (mut tx01, mut rx01) = ns_pair_with(c, &ts, 0, 1)?;
-    let (mut tx10, mut rx10) = ns_pair_with(c, &ts, 1, 0)?;
-    let shared = tx10.shares_control_stream();
-    let echo = std::thread::spawn(move || -> R<()> {
+    let ((mut tx01, mut rx01), (mut tx10, mut rx10)) = if at_once {
+        let l0 = c.in_host(0, || ts[0].listen(0))??;
+        let l1 = c.in_host(1, || ts[1].listen(0))??;
+        let (h0, h1) = (l0.handle(), l1.handle());
+        let (ts0, ts1) = (&ts[0], &ts[1]);
+        std::thread::scope(|s| -> R<_> {
+            let b = s.spawn(|| both_ways(c, ts1, 1, l1, &h0));
+            let (tx01, rx10) = both_ways(c, ts0, 0, l0, &h1)?;
+            let (tx10, rx01) = b.join().map_err(|_| "connect thread panicked")??;
+            Ok(((tx01, rx01), (tx10, rx10)))
+        })?
+    } else {
+        (ns_pair_with(c, &ts, 0, 1)?, ns_pair_with(c, &ts, 1, 0)?)
+    };
+    let echo = std::thread::spawn(move || -> R<(RecvConn, SendConn)> {
         let mut b = [0u8; 8];
         for _ in 0..LAT_WARMUP + LAT_ITERS {
             rx01.recv(&mut b, 1)?;
             tx10.send(&b, 1)?;
         }
-        Ok(())
+        Ok((rx01, tx10))
     });
     let mut b = [1u8; 8];
     let mut rtts = Vec::with_capacity(LAT_ITERS);
@@ -318,7 +365,11 @@ fn weft_latency(c: &Cluster, cfg: &Config) -> R<(f64, bool)> {
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
-    echo.join().map_err(|_| "echo panicked")??;
+    let (rx01, tx10) = echo.join().map_err(|_| "echo panicked")??;
+    let shared = [tx01.shares_control_stream(), rx10.shares_control_stream()]
+        .into_iter()
+        .chain([tx10.shares_control_stream(), rx01.shares_control_stream()])
+        .all(|x| x);
     Ok((median(&mut rtts), shared))
 }
 
@@ -528,7 +579,7 @@ fn main() -> R<()> {
         let (mut w, mut p, mut p2) = (Vec::new(), Vec::new(), Vec::new());
         let mut shared = true;
         for _ in 0..o.reps {
-            let (us, sh) = weft_latency(&c, &cfg)?;
+            let (us, sh) = weft_latency(&c, &cfg, o.at_once)?;
             w.push(us);
             shared &= sh;
             p.push(tcp_latency(&c, false)?);
