@@ -397,10 +397,16 @@ impl SendConn {
 
     /// Sends `data` and waits for completion. For tools and tests.
     pub fn send(&mut self, data: &[u8], tag: i32) -> Result<()> {
-        match &mut self.0 {
-            S::Tcp(c) => c.send(data, tag),
-            S::Ofi(c) => c.send(data, tag),
+        let id = loop {
+            // SAFETY: `data` is borrowed for the whole call and we wait for completion below.
+            if let Some(id) = unsafe { self.isend(data.as_ptr(), data.len(), tag)? } {
+                break id;
+            }
+        };
+        while self.test(id)?.is_none() {
+            std::hint::spin_loop();
         }
+        Ok(())
     }
 }
 
@@ -544,9 +550,22 @@ impl RecvConn {
 
     /// Receives one message into `buf` and waits for it. For tools and tests.
     pub fn recv(&mut self, buf: &mut [u8], tag: i32) -> Result<usize> {
-        match &mut self.0 {
-            R::Tcp(c) => c.recv(buf, tag),
-            R::Ofi(c) => c.recv(buf, tag),
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag,
+        };
+        let id = loop {
+            // SAFETY: `buf` is mutably borrowed for the whole call and we wait for completion.
+            if let Some(id) = unsafe { self.irecv(&[b])? } {
+                break id;
+            }
+        };
+        loop {
+            if let Some(c) = self.test(id)? {
+                return Ok(c.sizes[0]);
+            }
+            std::hint::spin_loop();
         }
     }
 }

@@ -2724,20 +2724,6 @@ impl SendConn {
         }
         Ok(None)
     }
-
-    /// Sends `data` and waits for completion. For tools and tests.
-    pub fn send(&mut self, data: &[u8], tag: i32) -> Result<()> {
-        let id = loop {
-            // SAFETY: `data` is borrowed for the whole call and we wait for completion below.
-            if let Some(id) = unsafe { self.isend(data.as_ptr(), data.len(), tag)? } {
-                break id;
-            }
-        };
-        while self.test(id)?.is_none() {
-            std::hint::spin_loop();
-        }
-        Ok(())
-    }
 }
 
 impl Drop for SendConn {
@@ -3477,27 +3463,6 @@ impl RecvConn {
             return Ok(Some(c));
         }
         Ok(None)
-    }
-
-    /// Receives one message into `buf` and waits for it. For tools and tests.
-    pub fn recv(&mut self, buf: &mut [u8], tag: i32) -> Result<usize> {
-        let b = RecvBuf {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
-            tag,
-        };
-        let id = loop {
-            // SAFETY: `buf` is mutably borrowed for the whole call and we wait for completion.
-            if let Some(id) = unsafe { self.irecv(&[b])? } {
-                break id;
-            }
-        };
-        loop {
-            if let Some(c) = self.test(id)? {
-                return Ok(c.sizes[0]);
-            }
-            std::hint::spin_loop();
-        }
     }
 }
 
