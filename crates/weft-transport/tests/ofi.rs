@@ -1172,3 +1172,113 @@ fn a_stalled_data_path_is_a_timeout_and_late_peers_are_not() {
         drop(rx);
     }
 }
+
+#[test]
+fn small_receives_take_eager_messages_without_cts() {
+    each_provider(small_receives_take_eager_messages_without_cts_on);
+}
+
+#[test]
+fn cq4_small_receives_take_eager_messages_without_cts() {
+    each_provider_cq4(small_receives_take_eager_messages_without_cts_on);
+}
+
+/// Receives whose buffers all fit in EAGER_MAX send no CTS when their messages come eagerly;
+/// eager credit still comes back (a stream of many more messages than EAGER_SLOTS, one
+/// receive posted at a time) and a large receive still sends its CTS.
+fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
+    use weft_transport::ofi::{EAGER_MAX, EAGER_SLOTS, cts_sent_on_this_thread};
+    let size = |i: usize| (i * 977) % (EAGER_MAX + 1);
+    // A stream from another thread: in order, the right data, credit never stuck.
+    let (mut tx, mut rx) = pair_on(t);
+    let n = 1000;
+    assert!(n > 4 * EAGER_SLOTS);
+    let h = thread::spawn(move || {
+        for i in 0..n {
+            tx.send(&pattern(size(i), i as u8), i as i32).unwrap();
+        }
+        tx
+    });
+    let mut buf = vec![0u8; EAGER_MAX];
+    for i in 0..n {
+        let got = rx.recv(&mut buf, i as i32).unwrap();
+        assert_eq!(got, size(i), "{p}: message {i}");
+        assert_eq!(
+            &buf[..got],
+            &pattern(size(i), i as u8)[..],
+            "{p}: message {i}"
+        );
+    }
+    let mut tx = h.join().unwrap();
+    // Ping-pong in one thread: the receive first, then the send, which goes eagerly; the
+    // receive completes well within the time it holds its CTS back.
+    let before = cts_sent_on_this_thread();
+    let m = 200;
+    for i in 0..m {
+        let msg = pattern(size(i), i as u8);
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag: 3,
+        };
+        // SAFETY: `buf` and `msg` outlive the requests, tested to completion below.
+        let rr = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
+        // SAFETY: as above.
+        let sr = unsafe { tx.isend(msg.as_ptr(), msg.len(), 3) }
+            .unwrap()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (mut sd, mut rd) = (None, None);
+        while sd.is_none() || rd.is_none() {
+            assert!(Instant::now() < deadline, "{p}: ping {i} did not complete");
+            if sd.is_none() {
+                sd = tx.test(sr).unwrap();
+            }
+            if rd.is_none() {
+                rd = rx.test(rr).unwrap();
+            }
+        }
+        assert_eq!(rd.unwrap().sizes(), &[msg.len()], "{p}: ping {i}");
+        assert_eq!(&buf[..msg.len()], &msg[..], "{p}: ping {i}");
+    }
+    let cts = cts_sent_on_this_thread() - before;
+    eprintln!("{p}: {cts} CTS for {m} small receives");
+    // Normally none; a loaded host may hold a message past the CTS delay now and then.
+    assert!(
+        cts <= m as u64 / 10,
+        "{p}: {cts} CTS for {m} small receives"
+    );
+    // A receive larger than EAGER_MAX sends its CTS, and the message goes by RMA.
+    let before = cts_sent_on_this_thread();
+    let mut big = vec![0u8; 2 * EAGER_MAX];
+    let b = RecvBuf {
+        ptr: big.as_mut_ptr(),
+        len: big.len(),
+        tag: 4,
+    };
+    // SAFETY: `big` outlives the request, tested to completion below.
+    let rr = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
+    assert_eq!(
+        cts_sent_on_this_thread() - before,
+        1,
+        "{p}: CTS of a large receive"
+    );
+    let msg = pattern(100, 9);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let h = thread::spawn(move || {
+        tx.send(&msg, 4).unwrap();
+        tx
+    });
+    let c = loop {
+        if let Some(c) = rx.test(rr).unwrap() {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{p}: large receive did not complete"
+        );
+    };
+    assert_eq!(c.sizes(), &[100], "{p}");
+    assert_eq!(&big[..100], &pattern(100, 9)[..], "{p}");
+    drop(h.join().unwrap());
+}

@@ -30,7 +30,20 @@
 //!   on rail 0 into buffers the sender pre-posted): the first sequence number it covers, and
 //!   per buffer its capacity and tag and, per rail, its address (virtual, or offset without
 //!   FI_MR_VIRT_ADDR) and remote key, plus the number of eager messages the receiver has
-//!   consumed (eager credit).
+//!   consumed (eager credit). CTS leave in posting order and arrive in order (FI_ORDER_SAS).
+//! * **Small receives** (every buffer at most [`EAGER_MAX`]): the CTS is held back
+//!   (`CTS_DEFER`, 500 µs); a receive that all its messages reach eagerly meanwhile never
+//!   sends it, so a small message costs one provider message (not a CTS, then a write), as in
+//!   a ping-pong where each side posts its next receive just before it sends. A receive
+//!   still incomplete then (the sender had no credit, or a message queued behind one waiting
+//!   for its CTS, or a message too large for it) sends its CTS, and from then on is like any
+//!   other. A larger receive first sends the CTS of every small one before it that still
+//!   waits. Eager credit without CTS: once [`EAGER_SLOTS`] / 2 consumed messages are
+//!   unreported, a CTS of no buffers reports them; its first sequence number (that of the
+//!   oldest receive whose CTS still waits, else the next receive's) tells the sender that the
+//!   receives before it sent their CTS already or never will, so the eager messages no CTS
+//!   covered there need no buffer choice. The sender never waits for credit: a send that
+//!   cannot go eagerly waits for the CTS, which a receive missing a message sends.
 //! * **RMA**: a send whose CTS is there is written straight into the receive buffer with
 //!   `fi_writedata`, whose remote CQ data completes it on the receiver. Tags pick the buffer
 //!   with [`crate::proto::select_slot`], the sender choosing.
@@ -100,7 +113,10 @@
 //!   reach. The sender fails, as for a stall, if it waits for a CTS that POSTED says has left
 //!   (after polling `min(timeout / 4, 1 s)` more, for a CTS still in its provider), or if it
 //!   handed the awaited message over `timeout` ago or more; otherwise (it has not sent yet) it
-//!   ignores POSTED.
+//!   ignores POSTED. A small receive whose CTS is held back is in no POSTED (CTS leave in
+//!   posting order, so none that left reaches it, and a credit-only CTS counts for none): it
+//!   sends its CTS `CTS_DEFER` after it was posted if still incomplete, and is then timed
+//!   like any other.
 //!
 //! A cut data link thus fails both sides `timeout` to `timeout * 1.25` after the last
 //! completion, provided the application polls. Idle connections (nothing posted) notice
@@ -159,6 +175,21 @@ pub const MAX_SEND_REQUESTS: usize = 32 * MAX_RECVS;
 const CTS_RX_SLOTS: usize = 2 * MAX_RECV_REQUESTS;
 const CTS_TX_SLOTS: usize = MAX_RECV_REQUESTS;
 const HDR: usize = 24;
+thread_local! {
+    static CTS_SENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// CTS with buffers that receive connections have sent from this thread (statistics, for
+/// tests: small receives whose messages all come eagerly send none).
+pub fn cts_sent_on_this_thread() -> u64 {
+    CTS_SENT.with(|c| c.get())
+}
+
+/// How long a small receive (every buffer at most [`EAGER_MAX`]) that is still incomplete
+/// holds its CTS back: longer than a round trip, so that a reply in a ping-pong comes eagerly
+/// without one, short enough that a sender waiting for it (no eager credit, or a message
+/// queued behind one waiting for its CTS) is not held up long.
+const CTS_DEFER: Duration = Duration::from_micros(500);
 const EAGER_BUF: usize = HDR + EAGER_MAX;
 /// A CTS entry of rail 0 (address, key, capacity, tag); each further rail adds its address
 /// and key.
@@ -1978,6 +2009,10 @@ pub struct SendConn {
     cts_lost: Stall,
     /// Messages before this sequence number have had their CTS.
     cts_upto: u64,
+    /// Every receive before this sequence number sent its CTS before the latest CTS, or never
+    /// will (a small receive whose messages all came eagerly): a message before it that no
+    /// CTS covers went eagerly and needs no buffer choice.
+    settled: u64,
     /// When the latest messages were given their buffer (their data handed over): sequence
     /// number and instant, oldest first, at most [`HANDED_LOG`].
     handed: VecDeque<(u64, Instant)>,
@@ -2058,6 +2093,7 @@ impl SendConn {
             stall: Stall::new(),
             cts_lost: Stall::new(),
             cts_upto: 0,
+            settled: 0,
             handed: VecDeque::new(),
             eager_seq: [None; EAGER_SLOTS],
             eof_at: None,
@@ -2158,10 +2194,19 @@ impl SendConn {
                 },
             ));
         }
-        let n = (get_u32(b, 4) as usize).clamp(1, MAX_RECVS);
+        let n = (get_u32(b, 4) as usize).min(MAX_RECVS);
         let first = get_u64(b, 8);
         let consumed = get_u64(b, 16);
         let rreq = get_u32(b, 24);
+        // CTS arrive in the order they were sent (FI_ORDER_SAS on rail 0).
+        self.settled = self.settled.max(first);
+        if n == 0 {
+            // Eager credit only.
+            self.eager_consumed = self.eager_consumed.max(consumed);
+            self.cts_upto = self.cts_upto.max(first);
+            self.reposts.push(slot);
+            return Ok(());
+        }
         if self.table.is_some() && rreq as usize >= MAX_RECV_REQUESTS {
             return Err(self.link.protocol(
                 Stage::Data,
@@ -2211,12 +2256,36 @@ impl SendConn {
     /// Gives each send whose CTS is known its buffer, in sequence order; queues the writes.
     fn assign(&mut self) -> Result<()> {
         while let Some(u) = self.unassigned.front() {
+            let covered = self
+                .groups
+                .range(..=u.seq)
+                .next_back()
+                .is_some_and(|(_, g)| u.seq < g.first + g.n as u64);
+            if !covered {
+                if u.seq >= self.settled {
+                    break;
+                }
+                // Its receive sends no CTS: every message of it came eagerly (a receive still
+                // missing one sends its CTS).
+                if !u.eager {
+                    return Err(self.link.protocol(
+                        Stage::Data,
+                        proto::FrameError::Unexpected {
+                            got: "no CTS for a message that waits for one",
+                            expected: "CTS",
+                        },
+                    ));
+                }
+                if self.handed.len() >= HANDED_LOG {
+                    self.handed.pop_front();
+                }
+                self.handed.push_back((u.seq, Instant::now()));
+                self.unassigned.pop_front();
+                continue;
+            }
             let Some((&first, g)) = self.groups.range_mut(..=u.seq).next_back() else {
                 break;
             };
-            if u.seq >= g.first + g.n as u64 {
-                break;
-            }
             if self.handed.len() >= HANDED_LOG {
                 self.handed.pop_front();
             }
@@ -2865,6 +2934,13 @@ pub struct RecvConn {
     cts_seq: [u64; CTS_TX_SLOTS],
     /// The CTS of every receive before this sequence number has left (completed).
     cts_done: u64,
+    /// Small receives whose CTS waits (see "Small receives" in the module docs), in posting
+    /// order: request, its first sequence number, when the CTS goes if still incomplete.
+    deferred: VecDeque<(RequestId, u64, Instant)>,
+    /// The eager consumption the latest CTS reported.
+    eager_reported: u64,
+    /// CTS with buffers sent (statistics).
+    cts_sent: u64,
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -2926,6 +3002,9 @@ impl RecvConn {
             quiet: Stall::new(),
             cts_seq: [0; CTS_TX_SLOTS],
             cts_done: 0,
+            deferred: VecDeque::new(),
+            eager_reported: 0,
+            cts_sent: 0,
             eof_at: None,
             error: None,
         };
@@ -3290,8 +3369,9 @@ impl RecvConn {
         let r = self
             .poll_cq()
             .map(|p| progressed = p)
-            .and_then(|()| self.repost())
-            .and_then(|()| self.poll_lane());
+            .and_then(|()| self.poll_lane())
+            .and_then(|()| self.send_deferred(false))
+            .and_then(|()| self.repost());
         if let Err(e) = r {
             return Err(self.fail(e));
         }
@@ -3359,7 +3439,8 @@ impl RecvConn {
             )));
         }
         self.progress()?;
-        if self.reqs.live() >= MAX_RECV_REQUESTS || self.cts_free.is_empty() {
+        // A CTS slot for this receive and one for each whose CTS waits.
+        if self.reqs.live() >= MAX_RECV_REQUESTS || self.cts_free.len() <= self.deferred.len() {
             return Ok(None);
         }
         // Per buffer, its registration on every rail (buffer k, rail r at k * rails + r).
@@ -3394,7 +3475,7 @@ impl RecvConn {
             complete: [false; MAX_RECVS],
             sizes: [0; MAX_RECVS],
             nfilled: 0,
-            _mrs: Vec::new(),
+            _mrs: mrs,
         }) else {
             return Ok(None);
         };
@@ -3404,14 +3485,37 @@ impl RecvConn {
         if let Err(e) = self.drain() {
             return Err(self.fail(e));
         }
+        if bufs.iter().all(|b| b.len <= EAGER_MAX) {
+            // Small: its messages come eagerly if they can; the CTS only when they do not.
+            self.deferred
+                .push_back((id, first, Instant::now() + CTS_DEFER));
+        } else {
+            // CTS leave in posting order: those still waiting go first.
+            if let Err(e) = self.send_deferred(true) {
+                return Err(self.fail(e));
+            }
+            self.send_cts(id);
+        }
+        self.progress()?;
+        Ok(Some(id))
+    }
+
+    /// Queues the CTS of receive `id` (a CTS slot is free: see `irecv`).
+    fn send_cts(&mut self, id: RequestId) {
         let Some(slot) = self.cts_free.pop() else {
-            return Ok(None);
+            return;
         };
+        let Some(r) = self.reqs.values_at(id) else {
+            self.cts_free.push(slot);
+            return;
+        };
+        let (first, n) = (r.first, r.bufs.len());
         let consumed = self.eager_consumed;
         let virt = self.virt_addr;
+        let rails = self.eps.len();
         let b = self.cts.slot(slot);
         put_u32(b, 0, K_CTS);
-        put_u32(b, 4, bufs.len() as u32);
+        put_u32(b, 4, n as u32);
         put_u64(b, 8, first);
         put_u64(b, 16, consumed);
         put_u32(b, 24, id.index() as u32);
@@ -3424,7 +3528,7 @@ impl RecvConn {
                 (rb.ptr as usize - m.base) as u64
             }
         };
-        for (k, (rb, ms)) in bufs.iter().zip(mrs.chunks(rails)).enumerate() {
+        for (k, (rb, ms)) in r.bufs.iter().zip(r._mrs.chunks(rails)).enumerate() {
             let at = 32 + k * size;
             put_u64(b, at, addr(rb, &ms[0]));
             put_u64(b, at + 8, ms[0].key());
@@ -3437,13 +3541,60 @@ impl RecvConn {
                 put_u64(b, at + 8, m.key());
             }
         }
-        if let Some(r) = self.reqs.get_mut(id) {
-            r._mrs = mrs;
+        self.eager_reported = consumed;
+        self.cts_sent += 1;
+        CTS_SENT.with(|c| c.set(c.get() + 1));
+        self.cts_seq[slot] = first + n as u64;
+        self.cts_queue.push_back((slot, 32 + size * n));
+    }
+
+    /// Small receives whose CTS waits: a complete one never sends it (all its messages came
+    /// eagerly); one still incomplete at its time (or at once with `all`) sends it, in posting
+    /// order. Then eager credit, when enough is unreported: a CTS of no buffers whose first
+    /// sequence number says that every receive before it sent its CTS before this one or never
+    /// will.
+    fn send_deferred(&mut self, all: bool) -> Result<()> {
+        let now = Instant::now();
+        while let Some(&(id, first, at)) = self.deferred.front() {
+            let complete = self
+                .reqs
+                .values_at(id)
+                .is_none_or(|r| r.first != first || r.nfilled == r.bufs.len());
+            if complete {
+                self.deferred.pop_front();
+                continue;
+            }
+            if !all && now < at {
+                break;
+            }
+            self.deferred.pop_front();
+            self.send_cts(id);
         }
-        self.cts_seq[slot] = first + bufs.len() as u64;
-        self.cts_queue.push_back((slot, 32 + size * bufs.len()));
-        self.progress()?;
-        Ok(Some(id))
+        if self.eager_consumed - self.eager_reported >= (EAGER_SLOTS / 2) as u64
+            && self.cts_free.len() > self.deferred.len()
+            && let Some(slot) = self.cts_free.pop()
+        {
+            let upto = self.deferred.front().map_or(self.next_seq, |d| d.1);
+            let consumed = self.eager_consumed;
+            let b = self.cts.slot(slot);
+            put_u32(b, 0, K_CTS);
+            put_u32(b, 4, 0);
+            put_u64(b, 8, upto);
+            put_u64(b, 16, consumed);
+            put_u32(b, 24, 0);
+            put_u32(b, 28, 0);
+            self.eager_reported = consumed;
+            // Covers no receive: leaves `cts_done` (what POSTED claims) alone.
+            self.cts_seq[slot] = 0;
+            self.cts_queue.push_back((slot, 32));
+        }
+        Ok(())
+    }
+
+    /// CTS with buffers this connection has sent (small receives whose messages all came
+    /// eagerly send none).
+    pub fn cts_sent(&self) -> u64 {
+        self.cts_sent
     }
 
     /// Whether request `id` is done; the sizes received once it is (the id is then released).
