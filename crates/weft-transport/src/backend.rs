@@ -485,6 +485,15 @@ impl RecvConn {
         }
     }
 
+    /// CTS with buffers an ofi connection has sent (small receives whose messages all came
+    /// eagerly send none); `None` for TCP.
+    pub fn ofi_cts_sent(&self) -> Option<u64> {
+        match &self.0 {
+            R::Tcp(_) => None,
+            R::Ofi(c) => Some(c.cts_sent()),
+        }
+    }
+
     /// Registers `len` bytes at `ptr` for receives on this connection; see
     /// [`SendConn::reg_mr`].
     pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {

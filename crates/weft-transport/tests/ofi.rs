@@ -1187,7 +1187,7 @@ fn cq4_small_receives_take_eager_messages_without_cts() {
 /// eager credit still comes back (a stream of many more messages than EAGER_SLOTS, one
 /// receive posted at a time) and a large receive still sends its CTS.
 fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
-    use weft_transport::ofi::{EAGER_MAX, EAGER_SLOTS, cts_sent_on_this_thread};
+    use weft_transport::ofi::{EAGER_MAX, EAGER_SLOTS};
     let size = |i: usize| (i * 977) % (EAGER_MAX + 1);
     // A stream from another thread: in order, the right data, credit never stuck.
     let (mut tx, mut rx) = pair_on(t);
@@ -1212,7 +1212,7 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
     let mut tx = h.join().unwrap();
     // Ping-pong in one thread: the receive first, then the send, which goes eagerly; the
     // receive completes well within the time it holds its CTS back.
-    let before = cts_sent_on_this_thread();
+    let before = rx.ofi_cts_sent().unwrap();
     let m = 200;
     for i in 0..m {
         let msg = pattern(size(i), i as u8);
@@ -1241,7 +1241,7 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
         assert_eq!(rd.unwrap().sizes(), &[msg.len()], "{p}: ping {i}");
         assert_eq!(&buf[..msg.len()], &msg[..], "{p}: ping {i}");
     }
-    let cts = cts_sent_on_this_thread() - before;
+    let cts = rx.ofi_cts_sent().unwrap() - before;
     eprintln!("{p}: {cts} CTS for {m} small receives");
     // Normally none; a loaded host may hold a message past the CTS delay now and then.
     assert!(
@@ -1249,7 +1249,7 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
         "{p}: {cts} CTS for {m} small receives"
     );
     // A receive larger than EAGER_MAX sends its CTS, and the message goes by RMA.
-    let before = cts_sent_on_this_thread();
+    let before = rx.ofi_cts_sent().unwrap();
     let mut big = vec![0u8; 2 * EAGER_MAX];
     let b = RecvBuf {
         ptr: big.as_mut_ptr(),
@@ -1259,7 +1259,7 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
     // SAFETY: `big` outlives the request, tested to completion below.
     let rr = unsafe { rx.irecv(&[b]) }.unwrap().unwrap();
     assert_eq!(
-        cts_sent_on_this_thread() - before,
+        rx.ofi_cts_sent().unwrap() - before,
         1,
         "{p}: CTS of a large receive"
     );
@@ -1281,4 +1281,41 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
     assert_eq!(c.sizes(), &[100], "{p}");
     assert_eq!(&big[..100], &pattern(100, 9)[..], "{p}");
     drop(h.join().unwrap());
+}
+
+#[test]
+fn messages_sent_just_before_the_sender_closes_arrive() {
+    each_provider(messages_sent_just_before_the_sender_closes_arrive_on);
+}
+
+/// Small eager messages (some within the provider's inject size, so injected without a send
+/// completion, some above it and sent) handed over just before the sender drops its
+/// connection, before the receiver has posted anything: all arrive, in order, intact.
+fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    // One message first, received: `ofi_rxm` sets up its connection on the first send and
+    // needs the receiver to poll for that, so only from then on can the sender finish
+    // sending on its own.
+    let h = thread::spawn(move || {
+        tx.send(b"first", 99).unwrap();
+        tx
+    });
+    let mut buf = [0u8; 128];
+    assert_eq!(rx.recv(&mut buf, 99).unwrap(), 5, "{p}");
+    let mut tx = h.join().unwrap();
+    let size = |i: usize| (i * 7) % 100;
+    let n = 40;
+    for i in 0..n {
+        tx.send(&pattern(size(i), i as u8), i as i32).unwrap();
+    }
+    drop(tx);
+    for i in 0..n {
+        let got = rx.recv(&mut buf, i as i32).unwrap();
+        assert_eq!(got, size(i), "{p}: message {i}");
+        assert_eq!(
+            &buf[..got],
+            &pattern(size(i), i as u8)[..],
+            "{p}: message {i}"
+        );
+    }
 }

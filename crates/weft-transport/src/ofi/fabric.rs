@@ -43,6 +43,8 @@ pub struct DomainInfo {
     pub mode: u64,
     /// Whether the provider supports device memory (FI_HMEM).
     pub hmem: bool,
+    /// Largest message `fi_inject` takes (0: none).
+    pub inject_size: usize,
 }
 
 fn cstr(p: *const std::ffi::c_char) -> String {
@@ -125,6 +127,11 @@ pub fn query(lib: &Arc<Lib>, provider: &str) -> Result<Vec<(DomainInfo, InfoList
                     data_progress: d.data_progress,
                     mode: i.mode,
                     hmem: i.caps & sys::FI_HMEM != 0,
+                    inject_size: if i.tx_attr.is_null() {
+                        0
+                    } else {
+                        (*i.tx_attr).inject_size
+                    },
                 },
                 i.next,
             )
@@ -439,6 +446,21 @@ impl Endpoint {
             )
         };
         self.posted(rc, "fi_send")
+    }
+
+    /// fi_inject of `len` bytes at `buf` (at most the provider's inject size): the buffer is
+    /// free again on return and no completion is generated. `Ok(false)`: FI_EAGAIN.
+    pub fn inject(&self, buf: &[u8]) -> FiResult<bool> {
+        // SAFETY: fi_inject through the endpoint's msg ops; it copies `buf` before returning.
+        let rc = unsafe {
+            ((*(*self.ep).msg).inject.ok_or("no inject")?)(
+                self.ep,
+                buf.as_ptr().cast(),
+                buf.len(),
+                self.peer,
+            )
+        };
+        self.posted(rc, "fi_inject")
     }
 
     /// fi_writedata: writes `len` bytes at `buf` to the peer's `addr`/`key` with remote CQ

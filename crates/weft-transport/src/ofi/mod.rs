@@ -68,8 +68,17 @@
 //!   left, is copied into a registered bounce buffer and `fi_send`'s into one of the
 //!   [`EAGER_SLOTS`] buffers the receiver keeps posted; the receiver copies it into the matching
 //!   buffer (or keeps it until the receive is posted). Eager sends are complete once copied.
-//!   Within one grouped receive eager sends are always a prefix (a sender that has the CTS
-//!   uses RMA), so both sides choose the same buffers.
+//!   One that fits the provider's inject size (header included; 64 bytes with `tcp;ofi_rxm`)
+//!   goes by `fi_inject`, as `fi_pingpong` sends small messages: no send completion, the
+//!   bounce buffer free at once. Within one grouped receive eager sends are always a prefix (a
+//!   sender that has the CTS uses RMA), so both sides choose the same buffers.
+//! * **Hand over first, poll after**: `isend` gives an eager message to the provider, and
+//!   `irecv` of a large receive its CTS, before reading any completion queue; the queues are
+//!   read by `test` (and by `isend`/`irecv` only when they are out of request or CTS slots, so
+//!   a caller that only retries still drives the provider). With `tcp;ofi_rxm` a read is an
+//!   `epoll_wait` and a `poll`, about a microsecond, and in a ping-pong the echo side read five
+//!   times between seeing a message and sending the reply. A CTS that arrived but was not
+//!   read yet only makes a message go eagerly, which keeps eager sends a prefix.
 //! * **TCP lane** (`WEFT_OFI_MIN_BYTES`, default 0 = off): messages under that size go over
 //!   one TCP stream on the data network instead of libfabric, larger ones by RMA as above. The
 //!   sender asks for it in its address record; the receiver opens a listener on its device's
@@ -99,7 +108,8 @@
 //! legitimately late (a sender that has not called isend yet, a receiver that has not posted)
 //! is never an error, whatever the provider's progress model:
 //! * **Sender**: its RMA writes (queued or in flight), and eager sends whose receive has been
-//!   posted since (a CTS covers them). Writes only start after the receiver posted (CTS), and a
+//!   posted since (a CTS covers them; injected ones have no completion and are covered by
+//!   POSTED below). Writes only start after the receiver posted (CTS), and a
 //!   receiver polls a posted receive until it completes, so both sides drive their providers
 //!   then. Not an eager send to a receive not yet posted: a manual-progress receiver need not
 //!   poll it before it posts, which may be much later.
@@ -175,16 +185,6 @@ pub const MAX_SEND_REQUESTS: usize = 32 * MAX_RECVS;
 const CTS_RX_SLOTS: usize = 2 * MAX_RECV_REQUESTS;
 const CTS_TX_SLOTS: usize = MAX_RECV_REQUESTS;
 const HDR: usize = 24;
-thread_local! {
-    static CTS_SENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// CTS with buffers that receive connections have sent from this thread (statistics, for
-/// tests: small receives whose messages all come eagerly send none).
-pub fn cts_sent_on_this_thread() -> u64 {
-    CTS_SENT.with(|c| c.get())
-}
-
 /// How long a small receive (every buffer at most [`EAGER_MAX`]) that is still incomplete
 /// holds its CTS back: longer than a round trip, so that a reply in a ping-pong comes eagerly
 /// without one, short enough that a sender waiting for it (no eager credit, or a message
@@ -1010,6 +1010,9 @@ fn cts_grace(timeout: Duration) -> Duration {
 
 /// How long a closing receive connection keeps reading its completion queues.
 const DRAIN: Duration = Duration::from_millis(20);
+
+/// How long a closing sender keeps driving its provider after its latest `fi_inject`.
+const INJECT_DRAIN: Duration = Duration::from_millis(20);
 
 /// Handed-over messages a sender remembers the time of (for POSTED).
 const HANDED_LOG: usize = 4 * MAX_SEND_REQUESTS;
@@ -1973,6 +1976,8 @@ pub struct SendConn {
     eager: Pool,
     eager_free: Vec<usize>,
     eager_busy: usize,
+    /// When the latest eager message went by `fi_inject` (see `Drop`).
+    last_inject: Option<Instant>,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
     eager_queue: VecDeque<(usize, usize, RequestId)>,
     /// Registration cache per rail.
@@ -2068,6 +2073,7 @@ impl SendConn {
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
             eager_busy: 0,
+            last_inject: None,
             eager_queue: VecDeque::new(),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
@@ -2422,16 +2428,36 @@ impl SendConn {
     /// Hands queued eager sends to the provider, in order; each is complete once accepted
     /// (its bytes are in the bounce buffer).
     fn post_eager(&mut self) -> Result<()> {
+        let inject_size = self.eps[0].dom.info.inject_size;
         while let Some(&(slot, len, id)) = self.eager_queue.front() {
-            let p = self.eager.ptr(slot);
-            let desc = self.eager.mr.desc();
-            let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
-            // SAFETY: bounce slot and context stay untouched until this send's completion
-            // returns the slot to `eager_free`; both live as long as the endpoint.
-            let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
-                .map_err(|m| self.fi("fi_send", m))?;
-            if !ok {
-                break;
+            // fi_inject: the provider copies the message at once and reports no completion,
+            // so the bounce slot is free again now. This is the send fi_pingpong uses for
+            // small messages; it saves the provider's send completion. When the provider
+            // cannot inject now (EAGAIN), the message tries fi_send, which may still queue
+            // it, and otherwise waits for the next progress, as any eager send does. Order
+            // on the wire between the two does not matter: the receiver places eager
+            // messages by sequence number.
+            let injected = HDR + len <= inject_size
+                && self.eps[0]
+                    .inject(&self.eager.slot(slot)[..HDR + len])
+                    .map_err(|m| self.fi("fi_inject", m))?;
+            if injected {
+                self.eager_free.push(slot);
+                self.eager_busy -= 1;
+                self.eager_seq[slot] = None;
+                self.last_inject = Some(Instant::now());
+            } else {
+                let p = self.eager.ptr(slot);
+                let desc = self.eager.mr.desc();
+                let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
+                // SAFETY: bounce slot and context stay untouched until this send's
+                // completion returns the slot to `eager_free`; both live as long as the
+                // endpoint.
+                let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
+                    .map_err(|m| self.fi("fi_send", m))?;
+                if !ok {
+                    break;
+                }
             }
             if let Some(r) = self.reqs.get_mut(id) {
                 r.done = true;
@@ -2828,6 +2854,16 @@ impl Drop for SendConn {
             {
                 break;
             }
+        }
+        // An injected message has no completion to wait for, and a provider may still hold
+        // it (with `tcp`, when the socket was full): keep driving the provider for
+        // INJECT_DRAIN after the latest one, which costs nothing when it went long ago.
+        if let Some(at) = self.last_inject {
+            while self.error.is_none()
+                && at.elapsed() < INJECT_DRAIN
+                && Instant::now() < deadline
+                && self.poll_cq().is_ok()
+            {}
         }
         for c in &mut self.caches {
             c.clear();
@@ -3455,9 +3491,8 @@ impl RecvConn {
         // A CTS slot for this receive and one for each whose CTS waits. Completions are read
         // only when they are short (they free slots): a read costs microseconds, and a receive
         // posted right after the previous one completed is on the ping-pong's latency.
-        let full = |c: &Self| {
-            c.reqs.live() >= MAX_RECV_REQUESTS || c.cts_free.len() <= c.deferred.len()
-        };
+        let full =
+            |c: &Self| c.reqs.live() >= MAX_RECV_REQUESTS || c.cts_free.len() <= c.deferred.len();
         if full(self) {
             self.progress()?;
             if full(self) {
@@ -3567,7 +3602,6 @@ impl RecvConn {
         }
         self.eager_reported = consumed;
         self.cts_sent += 1;
-        CTS_SENT.with(|c| c.set(c.get() + 1));
         self.cts_seq[slot] = first + n as u64;
         self.cts_queue.push_back((slot, 32 + size * n));
     }
@@ -3799,6 +3833,7 @@ mod tests {
             data_progress: 0,
             mode: 0,
             hmem: false,
+            inject_size: 0,
         };
         assert!(usable_cq_data(&info(4)));
         assert!(usable_cq_data(&info(8)));
