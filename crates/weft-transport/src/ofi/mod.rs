@@ -1820,6 +1820,28 @@ impl Pool {
     fn ptr(&mut self, i: usize) -> *mut u8 {
         self.slot(i).as_mut_ptr()
     }
+
+    /// Posts a receive into each slot in `pending` (the last first; slot `i` with context
+    /// `ctx[i]`) until the provider is full; posted slots leave `pending`.
+    fn post_receives(
+        &mut self,
+        ep: &Endpoint,
+        ctx: &mut [Ctx],
+        pending: &mut Vec<usize>,
+    ) -> std::result::Result<(), String> {
+        while let Some(&i) = pending.last() {
+            let p = self.ptr(i);
+            let c: *mut Ctx = &mut ctx[i];
+            // SAFETY: slot `i` of this registered pool and its context live as long as the
+            // endpoint (closed first on drop) and nothing touches them until the receive
+            // completes and puts `i` back in `pending`.
+            if !unsafe { ep.recv(p, self.size, self.mr.desc(), c.cast()) }? {
+                break;
+            }
+            pending.pop();
+        }
+        Ok(())
+    }
 }
 
 /// How long a side whose peer's process ended (side channel EOF) keeps reading completions
@@ -2173,20 +2195,9 @@ impl SendConn {
     }
 
     fn repost(&mut self) -> Result<()> {
-        while let Some(&i) = self.reposts.last() {
-            let p = self.cts.ptr(i);
-            let desc = self.cts.mr.desc();
-            let c: *mut Ctx = &mut self.ctx[i];
-            // SAFETY: slot `i` of the registered CTS pool and its context live as long as the
-            // endpoint (closed first in Drop); nothing else uses them until the completion.
-            let ok = unsafe { self.eps[0].recv(p, CTS_BUF, desc, c.cast()) }
-                .map_err(|m| self.fi("fi_recv", m))?;
-            if !ok {
-                break;
-            }
-            self.reposts.pop();
-        }
-        Ok(())
+        self.cts
+            .post_receives(&self.eps[0], &mut self.ctx, &mut self.reposts)
+            .map_err(|m| self.fi("fi_recv", m))
     }
 
     fn on_cts(&mut self, slot: usize) -> Result<()> {
@@ -3118,19 +3129,9 @@ impl RecvConn {
     }
 
     fn repost(&mut self) -> Result<()> {
-        while let Some(&i) = self.reposts.last() {
-            let p = self.eager.ptr(i);
-            let desc = self.eager.mr.desc();
-            let c: *mut Ctx = &mut self.ctx[i];
-            // SAFETY: eager slot `i` and its context live as long as the endpoint (closed first
-            // on drop) and are not touched until the receive completes.
-            let ok = unsafe { self.eps[0].recv(p, EAGER_BUF, desc, c.cast()) }
-                .map_err(|m| self.fi("fi_recv", m))?;
-            if !ok {
-                break;
-            }
-            self.reposts.pop();
-        }
+        self.eager
+            .post_receives(&self.eps[0], &mut self.ctx, &mut self.reposts)
+            .map_err(|m| self.fi("fi_recv", m))?;
         // Nothing new to a peer whose process has ended: with `shm` in one process its memory
         // region is gone with its endpoint.
         while let Some(&(slot, len)) = self.cts_queue.front().filter(|_| !self.side.eof) {
