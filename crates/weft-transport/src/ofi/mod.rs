@@ -171,7 +171,9 @@ use socket2::{Domain as SockDomain, Protocol, SockAddr, Socket, TcpKeepalive, Ty
 use crate::config::Config;
 use crate::error::{Error, Link, Result, Stage};
 use crate::proto::{self, AbortReason, Frame, FrameDecoder, ListenHandle, RejectReason};
-use crate::tcp::{Completed, Device, MAX_RECVS, RecvBuf, RequestId, poll_fd, write_all_until};
+use crate::tcp::{
+    Completed, Device, MAX_RECVS, PendingSock, RecvBuf, RequestId, poll_fd, write_all_until,
+};
 use fabric::{Domain, DomainInfo, Endpoint, Mr, MrCache};
 
 /// Largest message sent eagerly (copied into a bounce buffer, no CTS wait).
@@ -521,16 +523,12 @@ impl Backend {
         let local = (mgmt.0.is_ipv4() == h.mgmt.ip().is_ipv4()
             && mgmt.0.is_loopback() == h.mgmt.ip().is_loopback())
         .then_some(mgmt.0);
-        let sock = open_side(h.mgmt, local, cfg, &link)?;
+        let mut side = PendingSock::new(h.mgmt, local, link.iface.clone(), tune_side, cfg)?;
+        side.out = out;
         Ok(Connecting {
             cfg: cfg.clone(),
             link,
-            local,
-            sock,
-            connected: false,
-            retry_at: None,
-            out,
-            out_pos: 0,
+            side,
             dec: FrameDecoder::new(),
             acked: false,
             nonce: h.nonce,
@@ -573,33 +571,6 @@ fn tune_side(s: &Socket, cfg: &Config) -> io::Result<()> {
             .with_retries(3),
     )?;
     s.set_tcp_user_timeout(Some(cfg.timeout))
-}
-
-fn open_side(
-    remote: SocketAddr,
-    local: Option<IpAddr>,
-    cfg: &Config,
-    link: &Link,
-) -> Result<Socket> {
-    let s = Socket::new(
-        SockDomain::for_address(remote),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )
-    .map_err(|e| link.io("socket", Stage::Connect, &e))?;
-    s.set_nonblocking(true)
-        .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
-    tune_side(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
-    if let Some(l) = local {
-        s.bind(&SocketAddr::new(l, 0).into())
-            .map_err(|e| link.io("bind", Stage::Connect, &e))?;
-    }
-    match s.connect(&SockAddr::from(remote)) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(link.io("connect", Stage::Connect, &e)),
-    }
-    Ok(s)
 }
 
 /// What each side tells the other in the handshake. Version 2 adds the remote CQ data bytes
@@ -728,12 +699,8 @@ impl AddrRecord {
 pub struct Connecting {
     cfg: Config,
     link: Link,
-    local: Option<IpAddr>,
-    sock: Socket,
-    connected: bool,
-    retry_at: Option<Instant>,
-    out: Vec<u8>,
-    out_pos: usize,
+    /// The side channel being connected, with HELLO and our address record to write.
+    side: PendingSock,
     dec: FrameDecoder,
     acked: bool,
     nonce: u64,
@@ -759,47 +726,20 @@ impl Connecting {
     pub fn poll(&mut self) -> Result<Option<SendConn>> {
         let now = Instant::now();
         if now >= self.deadline {
-            let stage = if self.connected {
+            let stage = if self.side.connected {
                 Stage::Handshake
             } else {
                 Stage::Connect
             };
             return Err(self.link.timeout(stage, self.cfg.timeout));
         }
-        if let Some(t) = self.retry_at {
-            if now < t {
-                return Ok(None);
-            }
-            self.retry_at = None;
-            self.sock = open_side(self.link.peer, self.local, &self.cfg, &self.link)?;
-        }
-        if !self.connected {
-            if poll_fd(self.sock.as_raw_fd(), libc::POLLOUT) == 0 {
-                return Ok(None);
-            }
-            match self.sock.take_error() {
-                Ok(None) => self.connected = true,
-                Ok(Some(e)) | Err(e) => {
-                    if e.kind() == io::ErrorKind::ConnectionRefused {
-                        self.retry_at = Some(now + Duration::from_millis(100));
-                        return Ok(None);
-                    }
-                    return Err(self.link.io("connect", Stage::Connect, &e));
-                }
-            }
-        }
-        while self.out_pos < self.out.len() {
-            match (&self.sock).write(&self.out[self.out_pos..]) {
-                Ok(n) => self.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.link.io("send hello", Stage::Handshake, &e)),
-            }
+        if !self.side.poll(now, &self.cfg)? {
+            return Ok(None);
         }
         let mut buf = [0u8; 1024];
         loop {
             let want = self.dec.wanted().min(buf.len());
-            match (&self.sock).read(&mut buf[..want.max(1)]) {
+            match (&self.side.sock).read(&mut buf[..want.max(1)]) {
                 Ok(0) => return Err(self.link.closed(Stage::Handshake)),
                 Ok(n) => self.dec.handle_bytes(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -910,6 +850,7 @@ impl Connecting {
                 .map_err(|e| ofi_err(&self.link, "fi_av_insert", Stage::Handshake, e))?;
         }
         let sock: TcpStream = self
+            .side
             .sock
             .try_clone()
             .map_err(|e| Error::local("dup", &e))?

@@ -434,21 +434,21 @@ impl Transport {
             h.mgmt,
             mgmt_local,
             self.mgmt.iface.clone(),
-            Role::Handshake,
+            tune_handshake,
             &self.cfg,
         )?;
         ctrl.out = hs.hello();
-        let data_sock = |k: usize, role: Role| -> Result<PendingSock> {
+        let data_sock = |k: usize, tune: Tune| -> Result<PendingSock> {
             let remote = remote_data[k % remote_data.len()];
             let rail = &d.rails[k % d.rails.len()];
             let local = compatible(rail.addr, remote.ip()).then_some(rail.addr);
-            PendingSock::new(remote, local, rail.iface.clone(), role, &self.cfg)
+            PendingSock::new(remote, local, rail.iface.clone(), tune, &self.cfg)
         };
-        let mut dctrl = data_sock(0, Role::Ctrl)?;
+        let mut dctrl = data_sock(0, tune_ctrl_stream)?;
         dctrl.out = hs.ctrl_hello();
         let mut streams = Vec::with_capacity(nstreams);
         for k in 0..nstreams {
-            let mut p = data_sock(k, Role::Data)?;
+            let mut p = data_sock(k, tune_data_stream)?;
             p.out = hs.stream_hello(k as u16);
             streams.push(p);
         }
@@ -466,28 +466,50 @@ impl Transport {
     }
 }
 
-/// What a socket the sender opens is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    /// Management network: handshake, then the ABORT side channel.
-    Handshake,
-    /// Data network: message headers, inline payloads, CREDIT, ABORT.
-    Ctrl,
-    /// Data network: chunks.
-    Data,
+/// Socket options for a socket the sender opens, by what it is for (see [`PendingSock`]).
+pub(crate) type Tune = fn(&Socket, &Config) -> io::Result<()>;
+
+/// Management network: handshake, then the ABORT side channel.
+fn tune_handshake(s: &Socket, cfg: &Config) -> io::Result<()> {
+    tune(s, cfg)?;
+    tune_side(socket2::SockRef::from(s))
 }
 
-#[derive(Debug)]
-struct PendingSock {
-    sock: Socket,
+/// Data network: message headers, inline payloads, CREDIT, ABORT.
+fn tune_ctrl_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
+    tune(s, cfg)?;
+    tune_ctrl(socket2::SockRef::from(s), cfg)
+}
+
+/// Data network: chunks.
+fn tune_data_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
+    tune(s, cfg)
+}
+
+/// A socket the sender opens: a non-blocking connect that retries while the listener refuses
+/// (it may not be up yet, until the caller's deadline), then writes `out`, the opening
+/// message. Every outgoing connection of both backends starts with one (the ofi backend's
+/// side channel too).
+pub(crate) struct PendingSock {
+    pub(crate) sock: Socket,
     remote: SocketAddr,
     local: Option<IpAddr>,
-    role: Role,
-    link: Link,
-    connected: bool,
+    tune: Tune,
+    pub(crate) link: Link,
+    pub(crate) connected: bool,
     retry_at: Option<Instant>,
-    out: Vec<u8>,
+    pub(crate) out: Vec<u8>,
     out_pos: usize,
+}
+
+impl std::fmt::Debug for PendingSock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PendingSock({}, connected: {})",
+            self.remote, self.connected
+        )
+    }
 }
 
 impl PendingSock {
@@ -496,7 +518,7 @@ impl PendingSock {
         local: Option<IpAddr>,
         cfg: &Config,
         link: &Link,
-        role: Role,
+        tune: Tune,
     ) -> Result<Socket> {
         let s = Socket::new(
             Domain::for_address(remote),
@@ -507,12 +529,6 @@ impl PendingSock {
         s.set_nonblocking(true)
             .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
         tune(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
-        let tuned = match role {
-            Role::Ctrl => tune_ctrl(socket2::SockRef::from(&s), cfg),
-            Role::Handshake => tune_side(socket2::SockRef::from(&s)),
-            Role::Data => Ok(()),
-        };
-        tuned.map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
         if let Some(l) = local {
             s.bind(&SocketAddr::new(l, 0).into())
                 .map_err(|e| link.io("bind", Stage::Connect, &e))?;
@@ -525,23 +541,23 @@ impl PendingSock {
         Ok(s)
     }
 
-    fn new(
+    pub(crate) fn new(
         remote: SocketAddr,
         local: Option<IpAddr>,
         iface: String,
-        role: Role,
+        tune: Tune,
         cfg: &Config,
     ) -> Result<PendingSock> {
         let link = Link {
             peer: remote,
             iface,
         };
-        let sock = PendingSock::open(remote, local, cfg, &link, role)?;
+        let sock = PendingSock::open(remote, local, cfg, &link, tune)?;
         Ok(PendingSock {
             sock,
             remote,
             local,
-            role,
+            tune,
             link,
             connected: false,
             retry_at: None,
@@ -551,13 +567,13 @@ impl PendingSock {
     }
 
     /// Advances connect + hello write. Returns true when connected and the hello is written.
-    fn poll(&mut self, now: Instant, cfg: &Config) -> Result<bool> {
+    pub(crate) fn poll(&mut self, now: Instant, cfg: &Config) -> Result<bool> {
         if let Some(t) = self.retry_at {
             if now < t {
                 return Ok(false);
             }
             self.retry_at = None;
-            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.role)?;
+            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.tune)?;
         }
         if !self.connected {
             let rev = poll_fd(self.sock.as_raw_fd(), libc::POLLOUT);
