@@ -89,6 +89,7 @@ mod error;
 pub mod iface;
 pub mod ofi;
 pub mod proto;
+mod slab;
 pub mod tcp;
 
 pub use backend::{Connecting, Listener, MemHandle, RecvConn, SendConn, Transport};

@@ -171,6 +171,7 @@ use socket2::{Domain as SockDomain, Protocol, SockAddr, Socket, TcpKeepalive, Ty
 use crate::config::Config;
 use crate::error::{Error, Link, Result, Stage};
 use crate::proto::{self, AbortReason, Frame, FrameDecoder, ListenHandle, RejectReason};
+use crate::slab::Slab;
 use crate::tcp::{
     Completed, Device, MAX_RECVS, PendingSock, RecvBuf, RequestId, poll_fd, write_all_until,
 };
@@ -1672,63 +1673,6 @@ fn ctx_array(n: usize) -> Box<[Ctx]> {
     vec![Ctx::default(); n].into_boxed_slice()
 }
 
-/// Fixed-capacity slots with generation-tagged ids (index < capacity, as the plugin needs).
-struct Slab<T> {
-    slots: Vec<(u32, Option<T>)>,
-    free: Vec<usize>,
-}
-
-impl<T> Slab<T> {
-    fn new(cap: usize) -> Slab<T> {
-        Slab {
-            slots: (0..cap).map(|_| (0, None)).collect(),
-            free: (0..cap).rev().collect(),
-        }
-    }
-    fn insert(&mut self, v: T) -> Option<RequestId> {
-        let i = self.free.pop()?;
-        let slot = &mut self.slots[i];
-        slot.0 = slot.0.wrapping_add(1);
-        slot.1 = Some(v);
-        Some(RequestId::from_raw((u64::from(slot.0) << 32) | i as u64))
-    }
-    fn get_mut(&mut self, id: RequestId) -> Option<&mut T> {
-        let (g, v) = self.slots.get_mut(id.index())?;
-        if u64::from(*g) != id.raw() >> 32 {
-            return None;
-        }
-        v.as_mut()
-    }
-    fn values_at(&self, id: RequestId) -> Option<&T> {
-        let (g, v) = self.slots.get(id.index())?;
-        if u64::from(*g) != id.raw() >> 32 {
-            return None;
-        }
-        v.as_ref()
-    }
-    fn at(&mut self, i: usize) -> Option<&mut T> {
-        self.slots.get_mut(i)?.1.as_mut()
-    }
-    fn remove(&mut self, id: RequestId) -> Option<T> {
-        let i = id.index();
-        let (g, v) = self.slots.get_mut(i)?;
-        if u64::from(*g) != id.raw() >> 32 {
-            return None;
-        }
-        let out = v.take();
-        if out.is_some() {
-            self.free.push(i);
-        }
-        out
-    }
-    fn live(&self) -> usize {
-        self.slots.len() - self.free.len()
-    }
-    fn values(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().filter_map(|(_, v)| v.as_ref())
-    }
-}
-
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -3153,7 +3097,7 @@ impl RecvConn {
             .iter()
             .find(|id| {
                 self.reqs
-                    .values_at(**id)
+                    .get(**id)
                     .is_some_and(|r| m.seq >= r.first && m.seq < r.first + r.bufs.len() as u64)
             })
             .copied()
@@ -3345,7 +3289,7 @@ impl RecvConn {
     fn timed_work(&self) -> bool {
         self.order.iter().any(|id| {
             self.reqs
-                .values_at(*id)
+                .get(*id)
                 .is_some_and(|r| (0..r.bufs.len()).any(|k| r.filled[k] && !r.complete[k]))
         })
     }
@@ -3381,7 +3325,7 @@ impl RecvConn {
         // receive arrive in order on one rail).
         let first = self.order.iter().find_map(|id| {
             self.reqs
-                .values_at(*id)
+                .get(*id)
                 .filter(|r| r.first < cts_done && r.nfilled < r.bufs.len())
                 .map(|r| r.first + r.nfilled as u64)
         });
@@ -3506,7 +3450,7 @@ impl RecvConn {
         let Some(slot) = self.cts_free.pop() else {
             return;
         };
-        let Some(r) = self.reqs.values_at(id) else {
+        let Some(r) = self.reqs.get(id) else {
             self.cts_free.push(slot);
             return;
         };
@@ -3558,7 +3502,7 @@ impl RecvConn {
         while let Some(&(id, first, at)) = self.deferred.front() {
             let complete = self
                 .reqs
-                .values_at(id)
+                .get(id)
                 .is_none_or(|r| r.first != first || r.nfilled == r.bufs.len());
             if complete {
                 self.deferred.pop_front();

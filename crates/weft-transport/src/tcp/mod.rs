@@ -32,6 +32,7 @@ use crate::proto::{
     self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, End, Frame,
     FrameDecoder, ListenHandle, MAX_DATA_ADDRS,
 };
+use crate::slab::Slab;
 use ctrl::CtrlLink;
 use engine::{Dir, Engine, ReqState, Stream, Task};
 
@@ -82,57 +83,6 @@ impl RequestId {
     /// Slot index: unique among the requests in flight on one connection.
     pub fn index(self) -> usize {
         (self.0 & 0xffff_ffff) as usize
-    }
-}
-
-#[derive(Debug)]
-struct Slab<T> {
-    slots: Vec<(u32, Option<T>)>,
-    free: Vec<usize>,
-}
-
-impl<T> Slab<T> {
-    fn new(cap: usize) -> Slab<T> {
-        Slab {
-            slots: (0..cap).map(|_| (0, None)).collect(),
-            free: (0..cap).rev().collect(),
-        }
-    }
-    fn insert(&mut self, v: T) -> Option<RequestId> {
-        let i = self.free.pop()?;
-        let slot = &mut self.slots[i];
-        slot.0 = slot.0.wrapping_add(1);
-        slot.1 = Some(v);
-        Some(RequestId((u64::from(slot.0) << 32) | i as u64))
-    }
-    fn get_mut(&mut self, id: RequestId) -> Option<&mut T> {
-        let (g, v) = self.slots.get_mut(id.index())?;
-        if u64::from(*g) != id.0 >> 32 {
-            return None;
-        }
-        v.as_mut()
-    }
-    fn remove(&mut self, id: RequestId) -> Option<T> {
-        let i = id.index();
-        let (g, v) = self.slots.get_mut(i)?;
-        if u64::from(*g) != id.0 >> 32 {
-            return None;
-        }
-        let out = v.take();
-        if out.is_some() {
-            self.free.push(i);
-        }
-        out
-    }
-    fn live(&self) -> usize {
-        self.slots.len() - self.free.len()
-    }
-    fn values(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().filter_map(|(_, v)| v.as_ref())
-    }
-
-    fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.slots.iter_mut().filter_map(|(_, v)| v.as_mut())
     }
 }
 
