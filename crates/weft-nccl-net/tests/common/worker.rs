@@ -81,9 +81,30 @@ impl Worker {
 }
 
 impl Drop for Worker {
+    /// Kills the worker, waits for it, and removes the shared-memory regions it left.
+    ///
+    /// libfabric's `shm` provider names its region after the creating process
+    /// (`/dev/shm/<pid>:<n>:<m>`) and removes it only when the endpoint is closed, so a worker
+    /// killed by a fault test leaves it behind. With `pid_max` at 32768 a later worker that
+    /// gets the same pid then fails to enable its `shm` endpoint ("Device or resource busy").
+    /// A job launcher cleans up after the processes it kills; so does this harness.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        remove_shm_regions_of(self.child.id());
+    }
+}
+
+/// Removes `/dev/shm/<pid>:*`, the `shm` provider's regions of the ended process `pid`.
+fn remove_shm_regions_of(pid: u32) {
+    let prefix = format!("{pid}:");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in dir.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
