@@ -304,21 +304,7 @@ fn both_ways(
     handle: &[u8],
 ) -> R<(SendConn, RecvConn)> {
     c.in_host(me, || -> R<(SendConn, RecvConn)> {
-        let mut cg = t.connect(0, handle)?;
-        let (mut tx, mut rx) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while tx.is_none() || rx.is_none() {
-            if Instant::now() > deadline {
-                return Err("connect/accept did not finish within 30 s".into());
-            }
-            if tx.is_none() {
-                tx = cg.poll()?;
-            }
-            if rx.is_none() {
-                rx = l.accept()?;
-            }
-        }
-        Ok((tx.ok_or("no tx")?, rx.ok_or("no rx")?))
+        Ok(t.connect_and_accept(0, handle, &mut l)?)
     })?
 }
 

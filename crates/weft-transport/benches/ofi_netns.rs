@@ -128,22 +128,7 @@ fn worker(args: &[String]) -> R<()> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let peer = unhex(line.trim().strip_prefix("C ").ok_or("expected C")?)?;
-    let mut cg = t.connect(0, &peer)?;
-    let (mut tx, mut rx) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tx.is_none() || rx.is_none() {
-        if Instant::now() > deadline {
-            return Err("connect/accept did not finish within 30 s".into());
-        }
-        if tx.is_none() {
-            tx = cg.poll()?;
-        }
-        if rx.is_none() {
-            rx = l.accept()?;
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    let (mut tx, mut rx) = (tx.ok_or("no tx")?, rx.ok_or("no rx")?);
+    let (mut tx, mut rx) = t.connect_and_accept(0, &peer, &mut l)?;
     println!("READY");
     line.clear();
     std::io::stdin().read_line(&mut line)?;

@@ -8,20 +8,7 @@ use weft_transport::{Config, RecvConn, SendConn, Transport};
 
 fn pair(t: &Transport) -> weft_transport::Result<(SendConn, RecvConn)> {
     let mut l = t.listen(0)?;
-    let mut c = t.connect(0, &l.handle())?;
-    let (mut tx, mut rx) = (None, None);
-    while tx.is_none() || rx.is_none() {
-        if tx.is_none() {
-            tx = c.poll()?;
-        }
-        if rx.is_none() {
-            rx = l.accept()?;
-        }
-    }
-    Ok((
-        tx.expect("loop exits only when set"),
-        rx.expect("loop exits only when set"),
-    ))
+    t.connect_and_accept(0, &l.handle(), &mut l)
 }
 
 fn main() -> weft_transport::Result<()> {

@@ -214,21 +214,7 @@ fn weft(server: bool, addr: &str, iters: usize, size: usize) -> R<()> {
     let mut l = t.listen(0)?;
     let mut s = rendezvous(server, addr)?;
     send_blob(&mut s, &l.handle())?;
-    let mut cg = t.connect(0, &recv_blob(&mut s)?)?;
-    let (mut tx, mut rx) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tx.is_none() || rx.is_none() {
-        if Instant::now() > deadline {
-            return Err("connect/accept did not finish within 30 s".into());
-        }
-        if tx.is_none() {
-            tx = cg.poll()?;
-        }
-        if rx.is_none() {
-            rx = l.accept()?;
-        }
-    }
-    let (mut tx, mut rx) = (tx.ok_or("no send conn")?, rx.ok_or("no recv conn")?);
+    let (mut tx, mut rx) = t.connect_and_accept(0, &recv_blob(&mut s)?, &mut l)?;
     let sbuf = vec![7u8; size];
     let mut rbuf = vec![0u8; size];
     let rb = RecvBuf {

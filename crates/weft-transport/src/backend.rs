@@ -98,6 +98,35 @@ impl Transport {
         }))
     }
 
+    /// Connects device `dev` to the listener described by `handle` while accepting on
+    /// `listener`: the two connections between two peers that each open one towards the
+    /// other at the same time (as NCCL does, and as every weft benchmark and tool does), or a
+    /// connection to one's own listener. Returns when both are up. Bounded: the connect by
+    /// the configured timeout, the accept (once the connect is done) by the accept timeout.
+    pub fn connect_and_accept(
+        &self,
+        dev: usize,
+        handle: &[u8],
+        listener: &mut Listener,
+    ) -> Result<(SendConn, RecvConn)> {
+        let mut connecting = self.connect(dev, handle)?;
+        let mut rx = None;
+        let tx = loop {
+            if let Some(tx) = connecting.poll()? {
+                break tx;
+            }
+            if rx.is_none() {
+                rx = listener.accept()?;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        };
+        let rx = match rx {
+            Some(rx) => rx,
+            None => listener.wait()?,
+        };
+        Ok((tx, rx))
+    }
+
     /// Starts connecting device `dev` to the listener described by `handle`.
     pub fn connect(&self, dev: usize, handle: &[u8]) -> Result<Connecting> {
         Ok(Connecting(match &self.ofi {

@@ -53,19 +53,7 @@ fn transport(provider: &str, domain: &str) -> Option<Transport> {
 
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
-    let mut cg = t.connect(0, &l.handle()).unwrap();
-    let (mut tx, mut rx) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tx.is_none() || rx.is_none() {
-        assert!(Instant::now() < deadline, "connect/accept did not finish");
-        if tx.is_none() {
-            tx = cg.poll().unwrap();
-        }
-        if rx.is_none() {
-            rx = l.accept().unwrap();
-        }
-    }
-    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    let (tx, rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
     assert!(tx.is_ofi() && rx.is_ofi());
     let want = if t.config().ofi_cq_data_bytes == Some(4) {
         4
@@ -613,17 +601,7 @@ fn an_unusable_provider_falls_back_to_tcp_which_still_works() {
     );
     let (mut tx, mut rx) = {
         let mut l = t.listen(0).unwrap();
-        let mut cg = t.connect(0, &l.handle()).unwrap();
-        let (mut tx, mut rx) = (None, None);
-        while tx.is_none() || rx.is_none() {
-            if tx.is_none() {
-                tx = cg.poll().unwrap();
-            }
-            if rx.is_none() {
-                rx = l.accept().unwrap();
-            }
-        }
-        (tx.unwrap(), rx.unwrap())
+        t.connect_and_accept(0, &l.handle(), &mut l).unwrap()
     };
     assert!(!tx.is_ofi());
     let h = thread::spawn(move || {

@@ -33,17 +33,7 @@ fn cfg(provider: &str, domain: &str, backend: BackendKind) -> Config {
 
 fn pair(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
-    let mut cg = t.connect(0, &l.handle()).unwrap();
-    let (mut tx, mut rx) = (None, None);
-    while tx.is_none() || rx.is_none() {
-        if tx.is_none() {
-            tx = cg.poll().unwrap();
-        }
-        if rx.is_none() {
-            rx = l.accept().unwrap();
-        }
-    }
-    (tx.unwrap(), rx.unwrap())
+    t.connect_and_accept(0, &l.handle(), &mut l).unwrap()
 }
 
 fn iters(size: usize) -> usize {

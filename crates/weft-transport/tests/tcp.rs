@@ -38,19 +38,7 @@ fn pair(c: Config) -> (SendConn, RecvConn) {
 /// Connects `t` to itself, polling both ends in one thread.
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
-    let mut cg = t.connect(0, &l.handle()).unwrap();
-    let (mut tx, mut rx) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tx.is_none() || rx.is_none() {
-        assert!(Instant::now() < deadline, "connect/accept did not finish");
-        if tx.is_none() {
-            tx = cg.poll().unwrap();
-        }
-        if rx.is_none() {
-            rx = l.accept().unwrap();
-        }
-    }
-    (tx.unwrap(), rx.unwrap())
+    t.connect_and_accept(0, &l.handle(), &mut l).unwrap()
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -286,16 +274,7 @@ fn garbage_on_the_handshake_socket_is_an_error_naming_the_peer() {
         "{err}"
     );
     // The listener still works afterwards.
-    let mut cg = t.connect(0, &l.handle()).unwrap();
-    let (mut tx, mut rx) = (None, None);
-    while tx.is_none() || rx.is_none() {
-        if tx.is_none() {
-            tx = cg.poll().unwrap();
-        }
-        if rx.is_none() {
-            rx = l.accept().unwrap();
-        }
-    }
+    t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
 }
 
 #[test]
