@@ -35,7 +35,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use weft_netns::{Cluster, ClusterSpec};
-use weft_transport::{BackendKind, Config, RecvBuf, Transport};
+use weft_transport::{BackendKind, Config, Transport};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -128,59 +128,13 @@ fn worker(args: &[String]) -> R<()> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let peer = unhex(line.trim().strip_prefix("C ").ok_or("expected C")?)?;
-    let (mut tx, mut rx) = t.connect_and_accept(0, &peer, &mut l)?;
+    let (tx, rx) = t.connect_and_accept(0, &peer, &mut l)?;
     println!("READY");
     line.clear();
     std::io::stdin().read_line(&mut line)?;
-    let sbuf = vec![7u8; size];
-    let mut rbuf = vec![0u8; size];
-    let rb = RecvBuf {
-        ptr: rbuf.as_mut_ptr(),
-        len: size,
-        tag: 0,
-    };
-    // Receives are posted ahead of the peer's send, as fi_pingpong posts its next receive at
-    // once; both sides spin on test().
-    let post = |rx: &mut weft_transport::RecvConn| -> R<weft_transport::RequestId> {
-        loop {
-            // SAFETY: `rbuf` outlives every request: each is tested to completion below.
-            if let Some(id) = unsafe { rx.irecv(&[rb]) }? {
-                return Ok(id);
-            }
-        }
-    };
-    let send = |tx: &mut weft_transport::SendConn| -> R<()> {
-        let id = loop {
-            // SAFETY: `sbuf` outlives the request, tested to completion here.
-            if let Some(id) = unsafe { tx.isend(sbuf.as_ptr(), size, 0) }? {
-                break id;
-            }
-        };
-        while tx.test(id)?.is_none() {}
-        Ok(())
-    };
-    let mut r = post(&mut rx)?;
-    let mut start = Instant::now();
-    for i in 0..=n {
-        if client {
-            if i == 1 {
-                start = Instant::now();
-            }
-            send(&mut tx)?;
-            while rx.test(r)?.is_none() {}
-            if i < n {
-                r = post(&mut rx)?;
-            }
-        } else {
-            while rx.test(r)?.is_none() {}
-            if i < n {
-                r = post(&mut rx)?;
-            }
-            send(&mut tx)?;
-        }
-    }
-    let el = start.elapsed().as_secs_f64();
+    let res = weft_transport::ping_pong(tx, rx, size, n, client, Duration::from_secs(60))?;
     if client {
+        let el = res.elapsed.as_secs_f64();
         println!(
             "RES {} {}",
             2.0 * (size * n) as f64 / el / 1e6,

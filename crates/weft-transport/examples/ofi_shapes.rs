@@ -16,8 +16,8 @@
 //!   its own provider connection. That is the shape NCCL's one-way send and receive comms
 //!   give any plugin (`twoi`: with `fi_inject`). Both endpoints are polled.
 //! * `weft`: weft's [`Transport`] (backend from `WEFT_BACKEND`, interfaces from
-//!   `WEFT_MGMT_IFNAME` / `WEFT_DATA_IFNAME`): one connection each way, receives posted just
-//!   before the send, as the `ofi_netns` benchmark does.
+//!   `WEFT_MGMT_IFNAME` / `WEFT_DATA_IFNAME`): one connection each way, and
+//!   [`weft_transport::ping_pong`], the loop the `ofi_netns` benchmark times too.
 //!
 //! Environment: `PROV` (default `tcp;ofi_rxm`) and `DOM` (default `lo`) pick the libfabric
 //! domain of the raw modes. The client prints half a round trip in µs and the polling calls
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use weft_transport::ofi::fabric::{self, Domain, Endpoint};
 use weft_transport::ofi::sys;
-use weft_transport::{Config, RecvBuf, Transport};
+use weft_transport::{Config, Transport};
 
 type R<T> = Result<T, Box<dyn Error>>;
 
@@ -214,61 +214,10 @@ fn weft(server: bool, addr: &str, iters: usize, size: usize) -> R<()> {
     let mut l = t.listen(0)?;
     let mut s = rendezvous(server, addr)?;
     send_blob(&mut s, &l.handle())?;
-    let (mut tx, mut rx) = t.connect_and_accept(0, &recv_blob(&mut s)?, &mut l)?;
-    let sbuf = vec![7u8; size];
-    let mut rbuf = vec![0u8; size];
-    let rb = RecvBuf {
-        ptr: rbuf.as_mut_ptr(),
-        len: size,
-        tag: 0,
-    };
-    let mut polls = 0u64;
-    let post = |rx: &mut weft_transport::RecvConn| -> R<weft_transport::RequestId> {
-        loop {
-            // SAFETY: `rbuf` outlives every request: each is tested to completion.
-            if let Some(id) = unsafe { rx.irecv(&[rb]) }? {
-                return Ok(id);
-            }
-        }
-    };
-    let mut r = post(&mut rx)?;
-    let mut start = Instant::now();
-    for i in 0..=iters {
-        if i == 1 {
-            start = Instant::now();
-        }
-        if !server {
-            let id = loop {
-                // SAFETY: `sbuf` outlives the request, tested to completion here.
-                if let Some(id) = unsafe { tx.isend(sbuf.as_ptr(), size, 0) }? {
-                    break id;
-                }
-            };
-            while tx.test(id)?.is_none() {
-                polls += 1;
-            }
-        }
-        while rx.test(r)?.is_none() {
-            polls += 1;
-        }
-        if i < iters {
-            r = post(&mut rx)?;
-        }
-        if server {
-            let id = loop {
-                // SAFETY: as above.
-                if let Some(id) = unsafe { tx.isend(sbuf.as_ptr(), size, 0) }? {
-                    break id;
-                }
-            };
-            while tx.test(id)?.is_none() {
-                polls += 1;
-            }
-        }
-    }
-    let elapsed = start.elapsed();
+    let (tx, rx) = t.connect_and_accept(0, &recv_blob(&mut s)?, &mut l)?;
+    let res = weft_transport::ping_pong(tx, rx, size, iters, !server, Duration::from_secs(60))?;
     if !server {
-        report("weft", size, iters, elapsed, polls);
+        report("weft", size, iters, res.elapsed, res.polls);
     }
     s.write_all(&[1])?;
     s.read_exact(&mut [0u8; 1])?;

@@ -88,6 +88,7 @@ pub mod config;
 mod error;
 pub mod iface;
 pub mod ofi;
+mod pingpong;
 pub mod proto;
 mod slab;
 pub mod tcp;
@@ -95,6 +96,7 @@ pub mod tcp;
 pub use backend::{Connecting, Listener, MemHandle, RecvConn, SendConn, Transport};
 pub use config::{BackendKind, Config, ENV_VARS, IfSpec};
 pub use error::{Error, Result, Stage};
+pub use pingpong::{PingPong, ping_pong};
 pub use tcp::{
     Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
 };

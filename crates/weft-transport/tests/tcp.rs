@@ -772,3 +772,40 @@ fn connections_opened_at_once_move_onto_shared_control_streams() {
         assert_eq!(&buf, b"after close");
     }
 }
+
+/// `ping_pong`, which the latency benchmarks time: both sides complete the round trips, the
+/// client reports a time, and a side whose peer never sends fails within its bound.
+#[test]
+fn ping_pong_completes_and_a_silent_peer_is_a_timeout() {
+    let t = Transport::new(cfg(1, 1)).unwrap();
+    let (tx1, rx1) = pair_on(&t);
+    let (tx2, rx2) = pair_on(&t);
+    // Side A sends on connection 1 and receives on 2; side B the other way round.
+    let b = thread::spawn(move || {
+        weft_transport::ping_pong(tx2, rx1, 64, 200, false, Duration::from_secs(10))
+    });
+    let a = weft_transport::ping_pong(tx1, rx2, 64, 200, true, Duration::from_secs(10)).unwrap();
+    b.join().unwrap().unwrap();
+    assert!(a.elapsed > Duration::ZERO);
+
+    // A server whose client never starts: the wait for the first message times out.
+    let (tx, rx) = pair_on(&t);
+    let start = Instant::now();
+    let err =
+        weft_transport::ping_pong(tx, rx, 8, 10, false, Duration::from_millis(200)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                stage: Stage::Data,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
