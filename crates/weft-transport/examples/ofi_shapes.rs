@@ -50,19 +50,38 @@ fn recv_blob(s: &mut TcpStream) -> R<Vec<u8>> {
     Ok(v)
 }
 
-/// The server accepts, the client retries for 10 s.
+/// How long any wait for the other side may take.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// The server accepts, the client retries; both within [`BOUND`], and reads on the stream
+/// are bounded by it too.
 fn rendezvous(server: bool, addr: &str) -> R<TcpStream> {
-    if server {
-        return Ok(TcpListener::bind(addr)?.accept()?.0);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() > deadline => return Err(e.into()),
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+    let deadline = Instant::now() + BOUND;
+    let s = if server {
+        let l = TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return Err(e.into()),
+                Err(_) if Instant::now() > deadline => {
+                    return Err(format!("no client on {addr} within {BOUND:?}").into());
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
         }
-    }
+    } else {
+        loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => return Err(e.into()),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    };
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(BOUND))?;
+    Ok(s)
 }
 
 fn report(mode: &str, size: usize, iters: usize, elapsed: Duration, polls: u64) {
@@ -113,6 +132,10 @@ fn raw(server: bool, addr: &str, mode: &str, iters: usize, size: usize) -> R<()>
     if inject && size > inject_size {
         return Err(format!("{size} bytes exceed the inject size ({inject_size})").into());
     }
+    // Allocated before the endpoints, so dropped after them: a receive still posted on an
+    // early return ends with its endpoint, not after its buffer is gone.
+    let sbuf = vec![1u8; size.max(1)];
+    let mut rbuf = vec![0u8; size.max(1)];
     let mut tx = Endpoint::open(&dom, 1024)?;
     let mut rx = if two {
         Some(Endpoint::open(&dom, 1024)?)
@@ -132,8 +155,6 @@ fn raw(server: bool, addr: &str, mode: &str, iters: usize, size: usize) -> R<()>
         }
         None => tx.set_peer(&peer_tx)?,
     }
-    let sbuf = vec![1u8; size.max(1)];
-    let mut rbuf = vec![0u8; size.max(1)];
     let smr = tx.register(sbuf.as_ptr(), sbuf.len())?;
     let rep: &Endpoint = rx.as_ref().unwrap_or(&tx);
     let rmr = rep.register(rbuf.as_ptr(), rbuf.len())?;
@@ -152,8 +173,12 @@ fn raw(server: bool, addr: &str, mode: &str, iters: usize, size: usize) -> R<()>
     let eps: Vec<&Endpoint> = [Some(&tx), rx.as_ref()].into_iter().flatten().collect();
     let mut polls = 0u64;
     let mut wait = |mut send: bool, mut recv: bool| -> R<()> {
+        let deadline = Instant::now() + BOUND;
         while send || recv {
             polls += 1;
+            if polls.is_multiple_of(1024) && Instant::now() > deadline {
+                return Err(format!("the peer did not answer within {BOUND:?}").into());
+            }
             for ep in &eps {
                 let n = ep.poll(&mut cq)?;
                 for e in &cq[..n] {
@@ -215,7 +240,7 @@ fn weft(server: bool, addr: &str, iters: usize, size: usize) -> R<()> {
     let mut s = rendezvous(server, addr)?;
     send_blob(&mut s, &l.handle())?;
     let (tx, rx) = t.connect_and_accept(0, &recv_blob(&mut s)?, &mut l)?;
-    let res = weft_transport::ping_pong(tx, rx, size, iters, !server, Duration::from_secs(60))?;
+    let res = weft_transport::ping_pong(tx, rx, size, iters, !server, BOUND)?;
     if !server {
         report("weft", size, iters, res.elapsed, res.polls);
     }
