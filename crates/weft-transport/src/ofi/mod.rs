@@ -67,7 +67,10 @@
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
 //!   left, is copied into a registered bounce buffer and `fi_send`'s into one of the
 //!   [`EAGER_SLOTS`] buffers the receiver keeps posted; the receiver copies it into the matching
-//!   buffer (or keeps it until the receive is posted). Eager sends are complete once copied.
+//!   buffer (or keeps it until the receive is posted). An eager send is complete when the
+//!   provider reports it sent, not when it accepts it: the provider may still need the
+//!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
+//!   NCCL stops testing a request that is done.
 //!   One that fits the provider's inject size (header included; 64 bytes with `tcp;ofi_rxm`)
 //!   goes by `fi_inject`, as `fi_pingpong` sends small messages: no send completion, the
 //!   bounce buffer free at once. Within one grouped receive eager sends are always a prefix (a
@@ -1930,6 +1933,8 @@ pub struct SendConn {
     handed: VecDeque<(u64, Instant)>,
     /// Per eager bounce slot in use, the sequence number of its message.
     eager_seq: [Option<u64>; EAGER_SLOTS],
+    /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
+    eager_req: [Option<RequestId>; EAGER_SLOTS],
     eof_at: Option<Instant>,
     error: Option<Error>,
 }
@@ -2009,6 +2014,7 @@ impl SendConn {
             settled: 0,
             handed: VecDeque::new(),
             eager_seq: [None; EAGER_SLOTS],
+            eager_req: [None; EAGER_SLOTS],
             eof_at: None,
             error: None,
         };
@@ -2321,8 +2327,8 @@ impl SendConn {
         Ok(())
     }
 
-    /// Hands queued eager sends to the provider, in order; each is complete once accepted
-    /// (its bytes are in the bounce buffer).
+    /// Hands queued eager sends to the provider, in order; an injected one is complete at
+    /// once, one sent with `fi_send` at its completion.
     fn post_eager(&mut self) -> Result<()> {
         let inject_size = self.eps[0].dom.info.inject_size;
         while let Some(&(slot, len, id)) = self.eager_queue.front() {
@@ -2354,8 +2360,13 @@ impl SendConn {
                 if !ok {
                     break;
                 }
+                // Done on its completion, not now: the provider may still need this side's
+                // progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol
+                // above its eager size), and a caller stops testing a request once it is
+                // done. Not `posted`: its receive may not be posted yet, so it is not timed.
+                self.eager_req[slot] = Some(id);
             }
-            if let Some(r) = self.reqs.get_mut(id) {
+            if injected && let Some(r) = self.reqs.get_mut(id) {
                 r.done = true;
                 r.posted = true;
             }
@@ -2453,6 +2464,12 @@ impl SendConn {
                         self.eager_free.push(i);
                         self.eager_busy -= 1;
                         self.eager_seq[i] = None;
+                        if let Some(r) = self.eager_req[i]
+                            .take()
+                            .and_then(|id| self.reqs.get_mut(id))
+                        {
+                            r.done = true;
+                        }
                     }
                     C_WRITE => {
                         if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {

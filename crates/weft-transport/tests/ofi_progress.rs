@@ -1,0 +1,91 @@
+//! An eager message the provider needs the sender's progress to deliver still arrives when the
+//! sender stops testing its connection once its send is done, as NCCL does.
+//!
+//! `ofi_rxm` sends a message above its eager size (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by default)
+//! in segments, and with `tcp` (manual progress) the later segments leave only while the
+//! sender reads its completion queue; so does a message queued behind a full socket. This
+//! binary shrinks that buffer to 2 KiB, so that weft's 8 KiB eager messages take the segmented
+//! path. It has its own binary because libfabric reads the variable once per process.
+//!
+//! Real libfabric (`tcp;ofi_rxm` over loopback). Without libfabric it prints "skipped".
+
+use std::time::{Duration, Instant};
+
+use weft_transport::{BackendKind, Config, RecvBuf, Transport};
+
+#[test]
+fn an_eager_send_reported_done_needs_no_more_tests_to_arrive() {
+    // SAFETY: the only test of this binary sets the variable before anything in the process
+    // reads the environment on another thread (libfabric is opened by Transport::new below).
+    unsafe { std::env::set_var("FI_OFI_RXM_BUFFER_SIZE", "2048") };
+    let size = weft_transport::ofi::EAGER_MAX;
+    let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    // Before the connections, so dropped after them: a request still posted when an assertion
+    // fails ends with its connection, not after its buffer is gone.
+    let mut buf = vec![0u8; size];
+    let cfg = Config {
+        mgmt_ifname: Some("=lo".parse().unwrap()),
+        timeout: Duration::from_secs(20),
+        accept_timeout: Duration::from_secs(20),
+        nthreads: 0,
+        nsocks_per_thread: 1,
+        backend: BackendKind::Ofi,
+        ofi_provider: Some("tcp;ofi_rxm".into()),
+        ofi_domain: Some("lo".into()),
+        ..Config::default()
+    };
+    let t = Transport::new(cfg).unwrap();
+    if !t.is_ofi() {
+        let note = t.backend_note().unwrap_or_default().to_string();
+        assert!(
+            !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
+            "libfabric is installed but tcp;ofi_rxm is unusable: {note}"
+        );
+        eprintln!("skipped: {note}");
+        return;
+    }
+    let mut l = t.listen(0).unwrap();
+    let (mut tx, mut rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
+    // A first message both sides poll for: `ofi_rxm` connects on the first send.
+    let h = std::thread::spawn(move || {
+        tx.send(b"hello", 1).unwrap();
+        tx
+    });
+    let mut small = [0u8; 16];
+    assert_eq!(rx.recv(&mut small, 1).unwrap(), 5);
+    let mut tx = h.join().unwrap();
+
+    // Before the receive is posted, so it goes eagerly.
+    // SAFETY: `data` outlives `tx` (declared before it).
+    let mut send = Some(
+        unsafe { tx.isend(data.as_ptr(), size, 2) }
+            .unwrap()
+            .expect("a request slot"),
+    );
+    let rb = RecvBuf {
+        ptr: buf.as_mut_ptr(),
+        len: size,
+        tag: 2,
+    };
+    // SAFETY: `buf` outlives `rx` (declared before it).
+    let r = unsafe { rx.irecv(&[rb]) }.unwrap().expect("a request slot");
+    // Both sides polled, the send only until it is reported done, as NCCL tests it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let got = loop {
+        if let Some(id) = send
+            && tx.test(id).unwrap().is_some()
+        {
+            send = None;
+        }
+        if let Some(done) = rx.test(r).unwrap() {
+            break done;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the eager message did not arrive within 5 s (send reported done: {})",
+            send.is_none()
+        );
+    };
+    assert_eq!(got.sizes[0], size);
+    assert!(buf == data, "payload differs");
+}
