@@ -1032,6 +1032,73 @@ fn lane_with_grouped_receives_credit_and_errors() {
     each_lane(true, thirty_two_in_flight_and_grouped_receives_by_tag_on);
 }
 
+/// Lane sends finish only once the kernel has their bytes: a sender that queues more on the
+/// lane than the socket buffers hold before the receiver reads, and tests each send only until
+/// it is done (as NCCL does), still delivers every message. (Complete-once-queued would leave
+/// the rest in weft's queue, with nobody left to write it.)
+/// A 1 MiB threshold, so that the messages (60 MiB) are surely more than the socket buffers.
+#[test]
+fn lane_sends_reported_done_need_no_more_tests_to_arrive() {
+    let mut c = cfg("tcp;ofi_rxm", "lo");
+    c.ofi_min_bytes = 1 << 20;
+    c.data_ifname = Some("=lo".parse().unwrap());
+    let t = Transport::new(c).unwrap();
+    if !t.is_ofi() {
+        eprintln!("skipped: {}", t.backend_note().unwrap_or_default());
+        return;
+    }
+    let p = "tcp;ofi_rxm (lane under 1 MiB)";
+    let (n, size) = (60, (1 << 20) - 1024);
+    let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(size, i as u8)).collect();
+    let (mut tx, rx) = pair_on(&t);
+    let recv = thread::spawn(move || {
+        // Late, so that the sender is ahead by more than the socket buffers.
+        thread::sleep(Duration::from_millis(300));
+        let mut buf = vec![0u8; size];
+        // After `buf`, so dropped before it (a request still posted ends with its endpoint).
+        let mut rx = rx;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        for i in 0..n {
+            let rb = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: size,
+                tag: i as i32,
+            };
+            // SAFETY: `buf` outlives `rx`.
+            let r = unsafe { rx.irecv(&[rb]) }.unwrap().expect("a request slot");
+            loop {
+                if rx.test(r).unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return got;
+                }
+            }
+            got.push(buf.clone());
+        }
+        got
+    });
+    for (i, m) in msgs.iter().enumerate() {
+        // SAFETY: `msgs` outlives `tx`.
+        let id = unsafe { tx.isend(m.as_ptr(), size, i as i32) }
+            .unwrap()
+            .expect("a request slot");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tx.test(id).unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{p}: send {i} not done in 10 s");
+        }
+    }
+    assert_eq!(tx.ofi_lane_msgs(), Some(n as u64), "{p}: all on the lane");
+    // From here on the sender does nothing but stay connected.
+    let got = recv.join().unwrap();
+    assert_eq!(got.len(), n, "{p}: messages received within 10 s");
+    for (i, g) in got.iter().enumerate() {
+        assert!(g == &msgs[i], "{p}: message {i} differs");
+    }
+    drop(tx);
+}
+
 /// The data-phase stall timer: a sender whose RMA write sees no completion for `timeout`
 /// while it polls fails with a data-transfer timeout naming the data path, and the receiver
 /// hears its ABORT. In one process, a receiver that posts its receive (so the write may start)
@@ -1266,8 +1333,7 @@ fn messages_sent_just_before_the_sender_closes_arrive() {
     each_provider(messages_sent_just_before_the_sender_closes_arrive_on);
 }
 
-/// Small eager messages (some within the provider's inject size, so injected without a send
-/// completion, some above it and sent) handed over just before the sender drops its
+/// Small eager messages (0 to 99 bytes) handed over just before the sender drops its
 /// connection, before the receiver has posted anything: all arrive, in order, intact.
 fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport) {
     let (mut tx, mut rx) = pair_on(t);

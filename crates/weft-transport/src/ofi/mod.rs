@@ -92,7 +92,8 @@
 //!   index and lands like an eager message. The receiver places index-less messages (eager or
 //!   lane) strictly in sequence order within their receive, since the two ways may overtake
 //!   each other; they are a prefix of it, so both sides choose the same buffers, and messages
-//!   complete in order whatever way they took. The sender's lane send is complete once copied.
+//!   complete in order whatever way they took. A lane send is complete once the kernel has
+//!   all of its bytes (not when they are queued in weft).
 //!
 //! # Failure detection on the data path
 //!
@@ -1427,6 +1428,9 @@ struct LaneTx {
     timeout: Duration,
     /// Messages sent over the lane (statistics).
     msgs: u64,
+    /// Stream offsets: bytes queued so far, and bytes the kernel has taken.
+    queued: u64,
+    written: u64,
 }
 
 impl LaneTx {
@@ -1462,11 +1466,14 @@ impl LaneTx {
             Err(x) if x.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(x) => return Err(e("lane connect", &x)),
         }
+        let out = conn_id.to_le_bytes().to_vec();
         Ok(LaneTx {
             sock: s,
             peer: addr,
             connected: false,
-            out: conn_id.to_le_bytes().to_vec(),
+            queued: out.len() as u64,
+            written: 0,
+            out,
             pos: 0,
             deadline: Instant::now() + cfg.timeout,
             timeout: cfg.timeout,
@@ -1474,8 +1481,9 @@ impl LaneTx {
         })
     }
 
-    /// Queues one message (copied: the send is complete once this returns).
-    fn push(&mut self, seq: u64, tag: i32, slot: Option<usize>, payload: &[u8]) {
+    /// Queues one message (copied); returns the stream offset its send is complete at (see
+    /// [`LaneTx::written`]): only bytes the kernel has taken leave without more flushes.
+    fn push(&mut self, seq: u64, tag: i32, slot: Option<usize>, payload: &[u8]) -> u64 {
         let mut h = [0u8; LANE_HDR];
         put_u64(&mut h, 0, seq);
         put_u32(&mut h, 8, tag as u32);
@@ -1488,6 +1496,8 @@ impl LaneTx {
         if self.pos == self.out.len() - h.len() - payload.len() {
             self.deadline = Instant::now() + self.timeout;
         }
+        self.queued += (h.len() + payload.len()) as u64;
+        self.queued
     }
 
     /// Whether bytes are still queued.
@@ -1517,7 +1527,10 @@ impl LaneTx {
         let start = self.pos;
         while self.pos < self.out.len() {
             match (&self.sock).write(&self.out[self.pos..]) {
-                Ok(n) => self.pos += n,
+                Ok(n) => {
+                    self.pos += n;
+                    self.written += n as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(lane().io("lane send", Stage::Data, &e)),
@@ -1916,6 +1929,8 @@ pub struct SendConn {
     rail_bytes: [u64; MAX_RAILS],
     /// The TCP lane for messages under `min_bytes` (WEFT_OFI_MIN_BYTES).
     lane: Option<LaneTx>,
+    /// Lane sends not complete yet: the stream offset each completes at, in order.
+    lane_sends: VecDeque<(u64, RequestId)>,
     min_bytes: usize,
     /// The data path, as a stall names it.
     data: Link,
@@ -2006,6 +2021,7 @@ impl SendConn {
             next_rail: 0,
             rail_bytes: [0; MAX_RAILS],
             lane: None,
+            lane_sends: VecDeque::new(),
             min_bytes: 0,
             data,
             stall: Stall::new(),
@@ -2225,11 +2241,8 @@ impl SendConn {
                         // request is done, which is now (after this copy).
                         unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
                     };
-                    lane.push(u.seq, u.tag, Some(slot), payload);
-                    if let Some(r) = self.reqs.get_mut(req) {
-                        r.done = true;
-                        r.posted = true;
-                    }
+                    let end = lane.push(u.seq, u.tag, Some(slot), payload);
+                    self.lane_sends.push_back((end, req));
                     if g.assigned == g.n {
                         self.groups.remove(&first);
                     }
@@ -2492,6 +2505,26 @@ impl SendConn {
         self.reqs.values().any(|r| !r.done)
     }
 
+    /// Writes what the lane can take; a lane send is complete once the kernel has all of its
+    /// bytes, not when they are queued: NCCL stops testing a request that is done, and bytes
+    /// still queued here would then never leave.
+    fn flush_lane(&mut self) -> Result<()> {
+        let Some(lane) = &mut self.lane else {
+            return Ok(());
+        };
+        lane.flush(&self.link)?;
+        while let Some(&(end, id)) = self.lane_sends.front() {
+            if end > lane.written {
+                break;
+            }
+            if let Some(r) = self.reqs.get_mut(id) {
+                r.done = true;
+            }
+            self.lane_sends.pop_front();
+        }
+        Ok(())
+    }
+
     /// Whether the sender waits for the completion of data it handed over for a receive the
     /// receiver has posted (so the receiver polls it, and drives its provider): an RMA write
     /// queued or in flight, or an eager send whose message a CTS has covered since. Not an
@@ -2520,10 +2553,7 @@ impl SendConn {
             .and_then(|()| self.post_eager())
             .and_then(|()| self.assign())
             .and_then(|()| self.post_writes())
-            .and_then(|()| match &mut self.lane {
-                Some(l) => l.flush(&self.link),
-                None => Ok(()),
-            });
+            .and_then(|()| self.flush_lane());
         if let Err(e) = r {
             return Err(self.fail(e));
         }
@@ -2629,10 +2659,11 @@ impl SendConn {
         if self.lane.is_some() && len < self.min_bytes {
             // The TCP lane: now, without a buffer index, when an eager send could go now;
             // else once the CTS gives the buffer.
+            // Not `posted` (timed by completions): the lane is bounded on its own.
             let Some(id) = self.reqs.insert(SendReq {
                 size: len,
-                done: early,
-                posted: early,
+                done: false,
+                posted: false,
                 writes_left: 0,
                 given: Vec::new(),
                 _mr: Vec::new(),
@@ -2646,7 +2677,8 @@ impl SendConn {
                     // SAFETY: the caller guarantees `data..data+len` is readable.
                     unsafe { std::slice::from_raw_parts(data, len) }
                 };
-                lane.push(seq, tag, None, payload);
+                let end = lane.push(seq, tag, None, payload);
+                self.lane_sends.push_back((end, id));
                 self.eager_sent += 1;
             }
             self.next_seq += 1;
@@ -2756,11 +2788,8 @@ impl Drop for SendConn {
                 || self.lane.as_ref().is_some_and(LaneTx::pending))
             && Instant::now() < deadline
         {
-            let lane = match &mut self.lane {
-                Some(l) => l.flush(&self.link),
-                None => Ok(()),
-            };
-            if lane
+            if self
+                .flush_lane()
                 .and_then(|()| self.poll_cq())
                 .and_then(|_| self.post_eager())
                 .is_err()
