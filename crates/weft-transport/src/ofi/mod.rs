@@ -71,9 +71,8 @@
 //!   provider reports it sent, not when it accepts it: the provider may still need the
 //!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
 //!   NCCL stops testing a request that is done.
-//!   One that fits the provider's inject size (header included; 64 bytes with `tcp;ofi_rxm`)
-//!   goes by `fi_inject`, as `fi_pingpong` sends small messages: no send completion, the
-//!   bounce buffer free at once. Within one grouped receive eager sends are always a prefix (a
+//!   For the same reason none goes by `fi_inject` (no completion), although `fi_pingpong`
+//!   sends small messages so. Within one grouped receive eager sends are always a prefix (a
 //!   sender that has the CTS uses RMA), so both sides choose the same buffers.
 //! * **Hand over first, poll after**: `isend` gives an eager message to the provider, and
 //!   `irecv` of a large receive its CTS, before reading any completion queue; the queues are
@@ -112,8 +111,7 @@
 //! legitimately late (a sender that has not called isend yet, a receiver that has not posted)
 //! is never an error, whatever the provider's progress model:
 //! * **Sender**: its RMA writes (queued or in flight), and eager sends whose receive has been
-//!   posted since (a CTS covers them; injected ones have no completion and are covered by
-//!   POSTED below). Writes only start after the receiver posted (CTS), and a
+//!   posted since (a CTS covers them). Writes only start after the receiver posted (CTS), and a
 //!   receiver polls a posted receive until it completes, so both sides drive their providers
 //!   then. Not an eager send to a receive not yet posted: a manual-progress receiver need not
 //!   poll it before it posts, which may be much later.
@@ -956,9 +954,6 @@ fn cts_grace(timeout: Duration) -> Duration {
 
 /// How long a closing receive connection keeps reading its completion queues.
 const DRAIN: Duration = Duration::from_millis(20);
-
-/// How long a closing sender keeps driving its provider after its latest `fi_inject`.
-const INJECT_DRAIN: Duration = Duration::from_millis(20);
 
 /// Handed-over messages a sender remembers the time of (for POSTED).
 const HANDED_LOG: usize = 4 * MAX_SEND_REQUESTS;
@@ -1899,8 +1894,6 @@ pub struct SendConn {
     eager: Pool,
     eager_free: Vec<usize>,
     eager_busy: usize,
-    /// When the latest eager message went by `fi_inject` (see `Drop`).
-    last_inject: Option<Instant>,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
     eager_queue: VecDeque<(usize, usize, RequestId)>,
     /// Registration cache per rail.
@@ -2000,7 +1993,6 @@ impl SendConn {
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
             eager_busy: 0,
-            last_inject: None,
             eager_queue: VecDeque::new(),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
@@ -2340,49 +2332,25 @@ impl SendConn {
         Ok(())
     }
 
-    /// Hands queued eager sends to the provider, in order; an injected one is complete at
-    /// once, one sent with `fi_send` at its completion.
+    /// Hands queued eager sends to the provider, in order; each is complete at its send
+    /// completion, not when the provider takes it: the provider may still need this side's
+    /// progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol above its eager
+    /// size), and a caller stops testing a request once it is done. For the same reason no
+    /// message goes by `fi_inject`, which has no completion to wait for. An eager send is not
+    /// `posted` (timed): its receive may not be posted yet.
     fn post_eager(&mut self) -> Result<()> {
-        let inject_size = self.eps[0].dom.info.inject_size;
         while let Some(&(slot, len, id)) = self.eager_queue.front() {
-            // fi_inject: the provider copies the message at once and reports no completion,
-            // so the bounce slot is free again now. This is the send fi_pingpong uses for
-            // small messages; it saves the provider's send completion. When the provider
-            // cannot inject now (EAGAIN), the message tries fi_send, which may still queue
-            // it, and otherwise waits for the next progress, as any eager send does. Order
-            // on the wire between the two does not matter: the receiver places eager
-            // messages by sequence number.
-            let injected = HDR + len <= inject_size
-                && self.eps[0]
-                    .inject(&self.eager.slot(slot)[..HDR + len])
-                    .map_err(|m| self.fi("fi_inject", m))?;
-            if injected {
-                self.eager_free.push(slot);
-                self.eager_busy -= 1;
-                self.eager_seq[slot] = None;
-                self.last_inject = Some(Instant::now());
-            } else {
-                let p = self.eager.ptr(slot);
-                let desc = self.eager.mr.desc();
-                let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
-                // SAFETY: bounce slot and context stay untouched until this send's
-                // completion returns the slot to `eager_free`; both live as long as the
-                // endpoint.
-                let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
-                    .map_err(|m| self.fi("fi_send", m))?;
-                if !ok {
-                    break;
-                }
-                // Done on its completion, not now: the provider may still need this side's
-                // progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol
-                // above its eager size), and a caller stops testing a request once it is
-                // done. Not `posted`: its receive may not be posted yet, so it is not timed.
-                self.eager_req[slot] = Some(id);
+            let p = self.eager.ptr(slot);
+            let desc = self.eager.mr.desc();
+            let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
+            // SAFETY: bounce slot and context stay untouched until this send's completion
+            // returns the slot to `eager_free`; both live as long as the endpoint.
+            let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
+                .map_err(|m| self.fi("fi_send", m))?;
+            if !ok {
+                break;
             }
-            if injected && let Some(r) = self.reqs.get_mut(id) {
-                r.done = true;
-                r.posted = true;
-            }
+            self.eager_req[slot] = Some(id);
             self.eager_queue.pop_front();
         }
         Ok(())
@@ -2796,16 +2764,6 @@ impl Drop for SendConn {
             {
                 break;
             }
-        }
-        // An injected message has no completion to wait for, and a provider may still hold
-        // it (with `tcp`, when the socket was full): keep driving the provider for
-        // INJECT_DRAIN after the latest one, which costs nothing when it went long ago.
-        if let Some(at) = self.last_inject {
-            while self.error.is_none()
-                && at.elapsed() < INJECT_DRAIN
-                && Instant::now() < deadline
-                && self.poll_cq().is_ok()
-            {}
         }
         for c in &mut self.caches {
             c.clear();
