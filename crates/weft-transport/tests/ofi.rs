@@ -7,8 +7,12 @@
 //!
 //! Without libfabric every test prints "skipped" and passes: the backend is optional.
 
+mod common;
+
 use std::thread;
 use std::time::{Duration, Instant};
+
+use common::{ofi_cfg, ofi_transport};
 
 use weft_transport::{
     BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, SendConn, Transport,
@@ -23,32 +27,14 @@ thread_local! {
 
 fn cfg(provider: &str, domain: &str) -> Config {
     Config {
-        mgmt_ifname: Some("=lo".parse().unwrap()),
-        timeout: Duration::from_secs(20),
-        accept_timeout: Duration::from_secs(20),
-        nthreads: 0,
-        nsocks_per_thread: 1,
-        backend: BackendKind::Ofi,
-        ofi_provider: Some(provider.into()),
-        ofi_domain: (!domain.is_empty()).then(|| domain.to_string()),
         ofi_cq_data_bytes: CQ4.with(|c| c.get()).then_some(4),
-        ..Config::default()
+        ..ofi_cfg(provider, domain)
     }
 }
 
 /// The transport for `provider`, or None (test skipped) when libfabric is not installed.
 fn transport(provider: &str, domain: &str) -> Option<Transport> {
-    let t = Transport::new(cfg(provider, domain)).unwrap();
-    if !t.is_ofi() {
-        let note = t.backend_note().unwrap_or_default().to_string();
-        assert!(
-            !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
-            "libfabric is installed but {provider} is unusable: {note}"
-        );
-        eprintln!("skipped: {note}");
-        return None;
-    }
-    Some(t)
+    ofi_transport(cfg(provider, domain), provider)
 }
 
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
@@ -908,16 +894,9 @@ fn each_lane(cq4: bool, f: impl Fn(&str, &Transport)) {
         if cq4 {
             c.ofi_cq_data_bytes = Some(4);
         }
-        let t = Transport::new(c).unwrap();
-        if !t.is_ofi() {
-            let note = t.backend_note().unwrap_or_default().to_string();
-            assert!(
-                !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
-                "libfabric is installed but {p} is unusable: {note}"
-            );
-            eprintln!("skipped: {note}");
+        let Some(t) = ofi_transport(c, p) else {
             return;
-        }
+        };
         eprintln!("provider {p}, lane under {LANE_MIN} bytes, cq4 {cq4}");
         f(&format!("{p} (lane)"), &t);
     }
@@ -1036,17 +1015,16 @@ fn lane_with_grouped_receives_credit_and_errors() {
 /// lane than the socket buffers hold before the receiver reads, and tests each send only until
 /// it is done (as NCCL does), still delivers every message. (Complete-once-queued would leave
 /// the rest in weft's queue, with nobody left to write it.)
+///
 /// A 1 MiB threshold, so that the messages (60 MiB) are surely more than the socket buffers.
 #[test]
 fn lane_sends_reported_done_need_no_more_tests_to_arrive() {
     let mut c = cfg("tcp;ofi_rxm", "lo");
     c.ofi_min_bytes = 1 << 20;
     c.data_ifname = Some("=lo".parse().unwrap());
-    let t = Transport::new(c).unwrap();
-    if !t.is_ofi() {
-        eprintln!("skipped: {}", t.backend_note().unwrap_or_default());
+    let Some(t) = ofi_transport(c, "tcp;ofi_rxm") else {
         return;
-    }
+    };
     let p = "tcp;ofi_rxm (lane under 1 MiB)";
     let (n, size) = (60, (1 << 20) - 1024);
     let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(size, i as u8)).collect();

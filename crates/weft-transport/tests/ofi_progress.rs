@@ -9,9 +9,12 @@
 //!
 //! Real libfabric (`tcp;ofi_rxm` over loopback). Without libfabric it prints "skipped".
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use weft_transport::{BackendKind, Config, RecvBuf, Transport};
+use common::{ofi_cfg, ofi_transport};
+use weft_transport::RecvBuf;
 
 #[test]
 fn an_eager_send_reported_done_needs_no_more_tests_to_arrive() {
@@ -23,27 +26,9 @@ fn an_eager_send_reported_done_needs_no_more_tests_to_arrive() {
     // Before the connections, so dropped after them: a request still posted when an assertion
     // fails ends with its connection, not after its buffer is gone.
     let mut buf = vec![0u8; size];
-    let cfg = Config {
-        mgmt_ifname: Some("=lo".parse().unwrap()),
-        timeout: Duration::from_secs(20),
-        accept_timeout: Duration::from_secs(20),
-        nthreads: 0,
-        nsocks_per_thread: 1,
-        backend: BackendKind::Ofi,
-        ofi_provider: Some("tcp;ofi_rxm".into()),
-        ofi_domain: Some("lo".into()),
-        ..Config::default()
-    };
-    let t = Transport::new(cfg).unwrap();
-    if !t.is_ofi() {
-        let note = t.backend_note().unwrap_or_default().to_string();
-        assert!(
-            !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
-            "libfabric is installed but tcp;ofi_rxm is unusable: {note}"
-        );
-        eprintln!("skipped: {note}");
+    let Some(t) = ofi_transport(ofi_cfg("tcp;ofi_rxm", "lo"), "tcp;ofi_rxm") else {
         return;
-    }
+    };
     let mut l = t.listen(0).unwrap();
     let (mut tx, mut rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
     // A first message both sides poll for: `ofi_rxm` connects on the first send.
