@@ -162,14 +162,7 @@ fn raw(server: bool, addr: &str, mode: &str, iters: usize, size: usize) -> R<()>
     let mut ctx = [[0u64; 8]; 2];
     let sctx: *mut c_void = ctx[0].as_mut_ptr().cast();
     let rctx: *mut c_void = ctx[1].as_mut_ptr().cast();
-    let zero = sys::fi_cq_data_entry {
-        op_context: std::ptr::null_mut(),
-        flags: 0,
-        len: 0,
-        buf: std::ptr::null_mut(),
-        data: 0,
-    };
-    let mut cq = [zero; 16];
+    let mut cq = [sys::fi_cq_data_entry::default(); 16];
     let eps: Vec<&Endpoint> = [Some(&tx), rx.as_ref()].into_iter().flatten().collect();
     let mut polls = 0u64;
     let mut wait = |mut send: bool, mut recv: bool| -> R<()> {

@@ -351,6 +351,15 @@ impl SendConn {
         }
     }
 
+    /// Connections of this process on an ofi connection's endpoint, itself included (see
+    /// "Shared endpoints" in the ofi module); `None` for TCP.
+    pub fn ofi_endpoint_users(&self) -> Option<usize> {
+        match &self.0 {
+            S::Tcp(_) => None,
+            S::Ofi(c) => Some(c.endpoint_users()),
+        }
+    }
+
     /// Messages an ofi connection sent over its TCP lane (`WEFT_OFI_MIN_BYTES`); `None` without
     /// a lane.
     pub fn ofi_lane_msgs(&self) -> Option<u64> {
@@ -511,6 +520,15 @@ impl RecvConn {
         match &self.0 {
             R::Tcp(_) => 0,
             R::Ofi(c) => c.rails(),
+        }
+    }
+
+    /// Connections of this process on an ofi connection's endpoint, itself included; `None`
+    /// for TCP.
+    pub fn ofi_endpoint_users(&self) -> Option<usize> {
+        match &self.0 {
+            R::Tcp(_) => None,
+            R::Ofi(c) => Some(c.endpoint_users()),
         }
     }
 

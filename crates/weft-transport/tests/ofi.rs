@@ -48,6 +48,23 @@ fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     };
     assert_eq!(tx.cq_data_bytes(), want, "sender's remote CQ data");
     assert_eq!(rx.cq_data_bytes(), want, "receiver's remote CQ data");
+    // Both directions of the process on one endpoint; a 4-byte receiver on one of its own.
+    if want == 8 {
+        assert!(
+            tx.ofi_endpoint_users() >= Some(2),
+            "sender's endpoint shared"
+        );
+        assert!(
+            rx.ofi_endpoint_users() >= Some(2),
+            "receiver's endpoint shared"
+        );
+    } else {
+        assert_eq!(
+            rx.ofi_endpoint_users(),
+            Some(1),
+            "4-byte receiver's own endpoint"
+        );
+    }
     (tx, rx)
 }
 
@@ -636,6 +653,69 @@ fn transfer_mr(
     rd.unwrap().sizes()[0]
 }
 
+/// Connections of a process share one endpoint per device (8-byte remote CQ data): four pairs
+/// on one transport, both directions of each on it. Two are closed, one with a receive still
+/// posted and one with an eager message its receiver never took; the other two keep moving
+/// data intact, and so does a pair opened after that, whose messages the closed connection's
+/// receive does not take.
+#[test]
+fn connections_sharing_an_endpoint_come_and_go_independently() {
+    each_provider(connections_sharing_an_endpoint_come_and_go_independently_on);
+}
+
+fn connections_sharing_an_endpoint_come_and_go_independently_on(p: &str, t: &Transport) {
+    // Before the connections, so dropped after them (a receive left posted ends first).
+    let mut never = vec![0u8; 64];
+    let sizes = [1, 4000, 100_000, 3 << 20];
+    let mut dst = vec![0u8; 3 << 20];
+    let mut pairs: Vec<(SendConn, RecvConn)> = (0..4).map(|_| pair_on(t)).collect();
+    let users = pairs[0].0.ofi_endpoint_users().unwrap();
+    assert_eq!(users, 8, "{p}: 4 pairs, 8 connections on one endpoint");
+    let mut check = |pairs: &mut [(SendConn, RecvConn)], round: u8| {
+        for (i, (tx, rx)) in pairs.iter_mut().enumerate() {
+            for (k, &n) in sizes.iter().enumerate() {
+                let src = pattern(n, round.wrapping_mul(31) ^ (i * 7 + k) as u8);
+                let got = transfer_mr(tx, rx, &src, &mut dst, (None, None), k as i32);
+                assert_eq!(got, n, "{p}: round {round}, pair {i}, {n} bytes");
+                assert!(
+                    dst[..n] == src[..],
+                    "{p}: round {round}, pair {i}, {n} bytes differ"
+                );
+            }
+        }
+    };
+    check(&mut pairs, 1);
+    let rb = RecvBuf {
+        ptr: never.as_mut_ptr(),
+        len: never.len(),
+        tag: 9,
+    };
+    // SAFETY: `never` outlives the connection (declared before it).
+    let left = unsafe { pairs[0].1.irecv(&[rb]) }.unwrap().unwrap();
+    assert!(pairs[0].1.test(left).unwrap().is_none());
+    pairs[2].0.send(b"never received", 9).unwrap();
+    let third = pairs.remove(2);
+    let first = pairs.remove(0);
+    drop((first, third));
+    assert_eq!(
+        pairs[0].0.ofi_endpoint_users(),
+        Some(4),
+        "{p}: closed ones left"
+    );
+    check(&mut pairs, 2);
+    pairs.push(pair_on(t));
+    assert_eq!(
+        pairs[0].1.ofi_endpoint_users(),
+        Some(6),
+        "{p}: a new pair joined"
+    );
+    check(&mut pairs, 3);
+    assert!(
+        never.iter().all(|&b| b == 0),
+        "{p}: a closed receive took a message"
+    );
+}
+
 /// Anonymous memory at a fixed address (`at`, or anywhere), as an allocator reuses it.
 fn map(at: Option<*mut u8>, len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping; MAP_FIXED only over our own earlier mapping, which
@@ -1145,8 +1225,11 @@ fn a_stalled_data_path_is_a_timeout_and_late_peers_are_not() {
         }
         // A stalled write: once a first message has set the provider's connection up, the
         // receiver posts (its CTS leaves at once) and stops polling; the sender writes more
-        // than the socket buffers hold.
-        let (mut tx, mut rx) = pair_on(&t);
+        // than the socket buffers hold. The receiver is on a transport of its own: on one
+        // endpoint, the sender's polls would drive the receiver's side too.
+        let t2 = Transport::new(t.config().clone()).unwrap();
+        let mut l = t2.listen(0).unwrap();
+        let (mut tx, mut rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
         let mut one = [0u8; 1];
         let h = thread::spawn(move || {
             rx.recv(&mut one, 1).unwrap();

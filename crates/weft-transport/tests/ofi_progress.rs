@@ -29,8 +29,16 @@ fn an_eager_send_reported_done_needs_no_more_tests_to_arrive() {
     let Some(t) = ofi_transport(ofi_cfg("tcp;ofi_rxm", "lo"), "tcp;ofi_rxm") else {
         return;
     };
-    let mut l = t.listen(0).unwrap();
+    // The receiver on a transport of its own: on one shared endpoint its polls would drive
+    // the sender's side too.
+    let t2 = ofi_transport(ofi_cfg("tcp;ofi_rxm", "lo"), "tcp;ofi_rxm").expect("as the first");
+    let mut l = t2.listen(0).unwrap();
     let (mut tx, mut rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
+    assert_eq!(
+        tx.ofi_endpoint_users(),
+        Some(1),
+        "sender alone on its endpoint"
+    );
     // A first message both sides poll for: `ofi_rxm` connects on the first send.
     let h = std::thread::spawn(move || {
         tx.send(b"hello", 1).unwrap();

@@ -268,7 +268,28 @@ pub struct Completion {
     pub data: u64,
 }
 
-/// A connection's endpoint, with its own completion queue and address vector.
+/// An error completion, or a failure to read the completion queue (`ctx` null).
+#[derive(Debug, Clone)]
+pub struct CqError {
+    /// `op_context` of the failed operation (not ours when `flags` has FI_REMOTE_CQ_DATA).
+    pub ctx: *mut c_void,
+    /// FI_* flags of the error entry.
+    pub flags: u64,
+    /// libfabric's message, with provider and domain.
+    pub message: String,
+}
+
+impl CqError {
+    fn plain(message: impl Into<String>) -> CqError {
+        CqError {
+            ctx: ptr::null_mut(),
+            flags: 0,
+            message: message.into(),
+        }
+    }
+}
+
+/// An endpoint with its own completion queue and address vector.
 pub struct Endpoint {
     pub dom: Arc<Domain>,
     ep: *mut sys::fid_ep,
@@ -293,7 +314,7 @@ impl Endpoint {
             ep: ptr::null_mut(),
             cq: ptr::null_mut(),
             av: ptr::null_mut(),
-            peer: u64::MAX,
+            peer: sys::FI_ADDR_UNSPEC,
         };
         let mut cq_attr = sys::fi_cq_attr {
             size: cq_size,
@@ -375,8 +396,15 @@ impl Endpoint {
         Ok(buf)
     }
 
-    /// Inserts the peer's address (fi_av_insert); later operations go to it.
+    /// Inserts the peer's address (fi_av_insert); later operations without an address of
+    /// their own go to it (without one, receives take messages from any source).
     pub fn set_peer(&mut self, addr: &[u8]) -> FiResult<()> {
+        self.peer = self.insert_addr(addr)?;
+        Ok(())
+    }
+
+    /// Inserts `addr` into the endpoint's address vector (fi_av_insert): its `fi_addr_t`.
+    pub fn insert_addr(&self, addr: &[u8]) -> FiResult<sys::fi_addr_t> {
         let mut fa: sys::fi_addr_t = 0;
         // SAFETY: fi_av_insert(av, addr, 1, &fa, 0, NULL): reads one address of the format the
         // provider gave the peer (same provider, checked in the handshake).
@@ -393,8 +421,7 @@ impl Endpoint {
         if rc != 1 {
             return Err(self.dom.err("fi_av_insert", rc.min(0) as isize));
         }
-        self.peer = fa;
-        Ok(())
+        Ok(fa)
     }
 
     /// fi_recv of `len` bytes at `buf`. `Ok(false)`: FI_EAGAIN, try again after progress.
@@ -423,7 +450,7 @@ impl Endpoint {
         self.posted(rc, "fi_recv")
     }
 
-    /// fi_send of `len` bytes at `buf`. `Ok(false)`: FI_EAGAIN.
+    /// fi_send of `len` bytes at `buf` to the peer. `Ok(false)`: FI_EAGAIN.
     ///
     /// # Safety
     /// As for [`Endpoint::recv`].
@@ -434,16 +461,25 @@ impl Endpoint {
         desc: *mut c_void,
         ctx: *mut c_void,
     ) -> FiResult<bool> {
+        // SAFETY: per the caller's promise.
+        unsafe { self.send_to(buf, len, desc, self.peer, ctx) }
+    }
+
+    /// fi_send of `len` bytes at `buf` to `dest`. `Ok(false)`: FI_EAGAIN.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::recv`].
+    pub unsafe fn send_to(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: sys::fi_addr_t,
+        ctx: *mut c_void,
+    ) -> FiResult<bool> {
         // SAFETY: per the caller's promise; fi_send through the endpoint's msg ops.
         let rc = unsafe {
-            ((*(*self.ep).msg).send.ok_or("no send")?)(
-                self.ep,
-                buf.cast(),
-                len,
-                desc,
-                self.peer,
-                ctx,
-            )
+            ((*(*self.ep).msg).send.ok_or("no send")?)(self.ep, buf.cast(), len, desc, dest, ctx)
         };
         self.posted(rc, "fi_send")
     }
@@ -463,7 +499,7 @@ impl Endpoint {
         self.posted(rc, "fi_inject")
     }
 
-    /// fi_writedata: writes `len` bytes at `buf` to the peer's `addr`/`key` with remote CQ
+    /// fi_writedata: writes `len` bytes at `buf` to `addr`/`key` of `dest` with remote CQ
     /// `data`. `Ok(false)`: FI_EAGAIN.
     ///
     /// # Safety
@@ -475,6 +511,7 @@ impl Endpoint {
         len: usize,
         desc: *mut c_void,
         data: u64,
+        dest: sys::fi_addr_t,
         addr: u64,
         key: u64,
         ctx: *mut c_void,
@@ -487,7 +524,7 @@ impl Endpoint {
                 len,
                 desc,
                 data,
-                self.peer,
+                dest,
                 addr,
                 key,
                 ctx,
@@ -507,9 +544,17 @@ impl Endpoint {
     /// Reads up to `out.len()` completions (fi_cq_read), which also drives a manual-progress
     /// provider. An error completion becomes `Err` with libfabric's message.
     pub fn poll(&self, out: &mut [sys::fi_cq_data_entry]) -> FiResult<usize> {
+        self.read_cq(out).map_err(|e| e.message)
+    }
+
+    /// As [`Endpoint::poll`], with an error completion's context (null when it has none, or
+    /// when reading the queue itself failed).
+    pub fn read_cq(&self, out: &mut [sys::fi_cq_data_entry]) -> Result<usize, CqError> {
         // SAFETY: fi_cq_read(cq, buf, count) writes at most `count` FI_CQ_FORMAT_DATA entries.
         let rc = unsafe {
-            ((*(*self.cq).ops).read.ok_or("no cq read")?)(
+            ((*(*self.cq).ops)
+                .read
+                .ok_or_else(|| CqError::plain("no cq read"))?)(
                 self.cq,
                 out.as_mut_ptr().cast(),
                 out.len(),
@@ -525,19 +570,28 @@ impl Endpoint {
             // SAFETY: an all-zero fi_cq_err_entry is valid (pointers null, ints zero).
             let mut e: sys::fi_cq_err_entry = unsafe { std::mem::zeroed() };
             // SAFETY: fi_cq_readerr(cq, &e, 0) fills one entry.
-            let r =
-                unsafe { ((*(*self.cq).ops).readerr.ok_or("no cq readerr")?)(self.cq, &mut e, 0) };
+            let r = unsafe {
+                ((*(*self.cq).ops)
+                    .readerr
+                    .ok_or_else(|| CqError::plain("no cq readerr"))?)(
+                    self.cq, &mut e, 0
+                )
+            };
             if r > 0 {
-                return Err(format!(
-                    "completion error ({}/{}): {} (provider errno {})",
-                    self.dom.info.provider,
-                    self.dom.info.domain,
-                    self.dom.lib.error_string(e.err as isize),
-                    e.prov_errno
-                ));
+                return Err(CqError {
+                    ctx: e.op_context,
+                    flags: e.flags,
+                    message: format!(
+                        "completion error ({}/{}): {} (provider errno {})",
+                        self.dom.info.provider,
+                        self.dom.info.domain,
+                        self.dom.lib.error_string(e.err as isize),
+                        e.prov_errno
+                    ),
+                });
             }
         }
-        Err(self.dom.err("fi_cq_read", rc))
+        Err(CqError::plain(self.dom.err("fi_cq_read", rc)))
     }
 
     /// Registers `len` bytes at `ptr` for local use and remote writes, honouring the domain's

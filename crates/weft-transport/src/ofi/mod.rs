@@ -9,25 +9,40 @@
 //! # Connection set-up (management network)
 //!
 //! The listen handle is the TCP backend's (nonce and management address, no data address). The
-//! sender opens its endpoints (one per rail), connects a TCP stream to the management address
-//! and writes HELLO (`nstreams = 0`) followed by a MSG frame whose inline payload is its
-//! *address record* (version 2: provider, `fi_getname` address of each rail, eager slots, the
-//! bytes of remote CQ data it can use); the receiver checks the nonce, opens an endpoint per
-//! rail for the connection (as many rails as both sides have), `fi_av_insert`s the sender's
-//! addresses and answers ACK plus its own record, which fixes what the connection uses: the
-//! rails, and the remote CQ data size (the smaller of both sides', with, for 4 bytes, where its
-//! size table is). A version 1 record (one rail, 8 bytes) is still understood. From then on
+//! sender takes a port on the endpoint of each rail (see "Shared endpoints"), connects a TCP
+//! stream to the management address and writes HELLO (`nstreams = 0`) followed by a MSG frame
+//! whose inline payload is its *address record* (version 3: provider, `fi_getname` address of
+//! each rail, eager slots, the bytes of remote CQ data it can use, and per rail the
+//! connection's key and slot on that endpoint); the receiver checks the nonce, takes its ports
+//! (as many rails as both sides have), `fi_av_insert`s the sender's addresses (once per
+//! address and endpoint) and answers ACK plus its own record, which fixes what the connection
+//! uses: the rails, and the remote CQ data size (the smaller of both sides', with, for 4 bytes,
+//! where its size table is). Records of versions 1 and 2 (an endpoint per connection) are
+//! refused: both sides must run this version. From then on
 //! the TCP stream is the side channel, as in the TCP backend: silent except for one ABORT when
 //! a side gives up, EOF when the peer process dies, and POSTED while a receive stalls (see
 //! "Failure detection"). It is also the liveness watch of a dead peer *host* (keepalive,
 //! `TCP_USER_TIMEOUT = timeout`), since an RDM endpoint has no connection whose death the
 //! application would see.
 //!
+//! # Shared endpoints
+//!
+//! The connections of a process share one endpoint per device and rail ([`shared`]): both
+//! directions between two processes are one provider connection (with `tcp;ofi_rxm` one TCP
+//! socket, not two, whose replies carry the acknowledgements), and any connection's poll drives
+//! every connection's bytes. Messages (eager data, CTS) start with the receiving connection's
+//! key and land in the endpoint's one pool of untagged receive buffers, so matching stays O(1)
+//! however many connections there are; remote writes find their connection by the slot in
+//! their 8-byte CQ data. A receiver with 4-byte remote CQ data (`verbs;ofi_rxm`) has no room
+//! for the slot and takes an endpoint of its own. A poll routes what it reads to the
+//! connections' inboxes under one lock; a connection closing on a shared endpoint waits for its
+//! own sends (bounded) and leaks their memory if they did not finish.
+//!
 //! # Data path (data network), receiver-driven
 //!
 //! Every message has a sequence number (sends and receive buffers match in posting order).
 //! * **CTS**: each `irecv` of `n` buffers sends the sender one clear-to-send message (`fi_send`
-//!   on rail 0 into buffers the sender pre-posted): the first sequence number it covers, and
+//!   on rail 0, into the sender's endpoint's receive pool): the first sequence number it covers, and
 //!   per buffer its capacity and tag and, per rail, its address (virtual, or offset without
 //!   FI_MR_VIRT_ADDR) and remote key, plus the number of eager messages the receiver has
 //!   consumed (eager credit). CTS leave in posting order and arrive in order (FI_ORDER_SAS).
@@ -65,9 +80,9 @@
 //!   go whole to the rails in turn. CTS, eager messages and size records use rail 0. The
 //!   receiver polls every rail's completion queue.
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
-//!   left, is copied into a registered bounce buffer and `fi_send`'s into one of the
-//!   [`EAGER_SLOTS`] buffers the receiver keeps posted; the receiver copies it into the matching
-//!   buffer (or keeps it until the receive is posted). An eager send is complete when the
+//!   left (at most [`EAGER_SLOTS`] unreported), is copied into a registered bounce buffer and
+//!   `fi_send`'s into the receiver's endpoint's receive pool; the receiver copies it into the
+//!   matching buffer (or keeps it until the receive is posted). An eager send is complete when the
 //!   provider reports it sent, not when it accepts it: the provider may still need the
 //!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
 //!   NCCL stops testing a request that is done.
@@ -159,6 +174,7 @@
 //! rails may differ from the sender's order.
 
 pub mod fabric;
+mod shared;
 pub mod sys;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -177,17 +193,18 @@ use crate::slab::Slab;
 use crate::tcp::{
     Completed, Device, MAX_RECVS, PendingSock, RecvBuf, RequestId, poll_fd, write_all_until,
 };
-use fabric::{Domain, DomainInfo, Endpoint, Mr, MrCache};
+use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
+use shared::{Ctx, Event, Port, SharedEp};
 
 /// Largest message sent eagerly (copied into a bounce buffer, no CTS wait).
 pub const EAGER_MAX: usize = 8192;
-/// Eager receive buffers a receiver keeps posted (= the sender's eager credit).
+/// Eager messages a sender may have outstanding to its receiver before a CTS reports them
+/// consumed (its eager credit; also its bounce buffers).
 pub const EAGER_SLOTS: usize = 64;
 /// Requests one receive connection keeps in flight.
 pub const MAX_RECV_REQUESTS: usize = 64;
 /// Requests one send connection keeps in flight (NCCL: 32 x maxRecvs).
 pub const MAX_SEND_REQUESTS: usize = 32 * MAX_RECVS;
-const CTS_RX_SLOTS: usize = 2 * MAX_RECV_REQUESTS;
 const CTS_TX_SLOTS: usize = MAX_RECV_REQUESTS;
 const HDR: usize = 24;
 /// How long a small receive (every buffer at most [`EAGER_MAX`]) that is still incomplete
@@ -226,6 +243,15 @@ const IMM_DATA: u64 = 1;
 /// Kind: the size record of the buffer, written into the receiver's size table.
 const IMM_RECORD: u64 = 2;
 const _: () = assert!(MAX_RECV_REQUESTS <= 1 << IMM_SLOT_SHIFT && MAX_RECVS <= 8);
+/// 8-byte remote CQ data: where the request index and the stripe count sit (the buffer index
+/// in bits 0..3, the receiver's slot from `shared::SLOT_SHIFT`, the size from bit 32).
+const W8_REQ_SHIFT: u32 = 3;
+const W8_PARTS_SHIFT: u32 = 9;
+const _: () = assert!(
+    MAX_RECV_REQUESTS <= 1 << (W8_PARTS_SHIFT - W8_REQ_SHIFT)
+        && MAX_RAILS < 8
+        && W8_PARTS_SHIFT + 3 <= shared::SLOT_SHIFT
+);
 /// Tag of the MSG frame that carries an address record in the handshake.
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// Tag of the MSG frame a receiver sends on the side channel while a receive whose CTS left
@@ -241,6 +267,22 @@ pub const DEFAULT_PROVIDERS: &[&str] = &["verbs;ofi_rxm", "tcp;ofi_rxm"];
 
 /// Most rails (domains) of one ofi connection.
 pub const MAX_RAILS: usize = 4;
+/// Completion queue entries of an endpoint its device's connections share, and of one that a
+/// connection has alone.
+const SHARED_CQ: usize = 16384;
+const PRIVATE_CQ: usize = 4096;
+/// Receive buffers an endpoint keeps posted for the messages (eager data, CTS) of all its
+/// connections, and a private one (a receiver's, eager messages only).
+const SHARED_RX: usize = 256;
+const PRIVATE_RX: usize = EAGER_SLOTS;
+/// Largest message (without the key): an eager message or a CTS.
+const MSG_MAX: usize = if EAGER_BUF > CTS_BUF {
+    EAGER_BUF
+} else {
+    CTS_BUF
+};
+/// Events a connection takes from an endpoint per read.
+const POLL_BATCH: usize = 16;
 
 /// The libfabric backend of a host: one opened domain per data device, plus the domains of its
 /// further rails (`WEFT_OFI_DOMAIN=a,b,...`).
@@ -255,6 +297,8 @@ pub struct Backend {
     dev_names: Vec<String>,
     /// `WEFT_OFI_CQ_DATA_BYTES`.
     cq_force: Option<usize>,
+    /// The endpoint each (device, rail) shares among its connections, while any uses it.
+    shared: std::sync::Mutex<std::collections::HashMap<(usize, usize), std::sync::Weak<SharedEp>>>,
 }
 
 impl Backend {
@@ -389,6 +433,7 @@ impl Backend {
                     .collect(),
                 dev_names: devices.iter().map(|d| d.name.clone()).collect(),
                 cq_force: cfg.ofi_cq_data_bytes,
+                shared: Default::default(),
             });
         }
         Err(format!("no usable libfabric provider: {}", why.join("; ")))
@@ -427,6 +472,32 @@ impl Backend {
     fn cq_bytes(&self, dom: &Domain) -> u8 {
         let n = dom.info.cq_data_size.min(self.cq_force.unwrap_or(8));
         if n >= 8 { 8 } else { 4 }
+    }
+
+    /// Connection `key`'s port on rail `rail` of device `dev`: on the endpoint the rail's
+    /// connections share, or (`private`) on one of its own.
+    fn port(
+        &self,
+        dev: usize,
+        rail: usize,
+        dom: &Arc<Domain>,
+        key: u64,
+        private: bool,
+    ) -> FiResult<Port> {
+        if private {
+            let ep = SharedEp::open(dom, PRIVATE_CQ, PRIVATE_RX, MSG_MAX, true)?;
+            return Ok(Port::open(&ep, key));
+        }
+        let mut m = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let ep = match m.get(&(dev, rail)).and_then(std::sync::Weak::upgrade) {
+            Some(ep) => ep,
+            None => {
+                let ep = SharedEp::open(dom, SHARED_CQ, SHARED_RX, MSG_MAX, false)?;
+                m.insert((dev, rail), Arc::downgrade(&ep));
+                ep
+            }
+        };
+        Ok(Port::open(&ep, key))
     }
 
     /// Name of device `dev` (its data interfaces), or "" when unknown.
@@ -493,10 +564,13 @@ impl Backend {
             peer: h.mgmt,
             iface: mgmt.1.to_string(),
         };
+        // Remote writes only reach receivers' endpoints: a sender always shares its own.
+        let key = shared::new_key();
         let mut eps = Vec::new();
         let mut names = Vec::new();
-        for d in &doms {
-            let ep = Endpoint::open(d, 4096)
+        for (rail, d) in doms.iter().enumerate() {
+            let ep = self
+                .port(dev, rail, d, key, false)
                 .map_err(|e| ofi_err(&link, "fi_endpoint", Stage::Connect, e))?;
             names.push(
                 ep.name()
@@ -504,6 +578,7 @@ impl Backend {
             );
             eps.push(ep);
         }
+        let ids = eps.iter().map(|p| (p.key(), p.slot())).collect();
         let rec = AddrRecord {
             provider: dom.info.provider.clone(),
             addr: names.remove(0),
@@ -513,6 +588,7 @@ impl Backend {
             more: names,
             min_bytes: cfg.ofi_min_bytes as u32,
             lane: None,
+            ids,
         };
         let conn_id = crate::tcp::random_u64();
         let mut out = Vec::new();
@@ -593,13 +669,16 @@ struct AddrRecord {
     min_bytes: u32,
     /// The receiver: where its TCP lane listens (on its data interface).
     lane: Option<SocketAddr>,
+    /// Per rail (as `addr`, then `more`): the connection's key on that rail's endpoint (the
+    /// tag of messages to it) and its slot there (remote CQ data of writes to it).
+    ids: Vec<(u64, u32)>,
 }
 
 impl AddrRecord {
     fn encode(&self, out: &mut Vec<u8>) {
         let mut p = Vec::new();
         p.extend_from_slice(b"WOFI");
-        p.push(2);
+        p.push(3);
         p.push(self.provider.len().min(255) as u8);
         p.extend_from_slice(&self.provider.as_bytes()[..self.provider.len().min(255)]);
         p.extend_from_slice(&(self.addr.len() as u16).to_be_bytes());
@@ -629,14 +708,20 @@ impl AddrRecord {
                 p.extend_from_slice(&a.port().to_be_bytes());
             }
         }
+        p.push(self.ids.len() as u8);
+        for (key, slot) in &self.ids {
+            p.extend_from_slice(&key.to_be_bytes());
+            p.extend_from_slice(&slot.to_be_bytes());
+        }
         Frame::encode_msg(out, ADDR_TAG, Some(&p), p.len() as u64, 0);
     }
 
+    /// Version 3 only: the tags and slots of shared endpoints (versions 1 and 2 had one
+    /// endpoint per connection, which a peer of this version cannot talk to).
     fn decode(p: &[u8]) -> Option<AddrRecord> {
-        if p.len() < 6 || &p[..4] != b"WOFI" || !(1..=2).contains(&p[4]) {
+        if p.len() < 6 || &p[..4] != b"WOFI" || p[4] != 3 {
             return None;
         }
-        let version = p[4];
         let pl = p[5] as usize;
         let provider = String::from_utf8(p.get(6..6 + pl)?.to_vec()).ok()?;
         let at = 6 + pl;
@@ -645,55 +730,62 @@ impl AddrRecord {
         let at = at + 2 + al;
         let eager_slots = u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?);
         let at = at + 4;
-        let mut min_bytes = 0;
-        let mut lane = None;
-        let (cq_data, table, more) = if version == 1 {
-            (8, None, Vec::new())
-        } else {
-            let cq = *p.get(at)?;
-            let has = *p.get(at + 1)? != 0;
-            let ta = u64::from_be_bytes(p.get(at + 2..at + 10)?.try_into().ok()?);
-            let tk = u64::from_be_bytes(p.get(at + 10..at + 18)?.try_into().ok()?);
-            let n = *p.get(at + 18)? as usize;
-            if n >= MAX_RAILS {
-                return None;
-            }
-            let mut at = at + 19;
-            let mut more = Vec::with_capacity(n);
-            for _ in 0..n {
-                let l = u16::from_be_bytes(p.get(at..at + 2)?.try_into().ok()?) as usize;
-                more.push(p.get(at + 2..at + 2 + l)?.to_vec());
-                at += 2 + l;
-            }
-            min_bytes = u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?);
-            let at = at + 4;
-            let ip_len = match *p.get(at)? {
-                0 => 0,
-                4 => 4,
-                6 => 16,
-                _ => return None,
-            };
-            if ip_len > 0 {
-                let ip: IpAddr = if ip_len == 4 {
-                    <[u8; 4]>::try_from(p.get(at + 1..at + 5)?).ok()?.into()
-                } else {
-                    <[u8; 16]>::try_from(p.get(at + 1..at + 17)?).ok()?.into()
-                };
-                let port =
-                    u16::from_be_bytes(p.get(at + 1 + ip_len..at + 3 + ip_len)?.try_into().ok()?);
-                lane = Some(SocketAddr::new(ip, port));
-            }
-            (cq, has.then_some((ta, tk)), more)
+        let cq_data = *p.get(at)?;
+        let has = *p.get(at + 1)? != 0;
+        let ta = u64::from_be_bytes(p.get(at + 2..at + 10)?.try_into().ok()?);
+        let tk = u64::from_be_bytes(p.get(at + 10..at + 18)?.try_into().ok()?);
+        let n = *p.get(at + 18)? as usize;
+        if n >= MAX_RAILS {
+            return None;
+        }
+        let mut at = at + 19;
+        let mut more = Vec::with_capacity(n);
+        for _ in 0..n {
+            let l = u16::from_be_bytes(p.get(at..at + 2)?.try_into().ok()?) as usize;
+            more.push(p.get(at + 2..at + 2 + l)?.to_vec());
+            at += 2 + l;
+        }
+        let min_bytes = u32::from_be_bytes(p.get(at..at + 4)?.try_into().ok()?);
+        let at = at + 4;
+        let ip_len = match *p.get(at)? {
+            0 => 0,
+            4 => 4,
+            6 => 16,
+            _ => return None,
         };
+        let mut lane = None;
+        if ip_len > 0 {
+            let ip: IpAddr = if ip_len == 4 {
+                <[u8; 4]>::try_from(p.get(at + 1..at + 5)?).ok()?.into()
+            } else {
+                <[u8; 16]>::try_from(p.get(at + 1..at + 17)?).ok()?.into()
+            };
+            let port =
+                u16::from_be_bytes(p.get(at + 1 + ip_len..at + 3 + ip_len)?.try_into().ok()?);
+            lane = Some(SocketAddr::new(ip, port));
+        }
+        let at = at + 1 + if ip_len > 0 { ip_len + 2 } else { 0 };
+        let k = *p.get(at)? as usize;
+        if k != 1 + n {
+            return None;
+        }
+        let mut ids = Vec::with_capacity(k);
+        for i in 0..k {
+            let o = at + 1 + 12 * i;
+            let key = u64::from_be_bytes(p.get(o..o + 8)?.try_into().ok()?);
+            let slot = u32::from_be_bytes(p.get(o + 8..o + 12)?.try_into().ok()?);
+            ids.push((key, slot));
+        }
         Some(AddrRecord {
             provider,
             addr,
             eager_slots,
             cq_data,
-            table,
+            table: has.then_some((ta, tk)),
             more,
             min_bytes,
             lane,
+            ids,
         })
     }
 }
@@ -710,7 +802,7 @@ pub struct Connecting {
     conn_id: u64,
     deadline: Instant,
     /// One endpoint per rail; taken when established.
-    eps: Vec<Endpoint>,
+    eps: Vec<Port>,
     cq_data: u8,
     /// The address of our data interface, to bind a TCP lane to.
     lane_local: Option<IpAddr>,
@@ -845,11 +937,15 @@ impl Connecting {
             return Err(self.bad("address record with no more rails than offered"));
         }
         eps.truncate(1 + rec.more.len());
-        for (ep, addr) in eps
+        if rec.ids.len() != eps.len() {
+            return Err(self.bad("address record with an id per rail"));
+        }
+        for ((ep, addr), &(tag, slot)) in eps
             .iter_mut()
             .zip(std::iter::once(&rec.addr).chain(&rec.more))
+            .zip(&rec.ids)
         {
-            ep.set_peer(addr)
+            ep.connect(addr, tag, slot)
                 .map_err(|e| ofi_err(&self.link, "fi_av_insert", Stage::Handshake, e))?;
         }
         let sock: TcpStream = self
@@ -905,7 +1001,7 @@ impl Connecting {
     }
 }
 
-fn describe(eps: &[Endpoint]) -> String {
+fn describe(eps: &[Port]) -> String {
     let mut s = String::from("ofi ");
     for (i, ep) in eps.iter().enumerate() {
         if i == 0 {
@@ -920,7 +1016,7 @@ fn describe(eps: &[Endpoint]) -> String {
 /// The data path of a connection as its errors name it: the peer's data address (its rail 0
 /// endpoint address when that is an IP socket address, as with `tcp`; else the management
 /// peer) and "data device (ofi provider/domain)".
-fn data_link(mgmt: &Link, dev: &str, peer_addr: &[u8], eps: &[Endpoint]) -> Link {
+fn data_link(mgmt: &Link, dev: &str, peer_addr: &[u8], eps: &[Port]) -> Link {
     let dev = if dev.is_empty() {
         mgmt.iface.as_str()
     } else {
@@ -1226,16 +1322,32 @@ impl Listener {
         }
         // Rails: as many as both sides have.
         let n = doms.len().min(1 + rec.more.len());
+        if rec.ids.len() != 1 + rec.more.len() {
+            return Err(p.link.protocol(
+                Stage::Accept,
+                proto::FrameError::Unexpected {
+                    got: "malformed MSG",
+                    expected: "address record with an id per rail",
+                },
+            ));
+        }
+        // Remote writes find their connection on a shared endpoint by the slot in their
+        // 8-byte CQ data; with 4 bytes there is no room, so the connection has its own.
+        let key = shared::new_key();
         let mut eps = Vec::new();
         let mut names = Vec::new();
-        for (d, addr) in doms
+        for (rail, ((d, addr), &(tag, slot))) in doms
             .iter()
             .zip(std::iter::once(&rec.addr).chain(&rec.more))
+            .zip(&rec.ids)
             .take(n)
+            .enumerate()
         {
-            let mut ep = Endpoint::open(d, 4096)
+            let mut ep = self
+                .backend
+                .port(self.dev, rail, d, key, cq_data == 4)
                 .map_err(|e| ofi_err(&p.link, "fi_endpoint", Stage::Accept, e))?;
-            ep.set_peer(addr)
+            ep.connect(addr, tag, slot)
                 .map_err(|e| ofi_err(&p.link, "fi_av_insert", Stage::Accept, e))?;
             names.push(
                 ep.name()
@@ -1271,6 +1383,7 @@ impl Listener {
             more: names,
             min_bytes: if lane.is_some() { rec.min_bytes } else { 0 },
             lane,
+            ids: conn.eps.iter().map(|p| (p.key(), p.slot())).collect(),
         };
         let mut v = Vec::new();
         Frame::Ack { nonce, conn_id }.encode(&mut v);
@@ -1666,19 +1779,50 @@ impl LaneRx {
     }
 }
 
-/// Context of one posted operation: the provider's `fi_context2` first, then ours.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Ctx {
-    prov: sys::fi_context2,
-    id: u64,
-}
-
-const C_EAGER_RX: u64 = 1;
 const C_CTS_TX: u64 = 2;
-const C_CTS_RX: u64 = 3;
 const C_EAGER_TX: u64 = 4;
 const C_WRITE: u64 = 5;
+
+/// A connection as [`poll_rails`] drives it.
+trait RailEvents {
+    fn ports(&self) -> &[Port];
+    /// The buffer of one read's events (kept for its allocation).
+    fn events(&mut self) -> &mut Vec<Event>;
+    fn on_event(&mut self, ev: Event) -> Result<()>;
+    fn fi(&self, op: &'static str, m: String) -> Error;
+}
+
+/// Reads every rail's events of `c` and hands each to it; whether there were any.
+fn poll_rails<C: RailEvents>(c: &mut C) -> Result<bool> {
+    let mut evs = std::mem::take(c.events());
+    let mut any = false;
+    let mut r = Ok(());
+    'rails: for rail in 0..c.ports().len() {
+        loop {
+            evs.clear();
+            let n = match c.ports()[rail].poll(&mut evs, POLL_BATCH) {
+                Ok(n) => n,
+                Err(m) => {
+                    r = Err(c.fi("fi_cq_read", m));
+                    break 'rails;
+                }
+            };
+            any |= n > 0;
+            for ev in evs.drain(..) {
+                if let Err(e) = c.on_event(ev) {
+                    r = Err(e);
+                    break 'rails;
+                }
+            }
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+    }
+    evs.clear();
+    *c.events() = evs;
+    r.map(|()| any)
+}
 
 fn ctx_array(n: usize) -> Box<[Ctx]> {
     vec![Ctx::default(); n].into_boxed_slice()
@@ -1697,46 +1841,63 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
 }
 
-/// Registered bounce memory of `n` slots of `size` bytes.
+/// Registered memory of `n` slots of `size` bytes; message pools (eager bounce buffers, CTS)
+/// start each slot with the receiving connection's key ([`shared::KEY_BYTES`]).
 struct Pool {
     buf: Box<[u8]>,
     mr: Mr,
-    size: usize,
+    /// Bytes per slot, key included.
+    stride: usize,
+    /// Bytes in front of each slot's contents (the key, or none).
+    prefix: usize,
 }
 
 impl Pool {
-    fn new(ep: &Endpoint, n: usize, size: usize) -> std::result::Result<Pool, String> {
+    fn new(ep: &Port, n: usize, size: usize) -> std::result::Result<Pool, String> {
         let buf = vec![0u8; n * size].into_boxed_slice();
         let mr = ep.register(buf.as_ptr(), buf.len())?;
-        Ok(Pool { buf, mr, size })
-    }
-    fn slot(&mut self, i: usize) -> &mut [u8] {
-        &mut self.buf[i * self.size..(i + 1) * self.size]
-    }
-    fn ptr(&mut self, i: usize) -> *mut u8 {
-        self.slot(i).as_mut_ptr()
+        Ok(Pool {
+            buf,
+            mr,
+            stride: size,
+            prefix: 0,
+        })
     }
 
-    /// Posts a receive into each slot in `pending` (the last first; slot `i` with context
-    /// `ctx[i]`) until the provider is full; posted slots leave `pending`.
-    fn post_receives(
-        &mut self,
-        ep: &Endpoint,
-        ctx: &mut [Ctx],
-        pending: &mut Vec<usize>,
-    ) -> std::result::Result<(), String> {
-        while let Some(&i) = pending.last() {
-            let p = self.ptr(i);
-            let c: *mut Ctx = &mut ctx[i];
-            // SAFETY: slot `i` of this registered pool and its context live as long as the
-            // endpoint (closed first on drop) and nothing touches them until the receive
-            // completes and puts `i` back in `pending`.
-            if !unsafe { ep.recv(p, self.size, self.mr.desc(), c.cast()) }? {
-                break;
-            }
-            pending.pop();
+    /// Slots of `size` bytes for messages to the connection `key`.
+    fn messages(ep: &Port, n: usize, size: usize, key: u64) -> std::result::Result<Pool, String> {
+        let stride = shared::KEY_BYTES + size;
+        let mut buf = vec![0u8; n * stride].into_boxed_slice();
+        for s in buf.chunks_mut(stride) {
+            s[..shared::KEY_BYTES].copy_from_slice(&key.to_le_bytes());
         }
-        Ok(())
+        let mr = ep.register(buf.as_ptr(), buf.len())?;
+        Ok(Pool {
+            buf,
+            mr,
+            stride,
+            prefix: shared::KEY_BYTES,
+        })
+    }
+
+    /// The contents of slot `i` (after the key).
+    fn slot(&mut self, i: usize) -> &mut [u8] {
+        &mut self.buf[i * self.stride + self.prefix..(i + 1) * self.stride]
+    }
+
+    /// Where slot `i` starts (its key), for sending it: [`Pool::wire`] bytes of `len`.
+    fn ptr(&mut self, i: usize) -> *mut u8 {
+        self.buf[i * self.stride..].as_mut_ptr()
+    }
+
+    /// Bytes on the wire of a message with `len` bytes of contents.
+    fn wire(&self, len: usize) -> usize {
+        self.prefix + len
+    }
+
+    /// Gives the memory up for good: the provider may still read it.
+    fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.buf));
     }
 }
 
@@ -1757,12 +1918,6 @@ pub struct Registration {
     mrs: Vec<Arc<Mr>>,
     /// The connection that made it (registrations may be bound to its endpoint).
     owner: u64,
-}
-
-/// Connection ids, to tell whose a [`Registration`] is.
-fn next_conn_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Registration {
@@ -1794,7 +1949,7 @@ impl Registration {
 
 fn register(
     caches: &mut [MrCache],
-    eps: &[Endpoint],
+    eps: &[Port],
     owner: u64,
     ptr: usize,
     len: usize,
@@ -1804,7 +1959,7 @@ fn register(
         // Anything cached over this range may be of memory freed since without a
         // deregistration (the transport's own callers do not register): register afresh.
         cache.invalidate(ptr, len);
-        mrs.push(cache.get(ep, ptr, len)?);
+        mrs.push(cache.get(ep.endpoint(), ptr, len)?);
     }
     Ok(Registration {
         ptr,
@@ -1886,12 +2041,13 @@ struct SendReq {
 /// The sending end of an ofi connection.
 pub struct SendConn {
     /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
-    eps: Vec<Endpoint>,
+    eps: Vec<Port>,
     link: Link,
     side: Side,
     ctx: Box<[Ctx]>,
-    cts: Pool,
     eager: Pool,
+    /// Events of one poll (kept for its allocation).
+    events: Vec<Event>,
     eager_free: Vec<usize>,
     eager_busy: usize,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
@@ -1903,7 +2059,6 @@ pub struct SendConn {
     unassigned: VecDeque<Unassigned>,
     groups: BTreeMap<u64, Group>,
     writes: VecDeque<WriteOp>,
-    reposts: Vec<usize>,
     eager_sent: u64,
     eager_consumed: u64,
     peer_slots: u64,
@@ -1959,7 +2114,7 @@ impl std::fmt::Debug for SendConn {
 
 impl SendConn {
     fn new(
-        eps: Vec<Endpoint>,
+        eps: Vec<Port>,
         link: Link,
         sock: TcpStream,
         peer_slots: u32,
@@ -1968,28 +2123,26 @@ impl SendConn {
     ) -> Result<SendConn> {
         let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
         let ep = &eps[0];
-        let cts = Pool::new(ep, CTS_RX_SLOTS, CTS_BUF).map_err(e)?;
-        let eager = Pool::new(ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
+        let eager = Pool::messages(ep, EAGER_SLOTS, EAGER_BUF, ep.peer_key()).map_err(e)?;
         let recs = Pool::new(ep, MAX_SEND_REQUESTS, REC).map_err(e)?;
-        let mut ctx = ctx_array(CTS_RX_SLOTS + EAGER_SLOTS + MAX_SEND_REQUESTS * WRITES_PER_REQ);
+        let key = ep.key();
+        let mut ctx = ctx_array(EAGER_SLOTS + MAX_SEND_REQUESTS * WRITES_PER_REQ);
         for (i, c) in ctx.iter_mut().enumerate() {
-            c.id = if i < CTS_RX_SLOTS {
-                (C_CTS_RX << 32) | i as u64
-            } else if i < CTS_RX_SLOTS + EAGER_SLOTS {
-                (C_EAGER_TX << 32) | (i - CTS_RX_SLOTS) as u64
+            c.owner = key;
+            c.id = if i < EAGER_SLOTS {
+                (C_EAGER_TX << 32) | i as u64
             } else {
-                (C_WRITE << 32) | (i - CTS_RX_SLOTS - EAGER_SLOTS) as u64
+                (C_WRITE << 32) | (i - EAGER_SLOTS) as u64
             };
         }
         let info = ep.dom.info.clone();
         let caches = eps.iter().map(|_| MrCache::default()).collect();
         let data = link.clone();
-        let mut s = SendConn {
+        let s = SendConn {
             eps,
             link,
             side: Side::new(sock),
             ctx,
-            cts,
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
             eager_busy: 0,
@@ -2000,7 +2153,7 @@ impl SendConn {
             unassigned: VecDeque::new(),
             groups: BTreeMap::new(),
             writes: VecDeque::new(),
-            reposts: (0..CTS_RX_SLOTS).collect(),
+            events: Vec::new(),
             eager_sent: 0,
             eager_consumed: 0,
             peer_slots: u64::from(peer_slots),
@@ -2008,7 +2161,7 @@ impl SendConn {
             max_msg: info.max_msg_size,
             table,
             recs,
-            id: next_conn_id(),
+            id: key,
             stripe: stripe.max(4096),
             next_rail: 0,
             rail_bytes: [0; MAX_RAILS],
@@ -2026,7 +2179,6 @@ impl SendConn {
             eof_at: None,
             error: None,
         };
-        s.repost().map_err(|e| s.fail(e))?;
         Ok(s)
     }
 
@@ -2061,6 +2213,11 @@ impl SendConn {
         self.rail_bytes[..self.eps.len()].to_vec()
     }
 
+    /// Connections of this process on the connection's rail-0 endpoint, itself included.
+    pub fn endpoint_users(&self) -> usize {
+        self.eps[0].users()
+    }
+
     /// Messages sent over the TCP lane so far; `None` without a lane.
     pub fn lane_msgs(&self) -> Option<u64> {
         self.lane.as_ref().map(|l| l.msgs)
@@ -2093,15 +2250,12 @@ impl SendConn {
         self.error.get_or_insert(e).clone()
     }
 
-    fn repost(&mut self) -> Result<()> {
-        self.cts
-            .post_receives(&self.eps[0], &mut self.ctx, &mut self.reposts)
-            .map_err(|m| self.fi("fi_recv", m))
-    }
-
-    fn on_cts(&mut self, slot: usize) -> Result<()> {
-        let b = self.cts.slot(slot);
-        if get_u32(b, 0) != K_CTS {
+    fn on_cts(&mut self, msg: &[u8]) -> Result<()> {
+        // Whole entries read as zero past a short message; its kind is checked.
+        let mut whole = [0u8; CTS_BUF];
+        whole[..msg.len().min(CTS_BUF)].copy_from_slice(&msg[..msg.len().min(CTS_BUF)]);
+        let b = &whole[..];
+        if msg.len() < 32 || get_u32(b, 0) != K_CTS {
             return Err(self.link.protocol(
                 Stage::Data,
                 proto::FrameError::Unexpected {
@@ -2120,7 +2274,6 @@ impl SendConn {
             // Eager credit only.
             self.eager_consumed = self.eager_consumed.max(consumed);
             self.cts_upto = self.cts_upto.max(first);
-            self.reposts.push(slot);
             return Ok(());
         }
         if self.table.is_some() && rreq as usize >= MAX_RECV_REQUESTS {
@@ -2165,7 +2318,6 @@ impl SendConn {
                 assigned: 0,
             },
         );
-        self.reposts.push(slot);
         Ok(())
     }
 
@@ -2257,12 +2409,16 @@ impl SendConn {
                 } else {
                     0
                 };
-                // Remote CQ data: 8 bytes `size << 32 | stripes << 16 | request << 8 | buffer`
-                // (stripes 0 meaning 1); 4 bytes see IMM_*.
+                // Remote CQ data: 8 bytes `size << 32 | receiver's slot << 12 | stripes << 9 |
+                // request << 3 | buffer` (stripes 0 meaning 1; the slot is the rail's, added
+                // when posted); 4 bytes see IMM_*.
                 let parts_field = if parts > 1 { parts as u64 } else { 0 };
                 let (data, record) = match self.table {
                     None => (
-                        (len << 32) | (parts_field << 16) | (rreq << 8) | slot as u64,
+                        (len << 32)
+                            | (parts_field << W8_PARTS_SHIFT)
+                            | (rreq << W8_REQ_SHIFT)
+                            | slot as u64,
                         None,
                     ),
                     Some((ta, tk)) => {
@@ -2342,10 +2498,12 @@ impl SendConn {
         while let Some(&(slot, len, id)) = self.eager_queue.front() {
             let p = self.eager.ptr(slot);
             let desc = self.eager.mr.desc();
-            let c: *mut Ctx = &mut self.ctx[CTS_RX_SLOTS + slot];
+            let c: *mut Ctx = &mut self.ctx[slot];
+            let n = self.eager.wire(HDR + len);
             // SAFETY: bounce slot and context stay untouched until this send's completion
-            // returns the slot to `eager_free`; both live as long as the endpoint.
-            let ok = unsafe { self.eps[0].send(p, HDR + len, desc, c.cast()) }
+            // returns the slot to `eager_free`; both outlive it (the connection's drop waits
+            // for it, or leaks them).
+            let ok = unsafe { self.eps[0].send(p, n, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_send", m))?;
             if !ok {
                 break;
@@ -2360,8 +2518,7 @@ impl SendConn {
         while let Some(w) = self.writes.front() {
             let (rail, req, ptr, len) = (w.rail, w.req, w.ptr, w.len);
             let (addr, key, data) = (w.addr, w.key, w.data);
-            let c: *mut Ctx =
-                &mut self.ctx[CTS_RX_SLOTS + EAGER_SLOTS + req.index() * WRITES_PER_REQ + w.k];
+            let c: *mut Ctx = &mut self.ctx[EAGER_SLOTS + req.index() * WRITES_PER_REQ + w.k];
             if w.record {
                 let p = self.recs.ptr(req.index());
                 let desc = self.recs.mr.desc();
@@ -2386,15 +2543,21 @@ impl SendConn {
                 Some(m) => Some(m),
                 None if self.mr_local => Some(
                     self.caches[rail]
-                        .get(&self.eps[rail], ptr, len)
+                        .get(self.eps[rail].endpoint(), ptr, len)
                         .map_err(|m| self.fi("fi_mr_reg", m))?,
                 ),
                 None => None,
             };
             let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+            // The 8-byte protocol routes the write to the receiver's connection on its rail.
+            let data = if self.table.is_none() {
+                data | self.eps[rail].peer_slot_bits()
+            } else {
+                data
+            };
             // SAFETY: the caller of isend keeps `ptr..ptr+len` valid until test reports done,
-            // which is after this write's completion; the context lives with the endpoint; the
-            // remote range was announced by the receiver's CTS for this very message.
+            // which is after this write's completion; the context lives with the connection;
+            // the remote range was announced by the receiver's CTS for this very message.
             let ok = unsafe {
                 self.eps[rail].write_data(ptr as *const u8, len, desc, data, addr, key, c.cast())
             }
@@ -2413,60 +2576,9 @@ impl SendConn {
         Ok(())
     }
 
-    /// Reads every rail's completion queue; whether anything completed.
+    /// Reads every rail's events; whether there were any.
     fn poll_cq(&mut self) -> Result<bool> {
-        let mut ents = [sys::fi_cq_data_entry {
-            op_context: std::ptr::null_mut(),
-            flags: 0,
-            len: 0,
-            buf: std::ptr::null_mut(),
-            data: 0,
-        }; 16];
-        let mut rail = 0;
-        let mut any = false;
-        while rail < self.eps.len() {
-            let n = self.eps[rail]
-                .poll(&mut ents)
-                .map_err(|m| self.fi("fi_cq_read", m))?;
-            if n < ents.len() {
-                rail += 1;
-            }
-            any |= n > 0;
-            for e in &ents[..n] {
-                if e.op_context.is_null() {
-                    continue;
-                }
-                // SAFETY: every context we post is an element of `self.ctx`.
-                let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
-                let i = (id & 0xffff_ffff) as usize;
-                match id >> 32 {
-                    C_CTS_RX => self.on_cts(i)?,
-                    C_EAGER_TX => {
-                        self.eager_free.push(i);
-                        self.eager_busy -= 1;
-                        self.eager_seq[i] = None;
-                        if let Some(r) = self.eager_req[i]
-                            .take()
-                            .and_then(|id| self.reqs.get_mut(id))
-                        {
-                            r.done = true;
-                        }
-                    }
-                    C_WRITE => {
-                        if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
-                            r.writes_left = r.writes_left.saturating_sub(1);
-                            if r.writes_left == 0 {
-                                r.done = true;
-                                r._mr.clear();
-                                r.given.clear();
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(any)
+        poll_rails(self)
     }
 
     fn work_pending(&self) -> bool {
@@ -2517,7 +2629,6 @@ impl SendConn {
         let r = self
             .poll_cq()
             .map(|p| progressed = p)
-            .and_then(|()| self.repost())
             .and_then(|()| self.post_eager())
             .and_then(|()| self.assign())
             .and_then(|()| self.post_writes())
@@ -2745,6 +2856,58 @@ impl SendConn {
     }
 }
 
+impl RailEvents for SendConn {
+    fn ports(&self) -> &[Port] {
+        &self.eps
+    }
+
+    fn events(&mut self) -> &mut Vec<Event> {
+        &mut self.events
+    }
+
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        let e = match ev {
+            Event::Msg(m) => return self.on_cts(&m),
+            Event::Done(e) => e,
+        };
+        if e.op_context.is_null() {
+            return Ok(());
+        }
+        // SAFETY: every context this connection posts is an element of `self.ctx`.
+        let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
+        let i = (id & 0xffff_ffff) as usize;
+        match id >> 32 {
+            C_EAGER_TX => {
+                self.eager_free.push(i);
+                self.eager_busy -= 1;
+                self.eager_seq[i] = None;
+                if let Some(r) = self.eager_req[i]
+                    .take()
+                    .and_then(|id| self.reqs.get_mut(id))
+                {
+                    r.done = true;
+                }
+            }
+            C_WRITE => {
+                if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
+                    r.writes_left = r.writes_left.saturating_sub(1);
+                    if r.writes_left == 0 {
+                        r.done = true;
+                        r._mr.clear();
+                        r.given.clear();
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn fi(&self, op: &'static str, m: String) -> Error {
+        SendConn::fi(self, op, m)
+    }
+}
+
 impl Drop for SendConn {
     /// Lets posted operations finish (bounded, 2 s) so that eager messages already reported
     /// complete reach the receiver, then closes the endpoint before its buffers go.
@@ -2764,6 +2927,14 @@ impl Drop for SendConn {
             {
                 break;
             }
+        }
+        // The endpoint stays with the other connections: if the sends above did not finish,
+        // leak what the provider may still use.
+        let idle = self.eager_busy == 0 && !self.reqs.values().any(|r| r.posted && !r.done);
+        if !idle && !self.eps[0].is_private() {
+            std::mem::forget(std::mem::take(&mut self.ctx));
+            self.eager.leak();
+            self.recs.leak();
         }
         for c in &mut self.caches {
             c.clear();
@@ -2812,13 +2983,13 @@ enum WriteEvent {
 
 fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {
     if !cq4 {
-        let parts = ((data >> 16) & 0xffff) as usize;
+        let parts = ((data >> W8_PARTS_SHIFT) & 0x7) as usize;
         if parts > MAX_RAILS {
             return None;
         }
         return Some(WriteEvent::Data {
-            idx: ((data >> 8) & 0xff) as usize,
-            slot: (data & 0xff) as usize,
+            idx: ((data >> W8_REQ_SHIFT) & 0x3f) as usize,
+            slot: (data & 0x7) as usize,
             parts: parts.max(1),
             size: Some((data >> 32) as usize),
             check: None,
@@ -2850,12 +3021,13 @@ fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {
 /// The receiving end of an ofi connection.
 pub struct RecvConn {
     /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
-    eps: Vec<Endpoint>,
+    eps: Vec<Port>,
     link: Link,
     side: Side,
     ctx: Box<[Ctx]>,
-    eager: Pool,
     cts: Pool,
+    /// Events of one poll (kept for its allocation).
+    events: Vec<Event>,
     cts_free: Vec<usize>,
     cts_queue: VecDeque<(usize, usize)>,
     /// Registration cache per rail.
@@ -2865,7 +3037,6 @@ pub struct RecvConn {
     next_seq: u64,
     unexpected: BTreeMap<u64, (i32, Vec<u8>)>,
     eager_consumed: u64,
-    reposts: Vec<usize>,
     virt_addr: bool,
     /// 4-byte protocol: the size table the senders write records into, one per buffer.
     table: Option<Pool>,
@@ -2903,34 +3074,31 @@ impl std::fmt::Debug for RecvConn {
 }
 
 impl RecvConn {
-    fn new(eps: Vec<Endpoint>, link: Link, sock: TcpStream, cq4: bool) -> Result<RecvConn> {
+    fn new(eps: Vec<Port>, link: Link, sock: TcpStream, cq4: bool) -> Result<RecvConn> {
         let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Accept, m);
         let ep = &eps[0];
-        let eager = Pool::new(ep, EAGER_SLOTS, EAGER_BUF).map_err(e)?;
-        let cts = Pool::new(ep, CTS_TX_SLOTS, CTS_BUF).map_err(e)?;
+        let cts = Pool::messages(ep, CTS_TX_SLOTS, CTS_BUF, ep.peer_key()).map_err(e)?;
         let table = if cq4 {
             Some(Pool::new(ep, MAX_RECV_REQUESTS * MAX_RECVS, REC).map_err(e)?)
         } else {
             None
         };
-        let mut ctx = ctx_array(EAGER_SLOTS + CTS_TX_SLOTS);
+        let key = ep.key();
+        let mut ctx = ctx_array(CTS_TX_SLOTS);
         for (i, c) in ctx.iter_mut().enumerate() {
-            c.id = if i < EAGER_SLOTS {
-                (C_EAGER_RX << 32) | i as u64
-            } else {
-                (C_CTS_TX << 32) | (i - EAGER_SLOTS) as u64
-            };
+            c.owner = key;
+            c.id = (C_CTS_TX << 32) | i as u64;
         }
         let virt_addr = ep.dom.info.mr_mode & (sys::FI_MR_VIRT_ADDR | sys::FI_MR_BASIC) != 0;
         let caches = eps.iter().map(|_| MrCache::default()).collect();
         let data = link.clone();
-        let mut r = RecvConn {
+        let r = RecvConn {
             eps,
             link,
             side: Side::new(sock),
             ctx,
-            eager,
             cts,
+            events: Vec::new(),
             cts_free: (0..CTS_TX_SLOTS).rev().collect(),
             cts_queue: VecDeque::new(),
             caches,
@@ -2939,10 +3107,9 @@ impl RecvConn {
             next_seq: 0,
             unexpected: BTreeMap::new(),
             eager_consumed: 0,
-            reposts: (0..EAGER_SLOTS).collect(),
             virt_addr,
             table,
-            id: next_conn_id(),
+            id: key,
             lane: None,
             data,
             stall: Stall::new(),
@@ -2955,7 +3122,6 @@ impl RecvConn {
             eof_at: None,
             error: None,
         };
-        r.repost().map_err(|e| r.fail(e))?;
         Ok(r)
     }
 
@@ -2977,6 +3143,12 @@ impl RecvConn {
     /// Bytes of remote CQ data the connection uses (4 or 8).
     pub fn cq_data_bytes(&self) -> usize {
         if self.table.is_some() { 4 } else { 8 }
+    }
+
+    /// Connections of this process on the connection's rail-0 endpoint, itself included (1:
+    /// an endpoint of its own, as with 4-byte remote CQ data).
+    pub fn endpoint_users(&self) -> usize {
+        self.eps[0].users()
     }
 
     /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
@@ -3017,19 +3189,18 @@ impl RecvConn {
         self.error.get_or_insert(e).clone()
     }
 
-    fn repost(&mut self) -> Result<()> {
-        self.eager
-            .post_receives(&self.eps[0], &mut self.ctx, &mut self.reposts)
-            .map_err(|m| self.fi("fi_recv", m))?;
+    /// Sends the queued CTS, in order.
+    fn flush_cts(&mut self) -> Result<()> {
         // Nothing new to a peer whose process has ended: with `shm` in one process its memory
         // region is gone with its endpoint.
         while let Some(&(slot, len)) = self.cts_queue.front().filter(|_| !self.side.eof) {
             let p = self.cts.ptr(slot);
             let desc = self.cts.mr.desc();
-            let c: *mut Ctx = &mut self.ctx[EAGER_SLOTS + slot];
+            let c: *mut Ctx = &mut self.ctx[slot];
+            let n = self.cts.wire(len);
             // SAFETY: CTS slot and context are reserved for this send until its completion
             // returns the slot to `cts_free`.
-            let ok = unsafe { self.eps[0].send(p, len, desc, c.cast()) }
+            let ok = unsafe { self.eps[0].send(p, n, desc, c.cast()) }
                 .map_err(|m| self.fi("fi_send", m))?;
             if !ok {
                 break;
@@ -3142,15 +3313,23 @@ impl RecvConn {
         self.drain()
     }
 
-    fn on_eager(&mut self, slot: usize) -> Result<()> {
-        let b = self.eager.slot(slot);
+    fn on_eager(&mut self, b: &[u8]) -> Result<()> {
+        if b.len() < HDR {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "short message",
+                    expected: "EAGER",
+                },
+            ));
+        }
         let (kind, tag, seq, size) = (
             get_u32(b, 0),
             get_u32(b, 4) as i32,
             get_u64(b, 8),
             get_u64(b, 16),
         );
-        if kind != K_EAGER || size > EAGER_MAX as u64 {
+        if kind != K_EAGER || size > EAGER_MAX as u64 || HDR + size as usize > b.len() {
             return Err(self.link.protocol(
                 Stage::Data,
                 proto::FrameError::Unexpected {
@@ -3161,7 +3340,6 @@ impl RecvConn {
         }
         let payload = b[HDR..HDR + size as usize].to_vec();
         self.unexpected.insert(seq, (tag, payload));
-        self.reposts.push(slot);
         self.drain()
     }
 
@@ -3245,47 +3423,9 @@ impl RecvConn {
         Ok(())
     }
 
-    /// Reads every rail's completion queue; whether anything completed.
+    /// Reads every rail's events; whether there were any.
     fn poll_cq(&mut self) -> Result<bool> {
-        let mut ents = [sys::fi_cq_data_entry {
-            op_context: std::ptr::null_mut(),
-            flags: 0,
-            len: 0,
-            buf: std::ptr::null_mut(),
-            data: 0,
-        }; 16];
-        let mut rail = 0;
-        let mut any = false;
-        while rail < self.eps.len() {
-            let n = self.eps[rail]
-                .poll(&mut ents)
-                .map_err(|m| self.fi("fi_cq_read", m))?;
-            if n < ents.len() {
-                rail += 1;
-            }
-            any |= n > 0;
-            for e in &ents[..n] {
-                if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
-                    self.on_write(e.data)?;
-                    continue;
-                }
-                if e.op_context.is_null() {
-                    continue;
-                }
-                // SAFETY: every context we post is an element of `self.ctx`.
-                let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
-                let i = (id & 0xffff_ffff) as usize;
-                match id >> 32 {
-                    C_EAGER_RX => self.on_eager(i)?,
-                    C_CTS_TX => {
-                        self.cts_done = self.cts_done.max(self.cts_seq[i % CTS_TX_SLOTS]);
-                        self.cts_free.push(i);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(any)
+        poll_rails(self)
     }
 
     /// Whether a message the sender has started is only partly here (a stripe or the data
@@ -3308,7 +3448,7 @@ impl RecvConn {
             .map(|p| progressed = p)
             .and_then(|()| self.poll_lane())
             .and_then(|()| self.send_deferred(false))
-            .and_then(|()| self.repost());
+            .and_then(|()| self.flush_cts());
         if let Err(e) = r {
             return Err(self.fail(e));
         }
@@ -3403,7 +3543,7 @@ impl RecvConn {
                 let m = match given.and_then(|g| g.mrs.get(r)) {
                     Some(m) => m.clone(),
                     None => self.caches[r]
-                        .get(&self.eps[r], b.ptr as usize, b.len)
+                        .get(self.eps[r].endpoint(), b.ptr as usize, b.len)
                         .map_err(|m| self.fi("fi_mr_reg", m))?,
                 };
                 mrs.push(m);
@@ -3442,7 +3582,7 @@ impl RecvConn {
             }
             self.send_cts(id);
             // The CTS onto the wire now; completions are read by the next test.
-            if let Err(e) = self.repost() {
+            if let Err(e) = self.flush_cts() {
                 return Err(self.fail(e));
             }
         }
@@ -3565,6 +3705,41 @@ impl RecvConn {
     }
 }
 
+impl RailEvents for RecvConn {
+    fn ports(&self) -> &[Port] {
+        &self.eps
+    }
+
+    fn events(&mut self) -> &mut Vec<Event> {
+        &mut self.events
+    }
+
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        let e = match ev {
+            Event::Msg(m) => return self.on_eager(&m),
+            Event::Done(e) => e,
+        };
+        if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
+            return self.on_write(e.data);
+        }
+        if e.op_context.is_null() {
+            return Ok(());
+        }
+        // SAFETY: every context this connection posts is an element of `self.ctx`.
+        let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
+        let i = (id & 0xffff_ffff) as usize;
+        if id >> 32 == C_CTS_TX {
+            self.cts_done = self.cts_done.max(self.cts_seq[i % CTS_TX_SLOTS]);
+            self.cts_free.push(i);
+        }
+        Ok(())
+    }
+
+    fn fi(&self, op: &'static str, m: String) -> Error {
+        RecvConn::fi(self, op, m)
+    }
+}
+
 impl Drop for RecvConn {
     fn drop(&mut self) {
         // Let queued CTS sends finish (bounded) so the endpoint closes with nothing of ours in
@@ -3586,6 +3761,16 @@ impl Drop for RecvConn {
         while !self.order.is_empty() && Instant::now() < deadline {
             if self.poll_cq().is_err() {
                 break;
+            }
+        }
+        // On a shared endpoint, which stays: if the CTS sends above did not finish, leak what
+        // the provider may still use.
+        let idle = self.cts_free.len() + self.cts_queue.len() >= CTS_TX_SLOTS;
+        if !idle && !self.eps[0].is_private() {
+            std::mem::forget(std::mem::take(&mut self.ctx));
+            self.cts.leak();
+            if let Some(t) = &mut self.table {
+                t.leak();
             }
         }
         for c in &mut self.caches {
@@ -3616,7 +3801,7 @@ mod tests {
     }
 
     #[test]
-    fn address_records_round_trip_and_version_1_means_8_bytes() {
+    fn address_records_round_trip_and_need_version_3() {
         let r = AddrRecord {
             provider: "verbs;ofi_rxm".into(),
             addr: vec![1, 2, 3, 4],
@@ -3626,6 +3811,7 @@ mod tests {
             more: vec![vec![5, 6, 7], vec![8; 40]],
             min_bytes: 65536,
             lane: Some("[fd00::2]:4321".parse().unwrap()),
+            ids: vec![(7, 0), (u64::MAX, 0xf_ffff), (1 << 40, 3)],
         };
         let p = record_payload(&r);
         assert_eq!(AddrRecord::decode(&p), Some(r.clone()));
@@ -3637,29 +3823,33 @@ mod tests {
         // More rails than MAX_RAILS: refused.
         let many = AddrRecord {
             more: vec![vec![1]; MAX_RAILS],
+            ids: vec![(1, 1); MAX_RAILS + 1],
             ..r.clone()
         };
         assert_eq!(AddrRecord::decode(&record_payload(&many)), None);
+        // Not one id per rail: refused.
+        let short = AddrRecord {
+            ids: vec![(1, 1)],
+            ..r.clone()
+        };
+        assert_eq!(AddrRecord::decode(&record_payload(&short)), None);
         let one = AddrRecord {
             more: Vec::new(),
             min_bytes: 0,
             lane: None,
+            ids: vec![(9, 2)],
             ..r
         };
         let p = record_payload(&one);
         assert_eq!(AddrRecord::decode(&p), Some(one));
-        // A version 1 record (no CQ data, table, rails or lane) is an 8-byte peer with one
-        // rail and no lane.
-        let mut v1 = p[..p.len() - 24].to_vec();
-        v1[4] = 1;
-        let d = AddrRecord::decode(&v1).unwrap();
-        assert_eq!((d.cq_data, d.table, d.more.len()), (8, None, 0));
-        assert_eq!((d.min_bytes, d.lane), (0, None));
-        // Truncated version 2 records are refused, not misread.
+        // Truncated records are refused, not misread; so are versions 1 and 2 (an endpoint
+        // per connection, untagged messages) and unknown ones.
         assert_eq!(AddrRecord::decode(&p[..p.len() - 1]), None);
-        let mut v3 = p.clone();
-        v3[4] = 3;
-        assert_eq!(AddrRecord::decode(&v3), None);
+        for v in [1, 2, 4] {
+            let mut other = p.clone();
+            other[4] = v;
+            assert_eq!(AddrRecord::decode(&other), None, "version {v}");
+        }
     }
 
     #[test]
@@ -3778,8 +3968,10 @@ mod tests {
         assert!(decode_cq_data(true, base | (IMM_DATA << IMM_KIND_SHIFT) | too_many).is_none());
         let rec = base | (IMM_RECORD << IMM_KIND_SHIFT) | (1 << IMM_SIZE_SHIFT);
         assert!(decode_cq_data(true, rec).is_none());
-        // The 8-byte layout: size << 32 | stripes << 16 | request << 8 | buffer.
-        match decode_cq_data(false, (5 << 32) | (3 << 8) | 2) {
+        // The 8-byte layout: size << 32 | receiver's slot << 12 | stripes << 9 | request << 3
+        // | buffer; the slot routes the completion (shared.rs) and is no part of the event.
+        let slot_bits = 0xf_ffff << shared::SLOT_SHIFT;
+        match decode_cq_data(false, (5 << 32) | slot_bits | (3 << W8_REQ_SHIFT) | 2) {
             Some(WriteEvent::Data {
                 idx: 3,
                 slot: 2,
@@ -3789,14 +3981,19 @@ mod tests {
             }) => {}
             e => panic!("{e:?}"),
         }
-        match decode_cq_data(false, (1 << 40) | (2 << 16) | (3 << 8) | 2) {
+        match decode_cq_data(
+            false,
+            (1 << 40) | (2 << W8_PARTS_SHIFT) | (63 << W8_REQ_SHIFT) | 7,
+        ) {
             Some(WriteEvent::Data {
+                idx: 63,
+                slot: 7,
                 parts: 2,
                 size: Some(0x100),
                 ..
             }) => {}
             e => panic!("{e:?}"),
         }
-        assert!(decode_cq_data(false, (MAX_RAILS as u64 + 1) << 16).is_none());
+        assert!(decode_cq_data(false, (MAX_RAILS as u64 + 1) << W8_PARTS_SHIFT).is_none());
     }
 }

@@ -15,6 +15,8 @@ use std::ffi::{c_char, c_int, c_void};
 
 /// `fi_addr_t`.
 pub type fi_addr_t = u64;
+/// Any source: where an endpoint without a peer (a shared one) receives from.
+pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;
 
 /// `FI_VERSION(1, 17)`: the API version the structs below describe.
 pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
@@ -344,6 +346,19 @@ pub struct fi_cq_data_entry {
     pub len: usize,
     pub buf: *mut c_void,
     pub data: u64,
+}
+
+impl Default for fi_cq_data_entry {
+    /// An empty entry to read into.
+    fn default() -> fi_cq_data_entry {
+        fi_cq_data_entry {
+            op_context: std::ptr::null_mut(),
+            flags: 0,
+            len: 0,
+            buf: std::ptr::null_mut(),
+            data: 0,
+        }
+    }
 }
 
 #[repr(C)]
@@ -678,6 +693,8 @@ mod tests {
             FI_EAGAIN,
             FI_EAVAIL
         );
+        // ((uint64_t)-1), printed as a long long.
+        v.push(("FI_ADDR_UNSPEC", i128::from(FI_ADDR_UNSPEC as i64)));
         v.push((
             "FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)",
             i128::from(FI_VERSION_1_17),
