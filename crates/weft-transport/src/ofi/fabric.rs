@@ -484,6 +484,35 @@ impl Endpoint {
         self.posted(rc, "fi_send")
     }
 
+    /// fi_senddata of `len` bytes at `buf` to `dest` with remote CQ `data`. `Ok(false)`:
+    /// FI_EAGAIN.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::recv`].
+    pub unsafe fn senddata_to(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        data: u64,
+        dest: sys::fi_addr_t,
+        ctx: *mut c_void,
+    ) -> FiResult<bool> {
+        // SAFETY: per the caller's promise; fi_senddata through the endpoint's msg ops.
+        let rc = unsafe {
+            ((*(*self.ep).msg).senddata.ok_or("no senddata")?)(
+                self.ep,
+                buf.cast(),
+                len,
+                desc,
+                data,
+                dest,
+                ctx,
+            )
+        };
+        self.posted(rc, "fi_senddata")
+    }
+
     /// fi_inject of `len` bytes at `buf` (at most the provider's inject size): the buffer is
     /// free again on return and no completion is generated. `Ok(false)`: FI_EAGAIN.
     pub fn inject(&self, buf: &[u8]) -> FiResult<bool> {

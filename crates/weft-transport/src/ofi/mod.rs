@@ -62,8 +62,8 @@
 //! * **RMA**: a send whose CTS is there is written straight into the receive buffer with
 //!   `fi_writedata`, whose remote CQ data completes it on the receiver. Tags pick the buffer
 //!   with [`crate::proto::select_slot`], the sender choosing.
-//!   * *8 bytes of remote CQ data* (`tcp;ofi_rxm`, `shm`): `size << 32 | stripes << 16 |
-//!     request index << 8 | buffer index`.
+//!   * *8 bytes of remote CQ data* (`tcp;ofi_rxm`, `shm`): `size << 32 | receiver's slot << 12
+//!     | stripes << 9 | request index << 3 | buffer index`.
 //!   * *4 bytes* (`verbs;ofi_rxm`, or `WEFT_OFI_CQ_DATA_BYTES=4`): request index (6 bits),
 //!     buffer index (3), kind (2), the low 5 bits of the message's sequence number (a check
 //!     that the write belongs to this receive), and 16 bits that hold the size of a message
@@ -81,8 +81,15 @@
 //!   receiver polls every rail's completion queue.
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
 //!   left (at most [`EAGER_SLOTS`] unreported), is copied into a registered bounce buffer and
-//!   `fi_send`'s into the receiver's endpoint's receive pool; the receiver copies it into the
-//!   matching buffer (or keeps it until the receive is posted). An eager send is complete when the
+//!   sent into the receiver's endpoint's receive pool; the receiver copies it into the
+//!   matching buffer (or keeps it until the receive is posted). With 8-byte remote CQ data the
+//!   message is the payload alone, sent with `fi_senddata`: the CQ data carries its tag (bits
+//!   32..64), the receiver's slot (12..32, which routes it) and the low 12 bits of its
+//!   sequence number (the receiver takes the number with those bits nearest to its next
+//!   receive's; the sender's requests in flight and the receiver's posted buffers are far
+//!   inside that window), so [`EAGER_MAX`] (16 KiB) fills `ofi_rxm`'s eager size exactly, as
+//!   `fi_pingpong`'s 16 KiB message does. With 4 bytes it is `fi_send` with the key and a
+//!   24-byte header (kind, tag, sequence number, size). An eager send is complete when the
 //!   provider reports it sent, not when it accepts it: the provider may still need the
 //!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
 //!   NCCL stops testing a request that is done.
@@ -196,8 +203,9 @@ use crate::tcp::{
 use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
 use shared::{Ctx, Event, Port, SharedEp};
 
-/// Largest message sent eagerly (copied into a bounce buffer, no CTS wait).
-pub const EAGER_MAX: usize = 8192;
+/// Largest message sent eagerly (copied into a bounce buffer, no CTS wait): `ofi_rxm`'s eager
+/// size, which a message with 8-byte remote CQ data fills exactly (no header; see "Eager").
+pub const EAGER_MAX: usize = 16384;
 /// Eager messages a sender may have outstanding to its receiver before a CTS reports them
 /// consumed (its eager credit; also its bounce buffers).
 pub const EAGER_SLOTS: usize = 64;
@@ -246,6 +254,11 @@ const _: () = assert!(MAX_RECV_REQUESTS <= 1 << IMM_SLOT_SHIFT && MAX_RECVS <= 8
 /// 8-byte remote CQ data: where the request index and the stripe count sit (the buffer index
 /// in bits 0..3, the receiver's slot from `shared::SLOT_SHIFT`, the size from bit 32).
 const W8_REQ_SHIFT: u32 = 3;
+/// 8-byte remote CQ data of an eager message: the low bits of its sequence number (bits
+/// 0..12), the receiver's slot (from `shared::SLOT_SHIFT`), its tag (from bit 32).
+const EAGER_SEQ_BITS: u32 = 12;
+const EAGER_SEQ_MASK: u64 = (1 << EAGER_SEQ_BITS) - 1;
+const _: () = assert!(EAGER_SEQ_BITS == shared::SLOT_SHIFT);
 const W8_PARTS_SHIFT: u32 = 9;
 const _: () = assert!(
     MAX_RECV_REQUESTS <= 1 << (W8_PARTS_SHIFT - W8_REQ_SHIFT)
@@ -2051,7 +2064,7 @@ pub struct SendConn {
     eager_free: Vec<usize>,
     eager_busy: usize,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
-    eager_queue: VecDeque<(usize, usize, RequestId)>,
+    eager_queue: VecDeque<(usize, usize, RequestId, i32)>,
     /// Registration cache per rail.
     caches: Vec<MrCache>,
     reqs: Slab<SendReq>,
@@ -2495,16 +2508,26 @@ impl SendConn {
     /// message goes by `fi_inject`, which has no completion to wait for. An eager send is not
     /// `posted` (timed): its receive may not be posted yet.
     fn post_eager(&mut self) -> Result<()> {
-        while let Some(&(slot, len, id)) = self.eager_queue.front() {
-            let p = self.eager.ptr(slot);
+        while let Some(&(slot, len, id, tag)) = self.eager_queue.front() {
             let desc = self.eager.mr.desc();
             let c: *mut Ctx = &mut self.ctx[slot];
-            let n = self.eager.wire(HDR + len);
-            // SAFETY: bounce slot and context stay untouched until this send's completion
-            // returns the slot to `eager_free`; both outlive it (the connection's drop waits
-            // for it, or leaks them).
-            let ok = unsafe { self.eps[0].send(p, n, desc, c.cast()) }
-                .map_err(|m| self.fi("fi_send", m))?;
+            let ok = if self.table.is_none() {
+                let seq = self.eager_seq[slot].unwrap_or(0);
+                let data = (u64::from(tag as u32) << 32)
+                    | self.eps[0].peer_slot_bits()
+                    | (seq & EAGER_SEQ_MASK);
+                let p = self.eager.slot(slot).as_ptr();
+                // SAFETY: bounce slot and context stay untouched until this send's completion
+                // returns the slot to `eager_free`; both outlive it (the connection's drop
+                // waits for it, or leaks them).
+                unsafe { self.eps[0].send_data(p, len, desc, data, c.cast()) }
+            } else {
+                let p = self.eager.ptr(slot);
+                let n = self.eager.wire(HDR + len);
+                // SAFETY: as above.
+                unsafe { self.eps[0].send(p, n, desc, c.cast()) }
+            }
+            .map_err(|m| self.fi("fi_send", m))?;
             if !ok {
                 break;
             }
@@ -2786,21 +2809,26 @@ impl SendConn {
                 self.eager_free.push(slot);
                 return Ok(None);
             };
+            // With 8-byte remote CQ data the message is the payload alone (its CQ data says
+            // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size; else a header first.
+            let at = if self.table.is_none() { 0 } else { HDR };
             let b = self.eager.slot(slot);
-            put_u32(b, 0, K_EAGER);
-            put_u32(b, 4, tag as u32);
-            put_u64(b, 8, seq);
-            put_u64(b, 16, len as u64);
+            if at == HDR {
+                put_u32(b, 0, K_EAGER);
+                put_u32(b, 4, tag as u32);
+                put_u64(b, 8, seq);
+                put_u64(b, 16, len as u64);
+            }
             if len > 0 {
                 // SAFETY: the caller guarantees `data..data+len` is readable; len <= EAGER_MAX.
                 let src = unsafe { std::slice::from_raw_parts(data, len) };
-                b[HDR..HDR + len].copy_from_slice(src);
+                b[at..at + len].copy_from_slice(src);
             }
             self.eager_busy += 1;
             self.eager_seq[slot] = Some(seq);
             self.eager_sent += 1;
             self.next_seq += 1;
-            self.eager_queue.push_back((slot, len, id));
+            self.eager_queue.push_back((slot, len, id, tag));
             self.unassigned.push_back(Unassigned {
                 seq,
                 tag,
@@ -2868,6 +2896,15 @@ impl RailEvents for SendConn {
     fn on_event(&mut self, ev: Event) -> Result<()> {
         let e = match ev {
             Event::Msg(m) => return self.on_cts(&m),
+            Event::MsgData(..) => {
+                return Err(self.link.protocol(
+                    Stage::Data,
+                    proto::FrameError::Unexpected {
+                        got: "an eager message",
+                        expected: "CTS",
+                    },
+                ));
+            }
             Event::Done(e) => e,
         };
         if e.op_context.is_null() {
@@ -2979,6 +3016,13 @@ enum WriteEvent {
     },
     /// The size record of buffer `slot` of request `idx` is in the size table.
     Record { idx: usize, slot: usize, check: u64 },
+}
+
+/// The sequence number whose low [`EAGER_SEQ_BITS`] are `low`, nearest to `next` (the next
+/// receive's): within `next - 2048 .. next + 2048` (from 0 while `next` is smaller).
+fn eager_seq(low: u64, next: u64) -> u64 {
+    let base = next.saturating_sub(1 << (EAGER_SEQ_BITS - 1));
+    base + (low.wrapping_sub(base) & EAGER_SEQ_MASK)
 }
 
 fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {
@@ -3339,6 +3383,26 @@ impl RecvConn {
             ));
         }
         let payload = b[HDR..HDR + size as usize].to_vec();
+        self.unexpected.insert(seq, (tag, payload));
+        self.drain()
+    }
+
+    /// An eager message of the 8-byte protocol: the payload alone, with its tag and the low
+    /// bits of its sequence number in the CQ data. The number is the one with those bits
+    /// nearest to the next receive's: a message is at most the sender's requests ahead of it
+    /// and at most the posted receives' buffers behind, both far inside the window.
+    fn on_eager_data(&mut self, data: u64, payload: Vec<u8>) -> Result<()> {
+        if self.table.is_some() || payload.len() > EAGER_MAX {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "an eager message with CQ data",
+                    expected: "EAGER",
+                },
+            ));
+        }
+        let tag = (data >> 32) as u32 as i32;
+        let seq = eager_seq(data & EAGER_SEQ_MASK, self.next_seq);
         self.unexpected.insert(seq, (tag, payload));
         self.drain()
     }
@@ -3717,6 +3781,7 @@ impl RailEvents for RecvConn {
     fn on_event(&mut self, ev: Event) -> Result<()> {
         let e = match ev {
             Event::Msg(m) => return self.on_eager(&m),
+            Event::MsgData(data, m) => return self.on_eager_data(data, m),
             Event::Done(e) => e,
         };
         if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
@@ -3849,6 +3914,19 @@ mod tests {
             let mut other = p.clone();
             other[4] = v;
             assert_eq!(AddrRecord::decode(&other), None, "version {v}");
+        }
+    }
+
+    #[test]
+    fn eager_sequence_numbers_come_back_from_their_low_bits() {
+        // A message is at most the sender's requests ahead of the next receive and at most the
+        // posted receives' buffers behind it.
+        let ahead = MAX_SEND_REQUESTS as u64;
+        let behind = (MAX_RECV_REQUESTS * MAX_RECVS) as u64;
+        for next in [0u64, 1, 500, 2047, 2048, 4095, 4096, 4097, 10_000, 1 << 40] {
+            for seq in next.saturating_sub(behind)..next + ahead {
+                assert_eq!(eager_seq(seq & EAGER_SEQ_MASK, next), seq, "next {next}");
+            }
         }
     }
 

@@ -66,6 +66,8 @@ pub(super) enum Event {
     Done(sys::fi_cq_data_entry),
     /// A message to it, without the key.
     Msg(Vec<u8>),
+    /// A message sent with remote CQ data (routed by the slot in it), and that data.
+    MsgData(u64, Vec<u8>),
 }
 
 enum Routed {
@@ -179,9 +181,9 @@ impl SharedEp {
     /// The connection an entry belongs to: a remote write's by its slot, a local
     /// operation's by its context ([`POOL`] for a message).
     fn owner(&self, r: &Routes, e: &sys::fi_cq_data_entry) -> Option<u64> {
-        // A remote write (weft sends no message with CQ data). Its `op_context` is not ours
-        // and need not be null (`tcp;ofi_rxm` leaves junk there).
-        if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
+        // A remote write: its `op_context` is not ours and need not be null (`tcp;ofi_rxm`
+        // leaves junk there). A message with CQ data is a receive (FI_RECV), into the pool.
+        if e.flags & sys::FI_REMOTE_CQ_DATA != 0 && e.flags & sys::FI_RECV == 0 {
             if self.private {
                 return r.inbox.keys().next().copied();
             }
@@ -316,6 +318,27 @@ impl Port {
         unsafe { self.shared.ep.send_to(buf, len, desc, self.peer, ctx) }
     }
 
+    /// Sends a message without the key to the peer, with remote CQ `data` that carries the
+    /// peer's slot bits ([`Port::peer_slot_bits`]) in place of it.
+    ///
+    /// # Safety
+    /// As for [`Port::send`].
+    pub unsafe fn send_data(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        data: u64,
+        ctx: *mut c_void,
+    ) -> FiResult<bool> {
+        // SAFETY: per the caller's promise.
+        unsafe {
+            self.shared
+                .ep
+                .senddata_to(buf, len, desc, data, self.peer, ctx)
+        }
+    }
+
     /// fi_writedata to the peer (the caller puts the peer's slot bits into `data`).
     ///
     /// # Safety
@@ -403,11 +426,22 @@ impl Port {
                         let i = unsafe { (*e.op_context.cast::<Ctx>()).id } as usize;
                         let at = i * pool.size;
                         let msg = &pool.buf[at..at + e.len.min(pool.size)];
-                        let key = msg
-                            .get(..KEY_BYTES)
-                            .and_then(|k| k.try_into().ok())
-                            .map(u64::from_le_bytes);
-                        let ev = Event::Msg(msg.get(KEY_BYTES..).unwrap_or_default().to_vec());
+                        let (key, ev) = if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
+                            let slot = ((e.data >> SLOT_SHIFT) & SLOT_MASK) as u32;
+                            let key = if sh.private {
+                                r.inbox.keys().next().copied()
+                            } else {
+                                r.slots.get(&slot).copied()
+                            };
+                            (key, Event::MsgData(e.data, msg.to_vec()))
+                        } else {
+                            let key = msg
+                                .get(..KEY_BYTES)
+                                .and_then(|k| k.try_into().ok())
+                                .map(u64::from_le_bytes);
+                            let body = msg.get(KEY_BYTES..).unwrap_or_default();
+                            (key, Event::Msg(body.to_vec()))
+                        };
                         pool.idle.push(i);
                         (key, ev)
                     }

@@ -448,7 +448,18 @@ pub struct fi_ops_msg {
     pub sendv: Unused,
     pub sendmsg: Unused,
     pub inject: Option<unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, fi_addr_t) -> isize>,
-    pub senddata: Unused,
+    #[allow(clippy::type_complexity)]
+    pub senddata: Option<
+        unsafe extern "C" fn(
+            *mut fid_ep,
+            *const c_void,
+            usize,
+            *mut c_void,
+            u64,
+            fi_addr_t,
+            *mut c_void,
+        ) -> isize,
+    >,
     pub injectdata: Unused,
 }
 
@@ -641,7 +652,7 @@ mod tests {
         l!(v; "fi_ops_ep", fi_ops_ep; "tx_size_left" => tx_size_left);
         l!(v; "fi_ops_cm", fi_ops_cm; "getname" => getname, "join" => join);
         l!(v; "fi_ops_msg", fi_ops_msg; "recv" => recv, "send" => send, "inject" => inject,
-           "injectdata" => injectdata);
+           "senddata" => senddata, "injectdata" => injectdata);
         l!(v; "fi_ops_rma", fi_ops_rma; "writedata" => writedata, "injectdata" => injectdata);
         l!(v; "fid_ep", fid_ep; "fid" => fid, "ops" => ops, "cm" => cm, "msg" => msg, "rma" => rma,
            "tagged" => tagged, "collective" => collective);
