@@ -10,7 +10,8 @@
 //! Sharing needs everything that arrives routed to its connection:
 //! * messages (eager data, CTS) land in the endpoint's one pool of receive buffers (untagged,
 //!   from any source, so that matching a message to a buffer is O(1) however many connections
-//!   there are) and start with the receiving connection's key ([`KEY_BYTES`]);
+//!   there are) and start with the receiving connection's key ([`KEY_BYTES`]), or, sent with
+//!   remote CQ data ([`Port::send_data`]), carry its slot there as writes do;
 //! * local completions carry the posting connection's key in their context ([`Ctx::owner`]);
 //! * remote writes carry the receiving connection's *slot* on its endpoint in bits
 //!   [`SLOT_SHIFT`].. of their 8-byte remote CQ data. With 4 bytes there is no room, so such a
