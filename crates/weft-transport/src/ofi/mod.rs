@@ -27,7 +27,7 @@
 //!
 //! # Shared endpoints
 //!
-//! The connections of a process share one endpoint per device and rail ([`shared`]): both
+//! The connections of a process share one endpoint per device and rail (`shared.rs`): both
 //! directions between two processes are one provider connection (with `tcp;ofi_rxm` one TCP
 //! socket, not two, whose replies carry the acknowledgements), and any connection's poll drives
 //! every connection's bytes. Messages (eager data, CTS) start with the receiving connection's
