@@ -391,9 +391,11 @@ impl Port {
             let got = match sh.ep.read_cq(&mut ents) {
                 Ok(got) => got,
                 Err(e) => {
-                    // An error without a context of ours is the poller's.
-                    let ctx = (!e.ctx.is_null() && e.flags & sys::FI_REMOTE_CQ_DATA == 0)
-                        .then_some(e.ctx.cast::<Ctx>());
+                    // An error without a context of ours (none, or a remote write's, as in
+                    // `owner`) is the poller's.
+                    let write =
+                        e.flags & sys::FI_REMOTE_CQ_DATA != 0 && e.flags & sys::FI_RECV == 0;
+                    let ctx = (!e.ctx.is_null() && !write).then_some(e.ctx.cast::<Ctx>());
                     // SAFETY: as in `owner`: a context posted here is a live `Ctx`.
                     let owner = ctx.map_or(self.key, |c| unsafe { (*c).owner });
                     if owner == POOL {
