@@ -85,6 +85,25 @@ fn each_provider(f: impl Fn(&str, &Transport)) {
     }
 }
 
+/// Receives messages 0..n (tag i, `size(i)` bytes of `pattern(size(i), i)`) and checks each.
+fn recv_patterns(
+    p: &str,
+    rx: &mut RecvConn,
+    buf: &mut [u8],
+    n: usize,
+    size: impl Fn(usize) -> usize,
+) {
+    for i in 0..n {
+        let got = rx.recv(buf, i as i32).unwrap();
+        assert_eq!(got, size(i), "{p}: message {i}");
+        assert_eq!(
+            &buf[..got],
+            &pattern(size(i), i as u8)[..],
+            "{p}: message {i}"
+        );
+    }
+}
+
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -1306,15 +1325,7 @@ fn small_receives_take_eager_messages_without_cts_on(p: &str, t: &Transport) {
         tx
     });
     let mut buf = vec![0u8; EAGER_MAX];
-    for i in 0..n {
-        let got = rx.recv(&mut buf, i as i32).unwrap();
-        assert_eq!(got, size(i), "{p}: message {i}");
-        assert_eq!(
-            &buf[..got],
-            &pattern(size(i), i as u8)[..],
-            "{p}: message {i}"
-        );
-    }
+    recv_patterns(p, &mut rx, &mut buf, n, size);
     let mut tx = h.join().unwrap();
     // Ping-pong in one thread: the receive first, then the send, which goes eagerly; the
     // receive completes well within the time it holds its CTS back.
@@ -1414,13 +1425,5 @@ fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport)
         tx.send(&pattern(size(i), i as u8), i as i32).unwrap();
     }
     drop(tx);
-    for i in 0..n {
-        let got = rx.recv(&mut buf, i as i32).unwrap();
-        assert_eq!(got, size(i), "{p}: message {i}");
-        assert_eq!(
-            &buf[..got],
-            &pattern(size(i), i as u8)[..],
-            "{p}: message {i}"
-        );
-    }
+    recv_patterns(p, &mut rx, &mut buf, n, size);
 }
