@@ -60,7 +60,7 @@ def free_port():
 def transport_env(kind, plugin, ifname):
     """The NCCL environment of one transport. Always: no P2P, no SHM, no NVLS."""
     env = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
-           "NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": ifname}
+           "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"), "NCCL_SOCKET_IFNAME": ifname}
     if kind == "weft":
         env.update({"NCCL_NET_PLUGIN": plugin, "NCCL_NET": "weft",
                     "WEFT_MGMT_IFNAME": "=" + ifname, "WEFT_DATA_IFNAME": "=" + ifname})
@@ -240,6 +240,9 @@ def main():
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--smoke", action="store_true", help="one rank per phase, small sizes")
+    p.add_argument("--weft-only", action="store_true",
+                   help="collectives through weft alone (no Socket, no training): to compare weft's "
+                        "own settings, e.g. WEFT_BACKEND=ofi, against a full run")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     plugin = os.path.abspath(args.plugin)
@@ -250,10 +253,18 @@ def main():
         args.max_bytes, args.reps, args.steps, args.warmup = min(args.max_bytes, 4 * MIB), 2, 3, 1
 
     results = {}
-    for kind in ("weft", "socket", "socket-best"):
+    for kind in ("weft",) if args.weft_only else ("weft", "socket", "socket-best"):
         print(f"== collectives through {kind}, {world} rank(s), {ifname}", flush=True)
         results[kind] = spawn(collectives_worker, world, transport_env(kind, plugin, ifname), args, args.out, "coll-" + kind)
     wrong = sum(r["wrong"] for k in results for r in results[k])
+    if args.weft_only:
+        print(f"# {'op':<15}{'bytes':>12}{'weft busbw':>12}{'time us':>10}")
+        for r in results["weft"]:
+            print(f"  {r['op']:<15}{r['bytes']:>12}{r['busbw']:>12.2f}{r['time_us']:>10.1f}")
+        print(f"# wrong elements: {wrong}")
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump({"world": world, "collectives": results}, f)
+        sys.exit(1 if wrong else 0)
 
     print("== training: GPT-2 124M, bf16, AdamW, global batch", args.global_batch, flush=True)
     one = spawn(train_worker, 1, None, args, args.out, "train-1gpu")

@@ -55,6 +55,12 @@ pub fn set_logger(l: ffi::ncclDebugLogger_t) {
 
 /// Logs one line through NCCL's logger, as `NET/weft : <msg>` under the NET subsystem.
 pub fn log(level: c_int, msg: &str) {
+    log_in(level, ffi::NCCL_NET, msg);
+}
+
+/// Logs one line under the given subsystems (`NCCL_INIT | NCCL_NET`, ...). NCCL prints an INFO
+/// line only when one of its subsystems is in `NCCL_DEBUG_SUBSYS`, whose default leaves NET out.
+pub fn log_in(level: c_int, subsystems: std::ffi::c_ulong, msg: &str) {
     let f = LOGGER.load(Ordering::Acquire);
     if f == 0 {
         if level == ffi::NCCL_LOG_WARN {
@@ -78,7 +84,7 @@ pub fn log(level: c_int, msg: &str) {
     unsafe {
         logger(
             level,
-            ffi::NCCL_NET,
+            subsystems,
             c"weft".as_ptr(),
             0,
             c"%s".as_ptr(),

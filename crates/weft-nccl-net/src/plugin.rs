@@ -56,16 +56,21 @@ pub fn init() -> Result<()> {
         })
         .collect();
     let c = t.config();
-    info(&format!(
-        "Using {}; OOB {}:{}; backend {}; streams {}x{} threads; timeout {:?}",
-        devs.join(" "),
-        t.mgmt().iface,
-        t.mgmt().addr,
-        t.backend(),
-        c.nsocks_per_thread,
-        c.nthreads,
-        c.timeout
-    ));
+    // Under INIT too, so that plain NCCL_DEBUG=INFO shows which backend moves the data.
+    crate::guard::log_in(
+        crate::ffi::NCCL_LOG_INFO,
+        crate::ffi::NCCL_INIT | crate::ffi::NCCL_NET,
+        &format!(
+            "Using {}; OOB {}:{}; backend {}; streams {}x{} threads; timeout {:?}",
+            devs.join(" "),
+            t.mgmt().iface,
+            t.mgmt().addr,
+            t.backend(),
+            c.nsocks_per_thread,
+            c.nthreads,
+            c.timeout
+        ),
+    );
     if let Some(note) = t.backend_note() {
         warn(note);
     }

@@ -124,14 +124,27 @@ fn t_init_and_properties(net: &Net) -> R {
     if r == ncclSuccess || warns_since(mark).is_empty() {
         return Err("getProperties(ndev) did not fail with a WARN".into());
     }
-    if !LOG
-        .lock()
-        .unwrap()
+    let log = LOG.lock().unwrap();
+    if !log
         .iter()
-        .any(|(l, m)| *l == NCCL_LOG_INFO && m.contains("NET/weft"))
+        .any(|l| l.level == NCCL_LOG_INFO && l.text.contains("NET/weft"))
     {
         return Err("no INFO line through the logger".into());
     }
+    // NCCL_DEBUG_SUBSYS leaves NET out by default: the line naming the backend is under INIT
+    // too, so that plain NCCL_DEBUG=INFO shows it.
+    let init_line = log.iter().find(|l| l.text.contains("backend "));
+    match init_line {
+        Some(l) if l.subsystems & NCCL_INIT != 0 && l.subsystems & NCCL_NET != 0 => {}
+        Some(l) => {
+            return Err(format!(
+                "the backend line has subsystems {:#x}, not INIT|NET: {}",
+                l.subsystems, l.text
+            ));
+        }
+        None => return Err("no INFO line names the backend".into()),
+    }
+    drop(log);
     net.finalize(ctx)
 }
 

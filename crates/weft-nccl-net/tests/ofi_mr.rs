@@ -93,7 +93,7 @@ fn t_register_deregister_reregister(net: &Net) -> R {
         Ok(d) => format!("backend ofi tcp;ofi_rxm/{}", d.replace(',', "+")),
         Err(_) => "backend ofi tcp;ofi_rxm/".into(),
     };
-    if !LOG.lock().unwrap().iter().any(|(_, m)| m.contains(&want)) {
+    if !LOG.lock().unwrap().iter().any(|l| l.text.contains(&want)) {
         return Err(format!("no INFO line with {want:?}"));
     }
     let mut handle = [0u8; 128];

@@ -16,14 +16,22 @@ pub mod worker;
 #[allow(unused_imports)] // conformance and ofi_mr run no workers
 pub use worker::{Worker, counters};
 
-pub static LOG: Mutex<Vec<(c_int, String)>> = Mutex::new(Vec::new());
+/// One line the plugin logged: its level, its subsystem flags (`NCCL_INIT`, `NCCL_NET`, ...)
+/// and its text.
+pub struct Logged {
+    pub level: c_int,
+    pub subsystems: c_ulong,
+    pub text: String,
+}
+
+pub static LOG: Mutex<Vec<Logged>> = Mutex::new(Vec::new());
 
 /// NCCL's logger is variadic; the plugin always calls it with fmt "%s" and exactly one `char*`.
 /// On the LP64 C ABIs of x86_64 and aarch64 Linux that extra argument arrives like a sixth
 /// fixed argument, so a non-variadic receiver reads it correctly (Rust cannot define variadics).
 unsafe extern "C" fn logger(
     level: c_int,
-    _f: c_ulong,
+    subsystems: c_ulong,
     _file: *const c_char,
     _line: c_int,
     _fmt: *const c_char,
@@ -36,7 +44,11 @@ unsafe extern "C" fn logger(
     if std::env::var_os("WEFT_TEST_VERBOSE").is_some() {
         eprintln!("[{level}] {m}");
     }
-    LOG.lock().unwrap().push((level, m));
+    LOG.lock().unwrap().push(Logged {
+        level,
+        subsystems,
+        text: m,
+    });
 }
 
 pub fn logger_ptr() -> ncclDebugLogger_t {
@@ -52,8 +64,8 @@ pub fn logger_ptr() -> ncclDebugLogger_t {
 pub fn warns_since(mark: usize) -> Vec<String> {
     LOG.lock().unwrap()[mark..]
         .iter()
-        .filter(|(l, _)| *l == NCCL_LOG_WARN)
-        .map(|(_, m)| m.clone())
+        .filter(|l| l.level == NCCL_LOG_WARN)
+        .map(|l| l.text.clone())
         .collect()
 }
 
