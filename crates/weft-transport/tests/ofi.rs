@@ -735,6 +735,51 @@ fn connections_sharing_an_endpoint_come_and_go_independently_on(p: &str, t: &Tra
     );
 }
 
+#[test]
+fn receivers_that_do_not_read_leave_the_endpoint_receive_buffers() {
+    each_provider(receivers_that_do_not_read_leave_the_endpoint_receive_buffers_on);
+}
+
+/// A message with remote CQ data stays in the endpoint's receive buffer until its connection
+/// copies it out, but no more than half the buffers stay held: five receivers that read
+/// nothing are sent 60 messages each, more than the endpoint's 256 buffers in all, while a
+/// sixth pair on the same endpoint (whose polls route those messages) keeps moving data. Then
+/// every held or copied message arrives intact and in order.
+fn receivers_that_do_not_read_leave_the_endpoint_receive_buffers_on(p: &str, t: &Transport) {
+    const IDLE: usize = 5;
+    const EACH: usize = 60;
+    let mut idle: Vec<(SendConn, RecvConn)> = (0..IDLE).map(|_| pair_on(t)).collect();
+    let (mut tx, mut rx) = pair_on(t);
+    let mut dst = vec![0u8; 4096];
+    let mut ping = |round: usize| {
+        let src = pattern(3000, round as u8);
+        let got = transfer_mr(&mut tx, &mut rx, &src, &mut dst, (None, None), 1);
+        assert_eq!(got, src.len(), "{p}: ping {round}");
+        assert!(dst[..got] == src[..], "{p}: ping {round} differs");
+    };
+    for i in 0..EACH {
+        for (k, (stx, _)) in idle.iter_mut().enumerate() {
+            stx.send(&pattern(100 + k, (i * IDLE + k) as u8), i as i32)
+                .unwrap();
+        }
+        ping(i);
+    }
+    for round in EACH..EACH + 20 {
+        ping(round);
+    }
+    let mut buf = vec![0u8; 256];
+    for (k, (_, irx)) in idle.iter_mut().enumerate() {
+        for i in 0..EACH {
+            let got = irx.recv(&mut buf, i as i32).unwrap();
+            assert_eq!(got, 100 + k, "{p}: receiver {k}, message {i}");
+            assert!(
+                buf[..got] == pattern(100 + k, (i * IDLE + k) as u8)[..],
+                "{p}: receiver {k}, message {i} differs"
+            );
+        }
+    }
+}
+
 /// Anonymous memory at a fixed address (`at`, or anywhere), as an allocator reuses it.
 fn map(at: Option<*mut u8>, len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping; MAP_FIXED only over our own earlier mapping, which

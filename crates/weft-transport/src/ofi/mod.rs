@@ -201,7 +201,7 @@ use crate::tcp::{
     Completed, Device, MAX_RECVS, PendingSock, RecvBuf, RequestId, poll_fd, write_all_until,
 };
 use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
-use shared::{Ctx, Event, Port, SharedEp};
+use shared::{Ctx, Event, Payload, Port, SharedEp};
 
 /// Largest message sent eagerly (copied into a bounce buffer, no CTS wait): `ofi_rxm`'s eager
 /// size, which a message with 8-byte remote CQ data fills exactly (no header; see "Eager").
@@ -2064,7 +2064,8 @@ pub struct SendConn {
     eager_free: Vec<usize>,
     eager_busy: usize,
     /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
-    eager_queue: VecDeque<(usize, usize, RequestId, i32)>,
+    /// (slot, bytes, request, tag, the caller's buffer when the message goes from it).
+    eager_queue: VecDeque<(usize, usize, RequestId, i32, usize)>,
     /// Registration cache per rail.
     caches: Vec<MrCache>,
     reqs: Slab<SendReq>,
@@ -2508,7 +2509,7 @@ impl SendConn {
     /// message goes by `fi_inject`, which has no completion to wait for. An eager send is not
     /// `posted` (timed): its receive may not be posted yet.
     fn post_eager(&mut self) -> Result<()> {
-        while let Some(&(slot, len, id, tag)) = self.eager_queue.front() {
+        while let Some(&(slot, len, id, tag, src)) = self.eager_queue.front() {
             let desc = self.eager.mr.desc();
             let c: *mut Ctx = &mut self.ctx[slot];
             let ok = if self.table.is_none() {
@@ -2516,9 +2517,35 @@ impl SendConn {
                 let data = (u64::from(tag as u32) << 32)
                     | self.eps[0].peer_slot_bits()
                     | (seq & EAGER_SEQ_MASK);
-                let p = self.eager.slot(slot).as_ptr();
-                // SAFETY: bounce slot and context stay untouched until this send's completion
-                // returns the slot to `eager_free`; both outlive it (the connection's drop
+                // From the caller's buffer, with its registration where the provider wants
+                // one (kept until the send completes); an empty message from the bounce slot.
+                let (p, desc) = if src == 0 {
+                    (self.eager.slot(slot).as_ptr(), desc)
+                } else {
+                    let given = self
+                        .reqs
+                        .get_mut(id)
+                        .and_then(|r| r.given.first())
+                        .filter(|m| m.covers(src, len))
+                        .cloned();
+                    let mr = match given {
+                        Some(m) => Some(m),
+                        None if self.mr_local => Some(
+                            self.caches[0]
+                                .get(self.eps[0].endpoint(), src, len)
+                                .map_err(|m| self.fi("fi_mr_reg", m))?,
+                        ),
+                        None => None,
+                    };
+                    let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+                    if let Some(r) = self.reqs.get_mut(id) {
+                        r._mr.extend(mr);
+                    }
+                    (src as *const u8, desc)
+                };
+                // SAFETY: the caller of isend keeps its buffer valid, and the bounce slot and
+                // context stay untouched, until this send's completion makes the request done
+                // and returns the slot to `eager_free`; they outlive it (the connection's drop
                 // waits for it, or leaks them).
                 unsafe { self.eps[0].send_data(p, len, desc, data, c.cast()) }
             } else {
@@ -2803,32 +2830,40 @@ impl SendConn {
                 done: false,
                 posted: false,
                 writes_left: 0,
-                given: Vec::new(),
+                // Sent from the caller's buffer (8-byte CQ data): its registration, if any.
+                given: given.clone(),
                 _mr: Vec::new(),
             }) else {
                 self.eager_free.push(slot);
                 return Ok(None);
             };
             // With 8-byte remote CQ data the message is the payload alone (its CQ data says
-            // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size; else a header first.
-            let at = if self.table.is_none() { 0 } else { HDR };
-            let b = self.eager.slot(slot);
-            if at == HDR {
+            // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size, and it goes straight
+            // from the caller's buffer, which stays valid until the send is done (at its
+            // completion). Else a header and a copy into the bounce slot first.
+            let src = if self.table.is_none() && len > 0 {
+                data as usize
+            } else {
+                0
+            };
+            if self.table.is_some() {
+                let b = self.eager.slot(slot);
                 put_u32(b, 0, K_EAGER);
                 put_u32(b, 4, tag as u32);
                 put_u64(b, 8, seq);
                 put_u64(b, 16, len as u64);
-            }
-            if len > 0 {
-                // SAFETY: the caller guarantees `data..data+len` is readable; len <= EAGER_MAX.
-                let src = unsafe { std::slice::from_raw_parts(data, len) };
-                b[at..at + len].copy_from_slice(src);
+                if len > 0 {
+                    // SAFETY: the caller guarantees `data..data+len` is readable;
+                    // len <= EAGER_MAX.
+                    let src = unsafe { std::slice::from_raw_parts(data, len) };
+                    b[HDR..HDR + len].copy_from_slice(src);
+                }
             }
             self.eager_busy += 1;
             self.eager_seq[slot] = Some(seq);
             self.eager_sent += 1;
             self.next_seq += 1;
-            self.eager_queue.push_back((slot, len, id, tag));
+            self.eager_queue.push_back((slot, len, id, tag, src));
             self.unassigned.push_back(Unassigned {
                 seq,
                 tag,
@@ -2923,6 +2958,7 @@ impl RailEvents for SendConn {
                     .and_then(|id| self.reqs.get_mut(id))
                 {
                     r.done = true;
+                    r._mr.clear();
                 }
             }
             C_WRITE => {
@@ -2966,12 +3002,15 @@ impl Drop for SendConn {
             }
         }
         // The endpoint stays with the other connections: if the sends above did not finish,
-        // leak what the provider may still use.
+        // leak what the provider may still use, registrations of the caller's buffers (eager
+        // messages and writes go from them) included.
         let idle = self.eager_busy == 0 && !self.reqs.values().any(|r| r.posted && !r.done);
         if !idle && !self.eps[0].is_private() {
             std::mem::forget(std::mem::take(&mut self.ctx));
             self.eager.leak();
             self.recs.leak();
+            std::mem::forget(std::mem::take(&mut self.caches));
+            std::mem::forget(std::mem::replace(&mut self.reqs, Slab::new(0)));
         }
         for c in &mut self.caches {
             c.clear();
@@ -3079,7 +3118,9 @@ pub struct RecvConn {
     reqs: Slab<RecvReq>,
     order: VecDeque<RequestId>,
     next_seq: u64,
-    unexpected: BTreeMap<u64, (i32, Vec<u8>)>,
+    /// Messages that came before their receive, by sequence number: tag and bytes (copied
+    /// out of the endpoint's buffers, see [`Payload::release`]).
+    unexpected: BTreeMap<u64, (i32, Payload)>,
     eager_consumed: u64,
     virt_addr: bool,
     /// 4-byte protocol: the size table the senders write records into, one per buffer.
@@ -3269,6 +3310,7 @@ impl RecvConn {
                 let Some((tag, payload)) = self.unexpected.remove(&seq) else {
                     break;
                 };
+                let payload = payload.bytes();
                 let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
                 let slot = proto::select_slot(&tags, &r.filled[..r.bufs.len()], tag)
                     .ok_or(Error::TagMismatch { peer, tag })?;
@@ -3350,7 +3392,8 @@ impl RecvConn {
             match m.slot {
                 Some(slot) => self.on_lane_slotted(m, slot)?,
                 None => {
-                    self.unexpected.insert(m.seq, (m.tag, m.payload));
+                    self.unexpected
+                        .insert(m.seq, (m.tag, Payload::Copied(m.payload)));
                 }
             }
         }
@@ -3382,7 +3425,7 @@ impl RecvConn {
                 },
             ));
         }
-        let payload = b[HDR..HDR + size as usize].to_vec();
+        let payload = Payload::Copied(b[HDR..HDR + size as usize].to_vec());
         self.unexpected.insert(seq, (tag, payload));
         self.drain()
     }
@@ -3391,8 +3434,11 @@ impl RecvConn {
     /// bits of its sequence number in the CQ data. The number is the one with those bits
     /// nearest to the next receive's: a message is at most the sender's requests ahead of it
     /// and at most the posted receives' buffers behind, both far inside the window.
-    fn on_eager_data(&mut self, data: u64, payload: Vec<u8>) -> Result<()> {
-        if self.table.is_some() || payload.len() > EAGER_MAX {
+    ///
+    /// When its receive is posted the message goes from the endpoint's buffer straight into
+    /// the caller's; else it is copied out and waits.
+    fn on_eager_data(&mut self, data: u64, payload: Payload) -> Result<()> {
+        if self.table.is_some() || payload.bytes().len() > EAGER_MAX {
             return Err(self.link.protocol(
                 Stage::Data,
                 proto::FrameError::Unexpected {
@@ -3404,7 +3450,11 @@ impl RecvConn {
         let tag = (data >> 32) as u32 as i32;
         let seq = eager_seq(data & EAGER_SEQ_MASK, self.next_seq);
         self.unexpected.insert(seq, (tag, payload));
-        self.drain()
+        let drained = self.drain();
+        if let Some((_, p)) = self.unexpected.get_mut(&seq) {
+            p.release();
+        }
+        drained
     }
 
     fn on_write(&mut self, data: u64) -> Result<()> {

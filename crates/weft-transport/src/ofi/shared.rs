@@ -19,12 +19,14 @@
 //!
 //! A poll first takes what other connections read for this one (its inbox), then reads the
 //! completion queue, keeping its own events, queueing the others' in their inboxes and
-//! reposting each pool buffer once its message is copied out, all under one lock, so each
-//! connection sees its events in the queue's order.
+//! reposting the pool's buffers, all under one lock, so each connection sees its events in
+//! the queue's order. A message with remote CQ data stays in its buffer ([`Held`]) until the
+//! receiving connection has copied it where it belongs (at most half the buffers at once);
+//! the buffer is posted again by the next poll after that.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::fabric::{CqError, Domain, Endpoint, FiResult, Mr};
@@ -68,7 +70,66 @@ pub(super) enum Event {
     /// A message to it, without the key.
     Msg(Vec<u8>),
     /// A message sent with remote CQ data (routed by the slot in it), and that data.
-    MsgData(u64, Vec<u8>),
+    MsgData(u64, Payload),
+}
+
+/// The bytes of a message with remote CQ data: still in the endpoint's receive buffer, or,
+/// when the pool is short of buffers, a copy.
+pub(super) enum Payload {
+    Held(Held),
+    Copied(Vec<u8>),
+}
+
+impl Payload {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Held(h) => h.bytes(),
+            Payload::Copied(v) => v,
+        }
+    }
+
+    /// Copies a held message out, so that its receive buffer goes back to the pool (a
+    /// message that waits for its receive must not keep one).
+    pub fn release(&mut self) {
+        if let Payload::Held(h) = self {
+            *self = Payload::Copied(h.bytes().to_vec());
+        }
+    }
+}
+
+/// A message read in place from a pool receive buffer, which is not posted again before this
+/// is dropped. It saves copying the message before the receiving connection copies it into
+/// the caller's buffer.
+pub(super) struct Held {
+    ep: Arc<SharedEp>,
+    index: usize,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `ptr` points into the pool's buffer, owned by `ep` (kept alive here); buffer
+// `index` is this value's alone until it is dropped (see `bytes`).
+unsafe impl Send for Held {}
+
+impl Held {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies in receive buffer `index` of the pool, whose memory
+        // lives as long as `ep`. The buffer is neither idle nor posted while this value
+        // exists (`Drop` gives it back), so neither the provider nor another poll writes it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Only the `returned` lock: a `Held` may be dropped with the routes locked.
+        self.ep
+            .returned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.index);
+        self.ep.held.fetch_sub(1, Ordering::Release);
+    }
 }
 
 enum Routed {
@@ -105,6 +166,13 @@ pub struct SharedEp {
     /// One connection only (4-byte remote CQ data): every remote write is its own.
     private: bool,
     routes: Mutex<(Routes, RxPool)>,
+    /// Receive buffers given back by dropped [`Held`] messages, to post again. Locked after
+    /// `routes` when both are, never the other way.
+    returned: Mutex<Vec<usize>>,
+    /// Receive buffers held by [`Held`] messages now.
+    held: AtomicUsize,
+    /// Most buffers that may be held at once: the rest keep receiving, whoever holds what.
+    held_max: usize,
 }
 
 // SAFETY: the raw pointers in queued completions and contexts are tokens (compared, or read by
@@ -145,6 +213,9 @@ impl SharedEp {
             ep,
             private,
             routes: Mutex::new((Routes::default(), pool)),
+            returned: Mutex::new(Vec::new()),
+            held: AtomicUsize::new(0),
+            held_max: slots / 2,
         });
         let mut g = sh.lock();
         sh.post(&mut g.1)?;
@@ -163,8 +234,12 @@ impl SharedEp {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Posts the idle receive buffers, until the provider has no room.
+    /// Posts the idle receive buffers and those given back, until the provider has no room.
     fn post(&self, pool: &mut RxPool) -> FiResult<()> {
+        {
+            let mut back = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+            pool.idle.append(&mut back);
+        }
         while let Some(&i) = pool.idle.last() {
             let p = pool.buf[i * pool.size..].as_mut_ptr();
             let c: *mut Ctx = &mut pool.ctx[i];
@@ -368,7 +443,7 @@ impl Port {
     /// which also drives the provider for every connection on the endpoint. An error
     /// completion of this connection becomes `Err`. Returns how many it appended.
     pub fn poll(&self, out: &mut Vec<Event>, max: usize) -> FiResult<usize> {
-        let sh = &*self.shared;
+        let sh = &self.shared;
         let mut g = sh.lock();
         let (r, pool) = &mut *g;
         let start = out.len();
@@ -436,16 +511,28 @@ impl Port {
                             } else {
                                 r.slots.get(&slot).copied()
                             };
-                            (key, Event::MsgData(e.data, msg.to_vec()))
+                            let payload = if sh.held.load(Ordering::Acquire) < sh.held_max {
+                                sh.held.fetch_add(1, Ordering::AcqRel);
+                                Payload::Held(Held {
+                                    ep: Arc::clone(sh),
+                                    index: i,
+                                    ptr: msg.as_ptr(),
+                                    len: msg.len(),
+                                })
+                            } else {
+                                pool.idle.push(i);
+                                Payload::Copied(msg.to_vec())
+                            };
+                            (key, Event::MsgData(e.data, payload))
                         } else {
                             let key = msg
                                 .get(..KEY_BYTES)
                                 .and_then(|k| k.try_into().ok())
                                 .map(u64::from_le_bytes);
                             let body = msg.get(KEY_BYTES..).unwrap_or_default();
+                            pool.idle.push(i);
                             (key, Event::Msg(body.to_vec()))
                         };
-                        pool.idle.push(i);
                         (key, ev)
                     }
                     o => (o, Event::Done(*e)),
