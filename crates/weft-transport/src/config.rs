@@ -10,6 +10,15 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// Messages up to this size go inline on the control stream, sent and read by the caller's
+/// own `test`, rather than through the helper threads of the data streams, whose two thread
+/// wake-ups cost more than copying such a message: a 2-16 KiB ping-pong takes 9-17 µs inline
+/// against 22-38 µs through a data stream (docs/benchmarks.md, "Inline up to 16 KiB"). Larger
+/// messages stay off the control stream so that one frame never overruns its CREDIT window by
+/// more than half of it.
+pub const DEFAULT_INLINE_BYTES: usize = 16 * 1024;
+const _: () = assert!(DEFAULT_INLINE_BYTES as u64 <= crate::proto::CTRL_WINDOW / 2);
+
 /// Most data streams a connection may use (NCCL's own socket transport caps at 64 too).
 pub const MAX_STREAMS: usize = 64;
 /// Most helper threads a connection may use.
@@ -230,7 +239,7 @@ impl Default for Config {
             accept_timeout: Duration::from_secs(300),
             nthreads: default_layout().0,
             nsocks_per_thread: default_layout().1,
-            inline_max: 1024,
+            inline_max: DEFAULT_INLINE_BYTES,
             min_chunk: 64 * 1024,
             sock_buf: 0,
             tcp_user_timeout: Duration::ZERO,
@@ -280,7 +289,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "WEFT_INLINE_BYTES",
-        "messages up to this size go inline on the control stream; default 1024",
+        "messages up to this size go inline on the control stream; default 16384",
     ),
     (
         "WEFT_MIN_CHUNK_BYTES",
