@@ -241,7 +241,9 @@ impl SharedEp {
             pool.idle.append(&mut back);
         }
         while let Some(&i) = pool.idle.last() {
-            let p = pool.buf[i * pool.size..].as_mut_ptr();
+            // Buffer `i` alone: the others may be posted (the provider writes them) or held
+            // (another thread reads them).
+            let p = pool.buf[i * pool.size..(i + 1) * pool.size].as_mut_ptr();
             let c: *mut Ctx = &mut pool.ctx[i];
             // SAFETY: buffer `i` and its context belong to the pool, which lives as long as
             // the endpoint (closed first, see the field order) and is not touched until the
