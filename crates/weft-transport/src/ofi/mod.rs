@@ -80,16 +80,19 @@
 //!   go whole to the rails in turn. CTS, eager messages and size records use rail 0. The
 //!   receiver polls every rail's completion queue.
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
-//!   left (at most [`EAGER_SLOTS`] unreported), is copied into a registered bounce buffer and
-//!   sent into the receiver's endpoint's receive pool; the receiver copies it into the
-//!   matching buffer (or keeps it until the receive is posted). With 8-byte remote CQ data the
-//!   message is the payload alone, sent with `fi_senddata`: the CQ data carries its tag (bits
-//!   32..64), the receiver's slot (12..32, which routes it) and the low 12 bits of its
+//!   left (at most [`EAGER_SLOTS`] unreported), is sent into the receiver's endpoint's receive
+//!   pool; the receiver copies it into the matching buffer (or copies it out and keeps it until
+//!   the receive is posted). With 8-byte remote CQ data the message is the payload alone, sent
+//!   with `fi_senddata` straight from the caller's buffer and copied from the pool buffer into
+//!   the receive's (one copy more than `fi_pingpong`, which receives into its own buffer).
+//!   The CQ data carries its tag (bits 32..64), the receiver's slot (12..32, which routes
+//!   it) and the low 12 bits of its
 //!   sequence number (the receiver takes the number with those bits nearest to its next
 //!   receive's; the sender's requests in flight and the receiver's posted buffers are far
 //!   inside that window), so [`EAGER_MAX`] (16 KiB) fills `ofi_rxm`'s eager size exactly, as
-//!   `fi_pingpong`'s 16 KiB message does. With 4 bytes it is `fi_send` with the key and a
-//!   24-byte header (kind, tag, sequence number, size). An eager send is complete when the
+//!   `fi_pingpong`'s 16 KiB message does. With 4 bytes it is `fi_send` of a registered bounce
+//!   buffer holding the key, a 24-byte header (kind, tag, sequence number, size) and a copy
+//!   of the payload. An eager send is complete when the
 //!   provider reports it sent, not when it accepts it: the provider may still need the
 //!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
 //!   NCCL stops testing a request that is done.
@@ -203,7 +206,7 @@ use crate::tcp::{
 use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
 use shared::{Ctx, Event, Payload, Port, SharedEp};
 
-/// Largest message sent eagerly (copied into a bounce buffer, no CTS wait): `ofi_rxm`'s eager
+/// Largest message sent eagerly (no CTS wait): `ofi_rxm`'s eager
 /// size, which a message with 8-byte remote CQ data fills exactly (no header; see "Eager").
 pub const EAGER_MAX: usize = 16384;
 /// Eager messages a sender may have outstanding to its receiver before a CTS reports them
@@ -2063,8 +2066,8 @@ pub struct SendConn {
     events: Vec<Event>,
     eager_free: Vec<usize>,
     eager_busy: usize,
-    /// Eager sends copied but not yet accepted by the provider: (slot, bytes, request).
-    /// (slot, bytes, request, tag, the caller's buffer when the message goes from it).
+    /// Eager sends not yet accepted by the provider: (slot, bytes, request, tag, the caller's
+    /// buffer when the message goes from it, else 0: from the bounce slot).
     eager_queue: VecDeque<(usize, usize, RequestId, i32, usize)>,
     /// Registration cache per rail.
     caches: Vec<MrCache>,
