@@ -1316,7 +1316,7 @@ const LINGER_MAX: Duration = Duration::from_secs(2);
 
 impl Drop for SendConn {
     /// Leaves the control link: CLOSE to the peer while a receiving connection still uses it,
-    /// else a graceful close (see [`CtrlLink::detach`]). Data streams carry nothing back, so
+    /// else a graceful close (see `CtrlLink::detach`). Data streams carry nothing back, so
     /// they close with a FIN.
     fn drop(&mut self) {
         if let Some(old) = self.old.take() {
@@ -1594,7 +1594,7 @@ impl RecvConn {
 
 impl Drop for RecvConn {
     /// Leaves the control link: CLOSE to the peer while a sending connection still uses it,
-    /// else a graceful close (see [`CtrlLink::detach`]).
+    /// else a graceful close (see `CtrlLink::detach`).
     fn drop(&mut self) {
         if let Some(next) = self.next.take() {
             next.detach(End::Recv, Duration::ZERO);
