@@ -13,7 +13,7 @@ use weft_transport::{
 };
 
 use crate::ffi;
-use crate::guard::{PluginError, Result, info, warn};
+use crate::guard::{PluginError, Result, info, log_in, warn};
 
 struct Global {
     transport: Arc<Transport>,
@@ -57,9 +57,9 @@ pub fn init() -> Result<()> {
         .collect();
     let c = t.config();
     // Under INIT too, so that plain NCCL_DEBUG=INFO shows which backend moves the data.
-    crate::guard::log_in(
-        crate::ffi::NCCL_LOG_INFO,
-        crate::ffi::NCCL_INIT | crate::ffi::NCCL_NET,
+    log_in(
+        ffi::NCCL_LOG_INFO,
+        ffi::NCCL_INIT | ffi::NCCL_NET,
         &format!(
             "Using {}; OOB {}:{}; backend {}; streams {}x{} threads; timeout {:?}",
             devs.join(" "),
