@@ -4,7 +4,9 @@
 //! the InfiniBand diagnostics, iproute2, iperf3, OpenSSH) when they are missing, so that the two
 //! commands in the README work on a fresh machine.
 
+mod deb;
 mod demo;
+mod tidy;
 
 use std::process::{Command, ExitCode};
 
@@ -25,6 +27,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssh-client", "/usr/bin/ssh"),
     ("libfabric1", "/usr/lib/x86_64-linux-gnu/libfabric.so.1"),
     ("libfabric-bin", "/usr/bin/fi_pingpong"),
+    // the C headers, so that the libfabric struct-layout test runs instead of failing
+    ("libfabric-dev", "/usr/include/rdma/fabric.h"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -32,7 +36,10 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   demo    start a simulated InfiniBand fabric with a primary and a standby OpenSM,
           apply weft's partition plan, verify it on every port, move a node, fail over
-  test    install what the tests need, then run fmt, clippy and the whole test suite
+  test    install what the tests need, then run fmt, tidy, clippy and the whole test suite
+  tidy    check the rules of ARCHITECTURE.md that a machine can check
+  deb     build the Debian package (release build) into target/deb/
+  deb-test  install the package (debug build) on a clean debootstrapped Debian and run weft there
   deps    only install the Debian packages the tests need";
 
 fn main() -> ExitCode {
@@ -41,6 +48,9 @@ fn main() -> ExitCode {
         Some("demo") => ensure_packages().and_then(|()| demo::run()),
         Some("test") => ensure_packages().and_then(|()| test(&args[1..])),
         Some("deps") => ensure_packages(),
+        Some("tidy") => workspace_root().and_then(|root| tidy::run(&root)),
+        Some("deb") => workspace_root().and_then(|root| deb::build(&root, true).map(drop)),
+        Some("deb-test") => workspace_root().and_then(|root| deb::test(&root)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -60,7 +70,12 @@ fn main() -> ExitCode {
 }
 
 fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure(PACKAGES)
+}
+
+/// Installs the Debian packages of `list` whose file is missing (as root, else an error).
+fn ensure(list: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = list
         .iter()
         .filter(|(_, file)| !std::path::Path::new(file).exists())
         .map(|(pkg, _)| *pkg)
@@ -100,8 +115,17 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The workspace root: xtask's manifest directory's parent.
+fn workspace_root() -> Result<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    dir.parent()
+        .map(std::path::Path::to_path_buf)
+        .context("xtask has no parent directory")
+}
+
 fn test(extra: &[String]) -> Result<()> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    tidy::run(&workspace_root()?)?;
     run(cargo().args([
         "clippy",
         "--workspace",
@@ -110,5 +134,11 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(cargo().args(["test", "--workspace"]).args(extra))
+    // Everything the tests need was installed above, so a test that cannot run is a failure.
+    let require = std::env::var("WEFT_TEST_REQUIRE").unwrap_or_else(|_| "all".into());
+    run(cargo()
+        .args(["test", "--workspace"])
+        .args(extra)
+        .env("WEFT_TEST_REQUIRE", require))?;
+    deb::test(&workspace_root()?)
 }

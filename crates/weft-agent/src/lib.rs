@@ -39,6 +39,8 @@
 //! host name (where `/etc/hostname` is missing), the IP addresses (`getifaddrs`) and the
 //! GPUs (NVML; none, without error, where `libnvidia-ml.so.1` is absent).
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod discover;
 mod error;
 pub mod fixtures;

@@ -30,6 +30,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod bootstrap;
 pub mod comm;
 pub mod doctor;

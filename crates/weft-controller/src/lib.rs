@@ -24,6 +24,9 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod agent;
 pub mod api;
 pub mod auth;

@@ -25,6 +25,9 @@
 //! assert_eq!(conf::parse(&text).unwrap(), compiled.conf);
 //! ```
 
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod compile;
 pub mod conf;
 mod plan;

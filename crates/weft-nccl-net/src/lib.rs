@@ -26,6 +26,8 @@
 //! From Rust (tests, tools) the tables are reachable as plain statics, e.g.
 //! `nccl_net_weft::ncclNetPlugin_v8.name`.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod ffi;
 mod guard;
 mod plugin;

@@ -73,6 +73,7 @@
 
 mod cmd;
 mod ping;
+pub mod require;
 
 use std::fmt;
 use std::fs::File;

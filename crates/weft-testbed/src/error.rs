@@ -1,3 +1,5 @@
+//! The error type of the test bed: what failed to start, and why.
+
 use std::path::PathBuf;
 use std::time::Duration;
 

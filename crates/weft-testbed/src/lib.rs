@@ -47,6 +47,8 @@
 //!   limited nodes. Query from the SM host (`smhost`, a full member) to see everything.
 //! * A diag tool waiting for an SA that is gone hangs; every call here is bounded.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod fabric;
 mod sshd;

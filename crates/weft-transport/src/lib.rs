@@ -83,6 +83,8 @@
 //! # Ok::<(), weft_transport::Error>(())
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod backend;
 pub mod config;
 mod error;

@@ -1,0 +1,273 @@
+//! `cargo xtask tidy`: the habits of ARCHITECTURE.md that a machine can check.
+//!
+//! Each check reads the tree as text (and the manifests as TOML) and reports every place that
+//! breaks a rule, with its path, so that nobody has to remember the rules:
+//!
+//! * every source file of a crate opens with a `//!` paragraph;
+//! * a crate with no `unsafe` in its sources says `#![forbid(unsafe_code)]`;
+//! * every shipped crate denies `unwrap`/`expect` outside tests (clippy then enforces it);
+//! * `weft-fabric` does no I/O (no files, sockets, processes or clocks);
+//! * `weft-transport` names no NCCL type;
+//! * the test-only crates (`weft-testbed`, `weft-netns`) are never normal dependencies of a
+//!   shipped crate;
+//! * no source file is longer than [`MAX_LINES`] without a `tidy: long-file` note saying why.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// Longest source file, in lines, that needs no note.
+pub const MAX_LINES: usize = 1500;
+
+/// Crates that only tests and xtask may depend on.
+const TEST_ONLY: &[&str] = &["weft-testbed", "weft-netns"];
+
+/// The line a shipped crate's root carries so that clippy refuses `unwrap` and `expect` in
+/// code that is not a test.
+pub const NO_UNWRAP: &str =
+    "#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]";
+
+/// What in `weft-fabric`'s sources would be I/O.
+const IO_NAMES: &[&str] = &[
+    "std::fs",
+    "TcpStream",
+    "TcpListener",
+    "UdpSocket",
+    "UnixStream",
+    "std::process",
+    "std::io::stdin",
+    "std::io::stdout",
+    "std::env",
+    "SystemTime",
+    "Instant::now",
+    "tokio",
+    "File::open",
+    "File::create",
+];
+
+/// NCCL names that must stay in the plugin crate.
+const NCCL_NAMES: &[&str] = &[
+    "ncclNet_v",
+    "ncclResult_t",
+    "ncclDebugLogger",
+    "ncclNetProperties",
+];
+
+/// Runs every check from the workspace root; fails with the list of findings.
+pub fn run(root: &Path) -> Result<()> {
+    let mut findings = Vec::new();
+    for krate in crates(root)? {
+        check_crate(&krate, &mut findings)?;
+    }
+    if findings.is_empty() {
+        eprintln!("tidy: ok");
+        return Ok(());
+    }
+    for f in &findings {
+        eprintln!("tidy: {f}");
+    }
+    bail!("{} tidy finding(s)", findings.len())
+}
+
+/// One crate of `crates/`, its name and whether it ships.
+struct Crate {
+    name: String,
+    dir: PathBuf,
+    manifest: toml::Table,
+}
+
+impl Crate {
+    fn ships(&self) -> bool {
+        !TEST_ONLY.contains(&self.name.as_str())
+    }
+}
+
+fn crates(root: &Path) -> Result<Vec<Crate>> {
+    let mut out = Vec::new();
+    let dir = root.join("crates");
+    let mut entries: Vec<_> = fs::read_dir(&dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let manifest_path = e.path().join("Cargo.toml");
+        if !manifest_path.exists() {
+            continue;
+        }
+        let text = fs::read_to_string(&manifest_path)
+            .with_context(|| format!("cannot read {}", manifest_path.display()))?;
+        let manifest: toml::Table = text
+            .parse()
+            .with_context(|| format!("{} is not valid TOML", manifest_path.display()))?;
+        let name = manifest
+            .get("package")
+            .and_then(|p| p.get("name"))
+            .and_then(|n| n.as_str())
+            .with_context(|| format!("{} has no package.name", manifest_path.display()))?
+            .to_string();
+        out.push(Crate {
+            name,
+            dir: e.path(),
+            manifest,
+        });
+    }
+    Ok(out)
+}
+
+fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
+    let folder = c.dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if folder != c.name {
+        findings.push(format!(
+            "{}: folder name differs from the crate name {}",
+            c.dir.display(),
+            c.name
+        ));
+    }
+    let src = c.dir.join("src");
+    let files = rust_files(&src)?;
+    let mut any_unsafe = false;
+    for f in &files {
+        let text = fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+        if !opens_with_doc(&text) {
+            findings.push(format!("{}: no `//!` paragraph at the top", f.display()));
+        }
+        if code_lines(&text).any(|l| has_word(l, "unsafe")) {
+            any_unsafe = true;
+        }
+        let lines = text.lines().count();
+        if lines > MAX_LINES && !text.contains("tidy: long-file") {
+            findings.push(format!(
+                "{}: {lines} lines (over {MAX_LINES}) without a `tidy: long-file` note saying why",
+                f.display()
+            ));
+        }
+        if c.name == "weft-fabric" {
+            for name in IO_NAMES {
+                if code_lines(&text).any(|l| l.contains(name)) {
+                    findings.push(format!(
+                        "{}: uses {name}; weft-fabric does no I/O",
+                        f.display()
+                    ));
+                }
+            }
+        }
+        if c.name == "weft-transport" {
+            for name in NCCL_NAMES {
+                if code_lines(&text).any(|l| l.contains(name)) {
+                    findings.push(format!(
+                        "{}: names {name}; only weft-nccl-net knows NCCL types",
+                        f.display()
+                    ));
+                }
+            }
+        }
+    }
+    let roots: Vec<PathBuf> = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|r| src.join(r))
+        .filter(|p| p.exists())
+        .collect();
+    for root in &roots {
+        let text = fs::read_to_string(root)?;
+        if !any_unsafe && !text.contains("#![forbid(unsafe_code)]") {
+            findings.push(format!(
+                "{}: the crate has no unsafe code but does not say #![forbid(unsafe_code)]",
+                root.display()
+            ));
+        }
+        if c.ships() && !text.contains(NO_UNWRAP) {
+            findings.push(format!(
+                "{}: a shipped crate's root needs `{NO_UNWRAP}`",
+                root.display()
+            ));
+        }
+    }
+    let deps = c.manifest.get("dependencies").and_then(|d| d.as_table());
+    if let (true, Some(deps)) = (c.ships(), deps) {
+        for t in TEST_ONLY.iter().filter(|t| deps.contains_key(**t)) {
+            findings.push(format!(
+                "{}: {t} is test-only and may only be a dev-dependency of {}",
+                c.dir.join("Cargo.toml").display(),
+                c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `.rs` files under `dir`, recursively, sorted.
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// True when the first line that is not blank or an attribute is a `//!` line.
+fn opens_with_doc(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("#!["))
+        .is_some_and(|l| l.starts_with("//!"))
+}
+
+/// The lines of `text` that are code: comments and doc comments left out, and a file's
+/// `#[cfg(test)]` module (which by the project's habit closes the file) cut off.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .filter(|l| !l.trim().is_empty())
+}
+
+/// `word` in `line` as a whole identifier.
+fn has_word(line: &str, word: &str) -> bool {
+    line.match_indices(word).any(|(i, _)| {
+        let before = line[..i].chars().next_back();
+        let after = line[i + word.len()..].chars().next();
+        let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        !ident(before) && !ident(after)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doc_paragraph_may_follow_inner_attributes() {
+        assert!(opens_with_doc("#![forbid(unsafe_code)]\n//! What it is.\n"));
+        assert!(opens_with_doc("\n//! What it is.\nfn x() {}\n"));
+        assert!(!opens_with_doc("use std::fs;\n//! late\n"));
+        assert!(!opens_with_doc("/// item doc\nfn x() {}\n"));
+    }
+
+    #[test]
+    fn code_lines_leave_out_comments_and_the_test_module() {
+        let text = "// std::fs in a comment\nlet a = 1; // std::net\n#[cfg(test)]\nuse std::fs;\n";
+        let lines: Vec<_> = code_lines(text).collect();
+        assert_eq!(lines, ["let a = 1; "]);
+    }
+
+    #[test]
+    fn unsafe_is_found_as_a_word_only() {
+        assert!(has_word("unsafe { x() }", "unsafe"));
+        assert!(has_word("    unsafe fn f()", "unsafe"));
+        assert!(!has_word("forbid(unsafe_code)", "unsafe"));
+        assert!(!has_word("let not_unsafe = 1;", "unsafe"));
+    }
+}
