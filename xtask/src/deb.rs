@@ -9,7 +9,7 @@
 //! The test makes a minimal Debian with `debootstrap` from the mirror this machine's apt
 //! already uses, installs the package with `dpkg -i` (so its dependencies must be in that
 //! minimal system), runs `weft --version` and `weft doctor --via local` inside it, and checks
-//! the units with `systemd-analyze verify` against that root.
+//! the units with `systemd-analyze verify` against that root (which holds Debian's systemd).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -24,16 +24,30 @@ const PACKAGE: &str = "weft";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MULTIARCH: &str = "x86_64-linux-gnu";
 
-/// Builds the package; returns its path. `release` false packs the debug build (for CI,
-/// which has it built already).
-pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
-    let mut cmd = cargo();
-    cmd.current_dir(root)
-        .args(["build", "-p", "weft", "-p", "weft-nccl-net"]);
-    if release {
-        cmd.arg("--release");
+/// How the binaries of the package come to be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// `cargo build --release` of the binary and the plugin.
+    Release,
+    /// `cargo build` (debug) of both.
+    Debug,
+    /// The debug binaries that `cargo test --workspace` has just built (rebuilding them with
+    /// another feature set would compile the dependencies a second time).
+    Prebuilt,
+}
+
+/// Builds the package; returns its path.
+pub fn build(root: &Path, how: Build) -> Result<PathBuf> {
+    let release = how == Build::Release;
+    if how != Build::Prebuilt {
+        let mut cmd = cargo();
+        cmd.current_dir(root)
+            .args(["build", "-p", "weft", "-p", "weft-nccl-net"]);
+        if release {
+            cmd.arg("--release");
+        }
+        run(&mut cmd)?;
     }
-    run(&mut cmd)?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
@@ -53,13 +67,15 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
             .with_context(|| format!("cannot copy {} to {}", from.display(), dest.display()))?;
         set_mode(&dest, mode)
     };
-    let weft = bin_dir.join("weft");
-    put(&weft, "usr/bin/weft", 0o755)?;
-    put(
-        &bin_dir.join("libnccl_net_weft.so"),
-        &format!("usr/lib/{MULTIARCH}/libnccl-net-weft.so"),
-        0o644,
-    )?;
+    put(&bin_dir.join("weft"), "usr/bin/weft", 0o755)?;
+    let weft = stage.join("usr/bin/weft");
+    let plugin = format!("usr/lib/{MULTIARCH}/libnccl-net-weft.so");
+    put(&bin_dir.join("libnccl_net_weft.so"), &plugin, 0o644)?;
+    // Debian ships binaries without debug info (a debug build's is hundreds of MiB).
+    run(Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&weft)
+        .arg(stage.join(&plugin)))?;
     for unit in ["weft-controller.service", "weft-agent.service"] {
         put(
             &root.join("packaging/systemd").join(unit),
@@ -136,17 +152,20 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     let deb = target
         .join("deb")
         .join(format!("{PACKAGE}_{VERSION}_amd64.deb"));
+    // xz for the release package; gzip at its fastest for the test's debug build.
+    let compression: &[&str] = if release { &[] } else { &["-Zgzip", "-z1"] };
     run(Command::new("dpkg-deb")
         .args(["--root-owner-group", "--build"])
+        .args(compression)
         .arg(&stage)
         .arg(&deb))?;
     eprintln!("xtask: built {}", deb.display());
     Ok(deb)
 }
 
-/// Installs `deb` into a fresh minimal Debian and runs weft there.
-pub fn test(root: &Path) -> Result<()> {
-    let deb = build(root, false)?;
+/// Installs the package into a fresh minimal Debian and runs weft there.
+pub fn test(root: &Path, how: Build) -> Result<()> {
+    let deb = build(root, how)?;
     crate::ensure(&[
         ("debootstrap", "/usr/sbin/debootstrap"),
         ("systemd", "/usr/bin/systemd-analyze"),
@@ -161,11 +180,12 @@ pub fn test(root: &Path) -> Result<()> {
 }
 
 fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
-    let mirror = apt_mirror()?;
     let suite = os_codename()?;
+    let mirror = apt_mirror(&suite)?;
     eprintln!("xtask: debootstrap {suite} from the mirror apt uses");
     run(Command::new("debootstrap")
-        .args(["--variant=minbase", &suite])
+        // systemd's own units, so that `systemd-analyze verify` checks ours against them
+        .args(["--variant=minbase", "--include=systemd", &suite])
         .arg(chroot)
         .arg(&mirror))?;
     fs::copy(deb, chroot.join("weft.deb")).context("cannot copy the package into the chroot")?;
@@ -210,42 +230,83 @@ fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
     if !plugin.exists() {
         bail!("the package did not install {}", plugin.display());
     }
+    for page in ["weft.1.gz", "weft-controller.1.gz", "weft-agent.1.gz"] {
+        let p = chroot.join("usr/share/man/man1").join(page);
+        if !p.exists() {
+            bail!("the package did not install {}", p.display());
+        }
+    }
+    // The man pages are checked above (the clean system has no `man` to ask).
     run(Command::new("systemd-analyze")
         .arg(format!("--root={}", chroot.display()))
-        .args(["verify", "weft-controller.service", "weft-agent.service"]))?;
+        .args([
+            "--man=no",
+            "verify",
+            "weft-controller.service",
+            "weft-agent.service",
+        ]))?;
     eprintln!("xtask: clean Debian: package installed, weft ran, units verified");
     Ok(())
 }
 
-/// The first `deb` URI of this machine's apt sources (deb822 or one-line format).
-fn apt_mirror() -> Result<String> {
-    let mut texts = Vec::new();
-    if let Ok(t) = fs::read_to_string("/etc/apt/sources.list") {
-        texts.push(t);
-    }
+/// The URI of the first apt source of this machine (deb822 `.sources` or one-line `.list`
+/// files, as apt reads them) that serves `suite` itself.
+fn apt_mirror(suite: &str) -> Result<String> {
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
     if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
-        for e in dir.flatten() {
-            if let Ok(t) = fs::read_to_string(e.path()) {
-                texts.push(t);
-            }
+        let mut more: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+        more.sort();
+        files.extend(more);
+    }
+    for f in files {
+        let ext = f.extension().and_then(|x| x.to_str()).unwrap_or("");
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue;
+        };
+        let found = match ext {
+            "sources" => deb822_mirror(&text, suite),
+            "list" => one_line_mirror(&text, suite),
+            _ => None,
+        };
+        if let Some(uri) = found {
+            return Ok(uri);
         }
     }
-    for t in &texts {
-        for line in t.lines().map(str::trim) {
-            let uri = if let Some(rest) = line.strip_prefix("URIs:") {
-                rest.split_whitespace().find(|u| !u.contains("security"))
-            } else if let Some(rest) = line.strip_prefix("deb ") {
-                rest.split_whitespace()
-                    .find(|w| w.contains("://") && !w.contains("security"))
-            } else {
-                None
-            };
-            if let Some(uri) = uri {
-                return Ok(uri.to_string());
-            }
-        }
-    }
-    bail!("no Debian mirror found in /etc/apt/sources.list or /etc/apt/sources.list.d")
+    bail!("no apt source in /etc/apt serves the suite {suite}")
+}
+
+/// The first URI of a deb822 stanza of type `deb` whose `Suites` include `suite`.
+fn deb822_mirror(text: &str, suite: &str) -> Option<String> {
+    text.split("\n\n").find_map(|stanza| {
+        let field = |name: &str| {
+            stanza.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(':'))
+                    .map(str::trim)
+            })
+        };
+        let is_deb = field("Types").is_some_and(|t| t.split_whitespace().any(|t| t == "deb"));
+        let serves = field("Suites").is_some_and(|s| s.split_whitespace().any(|s| s == suite));
+        let enabled = field("Enabled").is_none_or(|e| e != "no");
+        (is_deb && serves && enabled)
+            .then(|| field("URIs").and_then(|u| u.split_whitespace().next()))
+            .flatten()
+            .map(str::to_string)
+    })
+}
+
+/// The URI of the first `deb [options] URI SUITE ...` line with this suite.
+fn one_line_mirror(text: &str, suite: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("deb ")?;
+        let rest = match rest.trim_start().strip_prefix('[') {
+            Some(r) => r.split_once(']')?.1,
+            None => rest,
+        };
+        let mut words = rest.split_whitespace();
+        let uri = words.next()?;
+        (words.next()? == suite).then(|| uri.to_string())
+    })
 }
 
 fn os_codename() -> Result<String> {
@@ -319,4 +380,26 @@ fn dir_size(dir: &Path) -> Result<u64> {
         };
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mirror_is_the_source_that_serves_the_suite() {
+        let deb822 = "Types: deb\nURIs: http://mirror.test/other\nSuites: nodistro\nComponents: main\n\n\
+                      Types: deb\nURIs: http://mirror.test/debian\nSuites: bookworm bookworm-updates\n";
+        assert_eq!(
+            deb822_mirror(deb822, "bookworm").as_deref(),
+            Some("http://mirror.test/debian")
+        );
+        assert_eq!(deb822_mirror(deb822, "trixie"), None);
+        let list = "# comment\ndeb [arch=amd64] http://mirror.test/x bookworm-security main\n\
+                    deb http://mirror.test/debian bookworm main\n";
+        assert_eq!(
+            one_line_mirror(list, "bookworm").as_deref(),
+            Some("http://mirror.test/debian")
+        );
+    }
 }

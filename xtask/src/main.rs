@@ -49,8 +49,10 @@ fn main() -> ExitCode {
         Some("test") => ensure_packages().and_then(|()| test(&args[1..])),
         Some("deps") => ensure_packages(),
         Some("tidy") => workspace_root().and_then(|root| tidy::run(&root)),
-        Some("deb") => workspace_root().and_then(|root| deb::build(&root, true).map(drop)),
-        Some("deb-test") => workspace_root().and_then(|root| deb::test(&root)),
+        Some("deb") => {
+            workspace_root().and_then(|root| deb::build(&root, deb::Build::Release).map(drop))
+        }
+        Some("deb-test") => workspace_root().and_then(|root| deb::test(&root, deb::Build::Debug)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -140,5 +142,5 @@ fn test(extra: &[String]) -> Result<()> {
         .args(["test", "--workspace"])
         .args(extra)
         .env("WEFT_TEST_REQUIRE", require))?;
-    deb::test(&workspace_root()?)
+    deb::test(&workspace_root()?, deb::Build::Prebuilt)
 }

@@ -1,6 +1,8 @@
 //! `weft`: the command a person types. Argument parsing, configuration and output
 //! formatting only; every decision is made in the library crates.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod bench;
 mod cluster;
 mod config;
@@ -13,6 +15,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The version and the git commit it was built from (`weft --version`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("WEFT_GIT_COMMIT"),
+    ")"
+);
+
 /// Exit codes: 0 ok, 1 a check failed, 2 usage or environment error.
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_CHECK_FAILED: u8 = 1;
@@ -21,7 +31,7 @@ pub const EXIT_ENVIRONMENT: u8 = 2;
 #[derive(Parser)]
 #[command(
     name = "weft",
-    version,
+    version = VERSION,
     about = "Weave a handful of GPU servers into one supercomputer",
     after_help = "Examples:\n  weft fabric check plan.toml\n  weft --config weft.toml fabric apply plan.toml --json\n\nExit codes: 0 ok, 1 a check failed, 2 usage or environment error."
 )]
@@ -48,6 +58,20 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Checks every host before a job: links, speed, MTU and jumbo frames, roles, RDMA, clocks.
     Doctor(Box<doctor::DoctorArgs>),
+    /// Prints a shell completion script.
+    #[command(
+        after_help = "Examples:\n  weft completions bash > /usr/share/bash-completion/completions/weft\n  weft completions zsh > \"${fpath[1]}/_weft\""
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Writes man pages for weft and every subcommand into DIR (for packagers).
+    #[command(hide = true)]
+    Manpages {
+        /// Where the `.1` files go (created if missing).
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -80,11 +104,29 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "weft", &mut std::io::stdout());
+            return ExitCode::from(EXIT_OK);
+        }
+        Command::Manpages { dir } => {
+            return match write_manpages(dir) {
+                Ok(()) => ExitCode::from(EXIT_OK),
+                Err(e) => {
+                    eprintln!("weft: error: {e:#}");
+                    ExitCode::from(EXIT_ENVIRONMENT)
+                }
+            };
+        }
+        _ => {}
+    }
     let outcome = config::Config::load(cli.config.as_deref()).and_then(|cfg| match cli.command {
         Command::Fabric(cmd) => fabric::run(cmd, &cfg, cli.json),
         Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
         Command::Bench(cmd) => bench::run(cmd, cli.json),
         Command::Doctor(a) => doctor::run(*a, cli.json),
+        Command::Completions { .. } | Command::Manpages { .. } => Ok(EXIT_OK),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -93,4 +135,13 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// One man page per command: `weft.1`, `weft-fabric.1`, `weft-fabric-apply.1`, ...
+fn write_manpages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let cmd = <Cli as clap::CommandFactory>::command();
+    clap_mangen::generate_to(cmd, dir)
+        .with_context(|| format!("cannot write man pages into {}", dir.display()))
 }
