@@ -36,6 +36,7 @@ pub mod doctor;
 pub mod dtype;
 pub mod facts;
 pub mod glyphs;
+pub mod judge;
 pub mod net;
 pub mod p2p;
 pub mod perf;

@@ -221,25 +221,29 @@ pub struct Pair {
     pub error: Option<String>,
 }
 
-/// A pair far below the median.
+/// A pair far below its reference ([`crate::judge`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Slow {
     pub src: String,
     pub dst: String,
     pub rail: usize,
     pub gbps: f64,
-    /// Percent of the median.
-    pub pct_of_median: f64,
+    /// What the pair was judged against, Gb/s, and where that came from.
+    pub reference_gbps: f64,
+    pub basis: crate::judge::Basis,
+    /// Percent of the reference.
+    pub pct_of_reference: f64,
 }
 
-/// A host every one of whose pairs in one direction is slow (or has a small MSS).
+/// A host that explains slow pairs (bandwidth), small MSSs (mtu), or whose every pair failed
+/// (unreachable).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Blame {
     pub host: String,
     pub rail: usize,
     /// `sending`, `receiving`, or `both` (MTU: the MSS is the smaller end's).
     pub direction: String,
-    /// `bandwidth` or `mtu`.
+    /// `bandwidth`, `mtu` or `unreachable`.
     pub what: String,
     pub message: String,
 }
@@ -249,9 +253,10 @@ pub struct Blame {
 pub struct Matrix {
     pub hosts: Vec<String>,
     pub pairs: Vec<Pair>,
+    /// Median of the measured pairs (failed pairs excluded), for display.
     pub median_gbps: f64,
     pub median_rtt_us: f64,
-    /// Pairs below this fraction of the median are slow.
+    /// Pairs below this fraction of their reference are slow.
     pub threshold: f64,
     pub slow: Vec<Slow>,
     /// Pairs whose MSS is well below the largest one (a smaller MTU on the path).
@@ -259,88 +264,149 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// Finds the slow pairs and the hosts to blame.
+/// Expected rate of a host's rail, Gb/s, by host name and rail.
+pub type Expected = std::collections::BTreeMap<(String, usize), f64>;
+
+/// Finds the slow pairs and the hosts to blame, against peers only.
 pub fn analyse(hosts: Vec<String>, pairs: Vec<Pair>, threshold: f64) -> Matrix {
-    let mut g: Vec<f64> = pairs
+    analyse_with(hosts, pairs, threshold, &Expected::new())
+}
+
+/// Finds the slow pairs and the hosts to blame: [`crate::judge::judge`] for bandwidth
+/// (`expected` first, peers second, failed pairs excluded), and the MSS for the MTU.
+pub fn analyse_with(
+    hosts: Vec<String>,
+    pairs: Vec<Pair>,
+    threshold: f64,
+    expected: &Expected,
+) -> Matrix {
+    use crate::judge;
+    let ok = |p: &&Pair| p.error.is_none();
+    let median_gbps =
+        median(&mut pairs.iter().filter(ok).map(|p| p.gbps).collect::<Vec<_>>()).unwrap_or(0.0);
+    let median_rtt_us = median(
+        &mut pairs
+            .iter()
+            .filter(ok)
+            .map(|p| p.rtt_us)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0);
+    let index = |h: &str| hosts.iter().position(|x| x == h);
+    // Pairs between hosts not in `hosts` are left out of the judgement.
+    let measured: Vec<(usize, judge::Measured)> = pairs
         .iter()
-        .filter(|p| p.error.is_none())
-        .map(|p| p.gbps)
-        .collect();
-    let median_gbps = median(&mut g).unwrap_or(0.0);
-    let mut r: Vec<f64> = pairs
-        .iter()
-        .filter(|p| p.error.is_none())
-        .map(|p| p.rtt_us)
-        .collect();
-    let median_rtt_us = median(&mut r).unwrap_or(0.0);
-    let is_slow = |p: &Pair| p.error.is_some() || p.gbps < threshold * median_gbps;
-    let slow: Vec<Slow> = pairs
-        .iter()
-        .filter(|p| is_slow(p))
-        .map(|p| Slow {
-            src: p.src.clone(),
-            dst: p.dst.clone(),
-            rail: p.rail,
-            gbps: p.gbps,
-            pct_of_median: if median_gbps > 0.0 {
-                100.0 * p.gbps / median_gbps
-            } else {
-                0.0
-            },
+        .enumerate()
+        .filter_map(|(k, p)| {
+            Some((
+                k,
+                judge::Measured {
+                    src: index(&p.src)?,
+                    dst: index(&p.dst)?,
+                    rail: p.rail,
+                    gbps: p.error.is_none().then_some(p.gbps),
+                },
+            ))
         })
         .collect();
-    let max_mss = pairs.iter().map(|p| p.mss).max().unwrap_or(0);
+    let exp: judge::Expected = expected
+        .iter()
+        .filter_map(|((h, rail), g)| Some(((index(h)?, *rail), *g)))
+        .collect();
+    let only: Vec<judge::Measured> = measured.iter().map(|m| m.1.clone()).collect();
+    let v = judge::judge(hosts.len(), &only, &exp, threshold);
+    let slow: Vec<Slow> = v
+        .slow
+        .iter()
+        .filter_map(|&j| {
+            let p = &pairs[measured[j].0];
+            let r = v.reference[j]?;
+            Some(Slow {
+                src: p.src.clone(),
+                dst: p.dst.clone(),
+                rail: p.rail,
+                gbps: p.gbps,
+                reference_gbps: r.gbps,
+                basis: r.basis,
+                pct_of_reference: if r.gbps > 0.0 {
+                    100.0 * p.gbps / r.gbps
+                } else {
+                    0.0
+                },
+            })
+        })
+        .collect();
+    let max_mss = pairs.iter().filter(ok).map(|p| p.mss).max().unwrap_or(0);
     let small = |p: &Pair| p.error.is_none() && f64::from(p.mss) < 0.9 * f64::from(max_mss);
     let small_mss: Vec<Pair> = pairs.iter().filter(|p| small(p)).cloned().collect();
-    let rails: Vec<usize> = {
-        let mut v: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
     let mut blamed = Vec::new();
+    for b in &v.blamed {
+        let h = &hosts[b.host];
+        let dir = b.direction;
+        let mine: Vec<&Slow> = slow
+            .iter()
+            .filter(|s| s.rail == b.rail)
+            .filter(|s| match dir {
+                judge::Direction::Sending => &s.src == h,
+                judge::Direction::Receiving => &s.dst == h,
+                judge::Direction::Both => &s.src == h || &s.dst == h,
+            })
+            .collect();
+        let rates = mine
+            .iter()
+            .map(|s| format!("{:.2}", s.gbps))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let reference = mine.iter().map(|s| s.reference_gbps).fold(0.0, f64::max);
+        let basis = match mine.first().map(|s| s.basis) {
+            Some(judge::Basis::Expected) => "what its links should do",
+            _ => "the median of every host's best pair",
+        };
+        let way = match dir {
+            judge::Direction::Sending => format!("every pair from {h}"),
+            judge::Direction::Receiving => format!("every pair to {h}"),
+            judge::Direction::Both => format!("every pair from and to {h}"),
+        };
+        blamed.push(Blame {
+            host: h.clone(),
+            rail: b.rail,
+            direction: dir.as_str().into(),
+            what: "bandwidth".into(),
+            message: format!(
+                "{way} (rail {}) is below {:.0}% of {reference:.2} Gb/s, {basis} ({rates} Gb/s): check its link speed, cable, switch port and shaping",
+                b.rail,
+                threshold * 100.0,
+            ),
+        });
+    }
+    for &(host, rail) in &v.unreachable {
+        let h = &hosts[host];
+        let first = pairs
+            .iter()
+            .filter(|p| p.rail == rail && (&p.src == h || &p.dst == h))
+            .find_map(|p| p.error.clone())
+            .unwrap_or_default();
+        blamed.push(Blame {
+            host: h.clone(),
+            rail,
+            direction: "both".into(),
+            what: "unreachable".into(),
+            message: format!(
+                "every pair from and to {h} (rail {rail}) failed, left out of every statistic: {first}"
+            ),
+        });
+    }
+    let mut rails: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
+    rails.sort_unstable();
+    rails.dedup();
     for &rail in &rails {
         let on: Vec<&Pair> = pairs.iter().filter(|p| p.rail == rail).collect();
         for h in &hosts {
-            let out: Vec<&&Pair> = on.iter().filter(|p| &p.src == h).collect();
-            let inn: Vec<&&Pair> = on.iter().filter(|p| &p.dst == h).collect();
-            let all =
-                |v: &[&&Pair], f: &dyn Fn(&Pair) -> bool| !v.is_empty() && v.iter().all(|p| f(p));
-            let desc = |v: &[&&Pair]| {
-                v.iter()
-                    .map(|p| format!("{:.2}", p.gbps))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let (so, si) = (all(&out, &is_slow), all(&inn, &is_slow));
-            // With two hosts a slow pair cannot tell its ends apart; both are named.
-            if so {
-                blamed.push(Blame {
-                    host: h.clone(),
-                    rail,
-                    direction: if si { "both" } else { "sending" }.into(),
-                    what: "bandwidth".into(),
-                    message: format!(
-                        "every pair from {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable, switch port and egress shaping",
-                        threshold * 100.0,
-                        desc(&out)
-                    ),
-                });
-            } else if si {
-                blamed.push(Blame {
-                    host: h.clone(),
-                    rail,
-                    direction: "receiving".into(),
-                    what: "bandwidth".into(),
-                    message: format!(
-                        "every pair to {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable and switch port",
-                        threshold * 100.0,
-                        desc(&inn)
-                    ),
-                });
-            }
-            let touching: Vec<&&Pair> = on.iter().filter(|p| &p.src == h || &p.dst == h).collect();
-            if all(&touching, &small) {
+            let touching: Vec<&&Pair> = on
+                .iter()
+                .filter(|p| p.error.is_none() && (&p.src == h || &p.dst == h))
+                .collect();
+            if !touching.is_empty() && touching.iter().all(|p| small(p)) {
                 blamed.push(Blame {
                     host: h.clone(),
                     rail,

@@ -144,7 +144,7 @@ pub struct P2pHost {
 /// Starts a server on every host, then measures every ordered pair on every rail, one pair at
 /// a time; stops the servers. Pairs that fail carry their error.
 pub fn p2p_matrix(
-    hosts: &[Box<dyn HostRunner>],
+    hosts: &[&dyn HostRunner],
     info: &[P2pHost],
     r: &Remote,
     o: &P2pOptions,
@@ -222,7 +222,7 @@ pub fn p2p_matrix(
                 ];
                 let t = Instant::now();
                 let res: Result<ProbeReport, BenchError> =
-                    r.json(src.as_ref(), &args, per_pair + r.timeout);
+                    r.json(*src, &args, per_pair + r.timeout);
                 tracing::debug!(src = %info[i].name, dst = %info[j].name, took = ?t.elapsed(), "p2p pair");
                 let mut p = Pair {
                     src: info[i].name.clone(),

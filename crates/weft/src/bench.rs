@@ -134,9 +134,14 @@ pub struct P2pArgs {
     /// Ping-pong round trips per pair.
     #[arg(long, default_value_t = 50)]
     pings: usize,
-    /// A pair below this fraction of the median is slow.
+    /// A pair below this fraction of its reference is slow: what its links should do
+    /// (--expect-speed, else the speed a physical NIC reports), else the median of every
+    /// host's best pair.
     #[arg(long, default_value_t = 0.5)]
     threshold: f64,
+    /// Expected link speed of every data interface, in Mb/s (e.g. 200000).
+    #[arg(long)]
+    expect_speed: Option<u32>,
     /// Write a PNG heat map of rail 0 here (rail N: the name with `.railN` before `.png`).
     #[arg(long)]
     heatmap: Option<PathBuf>,
@@ -369,24 +374,42 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
     }
+    let gathered = weft_bench::remote::gather_all(&hosts, &remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = |what: &str, v: &Option<String>| {
+        v.as_deref()
+            .map(|s| facts::parse_ifspec(what, s))
+            .transpose()
+    };
+    let data_spec = spec("--data-if", &a.hosts.data_if)?;
+    let mgmt_spec = spec("--mgmt-if", &a.hosts.mgmt_if)?;
+    let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
+    let roles = facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref());
     let mut info = Vec::new();
-    for (h, g) in hosts
-        .iter()
-        .zip(weft_bench::remote::gather_all(&hosts, &remote))
-    {
-        let g = g?;
-        let mgmt = facts::mgmt_if(&g.facts, a.hosts.mgmt_if.as_deref());
-        let rails: Vec<(String, std::net::Ipv4Addr)> =
-            facts::data_ifs(&g.facts, a.hosts.data_if.as_deref(), mgmt.as_deref())
-                .into_iter()
-                .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
-                .collect();
+    let mut expected = p2p::Expected::new();
+    for (h, role) in hosts.iter().zip(roles) {
+        let ifs: Vec<_> = role
+            .data
+            .into_iter()
+            .filter(|d| facts::ipv4(d).is_some())
+            .collect();
+        let rails: Vec<(String, std::net::Ipv4Addr)> = ifs
+            .iter()
+            .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
+            .collect();
         if rails.is_empty() {
             eprintln!(
                 "weft: {}: no data interface with an IPv4 address (see --data-if)",
                 h.name()
             );
             return Ok(EXIT_ENVIRONMENT);
+        }
+        for (rail, d) in ifs.iter().enumerate() {
+            let link = d.pci.as_ref().and(d.speed_mbps);
+            if let Some(mbps) = a.expect_speed.or(link) {
+                expected.insert((h.name().to_string(), rail), f64::from(mbps) / 1e3);
+            }
         }
         info.push(weft_bench::remote::P2pHost {
             name: h.name().to_string(),
@@ -398,7 +421,8 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
         duration: Duration::from_secs_f64(a.duration),
         pings: a.pings,
     };
-    let pairs = weft_bench::remote::p2p_matrix(&hosts, &info, &remote, &opts, &mut |p| {
+    let refs: Vec<&dyn HostRunner> = hosts.iter().map(|h| h.as_ref()).collect();
+    let pairs = weft_bench::remote::p2p_matrix(&refs, &info, &remote, &opts, &mut |p| {
         if !json {
             eprintln!(
                 "  {} -> {} ({}): {}",
@@ -413,7 +437,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
         }
     })?;
     let names = info.iter().map(|h| h.name.clone()).collect();
-    let m = p2p::analyse(names, pairs, a.threshold);
+    let m = p2p::analyse_with(names, pairs, a.threshold, &expected);
     let rails = info.iter().map(|h| h.rails.len()).max().unwrap_or(0);
     let mut maps = Vec::new();
     if let Some(path) = &a.heatmap {
@@ -427,7 +451,8 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             maps.push(p);
         }
     }
-    let bad = !m.slow.is_empty() || !m.blamed.is_empty();
+    let bad =
+        !m.slow.is_empty() || !m.blamed.is_empty() || m.pairs.iter().any(|p| p.error.is_some());
     if json {
         crate::output::json(
             &serde_json::json!({ "matrix": &m, "heatmaps": maps, "passed": !bad }),
@@ -437,7 +462,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             "{}",
             crate::output::table(
                 [
-                    "FROM", "TO", "IF", "GBIT/S", "% MEDIAN", "RTT US", "MSS", "NOTE"
+                    "FROM", "TO", "IF", "GBIT/S", "% REF", "RTT US", "MSS", "NOTE"
                 ],
                 m.pairs.iter().map(|p| {
                     let slow = m
@@ -449,11 +474,10 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
                         p.dst.clone(),
                         p.src_if.clone(),
                         format!("{:.3}", p.gbps),
-                        if m.median_gbps > 0.0 {
-                            format!("{:.0}", 100.0 * p.gbps / m.median_gbps)
-                        } else {
-                            "-".into()
-                        },
+                        m.slow
+                            .iter()
+                            .find(|s| s.src == p.src && s.dst == p.dst && s.rail == p.rail)
+                            .map_or_else(|| "-".into(), |s| format!("{:.0}", s.pct_of_reference)),
                         format!("{:.0}", p.rtt_us),
                         p.mss.to_string(),
                         match (&p.error, slow) {
@@ -466,7 +490,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             )
         );
         println!(
-            "\nmedian {:.3} Gb/s, rtt {:.0} us; slow: below {:.0}% of the median",
+            "\nmedian {:.3} Gb/s, rtt {:.0} us; slow: below {:.0}% of the reference (what the links should do, else the median of every host's best pair)",
             m.median_gbps,
             m.median_rtt_us,
             m.threshold * 100.0
@@ -487,7 +511,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
         }
         if !bad {
             println!(
-                "all {} pairs within {:.0}% of the median",
+                "all {} pairs within {:.0}% of their reference",
                 m.pairs.len(),
                 m.threshold * 100.0
             );
