@@ -312,7 +312,6 @@ pub fn run(
             }
         }
     }
-    let ref_mtu = o.expect_mtu.or_else(|| ref_mtus.values().copied().max());
     for h in &hs {
         let name = &names[h.idx];
         for (k, d) in h.data.iter().enumerate() {
@@ -384,10 +383,22 @@ pub fn run(
         }
     }
     // Jumbo frames end to end: DF probes of MTU - 28 between every pair on each rail.
-    if let Some(m) = ref_mtu.filter(|m| *m > 1500 || o.expect_mtu.is_some()) {
-        let payload = (m as usize).saturating_sub(28);
-        let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
-        for rail in 0..rails {
+    // Each rail at its own MTU: the expected one, else the largest of its interfaces.
+    let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
+    let rail_mtu = |rail: usize| {
+        o.expect_mtu.or_else(|| {
+            hs.iter()
+                .filter_map(|h| h.data.get(rail).map(|d| d.mtu))
+                .max()
+        })
+    };
+    let jumbo_rails: Vec<(usize, u32)> = (0..rails)
+        .filter_map(|rail| rail_mtu(rail).map(|m| (rail, m)))
+        .filter(|(_, m)| *m > 1500 || o.expect_mtu.is_some())
+        .collect();
+    if !jumbo_rails.is_empty() {
+        for &(rail, m) in &jumbo_rails {
+            let payload = (m as usize).saturating_sub(28);
             let addr = |h: &H| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
             let targets: Vec<Vec<Ipv4Addr>> = hs
                 .iter()

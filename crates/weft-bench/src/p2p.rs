@@ -19,26 +19,57 @@ use crate::BenchError;
 const BULK: u8 = b'B';
 const PING: u8 = b'L';
 
-/// Serves probes on `port` (0: any) of every address until `lifetime` ends. Prints
-/// `ready PORT` on stdout once listening.
-pub fn serve(port: u16, lifetime: Duration) -> io::Result<()> {
-    let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
-    let port = l.local_addr()?.port();
-    println!("ready {port}");
+/// Serves probes on `addrs` (each its own listener on `port`, 0: any) until `lifetime` ends
+/// or, when `tethered`, until stdin reaches end of file: the command that started the server
+/// holds its stdin, so the server ends with that command (its exit, a Ctrl-C, or the SSH
+/// session closing). Prints `ready PORT...` (one port per address, in order) once listening.
+pub fn serve(addrs: &[Ipv4Addr], port: u16, lifetime: Duration, tethered: bool) -> io::Result<()> {
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no address to listen on",
+        ));
+    }
+    let mut ls = Vec::new();
+    for a in addrs {
+        let l = TcpListener::bind((*a, port))?;
+        l.set_nonblocking(true)?;
+        ls.push(l);
+    }
+    let ports: Vec<String> = ls
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port().to_string()))
+        .collect::<io::Result<_>>()?;
+    println!("ready {}", ports.join(" "));
     io::stdout().flush()?;
-    l.set_nonblocking(true)?;
+    let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if tethered {
+        let g = gone.clone();
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = io::stdin();
+            // Anything read is ignored; end of file or an error means the caller is gone.
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            g.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let end = Instant::now() + lifetime;
-    while Instant::now() < end {
-        match l.accept() {
-            Ok((s, _)) => {
-                std::thread::spawn(move || {
-                    let _ = handle(s, end);
-                });
+    while Instant::now() < end && !gone.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut idle = true;
+        for l in &ls {
+            match l.accept() {
+                Ok((s, _)) => {
+                    idle = false;
+                    std::thread::spawn(move || {
+                        let _ = handle(s, end);
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
+        }
+        if idle {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
     Ok(())
@@ -448,13 +479,39 @@ const TEXT_SCALE: i32 = 2;
 const CELL: i32 = 60;
 const MARGIN: i32 = 10;
 
+/// Height of the colour legend under the grid, image pixels.
+const LEGEND_H: i32 = 3 * MARGIN + 2 * crate::glyphs::GLYPH_H * TEXT_SCALE + 20;
+/// Width of the legend's colour ramp, image pixels.
+const RAMP_W: i32 = 200;
+
+fn legend_labels(best: f64) -> [String; 4] {
+    [
+        "0".into(),
+        format!("{} Gb/s (fastest pair)", cell_label(best)),
+        "diagonal".into(),
+        "ERR: not measured".into(),
+    ]
+}
+
 /// Size of the heat map of `m`, image pixels.
 fn heatmap_size(m: &Matrix) -> (u32, u32) {
+    use crate::glyphs::text_size;
     let (left, top) = heatmap_origin(m);
     let n = m.hosts.len().max(1) as i32;
-    let (tw, _) = crate::glyphs::text_size(&heatmap_title(m, 0));
-    let w = (left + n * CELL + MARGIN).max(MARGIN * 2 + tw * TEXT_SCALE);
-    (w as u32, (top + n * CELL + MARGIN) as u32)
+    let (tw, _) = text_size(&heatmap_title(m, 0));
+    let best = m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max);
+    let l = legend_labels(best);
+    let legend_w = MARGIN * 2
+        + RAMP_W
+        + MARGIN
+        + text_size(&l[1]).0 * TEXT_SCALE
+        + MARGIN
+        + (text_size(&l[2]).0 + text_size(&l[3]).0) * TEXT_SCALE
+        + 60;
+    let w = (left + n * CELL + MARGIN)
+        .max(MARGIN * 2 + tw * TEXT_SCALE)
+        .max(legend_w);
+    (w as u32, (top + n * CELL + MARGIN + LEGEND_H) as u32)
 }
 
 /// Top-left corner of the cell grid: room for the title, the row labels (left) and the turned
@@ -475,7 +532,7 @@ fn heatmap_origin(m: &Matrix) -> (i32, i32) {
 
 fn heatmap_title(m: &Matrix, rail: usize) -> String {
     format!(
-        "GB/S RAIL {rail}: ROWS SEND, COLUMNS RECEIVE (MEDIAN {:.2})",
+        "Gb/s on rail {rail}: rows send, columns receive (median {:.2})",
         m.median_gbps
     )
 }
@@ -580,6 +637,33 @@ fn render<DB: plotters::prelude::DrawingBackend>(
             )?;
         }
     }
+    // Legend: the colour ramp from 0 to the fastest pair, then the grey and black cells.
+    let n = m.hosts.len() as i32;
+    let y = top + n * CELL + 2 * MARGIN;
+    let labels = legend_labels(best);
+    for k in 0..RAMP_W {
+        let (r, g, b) = colour(f64::from(k) / f64::from(RAMP_W - 1));
+        root.draw(&Rectangle::new(
+            [(MARGIN + k, y), (MARGIN + k, y + 20)],
+            RGBColor(r, g, b).filled(),
+        ))
+        .map_err(e)?;
+    }
+    let ty = y + 20 + MARGIN / 2;
+    draw_text(root, &labels[0], (MARGIN, ty), TEXT_SCALE, false, &BLACK)?;
+    let (w1, _) = text_size(&labels[1]);
+    let x1 = MARGIN + RAMP_W + MARGIN;
+    draw_text(root, &labels[1], (x1, y + 3), TEXT_SCALE, false, &BLACK)?;
+    let mut x = x1 + w1 * TEXT_SCALE + 2 * MARGIN;
+    for (swatch, label) in [
+        (RGBColor(190, 190, 190), &labels[2]),
+        (RGBColor(0, 0, 0), &labels[3]),
+    ] {
+        root.draw(&Rectangle::new([(x, y), (x + 20, y + 20)], swatch.filled()))
+            .map_err(e)?;
+        draw_text(root, label, (x + 26, y + 3), TEXT_SCALE, false, &BLACK)?;
+        x += 26 + text_size(label).0 * TEXT_SCALE + 2 * MARGIN;
+    }
     Ok(())
 }
 
@@ -615,8 +699,8 @@ pub fn heatmap_rgb(m: &Matrix, rail: usize) -> Result<(u32, u32, Vec<u8>), Bench
     Ok((w, h, buf))
 }
 
-/// Reads the `ready PORT` line a server prints, waiting at most `timeout`.
-pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<u16, String> {
+/// Reads the `ready PORT...` line a server prints, waiting at most `timeout`.
+pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<Vec<u16>, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
@@ -627,8 +711,13 @@ pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<
         Ok(Ok(l)) => l
             .trim()
             .strip_prefix("ready ")
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("server said {:?} instead of `ready PORT`", l.trim())),
+            .and_then(|p| {
+                p.split_whitespace()
+                    .map(|x| x.parse().ok())
+                    .collect::<Option<Vec<u16>>>()
+            })
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("server said {:?} instead of `ready PORT...`", l.trim())),
         Ok(Err(e)) => Err(format!("reading from server: {e}")),
         Err(_) => Err(format!("server not ready within {timeout:?}")),
     }
@@ -700,6 +789,33 @@ mod tests {
             r.bytes > 0 && r.gbps > 0.0 && r.rtt_us > 0.0 && r.mss > 0,
             "{r:?}"
         );
+    }
+
+    /// Writes the heat map of a 4-host matrix with one slow sender to
+    /// `$WEFT_HEATMAP_SAMPLE`, to look at; without the variable it only checks the PNG.
+    #[test]
+    fn heat_map_sample() {
+        let hosts: Vec<String> = ["node1", "node2", "spark-a", "gpu03"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut pairs = Vec::new();
+        for s in &hosts {
+            for d in &hosts {
+                if s != d {
+                    let g = if s == "node2" { 0.08 } else { 0.39 };
+                    pairs.push(pair(s, d, g, 8948));
+                }
+            }
+        }
+        pairs[5].error = Some("refused".into());
+        let m = analyse(hosts, pairs, 0.5);
+        let d = tempfile::tempdir().unwrap();
+        let p = std::env::var("WEFT_HEATMAP_SAMPLE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| d.path().join("m.png"));
+        heatmap(&m, 0, &p).unwrap();
+        assert_eq!(&std::fs::read(&p).unwrap()[..4], b"\x89PNG");
     }
 
     #[test]

@@ -58,6 +58,25 @@ pub trait HostRunner: Send + Sync {
     }
 }
 
+/// Starts `argv` in the background, tethered: stdin is a pipe the caller holds in the
+/// returned `Child`, so that a helper that watches its stdin (`p2p-serve`) ends when the
+/// caller closes it, exits, or is killed; over SSH the session's end closes it too.
+pub fn spawn_tethered(
+    host: &dyn HostRunner,
+    argv: &[String],
+    stdout: Stdio,
+) -> Result<Child, BenchError> {
+    let mut c = host.command(argv, &[]);
+    c.stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(Stdio::inherit());
+    c.process_group(0);
+    c.spawn().map_err(|e| BenchError::Host {
+        host: host.name().to_string(),
+        msg: format!("starting {}: {e}", argv.join(" ")),
+    })
+}
+
 /// This machine.
 #[derive(Debug, Clone)]
 pub struct Local;

@@ -44,6 +44,27 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
         anyhow::bail!("--throughput-s must be in (0, 60] seconds");
     }
     let (hosts, remote) = a.hosts.runners()?;
+    // The checks take a while (a throughput pair per ordered pair of hosts): say so on a
+    // terminal, on stderr, and clear it before the report.
+    let spinner = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_message(format!(
+            "checking {} hosts (facts, DF probes{}{})",
+            hosts.len(),
+            if a.no_throughput {
+                ""
+            } else {
+                ", throughput of every ordered pair"
+            },
+            if a.no_ssh_pairs {
+                ""
+            } else {
+                ", host-to-host SSH"
+            },
+        ));
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    });
     let r = doctor::run(
         &hosts,
         &remote,
@@ -58,7 +79,11 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
             ssh_pairs: (!a.no_ssh_pairs)
                 .then(|| Duration::from_secs(a.ssh_timeout_s.clamp(1, 120))),
         },
-    )?;
+    );
+    if let Some(b) = &spinner {
+        b.finish_and_clear();
+    }
+    let r = r?;
     if json {
         crate::output::json(&r)?;
     } else {
