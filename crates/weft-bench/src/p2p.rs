@@ -501,13 +501,16 @@ fn heatmap_size(m: &Matrix) -> (u32, u32) {
     let (tw, _) = text_size(&heatmap_title(m, 0));
     let best = m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max);
     let l = legend_labels(best);
-    let legend_w = MARGIN * 2
+    // As `render` lays it out: ramp, its top label, then each swatch with its label.
+    let legend_w = MARGIN
         + RAMP_W
         + MARGIN
         + text_size(&l[1]).0 * TEXT_SCALE
-        + MARGIN
-        + (text_size(&l[2]).0 + text_size(&l[3]).0) * TEXT_SCALE
-        + 60;
+        + 2 * MARGIN
+        + [&l[2], &l[3]]
+            .iter()
+            .map(|t| 26 + text_size(t).0 * TEXT_SCALE + 2 * MARGIN)
+            .sum::<i32>();
     let w = (left + n * CELL + MARGIN)
         .max(MARGIN * 2 + tw * TEXT_SCALE)
         .max(legend_w);
@@ -644,7 +647,7 @@ fn render<DB: plotters::prelude::DrawingBackend>(
     for k in 0..RAMP_W {
         let (r, g, b) = colour(f64::from(k) / f64::from(RAMP_W - 1));
         root.draw(&Rectangle::new(
-            [(MARGIN + k, y), (MARGIN + k, y + 20)],
+            [(MARGIN + k, y), (MARGIN + k + 1, y + 20)],
             RGBColor(r, g, b).filled(),
         ))
         .map_err(e)?;
