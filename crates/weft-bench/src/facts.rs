@@ -6,7 +6,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use weft_agent::{HostReport, NetDev, OperState};
@@ -280,159 +280,13 @@ pub struct ProbeResult {
     pub payload: usize,
 }
 
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-struct Fd(libc::c_int);
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: we own this descriptor and close it once.
-        unsafe {
-            libc::close(self.0);
-        }
-    }
-}
-
-fn setopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: `val` is a live value of the type the option expects, `len` its exact size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.0,
-            level,
-            name,
-            (val as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
-/// with the DF bit set when `df`; waits at most `timeout`.
+/// One DF-bit probe through [`weft_icmp::echo`], as a [`Probe`].
 pub fn icmp_echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Probe> {
-    if payload > 65_507 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "payload over 65507 bytes",
-        ));
-    }
-    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_ICMP,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = Fd(raw);
-    let pmtu: libc::c_int = if df {
-        libc::IP_PMTUDISC_PROBE
-    } else {
-        libc::IP_PMTUDISC_DONT
-    };
-    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
-    let id = (std::process::id() as u16) ^ (now_ns() as u16);
-    let mut pkt = vec![0u8; 8 + payload];
-    pkt[0] = 8;
-    pkt[4..6].copy_from_slice(&id.to_be_bytes());
-    pkt[6..8].copy_from_slice(&1u16.to_be_bytes());
-    for (i, b) in pkt[8..].iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
-    let sum = checksum(&pkt);
-    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
-    // SAFETY: zeroed sockaddr_in is valid; fields set below.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_addr.s_addr = u32::from(dst).to_be();
-    // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
-    let rc = unsafe {
-        libc::sendto(
-            fd.0,
-            pkt.as_ptr().cast(),
-            pkt.len(),
-            0,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EMSGSIZE) => Ok(Probe::TooBigHere),
-            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN) => {
-                Ok(Probe::NoReply)
-            }
-            _ => Err(e),
-        };
-    }
-    let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(Probe::NoReply);
-        }
-        let tv = libc::timeval {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
-        };
-        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
-        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
-        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.0,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&mut from as *mut libc::sockaddr_in).cast(),
-                &mut flen,
-            )
-        };
-        if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EAGAIN | libc::EINTR) => continue,
-                Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
-                    return Ok(Probe::NoReply);
-                }
-                _ => return Err(io::Error::last_os_error()),
-            }
-        }
-        let p = &buf[..n as usize];
-        if p.len() < 20 {
-            continue;
-        }
-        let ihl = usize::from(p[0] & 0x0f) * 4;
-        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
-            continue;
-        }
-        let icmp = &p[ihl..];
-        if icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() {
-            return Ok(Probe::Reply);
-        }
-    }
+    Ok(match weft_icmp::echo(dst, payload, df, timeout)? {
+        weft_icmp::Echo::Reply(_) => Probe::Reply,
+        weft_icmp::Echo::TooBigHere => Probe::TooBigHere,
+        weft_icmp::Echo::NoReply => Probe::NoReply,
+    })
 }
 
 /// Probes each of `dsts`: a small echo, then a DF echo of `payload` bytes (two tries).
@@ -574,14 +428,6 @@ mod tests {
         assert_eq!(
             ssh_server_addr("10.0.0.9 51234 10.0.0.2 22"),
             Some(Ipv4Addr::new(10, 0, 0, 2))
-        );
-    }
-
-    #[test]
-    fn checksum_known_vector() {
-        assert_eq!(
-            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
-            0x220d
         );
     }
 }
