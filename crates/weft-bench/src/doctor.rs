@@ -121,15 +121,18 @@ fn majority<T: Ord + Clone>(v: impl IntoIterator<Item = T>) -> Option<T> {
         .map(|(k, _)| k)
 }
 
-/// A data interface: name, MTU, speed, state, IPv4 address, RDMA device.
-type DataIf = (
-    String,
-    u32,
-    Option<u32>,
-    OperState,
-    Option<(Ipv4Addr, u8)>,
-    Option<String>,
-);
+/// A data interface, as the checks need it.
+#[derive(Debug, Clone)]
+struct DataIf {
+    name: String,
+    mtu: u32,
+    speed_mbps: Option<u32>,
+    state: OperState,
+    addr: Option<(Ipv4Addr, u8)>,
+    rdma: Option<String>,
+    /// A physical NIC (a PCI device): its reported speed is what the link should do.
+    physical: bool,
+}
 
 /// Runs every check on every host.
 pub fn run(
@@ -156,25 +159,48 @@ pub fn run(
     }
     let reached: Vec<usize> = ok.iter().map(|(i, _)| *i).collect();
     ssh_pair_check(hosts, r, o, &names, &reached, &mut out);
-    // Per host: roles, data interfaces.
+    // Roles of every host's interfaces, decided together: one selection (the plugin's
+    // `IfSpec`) for doctor, p2p and collectives.
     struct H {
         idx: usize,
         mgmt: Option<String>,
         data: Vec<DataIf>,
     }
+    let data_spec = o
+        .data_if
+        .as_deref()
+        .map(|s| facts::parse_ifspec("--data-if", s))
+        .transpose()?;
+    let mgmt_spec = o
+        .mgmt_if
+        .as_deref()
+        .map(|s| facts::parse_ifspec("--mgmt-if", s))
+        .transpose()?;
+    let all_facts: Vec<&facts::HostFacts> = ok.iter().map(|(_, g)| &g.facts).collect();
+    let roles = facts::roles(&all_facts, data_spec.as_ref(), mgmt_spec.as_ref());
     let mut hs: Vec<H> = Vec::new();
-    for (i, g) in &ok {
+    for ((i, g), role) in ok.iter().zip(roles) {
         let f = &g.facts;
         let name = &names[*i];
-        let mgmt = facts::mgmt_if(f, o.mgmt_if.as_deref());
-        let data = facts::data_ifs(f, o.data_if.as_deref(), mgmt.as_deref());
-        match &mgmt {
-            Some(m) => out.add(
+        let mgmt = role.mgmt.map(|(n, _)| n.name.clone());
+        let data = role.data;
+        match role.mgmt {
+            Some((m, how)) => out.add(
                 Level::Pass,
                 name,
                 "roles",
-                Some(m),
-                format!("management interface {m}"),
+                Some(&m.name),
+                format!(
+                    "management interface {} ({})",
+                    m.name,
+                    match how {
+                        facts::MgmtSource::Flag => "--mgmt-if",
+                        facts::MgmtSource::DefaultRoute => "the default route",
+                        facts::MgmtSource::SshSession => "the SSH session's address",
+                        facts::MgmtSource::Peers =>
+                            "no default route; on the other hosts' management subnet",
+                    }
+                ),
                 None,
             ),
             None if o.mgmt_if.is_some() => out.add(
@@ -187,7 +213,7 @@ pub fn run(
                     o.mgmt_if.as_deref().unwrap_or("")
                 ),
                 Some(
-                    "name the management interface with --mgmt-if (NCCL_SOCKET_IFNAME syntax)"
+                    "name the management interface with --mgmt-if (NCCL_SOCKET_IFNAME syntax, or a subnet)"
                         .into(),
                 ),
             ),
@@ -196,7 +222,7 @@ pub fn run(
                 name,
                 "roles",
                 None,
-                "no default route; pass --mgmt-if to name the management interface".into(),
+                "no default route, no SSH session and no other host's management subnet: pass --mgmt-if to name the management interface".into(),
                 None,
             ),
         }
@@ -245,29 +271,63 @@ pub fn run(
             mgmt,
             data: data
                 .iter()
-                .map(|d| {
-                    (
-                        d.name.clone(),
-                        d.mtu,
-                        d.speed_mbps,
-                        d.operstate,
-                        facts::ipv4(d),
-                        d.rdma_device.clone(),
-                    )
+                .map(|d| DataIf {
+                    name: d.name.clone(),
+                    mtu: d.mtu,
+                    speed_mbps: d.speed_mbps,
+                    state: d.operstate,
+                    addr: facts::ipv4(d),
+                    rdma: d.rdma_device.clone(),
+                    physical: d.pci.is_some(),
                 })
                 .collect(),
         });
     }
-    // Link state, address, MTU and speed, against expectations or the majority.
-    let ref_mtu = o
-        .expect_mtu
-        .or_else(|| majority(hs.iter().flat_map(|h| h.data.iter().map(|d| d.1))));
-    let ref_speed = o
-        .expect_speed_mbps
-        .or_else(|| majority(hs.iter().flat_map(|h| h.data.iter().filter_map(|d| d.2))));
+    // Link state, address, MTU and speed, against expectations or the other interfaces of
+    // the same role: a data interface is compared with those on its subnet (one L2 network,
+    // one MTU), else with those of its rail. The reference is the largest value, so that a
+    // remedy never tells a healthy host to lower its MTU.
+    let role_of = |h: &H, k: usize| -> (Option<(u32, u8)>, usize) {
+        let d = &h.data[k];
+        match d.addr {
+            Some((a, l)) => (
+                Some((
+                    u32::from(a) & (!0u32).checked_shl(32 - u32::from(l)).unwrap_or(0),
+                    l,
+                )),
+                0,
+            ),
+            None => (None, k),
+        }
+    };
+    let mut ref_mtus: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
+    let mut ref_speeds: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
+    for h in &hs {
+        for (k, d) in h.data.iter().enumerate() {
+            let e = ref_mtus.entry(role_of(h, k)).or_default();
+            *e = (*e).max(d.mtu);
+            if let Some(sp) = d.speed_mbps {
+                let e = ref_speeds.entry(role_of(h, k)).or_default();
+                *e = (*e).max(sp);
+            }
+        }
+    }
     for h in &hs {
         let name = &names[h.idx];
-        for (ifn, mtu, speed, state, addr, _) in &h.data {
+        for (k, d) in h.data.iter().enumerate() {
+            let DataIf {
+                name: ifn,
+                mtu,
+                speed_mbps: speed,
+                state,
+                addr,
+                ..
+            } = d;
+            let role = role_of(h, k);
+            let ref_mtu = o.expect_mtu.or_else(|| ref_mtus.get(&role).copied());
+            let ref_speed = o
+                .expect_speed_mbps
+                .or_else(|| ref_speeds.get(&role).copied());
             let s = Some(ifn.as_str());
             if *state == OperState::Up {
                 out.add(Level::Pass, name, "link", s, format!("{ifn} is up"), None);
@@ -301,7 +361,7 @@ pub fn run(
                     name,
                     "mtu",
                     s,
-                    format!("{ifn} MTU {mtu}, expected {m}{}", if o.expect_mtu.is_none() { " like the other hosts" } else { "" }),
+                    format!("{ifn} MTU {mtu}, expected {m}{}", if o.expect_mtu.is_none() { " like the other hosts' interfaces on its network" } else { "" }),
                     Some(format!("`ip link set dev {ifn} mtu {m}` on {name} (and persist it), and the same MTU on its switch port")),
                 ),
                 _ => out.add(Level::Pass, name, "mtu", s, format!("{ifn} MTU {mtu}"), None),
@@ -323,11 +383,23 @@ pub fn run(
         }
     }
     // Jumbo frames end to end: DF probes of MTU - 28 between every pair on each rail.
-    if let Some(m) = ref_mtu.filter(|m| *m > 1500 || o.expect_mtu.is_some()) {
-        let payload = (m as usize).saturating_sub(28);
-        let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
-        for rail in 0..rails {
-            let addr = |h: &H| h.data.get(rail).and_then(|d| d.4.map(|a| a.0));
+    // Each rail at its own MTU: the expected one, else the largest of its interfaces.
+    let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
+    let rail_mtu = |rail: usize| {
+        o.expect_mtu.or_else(|| {
+            hs.iter()
+                .filter_map(|h| h.data.get(rail).map(|d| d.mtu))
+                .max()
+        })
+    };
+    let jumbo_rails: Vec<(usize, u32)> = (0..rails)
+        .filter_map(|rail| rail_mtu(rail).map(|m| (rail, m)))
+        .filter(|(_, m)| *m > 1500 || o.expect_mtu.is_some())
+        .collect();
+    if !jumbo_rails.is_empty() {
+        for &(rail, m) in &jumbo_rails {
+            let payload = (m as usize).saturating_sub(28);
+            let addr = |h: &H| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
             let targets: Vec<Vec<Ipv4Addr>> = hs
                 .iter()
                 .map(|h| {
@@ -369,7 +441,7 @@ pub fn run(
                 hs[k]
                     .data
                     .get(rail)
-                    .map_or("?".to_string(), |d| d.0.clone())
+                    .map_or("?".to_string(), |d| d.name.clone())
             };
             let mut blamed = Vec::new();
             if hs.len() > 2 {
@@ -436,20 +508,13 @@ pub fn run(
             "throughput check skipped (--no-throughput)".into(),
             None,
         ),
-        Some(_) if ok.len() != hosts.len() => out.add(
-            Level::Info,
-            "*",
-            "throughput",
-            None,
-            "throughput check skipped: not every host is reachable".into(),
-            None,
-        ),
         Some(d) => throughput(
             hosts,
             r,
             d,
             &names,
             &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
+            o.expect_speed_mbps,
             &mut out,
         ),
     }
@@ -530,13 +595,13 @@ pub fn run(
         {
             {
                 for d in &h.data {
-                    if d.5.is_none() {
+                    if d.rdma.is_none() {
                         out.add(
                             Level::Warn,
                             name,
                             "rdma",
-                            Some(&d.0),
-                            format!("data interface {} belongs to no RDMA device", d.0),
+                            Some(&d.name),
+                            format!("data interface {} belongs to no RDMA device", d.name),
                             Some("pick the RDMA netdevs as data interfaces (--data-if)".into()),
                         );
                     }
@@ -602,8 +667,8 @@ pub fn run(
     let mut data_names: Vec<String> = Vec::new();
     for h in &hs {
         for d in &h.data {
-            if !data_names.contains(&d.0) {
-                data_names.push(d.0.clone());
+            if !data_names.contains(&d.name) {
+                data_names.push(d.name.clone());
             }
         }
     }
@@ -848,39 +913,49 @@ fn ssh_pair_check(
     }
 }
 
-/// The throughput check: every ordered pair for `d` through [`remote::p2p_matrix`], then
-/// [`p2p::analyse`]; a host blamed for bandwidth FAILs, the others PASS.
+/// The throughput check among the hosts reached (an unreachable host was named already):
+/// every ordered pair for `d` through [`remote::p2p_matrix`], then [`p2p::analyse_with`],
+/// each pair judged against what its links should do (`--expect-speed`, else the speed a
+/// physical NIC reports), else against its peers. A blamed host FAILs, the others PASS.
 fn throughput(
     hosts: &[Box<dyn HostRunner>],
     r: &Remote,
     d: Duration,
     names: &[String],
     data: &[(usize, &[DataIf])],
+    expect_speed_mbps: Option<u32>,
     out: &mut Out,
 ) {
-    let info: Vec<remote::P2pHost> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| remote::P2pHost {
-            name: n.clone(),
-            rails: data
-                .iter()
-                .find(|(k, _)| *k == i)
-                .map(|(_, v)| {
-                    v.iter()
-                        .filter_map(|x| x.4.map(|(a, _)| (x.0.clone(), a)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
-        .collect();
-    if info.iter().filter(|h| !h.rails.is_empty()).count() < 2 {
+    let mut info: Vec<remote::P2pHost> = Vec::new();
+    let mut runners: Vec<&dyn HostRunner> = Vec::new();
+    let mut expected = p2p::Expected::new();
+    for (i, v) in data {
+        let rails: Vec<(String, Ipv4Addr)> = v
+            .iter()
+            .filter_map(|x| x.addr.map(|(a, _)| (x.name.clone(), a)))
+            .collect();
+        if rails.is_empty() {
+            continue;
+        }
+        for (rail, x) in v.iter().filter(|x| x.addr.is_some()).enumerate() {
+            let link = if x.physical { x.speed_mbps } else { None };
+            if let Some(mbps) = expect_speed_mbps.or(link) {
+                expected.insert((names[*i].clone(), rail), f64::from(mbps) / 1e3);
+            }
+        }
+        info.push(remote::P2pHost {
+            name: names[*i].clone(),
+            rails,
+        });
+        runners.push(hosts[*i].as_ref());
+    }
+    if info.len() < 2 {
         out.add(
             Level::Info,
             "*",
             "throughput",
             None,
-            "throughput check skipped: fewer than two hosts with a data address".into(),
+            "throughput check skipped: fewer than two reachable hosts with a data address".into(),
             None,
         );
         return;
@@ -890,7 +965,7 @@ fn throughput(
         duration: d,
         pings: 5,
     };
-    let pairs = match remote::p2p_matrix(hosts, &info, r, &opts, &mut |_| {}) {
+    let pairs = match remote::p2p_matrix(&runners, &info, r, &opts, &mut |_| {}) {
         Ok(p) => p,
         Err(e) => {
             out.add(
@@ -907,27 +982,35 @@ fn throughput(
             return;
         }
     };
-    let m = p2p::analyse(names.to_vec(), pairs, THROUGHPUT_THRESHOLD);
+    let in_check: Vec<String> = info.iter().map(|h| h.name.clone()).collect();
+    let m = p2p::analyse_with(in_check, pairs, THROUGHPUT_THRESHOLD, &expected);
     let mut failed: Vec<&str> = Vec::new();
-    for b in m.blamed.iter().filter(|b| b.what == "bandwidth") {
+    for b in m.blamed.iter().filter(|b| b.what != "mtu") {
         let subj = info
             .iter()
             .find(|h| h.name == b.host)
             .and_then(|h| h.rails.get(b.rail))
             .map(|x| x.0.as_str());
         failed.push(&b.host);
+        let ifn = subj.unwrap_or("IF");
+        let remedy = if b.what == "unreachable" {
+            format!(
+                "check that {ifn} on {} is up, addressed and cabled (`ip -br addr show {ifn}`), and that no firewall drops TCP on it",
+                b.host
+            )
+        } else {
+            format!(
+                "check {}'s cable and switch port speed, traffic shaping (`tc qdisc show dev {ifn}`) and the NIC's negotiated rate (`ethtool {ifn}`); `weft bench p2p` measures every pair at length",
+                b.host
+            )
+        };
         out.add(
             Level::Fail,
             &b.host,
             "throughput",
             subj,
             b.message.clone(),
-            Some(format!(
-                "check {}'s cable and switch port speed, traffic shaping (`tc qdisc show dev {}`) and the NIC's negotiated rate (`ethtool {}`); `weft bench p2p` measures every pair at length",
-                b.host,
-                subj.unwrap_or("IF"),
-                subj.unwrap_or("IF"),
-            )),
+            Some(remedy),
         );
     }
     for h in &m.hosts {
@@ -947,13 +1030,37 @@ fn throughput(
                 "throughput",
                 None,
                 format!(
-                    "sends {g:.3} Gb/s (median of its pairs over {:.1} s; cluster median {:.3} Gb/s)",
+                    "sends {g:.3} Gb/s (median of its pairs over {:.1} s)",
                     d.as_secs_f64(),
-                    m.median_gbps
                 ),
                 None,
             );
         }
+    }
+    // Slow pairs no host explains: a path between two healthy hosts.
+    let explains = |host: &str, sending: bool, rail: usize| {
+        m.blamed.iter().any(|b| {
+            b.what == "bandwidth"
+                && b.host == host
+                && b.rail == rail
+                && (b.direction == "both" || (b.direction == "sending") == sending)
+        })
+    };
+    for s in &m.slow {
+        if explains(&s.src, true, s.rail) || explains(&s.dst, false, s.rail) {
+            continue;
+        }
+        out.add(
+            Level::Warn,
+            &s.src,
+            "throughput",
+            Some(&s.dst),
+            format!(
+                "{} -> {} (rail {}) ran at {:.3} Gb/s, {:.0}% of {:.3} Gb/s; no host explains it alone",
+                s.src, s.dst, s.rail, s.gbps, s.pct_of_reference, s.reference_gbps
+            ),
+            Some("a path problem between these two (a switch port or an ECMP path): `weft bench p2p` measures the pair at length".into()),
+        );
     }
 }
 

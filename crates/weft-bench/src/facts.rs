@@ -4,12 +4,14 @@
 //! that needs no `ping(8)`. All of it runs *on* the host, through a hidden `weft` subcommand.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use weft_agent::{HostReport, NetDev, OperState};
+
+use weft_transport::IfSpec;
 
 use crate::BenchError;
 
@@ -24,6 +26,10 @@ pub struct HostFacts {
     pub unix_time_ns: u64,
     /// `NCCL_*` and `WEFT_*` variables set in the host's environment.
     pub env: Vec<(String, String)>,
+    /// The host's address of the SSH session the facts were gathered over
+    /// (`SSH_CONNECTION`'s third field), if any: that interface is the management one.
+    #[serde(default)]
+    pub ssh_server_addr: Option<Ipv4Addr>,
 }
 
 /// Gathers [`HostFacts`] on this host (or in this namespace).
@@ -45,6 +51,9 @@ pub fn gather(root: &Path) -> Result<HostFacts, BenchError> {
         default_route_ifs: default_route_ifs(&routes),
         unix_time_ns: now_ns(),
         env,
+        ssh_server_addr: std::env::var("SSH_CONNECTION")
+            .ok()
+            .and_then(|c| ssh_server_addr(&c)),
     })
 }
 
@@ -71,6 +80,11 @@ pub fn nvidia_smi_gpus(timeout: Duration) -> Vec<weft_agent::Gpu> {
     }
 }
 
+/// The server address of an `SSH_CONNECTION` value (`client port server port`).
+pub fn ssh_server_addr(ssh_connection: &str) -> Option<Ipv4Addr> {
+    ssh_connection.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Nanoseconds since the Unix epoch on this host's clock.
 pub fn now_ns() -> u64 {
     SystemTime::now()
@@ -92,72 +106,146 @@ pub fn default_route_ifs(proc_net_route: &str) -> Vec<String> {
     v
 }
 
-/// Does `name` match an NCCL-style interface list (`eth,ib` prefixes, `=eth0` exact, `^`
-/// to exclude)?
-pub fn ifname_matches(spec: &str, name: &str) -> bool {
-    let (exclude, rest) = match spec.strip_prefix('^') {
-        Some(r) => (true, r),
-        None => (false, spec),
-    };
-    let (exact, rest) = match rest.strip_prefix('=') {
-        Some(r) => (true, r),
-        None => (false, rest),
-    };
-    let hit = rest
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .any(|p| {
-            if exact {
-                name == p
-            } else {
-                name.starts_with(p)
-            }
-        });
-    hit != exclude
+/// Parses an interface list (`--data-if`, `--mgmt-if`, `WEFT_*_IFNAME`) with the plugin's
+/// parser: NCCL's `NCCL_SOCKET_IFNAME` syntax (`eth,ib` prefixes, `=eth0` exact, `^` to
+/// exclude) and subnets (`192.0.2.0/24`). `what` names the input in the error.
+pub fn parse_ifspec(what: &str, spec: &str) -> Result<IfSpec, BenchError> {
+    spec.parse::<IfSpec>()
+        .map_err(|e| BenchError::Usage(format!("{what} {spec:?}: {e}")))
 }
 
-/// The management interface of a host: the one `spec` names, else the default-route one.
-pub fn mgmt_if(facts: &HostFacts, spec: Option<&str>) -> Option<String> {
-    match spec {
-        Some(s) => facts
-            .report
-            .netdevs
-            .iter()
-            .find(|n| n.name != "lo" && ifname_matches(s, &n.name))
-            .map(|n| n.name.clone()),
-        None => facts.default_route_ifs.first().cloned(),
-    }
-}
-
-/// The data interfaces of a host: those `spec` names; else the netdevs of RDMA ports; else
-/// every non-loopback interface that is up and has an IPv4 address, except the management one.
-pub fn data_ifs<'a>(
-    facts: &'a HostFacts,
-    spec: Option<&str>,
-    mgmt: Option<&str>,
-) -> Vec<&'a NetDev> {
-    let nd = &facts.report.netdevs;
-    let real = |n: &&NetDev| n.name != "lo" && n.arp_type != 772;
-    if let Some(s) = spec {
-        return nd
-            .iter()
-            .filter(real)
-            .filter(|n| ifname_matches(s, &n.name))
-            .collect();
-    }
-    let rdma: Vec<&NetDev> = nd
+/// The addresses of an interface, for [`IfSpec::matches`].
+fn ip_addrs(n: &NetDev) -> Vec<IpAddr> {
+    n.addresses
         .iter()
-        .filter(real)
-        .filter(|n| n.rdma_device.is_some())
+        .filter_map(|a| {
+            a.split_once('/')
+                .map_or(a.as_str(), |(ip, _)| ip)
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Whether `spec` selects `n` (by name or by one of its addresses).
+pub fn selects(spec: &IfSpec, n: &NetDev) -> bool {
+    spec.matches(&n.name, &ip_addrs(n))
+}
+
+fn is_real(n: &NetDev) -> bool {
+    n.name != "lo" && n.arp_type != 772
+}
+
+/// How a host's management interface was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MgmtSource {
+    /// `--mgmt-if` (or `WEFT_MGMT_IFNAME`).
+    Flag,
+    /// The interface of the default route.
+    DefaultRoute,
+    /// The interface holding the address the SSH session came in on.
+    SshSession,
+    /// No route and no SSH session: the interface on the subnet of the other hosts'
+    /// management interfaces.
+    Peers,
+}
+
+/// The roles of one host's interfaces.
+#[derive(Debug, Clone)]
+pub struct Roles<'a> {
+    pub mgmt: Option<(&'a NetDev, MgmtSource)>,
+    pub data: Vec<&'a NetDev>,
+}
+
+/// The IPv4 network (address & mask, prefix length) of an interface.
+pub fn ipv4_net(n: &NetDev) -> Option<(u32, u8)> {
+    ipv4(n).map(|(a, l)| {
+        (
+            u32::from(a) & (!0u32).checked_shl(32 - u32::from(l)).unwrap_or(0),
+            l,
+        )
+    })
+}
+
+/// Roles of every host's interfaces, decided together (one selection for doctor, p2p and
+/// collectives, with the plugin's defaults and syntax):
+///
+/// * management: the interface `mgmt` selects; else the default-route one; else the one
+///   holding the address the SSH session came in on; else (a host without a default route)
+///   the one on a subnet where the other hosts have their management interface;
+/// * data: the interfaces `data` selects; else the netdevs of RDMA ports; else every
+///   interface that is up with an IPv4 address, except the management one and any on a
+///   management subnet of the cluster.
+pub fn roles<'a>(
+    hosts: &[&'a HostFacts],
+    data: Option<&IfSpec>,
+    mgmt: Option<&IfSpec>,
+) -> Vec<Roles<'a>> {
+    let own: Vec<Option<(&NetDev, MgmtSource)>> = hosts
+        .iter()
+        .map(|f| {
+            let nd = &f.report.netdevs;
+            if let Some(spec) = mgmt {
+                return nd
+                    .iter()
+                    .find(|n| is_real(n) && selects(spec, n))
+                    .map(|n| (n, MgmtSource::Flag));
+            }
+            if let Some(n) = f
+                .default_route_ifs
+                .iter()
+                .find_map(|r| nd.iter().find(|n| &n.name == r))
+            {
+                return Some((n, MgmtSource::DefaultRoute));
+            }
+            let ssh = f.ssh_server_addr?;
+            nd.iter()
+                .find(|n| ip_addrs(n).contains(&IpAddr::V4(ssh)))
+                .map(|n| (n, MgmtSource::SshSession))
+        })
         .collect();
-    if !rdma.is_empty() {
-        return rdma;
-    }
-    nd.iter()
-        .filter(real)
-        .filter(|n| Some(n.name.as_str()) != mgmt)
-        .filter(|n| n.operstate == OperState::Up && ipv4(n).is_some())
+    let mgmt_nets: Vec<(u32, u8)> = own
+        .iter()
+        .flatten()
+        .filter_map(|(n, _)| ipv4_net(n))
+        .collect();
+    hosts
+        .iter()
+        .zip(own)
+        .map(|(f, m)| {
+            let nd = &f.report.netdevs;
+            let m = m.or_else(|| {
+                if mgmt.is_some() {
+                    return None;
+                }
+                nd.iter()
+                    .filter(|n| is_real(n))
+                    .find(|n| ipv4_net(n).is_some_and(|x| mgmt_nets.contains(&x)))
+                    .map(|n| (n, MgmtSource::Peers))
+            });
+            let data: Vec<&NetDev> = if let Some(spec) = data {
+                nd.iter()
+                    .filter(|n| is_real(n) && selects(spec, n))
+                    .collect()
+            } else {
+                let rdma: Vec<&NetDev> = nd
+                    .iter()
+                    .filter(|n| is_real(n) && n.rdma_device.is_some())
+                    .collect();
+                if rdma.is_empty() {
+                    nd.iter()
+                        .filter(|n| is_real(n))
+                        .filter(|n| m.is_none_or(|(x, _)| x.name != n.name))
+                        .filter(|n| !ipv4_net(n).is_some_and(|x| mgmt_nets.contains(&x)))
+                        .filter(|n| n.operstate == OperState::Up && ipv4(n).is_some())
+                        .collect()
+                } else {
+                    rdma
+                }
+            };
+            Roles { mgmt: m, data }
+        })
         .collect()
 }
 
@@ -192,159 +280,13 @@ pub struct ProbeResult {
     pub payload: usize,
 }
 
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-struct Fd(libc::c_int);
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: we own this descriptor and close it once.
-        unsafe {
-            libc::close(self.0);
-        }
-    }
-}
-
-fn setopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: `val` is a live value of the type the option expects, `len` its exact size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.0,
-            level,
-            name,
-            (val as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
-/// with the DF bit set when `df`; waits at most `timeout`.
+/// One DF-bit probe through [`weft_icmp::echo`], as a [`Probe`].
 pub fn icmp_echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Probe> {
-    if payload > 65_507 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "payload over 65507 bytes",
-        ));
-    }
-    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_ICMP,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = Fd(raw);
-    let pmtu: libc::c_int = if df {
-        libc::IP_PMTUDISC_PROBE
-    } else {
-        libc::IP_PMTUDISC_DONT
-    };
-    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
-    let id = (std::process::id() as u16) ^ (now_ns() as u16);
-    let mut pkt = vec![0u8; 8 + payload];
-    pkt[0] = 8;
-    pkt[4..6].copy_from_slice(&id.to_be_bytes());
-    pkt[6..8].copy_from_slice(&1u16.to_be_bytes());
-    for (i, b) in pkt[8..].iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
-    let sum = checksum(&pkt);
-    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
-    // SAFETY: zeroed sockaddr_in is valid; fields set below.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_addr.s_addr = u32::from(dst).to_be();
-    // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
-    let rc = unsafe {
-        libc::sendto(
-            fd.0,
-            pkt.as_ptr().cast(),
-            pkt.len(),
-            0,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EMSGSIZE) => Ok(Probe::TooBigHere),
-            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN) => {
-                Ok(Probe::NoReply)
-            }
-            _ => Err(e),
-        };
-    }
-    let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(Probe::NoReply);
-        }
-        let tv = libc::timeval {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
-        };
-        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
-        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
-        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.0,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&mut from as *mut libc::sockaddr_in).cast(),
-                &mut flen,
-            )
-        };
-        if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EAGAIN | libc::EINTR) => continue,
-                Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
-                    return Ok(Probe::NoReply);
-                }
-                _ => return Err(io::Error::last_os_error()),
-            }
-        }
-        let p = &buf[..n as usize];
-        if p.len() < 20 {
-            continue;
-        }
-        let ihl = usize::from(p[0] & 0x0f) * 4;
-        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
-            continue;
-        }
-        let icmp = &p[ihl..];
-        if icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() {
-            return Ok(Probe::Reply);
-        }
-    }
+    Ok(match weft_icmp::echo(dst, payload, df, timeout)? {
+        weft_icmp::Echo::Reply(_) => Probe::Reply,
+        weft_icmp::Echo::TooBigHere => Probe::TooBigHere,
+        weft_icmp::Echo::NoReply => Probe::NoReply,
+    })
 }
 
 /// Probes each of `dsts`: a small echo, then a DF echo of `payload` bytes (two tries).
@@ -384,20 +326,108 @@ mod tests {
         assert!(default_route_ifs("Iface\n").is_empty());
     }
 
-    #[test]
-    fn interface_lists_use_nccls_syntax() {
-        assert!(ifname_matches("enp1,enP2", "enp1s0f1np1"));
-        assert!(!ifname_matches("=data0", "data01"));
-        assert!(ifname_matches("=data0,data1", "data1"));
-        assert!(!ifname_matches("^docker,lo", "docker0"));
-        assert!(ifname_matches("^docker,lo", "eth0"));
+    fn netdev(name: &str, addr: Option<&str>, rdma: bool) -> NetDev {
+        NetDev {
+            name: name.into(),
+            mac: "02:00:00:00:00:01".into(),
+            mtu: 9000,
+            speed_mbps: None,
+            operstate: OperState::Up,
+            arp_type: if name == "lo" { 772 } else { 1 },
+            pci: None,
+            rdma_device: rdma.then(|| "mlx5_0".into()),
+            addresses: addr.map(|a| vec![a.to_string()]).unwrap_or_default(),
+        }
+    }
+
+    fn host(i: u8, default_route: bool, ssh: bool) -> HostFacts {
+        let report = HostReport {
+            hostname: format!("h{i}"),
+            rdma: vec![],
+            netdevs: vec![
+                netdev("lo", Some("127.0.0.1/8"), false),
+                netdev("eno1", Some(&format!("10.0.0.{i}/24")), false),
+                netdev("enp1s0", Some(&format!("192.0.2.{i}/24")), false),
+            ],
+            gpus: vec![],
+        };
+        HostFacts {
+            report,
+            default_route_ifs: if default_route {
+                vec!["eno1".into()]
+            } else {
+                vec![]
+            },
+            unix_time_ns: 0,
+            env: vec![],
+            ssh_server_addr: ssh.then(|| Ipv4Addr::new(10, 0, 0, i)),
+        }
+    }
+
+    fn names(r: &Roles) -> (Option<(String, MgmtSource)>, Vec<String>) {
+        (
+            r.mgmt.map(|(n, s)| (n.name.clone(), s)),
+            r.data.iter().map(|n| n.name.clone()).collect(),
+        )
     }
 
     #[test]
-    fn checksum_known_vector() {
+    fn roles_default_route_ssh_session_and_peers() {
+        let (a, b, c) = (
+            host(1, true, false),
+            host(2, false, true),
+            host(3, false, false),
+        );
+        let r = roles(&[&a, &b, &c], None, None);
+        let want = |s| (Some(("eno1".to_string(), s)), vec!["enp1s0".to_string()]);
+        assert_eq!(names(&r[0]), want(MgmtSource::DefaultRoute));
+        assert_eq!(names(&r[1]), want(MgmtSource::SshSession));
+        // No route, no session: management is found on the others' management subnet and
+        // does not become data.
+        assert_eq!(names(&r[2]), want(MgmtSource::Peers));
+        // No host has a route or a session: management is unknown (the doctor says so and
+        // asks for --mgmt-if) and every up interface is data.
+        let (d, e) = (host(4, false, false), host(5, false, false));
+        let r = roles(&[&d, &e], None, None);
+        assert_eq!(names(&r[0]).0, None);
+        assert_eq!(names(&r[0]).1, ["eno1", "enp1s0"]);
+    }
+
+    #[test]
+    fn interface_lists_take_the_plugins_syntax_with_subnets() {
+        let a = host(1, true, false);
+        let spec = |s: &str| parse_ifspec("--data-if", s).unwrap();
+        for (s, want) in [
+            ("192.0.2.0/24", vec!["enp1s0"]),
+            ("=enp1s0", vec!["enp1s0"]),
+            ("en", vec!["eno1", "enp1s0"]),
+            ("^eno", vec!["enp1s0"]),
+            ("10.0.0.0/8,enp", vec!["eno1", "enp1s0"]),
+        ] {
+            let r = roles(&[&a], Some(&spec(s)), None);
+            assert_eq!(names(&r[0]).1, want, "{s}");
+        }
+        let r = roles(&[&a], None, Some(&spec("=enp1s0")));
         assert_eq!(
-            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
-            0x220d
+            names(&r[0]),
+            (
+                Some(("enp1s0".to_string(), MgmtSource::Flag)),
+                vec!["eno1".to_string()]
+            )
+        );
+        let e = parse_ifspec("--data-if", "192.0.2.0/33")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--data-if") && e.contains("192.0.2.0/33"), "{e}");
+        // RDMA netdevs first, whatever their subnet.
+        let mut b = host(2, true, false);
+        b.report
+            .netdevs
+            .push(netdev("ibp1", Some("198.51.100.2/24"), true));
+        assert_eq!(names(&roles(&[&b], None, None)[0]).1, ["ibp1"]);
+        assert_eq!(
+            ssh_server_addr("10.0.0.9 51234 10.0.0.2 22"),
+            Some(Ipv4Addr::new(10, 0, 0, 2))
         );
     }
 }

@@ -38,6 +38,7 @@ pub mod doctor;
 pub mod dtype;
 pub mod facts;
 pub mod glyphs;
+pub mod judge;
 pub mod net;
 pub mod p2p;
 pub mod perf;
@@ -98,6 +99,26 @@ pub fn run_rank(
     opts: &perf::PerfOptions,
     progress: &mut dyn FnMut(&perf::Row, usize, usize),
 ) -> Result<perf::Report, BenchError> {
+    let me = perf::RankLine {
+        rank: spec.rank,
+        pid: std::process::id(),
+        host: String::new(),
+        dev: spec.dev,
+        what: String::new(),
+    };
+    run_rank_reporting(spec, opts, &me, &mut |_| {}, progress)
+}
+
+/// [`run_rank`], and once every rank is connected, `on_ranks` gets every rank's `me` (in rank
+/// order, on every rank): who runs where, on which interfaces, for nccl-tests'
+/// `# Using devices` block.
+pub fn run_rank_reporting(
+    spec: &RankSpec,
+    opts: &perf::PerfOptions,
+    me: &perf::RankLine,
+    on_ranks: &mut dyn FnMut(&[perf::RankLine]),
+    progress: &mut dyn FnMut(&perf::Row, usize, usize),
+) -> Result<perf::Report, BenchError> {
     let plugin = net::Plugin::load(&spec.plugin)?;
     let boot = bootstrap::Bootstrap::join(spec.rendezvous, spec.rank, spec.nranks, spec.timeout)?;
     let mut comm = comm::Comm::new(
@@ -109,5 +130,50 @@ pub fn run_rank(
             dev: spec.dev,
         },
     )?;
+    let mine =
+        serde_json::to_vec(me).map_err(|e| BenchError::Bootstrap(format!("rank line: {e}")))?;
+    let all = comm.bootstrap().allgather(&mine)?;
+    let ranks = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice::<perf::RankLine>(b)
+                .map_err(|e| BenchError::Bootstrap(format!("rank {r} sent a bad rank line: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    on_ranks(&ranks);
     perf::run(&mut comm, opts, progress)
+}
+
+/// The interfaces the plugin picks in this process, from its own settings
+/// (`WEFT_MGMT_IFNAME`, `WEFT_DATA_IFNAME`) and selection rules, for the `# Using devices`
+/// block: `data data0 10.1.0.2, mgmt mgmt0 10.0.0.2`.
+pub fn plugin_interfaces() -> String {
+    let cfg = match weft_transport::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return format!("(bad settings: {e})"),
+    };
+    let all = match weft_transport::iface::list() {
+        Ok(a) => a,
+        Err(e) => return format!("(interfaces unreadable: {e})"),
+    };
+    let show = |v: &[weft_transport::iface::Interface]| {
+        v.iter()
+            .map(|i| {
+                i.best_addr()
+                    .map_or_else(|| i.name.clone(), |a| format!("{} {a}", i.name))
+            })
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    let mgmt: Vec<_> = weft_transport::iface::select(&all, cfg.mgmt_ifname.as_ref())
+        .into_iter()
+        .take(1)
+        .collect();
+    // As the plugin does: without WEFT_DATA_IFNAME, data goes over the management interface.
+    let data = match &cfg.data_ifname {
+        None => mgmt.clone(),
+        Some(spec) => weft_transport::iface::select(&all, Some(spec)),
+    };
+    format!("data {}, mgmt {}", show(&data), show(&mgmt))
 }

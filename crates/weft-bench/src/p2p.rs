@@ -19,26 +19,57 @@ use crate::BenchError;
 const BULK: u8 = b'B';
 const PING: u8 = b'L';
 
-/// Serves probes on `port` (0: any) of every address until `lifetime` ends. Prints
-/// `ready PORT` on stdout once listening.
-pub fn serve(port: u16, lifetime: Duration) -> io::Result<()> {
-    let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
-    let port = l.local_addr()?.port();
-    println!("ready {port}");
+/// Serves probes on `addrs` (each its own listener on `port`, 0: any) until `lifetime` ends
+/// or, when `tethered`, until stdin reaches end of file: the command that started the server
+/// holds its stdin, so the server ends with that command (its exit, a Ctrl-C, or the SSH
+/// session closing). Prints `ready PORT...` (one port per address, in order) once listening.
+pub fn serve(addrs: &[Ipv4Addr], port: u16, lifetime: Duration, tethered: bool) -> io::Result<()> {
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no address to listen on",
+        ));
+    }
+    let mut ls = Vec::new();
+    for a in addrs {
+        let l = TcpListener::bind((*a, port))?;
+        l.set_nonblocking(true)?;
+        ls.push(l);
+    }
+    let ports: Vec<String> = ls
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port().to_string()))
+        .collect::<io::Result<_>>()?;
+    println!("ready {}", ports.join(" "));
     io::stdout().flush()?;
-    l.set_nonblocking(true)?;
+    let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if tethered {
+        let g = gone.clone();
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = io::stdin();
+            // Anything read is ignored; end of file or an error means the caller is gone.
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            g.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let end = Instant::now() + lifetime;
-    while Instant::now() < end {
-        match l.accept() {
-            Ok((s, _)) => {
-                std::thread::spawn(move || {
-                    let _ = handle(s, end);
-                });
+    while Instant::now() < end && !gone.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut idle = true;
+        for l in &ls {
+            match l.accept() {
+                Ok((s, _)) => {
+                    idle = false;
+                    std::thread::spawn(move || {
+                        let _ = handle(s, end);
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
+        }
+        if idle {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
     Ok(())
@@ -221,25 +252,29 @@ pub struct Pair {
     pub error: Option<String>,
 }
 
-/// A pair far below the median.
+/// A pair far below its reference ([`crate::judge`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Slow {
     pub src: String,
     pub dst: String,
     pub rail: usize,
     pub gbps: f64,
-    /// Percent of the median.
-    pub pct_of_median: f64,
+    /// What the pair was judged against, Gb/s, and where that came from.
+    pub reference_gbps: f64,
+    pub basis: crate::judge::Basis,
+    /// Percent of the reference.
+    pub pct_of_reference: f64,
 }
 
-/// A host every one of whose pairs in one direction is slow (or has a small MSS).
+/// A host that explains slow pairs (bandwidth), small MSSs (mtu), or whose every pair failed
+/// (unreachable).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Blame {
     pub host: String,
     pub rail: usize,
     /// `sending`, `receiving`, or `both` (MTU: the MSS is the smaller end's).
     pub direction: String,
-    /// `bandwidth` or `mtu`.
+    /// `bandwidth`, `mtu` or `unreachable`.
     pub what: String,
     pub message: String,
 }
@@ -249,9 +284,10 @@ pub struct Blame {
 pub struct Matrix {
     pub hosts: Vec<String>,
     pub pairs: Vec<Pair>,
+    /// Median of the measured pairs (failed pairs excluded), for display.
     pub median_gbps: f64,
     pub median_rtt_us: f64,
-    /// Pairs below this fraction of the median are slow.
+    /// Pairs below this fraction of their reference are slow.
     pub threshold: f64,
     pub slow: Vec<Slow>,
     /// Pairs whose MSS is well below the largest one (a smaller MTU on the path).
@@ -259,88 +295,149 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// Finds the slow pairs and the hosts to blame.
+/// Expected rate of a host's rail, Gb/s, by host name and rail.
+pub type Expected = std::collections::BTreeMap<(String, usize), f64>;
+
+/// Finds the slow pairs and the hosts to blame, against peers only.
 pub fn analyse(hosts: Vec<String>, pairs: Vec<Pair>, threshold: f64) -> Matrix {
-    let mut g: Vec<f64> = pairs
+    analyse_with(hosts, pairs, threshold, &Expected::new())
+}
+
+/// Finds the slow pairs and the hosts to blame: [`crate::judge::judge`] for bandwidth
+/// (`expected` first, peers second, failed pairs excluded), and the MSS for the MTU.
+pub fn analyse_with(
+    hosts: Vec<String>,
+    pairs: Vec<Pair>,
+    threshold: f64,
+    expected: &Expected,
+) -> Matrix {
+    use crate::judge;
+    let ok = |p: &&Pair| p.error.is_none();
+    let median_gbps =
+        median(&mut pairs.iter().filter(ok).map(|p| p.gbps).collect::<Vec<_>>()).unwrap_or(0.0);
+    let median_rtt_us = median(
+        &mut pairs
+            .iter()
+            .filter(ok)
+            .map(|p| p.rtt_us)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0);
+    let index = |h: &str| hosts.iter().position(|x| x == h);
+    // Pairs between hosts not in `hosts` are left out of the judgement.
+    let measured: Vec<(usize, judge::Measured)> = pairs
         .iter()
-        .filter(|p| p.error.is_none())
-        .map(|p| p.gbps)
-        .collect();
-    let median_gbps = median(&mut g).unwrap_or(0.0);
-    let mut r: Vec<f64> = pairs
-        .iter()
-        .filter(|p| p.error.is_none())
-        .map(|p| p.rtt_us)
-        .collect();
-    let median_rtt_us = median(&mut r).unwrap_or(0.0);
-    let is_slow = |p: &Pair| p.error.is_some() || p.gbps < threshold * median_gbps;
-    let slow: Vec<Slow> = pairs
-        .iter()
-        .filter(|p| is_slow(p))
-        .map(|p| Slow {
-            src: p.src.clone(),
-            dst: p.dst.clone(),
-            rail: p.rail,
-            gbps: p.gbps,
-            pct_of_median: if median_gbps > 0.0 {
-                100.0 * p.gbps / median_gbps
-            } else {
-                0.0
-            },
+        .enumerate()
+        .filter_map(|(k, p)| {
+            Some((
+                k,
+                judge::Measured {
+                    src: index(&p.src)?,
+                    dst: index(&p.dst)?,
+                    rail: p.rail,
+                    gbps: p.error.is_none().then_some(p.gbps),
+                },
+            ))
         })
         .collect();
-    let max_mss = pairs.iter().map(|p| p.mss).max().unwrap_or(0);
+    let exp: judge::Expected = expected
+        .iter()
+        .filter_map(|((h, rail), g)| Some(((index(h)?, *rail), *g)))
+        .collect();
+    let only: Vec<judge::Measured> = measured.iter().map(|m| m.1.clone()).collect();
+    let v = judge::judge(hosts.len(), &only, &exp, threshold);
+    let slow: Vec<Slow> = v
+        .slow
+        .iter()
+        .filter_map(|&j| {
+            let p = &pairs[measured[j].0];
+            let r = v.reference[j]?;
+            Some(Slow {
+                src: p.src.clone(),
+                dst: p.dst.clone(),
+                rail: p.rail,
+                gbps: p.gbps,
+                reference_gbps: r.gbps,
+                basis: r.basis,
+                pct_of_reference: if r.gbps > 0.0 {
+                    100.0 * p.gbps / r.gbps
+                } else {
+                    0.0
+                },
+            })
+        })
+        .collect();
+    let max_mss = pairs.iter().filter(ok).map(|p| p.mss).max().unwrap_or(0);
     let small = |p: &Pair| p.error.is_none() && f64::from(p.mss) < 0.9 * f64::from(max_mss);
     let small_mss: Vec<Pair> = pairs.iter().filter(|p| small(p)).cloned().collect();
-    let rails: Vec<usize> = {
-        let mut v: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
     let mut blamed = Vec::new();
+    for b in &v.blamed {
+        let h = &hosts[b.host];
+        let dir = b.direction;
+        let mine: Vec<&Slow> = slow
+            .iter()
+            .filter(|s| s.rail == b.rail)
+            .filter(|s| match dir {
+                judge::Direction::Sending => &s.src == h,
+                judge::Direction::Receiving => &s.dst == h,
+                judge::Direction::Both => &s.src == h || &s.dst == h,
+            })
+            .collect();
+        let rates = mine
+            .iter()
+            .map(|s| format!("{:.2}", s.gbps))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let reference = mine.iter().map(|s| s.reference_gbps).fold(0.0, f64::max);
+        let basis = match mine.first().map(|s| s.basis) {
+            Some(judge::Basis::Expected) => "what its links should do",
+            _ => "the median of every host's best pair",
+        };
+        let way = match dir {
+            judge::Direction::Sending => format!("every pair from {h}"),
+            judge::Direction::Receiving => format!("every pair to {h}"),
+            judge::Direction::Both => format!("every pair from and to {h}"),
+        };
+        blamed.push(Blame {
+            host: h.clone(),
+            rail: b.rail,
+            direction: dir.as_str().into(),
+            what: "bandwidth".into(),
+            message: format!(
+                "{way} (rail {}) is below {:.0}% of {reference:.2} Gb/s, {basis} ({rates} Gb/s): check its link speed, cable, switch port and shaping",
+                b.rail,
+                threshold * 100.0,
+            ),
+        });
+    }
+    for &(host, rail) in &v.unreachable {
+        let h = &hosts[host];
+        let first = pairs
+            .iter()
+            .filter(|p| p.rail == rail && (&p.src == h || &p.dst == h))
+            .find_map(|p| p.error.clone())
+            .unwrap_or_default();
+        blamed.push(Blame {
+            host: h.clone(),
+            rail,
+            direction: "both".into(),
+            what: "unreachable".into(),
+            message: format!(
+                "every pair from and to {h} (rail {rail}) failed, left out of every statistic: {first}"
+            ),
+        });
+    }
+    let mut rails: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
+    rails.sort_unstable();
+    rails.dedup();
     for &rail in &rails {
         let on: Vec<&Pair> = pairs.iter().filter(|p| p.rail == rail).collect();
         for h in &hosts {
-            let out: Vec<&&Pair> = on.iter().filter(|p| &p.src == h).collect();
-            let inn: Vec<&&Pair> = on.iter().filter(|p| &p.dst == h).collect();
-            let all =
-                |v: &[&&Pair], f: &dyn Fn(&Pair) -> bool| !v.is_empty() && v.iter().all(|p| f(p));
-            let desc = |v: &[&&Pair]| {
-                v.iter()
-                    .map(|p| format!("{:.2}", p.gbps))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let (so, si) = (all(&out, &is_slow), all(&inn, &is_slow));
-            // With two hosts a slow pair cannot tell its ends apart; both are named.
-            if so {
-                blamed.push(Blame {
-                    host: h.clone(),
-                    rail,
-                    direction: if si { "both" } else { "sending" }.into(),
-                    what: "bandwidth".into(),
-                    message: format!(
-                        "every pair from {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable, switch port and egress shaping",
-                        threshold * 100.0,
-                        desc(&out)
-                    ),
-                });
-            } else if si {
-                blamed.push(Blame {
-                    host: h.clone(),
-                    rail,
-                    direction: "receiving".into(),
-                    what: "bandwidth".into(),
-                    message: format!(
-                        "every pair to {h} (rail {rail}) is below {:.0}% of the median {median_gbps:.2} Gb/s ({} Gb/s): check its link speed, cable and switch port",
-                        threshold * 100.0,
-                        desc(&inn)
-                    ),
-                });
-            }
-            let touching: Vec<&&Pair> = on.iter().filter(|p| &p.src == h || &p.dst == h).collect();
-            if all(&touching, &small) {
+            let touching: Vec<&&Pair> = on
+                .iter()
+                .filter(|p| p.error.is_none() && (&p.src == h || &p.dst == h))
+                .collect();
+            if !touching.is_empty() && touching.iter().all(|p| small(p)) {
                 blamed.push(Blame {
                     host: h.clone(),
                     rail,
@@ -382,13 +479,42 @@ const TEXT_SCALE: i32 = 2;
 const CELL: i32 = 60;
 const MARGIN: i32 = 10;
 
+/// Height of the colour legend under the grid, image pixels.
+const LEGEND_H: i32 = 3 * MARGIN + 2 * crate::glyphs::GLYPH_H * TEXT_SCALE + 20;
+/// Width of the legend's colour ramp, image pixels.
+const RAMP_W: i32 = 200;
+
+fn legend_labels(best: f64) -> [String; 4] {
+    [
+        "0".into(),
+        format!("{} Gb/s (fastest pair)", cell_label(best)),
+        "diagonal".into(),
+        "ERR: not measured".into(),
+    ]
+}
+
 /// Size of the heat map of `m`, image pixels.
 fn heatmap_size(m: &Matrix) -> (u32, u32) {
+    use crate::glyphs::text_size;
     let (left, top) = heatmap_origin(m);
     let n = m.hosts.len().max(1) as i32;
-    let (tw, _) = crate::glyphs::text_size(&heatmap_title(m, 0));
-    let w = (left + n * CELL + MARGIN).max(MARGIN * 2 + tw * TEXT_SCALE);
-    (w as u32, (top + n * CELL + MARGIN) as u32)
+    let (tw, _) = text_size(&heatmap_title(m, 0));
+    let best = m.pairs.iter().map(|p| p.gbps).fold(0.0, f64::max);
+    let l = legend_labels(best);
+    // As `render` lays it out: ramp, its top label, then each swatch with its label.
+    let legend_w = MARGIN
+        + RAMP_W
+        + MARGIN
+        + text_size(&l[1]).0 * TEXT_SCALE
+        + 2 * MARGIN
+        + [&l[2], &l[3]]
+            .iter()
+            .map(|t| 26 + text_size(t).0 * TEXT_SCALE + 2 * MARGIN)
+            .sum::<i32>();
+    let w = (left + n * CELL + MARGIN)
+        .max(MARGIN * 2 + tw * TEXT_SCALE)
+        .max(legend_w);
+    (w as u32, (top + n * CELL + MARGIN + LEGEND_H) as u32)
 }
 
 /// Top-left corner of the cell grid: room for the title, the row labels (left) and the turned
@@ -409,7 +535,7 @@ fn heatmap_origin(m: &Matrix) -> (i32, i32) {
 
 fn heatmap_title(m: &Matrix, rail: usize) -> String {
     format!(
-        "GB/S RAIL {rail}: ROWS SEND, COLUMNS RECEIVE (MEDIAN {:.2})",
+        "Gb/s on rail {rail}: rows send, columns receive (median {:.2})",
         m.median_gbps
     )
 }
@@ -514,6 +640,33 @@ fn render<DB: plotters::prelude::DrawingBackend>(
             )?;
         }
     }
+    // Legend: the colour ramp from 0 to the fastest pair, then the grey and black cells.
+    let n = m.hosts.len() as i32;
+    let y = top + n * CELL + 2 * MARGIN;
+    let labels = legend_labels(best);
+    for k in 0..RAMP_W {
+        let (r, g, b) = colour(f64::from(k) / f64::from(RAMP_W - 1));
+        root.draw(&Rectangle::new(
+            [(MARGIN + k, y), (MARGIN + k + 1, y + 20)],
+            RGBColor(r, g, b).filled(),
+        ))
+        .map_err(e)?;
+    }
+    let ty = y + 20 + MARGIN / 2;
+    draw_text(root, &labels[0], (MARGIN, ty), TEXT_SCALE, false, &BLACK)?;
+    let (w1, _) = text_size(&labels[1]);
+    let x1 = MARGIN + RAMP_W + MARGIN;
+    draw_text(root, &labels[1], (x1, y + 3), TEXT_SCALE, false, &BLACK)?;
+    let mut x = x1 + w1 * TEXT_SCALE + 2 * MARGIN;
+    for (swatch, label) in [
+        (RGBColor(190, 190, 190), &labels[2]),
+        (RGBColor(0, 0, 0), &labels[3]),
+    ] {
+        root.draw(&Rectangle::new([(x, y), (x + 20, y + 20)], swatch.filled()))
+            .map_err(e)?;
+        draw_text(root, label, (x + 26, y + 3), TEXT_SCALE, false, &BLACK)?;
+        x += 26 + text_size(label).0 * TEXT_SCALE + 2 * MARGIN;
+    }
     Ok(())
 }
 
@@ -549,8 +702,8 @@ pub fn heatmap_rgb(m: &Matrix, rail: usize) -> Result<(u32, u32, Vec<u8>), Bench
     Ok((w, h, buf))
 }
 
-/// Reads the `ready PORT` line a server prints, waiting at most `timeout`.
-pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<u16, String> {
+/// Reads the `ready PORT...` line a server prints, waiting at most `timeout`.
+pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<Vec<u16>, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
@@ -561,8 +714,13 @@ pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<
         Ok(Ok(l)) => l
             .trim()
             .strip_prefix("ready ")
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("server said {:?} instead of `ready PORT`", l.trim())),
+            .and_then(|p| {
+                p.split_whitespace()
+                    .map(|x| x.parse().ok())
+                    .collect::<Option<Vec<u16>>>()
+            })
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("server said {:?} instead of `ready PORT...`", l.trim())),
         Ok(Err(e)) => Err(format!("reading from server: {e}")),
         Err(_) => Err(format!("server not ready within {timeout:?}")),
     }
@@ -634,6 +792,33 @@ mod tests {
             r.bytes > 0 && r.gbps > 0.0 && r.rtt_us > 0.0 && r.mss > 0,
             "{r:?}"
         );
+    }
+
+    /// Writes the heat map of a 4-host matrix with one slow sender to
+    /// `$WEFT_HEATMAP_SAMPLE`, to look at; without the variable it only checks the PNG.
+    #[test]
+    fn heat_map_sample() {
+        let hosts: Vec<String> = ["node1", "node2", "spark-a", "gpu03"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut pairs = Vec::new();
+        for s in &hosts {
+            for d in &hosts {
+                if s != d {
+                    let g = if s == "node2" { 0.08 } else { 0.39 };
+                    pairs.push(pair(s, d, g, 8948));
+                }
+            }
+        }
+        pairs[5].error = Some("refused".into());
+        let m = analyse(hosts, pairs, 0.5);
+        let d = tempfile::tempdir().unwrap();
+        let p = std::env::var("WEFT_HEATMAP_SAMPLE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| d.path().join("m.png"));
+        heatmap(&m, 0, &p).unwrap();
+        assert_eq!(&std::fs::read(&p).unwrap()[..4], b"\x89PNG");
     }
 
     #[test]

@@ -365,7 +365,7 @@ pub fn run(
                     let row = Row {
                         collective: coll,
                         size: bytes,
-                        count: bytes / dt.size(),
+                        count,
                         dtype: dt,
                         redop: coll.reduces().then_some(op),
                         root: if coll.rooted() { opts.root as i64 } else { -1 },
@@ -398,27 +398,71 @@ pub fn run(
     })
 }
 
-fn fmt_time(us: f64) -> String {
-    if us < 100.0 {
-        format!("{us:.2}")
-    } else if us < 10_000.0 {
-        format!("{us:.1}")
+/// `value` in `width` characters as nccl-tests' `getFloatStr` writes it: two decimals, else
+/// one, else none, else scientific notation.
+pub fn float_str(value: f64, width: usize) -> String {
+    for prec in [2, 1, 0] {
+        let s = format!("{value:>width$.prec$}");
+        if s.len() <= width {
+            return s;
+        }
+    }
+    let prec = usize::from(width >= 7);
+    let e = format!("{value:.prec$e}");
+    // C writes the exponent with a sign and at least two digits.
+    let (m, x) = e.split_once('e').unwrap_or((&e, "0"));
+    let x: i32 = x.parse().unwrap_or(0);
+    format!(
+        "{:>width$}",
+        format!("{m}e{}{:02}", if x < 0 { '-' } else { '+' }, x.abs())
+    )
+}
+
+/// `x` as C's `%g` writes it (six significant digits, no trailing zeros).
+pub fn g_str(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return if x.is_finite() {
+            "0".into()
+        } else {
+            format!("{x}")
+        };
+    }
+    let exp = x.abs().log10().floor() as i32;
+    let trim = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if (-4..6).contains(&exp) {
+        let prec = usize::try_from(5 - exp).unwrap_or(0);
+        trim(format!("{x:.prec$}"))
     } else {
-        format!("{us:.0}")
+        let e = format!("{x:.5e}");
+        let (m, ex) = e.split_once('e').unwrap_or((&e, "0"));
+        let ex: i32 = ex.parse().unwrap_or(0);
+        format!(
+            "{}e{}{:02}",
+            trim(m.to_string()),
+            if ex < 0 { '-' } else { '+' },
+            ex.abs()
+        )
     }
 }
 
-fn fmt_wrong(w: Option<u64>) -> String {
-    w.map_or_else(|| "N/A".to_string(), |w| w.to_string())
-}
-
-/// The column header, as nccl-tests prints it.
+/// The column header, exactly as nccl-tests (2.19) prints it without per-iteration timing
+/// or timestamps (each line ends in one space, as theirs does).
 pub fn header() -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "#{:>58}{:>32}", "out-of-place", "in-place");
     let _ = writeln!(
         s,
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+        "", "", "", "", ""
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6} ",
         "size",
         "count",
         "type",
@@ -435,7 +479,7 @@ pub fn header() -> String {
     );
     let _ = writeln!(
         s,
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6} ",
         "(B)",
         "(elements)",
         "",
@@ -450,10 +494,12 @@ pub fn header() -> String {
         "(GB/s)",
         ""
     );
-    s.lines().map(|l| format!("{}\n", l.trim_end())).collect()
+    s
 }
 
-/// One row, as nccl-tests prints it.
+/// One row, as nccl-tests prints it: the size in bytes, the per-rank count in elements
+/// (for all-gather, reduce-scatter and all-to-all the count each rank contributes), then
+/// time, algbw, busbw and #wrong for each variant.
 pub fn format_row(r: &Row) -> String {
     let mut s = format!(
         "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}",
@@ -466,24 +512,100 @@ pub fn format_row(r: &Row) -> String {
     for m in [&r.out_of_place, &r.in_place] {
         let _ = write!(
             s,
-            "  {:>7}  {:>6.2}  {:>6.2}  {:>6}",
-            fmt_time(m.time_us),
-            m.algbw,
-            m.busbw,
-            fmt_wrong(m.wrong)
+            "  {:>7}  {:>6}  {:>6}",
+            float_str(m.time_us, 7),
+            float_str(m.algbw, 6),
+            float_str(m.busbw, 6),
         );
+        match m.wrong {
+            Some(w) => {
+                let _ = write!(s, "  {:>6}", g_str(w as f64));
+            }
+            None => s.push_str("    N/A"),
+        }
     }
     s
 }
 
-/// The footer, as nccl-tests prints it.
-pub fn footer(rep: &Report, test: &str) -> String {
+/// One rank in the `# Using devices` block.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RankLine {
+    pub rank: usize,
+    pub pid: u32,
+    pub host: String,
+    pub dev: usize,
+    /// What the rank runs on: the plugin device and the interfaces it uses.
+    pub what: String,
+}
+
+/// nccl-tests' preamble: the test's name, the run's parameters and the `# Using devices`
+/// block, one line per rank (weft's ranks have no GPU: the PCI field is `0000:00:00`, the
+/// name says which plugin device and interfaces the rank uses).
+pub fn preamble(test: &str, o: &PerfOptions, ranks: &[RankLine]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Collective test starting: {test}");
+    let (step, unit) = if o.step_bytes > 0 {
+        (o.step_bytes.to_string(), "bytes")
+    } else {
+        (g_str(o.step_factor), "factor")
+    };
+    let _ = writeln!(
+        s,
+        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step}({unit}) warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0 unalign: 0",
+        o.min_bytes, o.max_bytes, o.warmup, o.iters, o.check
+    );
+    s.push_str("#\n# Using devices\n");
+    for r in ranks {
+        let _ = writeln!(
+            s,
+            "#  Rank {:>2} Group {:>2} Pid {:>6} on {:>10} device {:>2} [0000:00:00] {}",
+            r.rank, 0, r.pid, r.host, r.dev, r.what
+        );
+    }
+    s.push_str("#\n");
+    s
+}
+
+/// The footer of one collective's rows, as nccl-tests prints it; with `min_bw`, `OK` or
+/// `FAILED` after the average (failing below 90% of it, as nccl-tests' `check_avg_bw`).
+pub fn footer_of(rows: &[&Row], test: &str, min_bw: Option<f64>) -> String {
+    let wrong: u64 = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.wrong, r.in_place.wrong])
+        .flatten()
+        .sum();
+    let bws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
+        .collect();
+    let avg = if bws.is_empty() {
+        0.0
+    } else {
+        bws.iter().sum::<f64>() / bws.len() as f64
+    };
+    let verdict = match min_bw {
+        None => "",
+        Some(m) if avg < m * 0.9 => "FAILED",
+        Some(_) => "OK",
+    };
     format!(
-        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#\n# Collective test concluded: {test}\n",
-        rep.wrong,
-        if rep.wrong == 0 { "OK" } else { "FAILED" },
-        rep.avg_busbw
+        "# {:<20} : {} {}\n# {:<20} : {} {verdict}\n#\n# Collective test concluded: {test}\n",
+        "Out of bounds values",
+        wrong,
+        if wrong == 0 { "OK" } else { "FAILED" },
+        "Avg bus bandwidth",
+        g_str(avg),
     )
+}
+
+/// The footer over every row of `rep`, as nccl-tests prints it.
+pub fn footer(rep: &Report, test: &str) -> String {
+    let rows: Vec<&Row> = rep.rows.iter().collect();
+    footer_of(&rows, test, None)
+}
+
+fn fmt_wrong(w: Option<u64>) -> String {
+    w.map_or_else(|| "N/A".to_string(), |w| w.to_string())
 }
 
 /// The whole report as CSV: one line per row, both variants as columns.
@@ -581,9 +703,15 @@ mod tests {
         };
         let h = header();
         let cols = h.lines().nth(1).unwrap_or_default();
-        assert!(h.lines().all(|l| l == l.trim_end()), "{h}");
+        // nccl-tests' header lines, byte for byte (each ends in spaces, as theirs does).
+        let want = [
+            "#                                                              out-of-place                       in-place          ",
+            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong ",
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         ",
+        ];
+        assert_eq!(h.lines().collect::<Vec<_>>(), want);
         let row = format_row(&r);
-        assert_eq!(cols.len(), row.len(), "\n{cols}\n{row}");
+        assert_eq!(cols.len(), row.len() + 1, "\n{cols}\n{row}");
         // Each header word ends where its value ends.
         for word in ["size", "count", "type", "redop", "root"] {
             let end = cols.find(word).unwrap() + word.len();
@@ -592,6 +720,21 @@ mod tests {
         assert!(
             row.starts_with("     8388608       2097152     float     sum      -1"),
             "{row}"
+        );
+        assert!(row.ends_with("  1234.50    1.50    2.25       0"), "{row}");
+        // nccl-tests' getFloatStr: fewer decimals, then scientific notation, to fit.
+        assert_eq!(float_str(1234.567, 6), "1234.6");
+        assert_eq!(float_str(123456.7, 6), "123457");
+        assert_eq!(float_str(12345678.0, 6), " 1e+07");
+        assert_eq!(float_str(12345678.0, 7), "1.2e+07");
+        assert_eq!(g_str(0.0), "0");
+        assert_eq!(g_str(12.5), "12.5");
+        assert_eq!(g_str(1234567.0), "1.23457e+06");
+        assert_eq!(g_str(0.000123), "0.000123");
+        let f = footer_of(&[&r], "all_reduce_perf", None);
+        assert_eq!(
+            f,
+            "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 2.25 \n#\n# Collective test concluded: all_reduce_perf\n"
         );
     }
 }

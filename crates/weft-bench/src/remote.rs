@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::BenchError;
 use crate::facts::{self, HostFacts, ProbeResult};
 use crate::p2p::{self, Pair, ProbeReport};
-use crate::runner::{HostRunner, kill_group};
+use crate::runner::{HostRunner, spawn_tethered, wait_until};
 
 /// How to start `weft` on the hosts.
 #[derive(Debug, Clone)]
@@ -144,33 +144,48 @@ pub struct P2pHost {
 /// Starts a server on every host, then measures every ordered pair on every rail, one pair at
 /// a time; stops the servers. Pairs that fail carry their error.
 pub fn p2p_matrix(
-    hosts: &[Box<dyn HostRunner>],
+    hosts: &[&dyn HostRunner],
     info: &[P2pHost],
     r: &Remote,
     o: &P2pOptions,
     progress: &mut dyn FnMut(&Pair),
 ) -> Result<Vec<Pair>, BenchError> {
-    // Servers outlive the whole run by a margin, and then end by themselves (over SSH, killing
-    // the local `ssh` does not reach them).
+    // Servers listen on their host's data addresses only, end when their stdin closes (this
+    // command ends, is interrupted, or its SSH session closes) and, as a last resort, outlive
+    // the whole run by a margin only.
     let n = hosts.len();
     let rails = info.iter().map(|h| h.rails.len()).max().unwrap_or(0);
     let per_pair = o.duration + r.timeout;
     let lifetime = per_pair * (n * n * rails.max(1)) as u32 + r.timeout * 2;
-    let mut servers = Vec::new();
-    let mut ports = Vec::new();
+    let mut servers: Vec<std::process::Child> = Vec::new();
+    let mut ports: Vec<Vec<u16>> = Vec::new();
     let stop = |servers: &mut Vec<std::process::Child>| {
+        // Close every stdin first (a clean exit, also on the far side of SSH), then bound
+        // the wait and kill what is left.
         for c in servers.iter_mut() {
-            kill_group(c);
-            let _ = c.wait();
+            drop(c.stdin.take());
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for c in servers.iter_mut() {
+            // Past the deadline `wait_until` kills the server's process group.
+            let _ = wait_until(c, deadline);
         }
     };
-    for h in hosts {
+    for (h, hi) in hosts.iter().zip(info) {
+        let bind = hi
+            .rails
+            .iter()
+            .map(|(_, a)| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         let argv = r.argv(&[
             "p2p-serve".into(),
+            "--bind".into(),
+            bind,
             "--lifetime".into(),
             lifetime.as_secs().max(1).to_string(),
         ]);
-        let mut c = match h.spawn(&argv, &[], Stdio::piped()) {
+        let mut c = match spawn_tethered(*h, &argv, Stdio::piped()) {
             Ok(c) => c,
             Err(e) => {
                 stop(&mut servers);
@@ -184,7 +199,18 @@ pub fn p2p_matrix(
             None => Err("no stdout".into()),
         };
         match port {
-            Ok(p) => ports.push(p),
+            Ok(p) if p.len() == hi.rails.len() => ports.push(p),
+            Ok(p) => {
+                stop(&mut servers);
+                return Err(BenchError::Host {
+                    host: h.name().to_string(),
+                    msg: format!(
+                        "p2p server listens on {} ports for {} addresses",
+                        p.len(),
+                        hi.rails.len()
+                    ),
+                });
+            }
             Err(msg) => {
                 stop(&mut servers);
                 return Err(BenchError::Host {
@@ -201,12 +227,14 @@ pub fn p2p_matrix(
                 if i == j {
                     continue;
                 }
-                let (Some((src_if, _)), Some((_, dst_addr))) =
-                    (info[i].rails.get(rail), info[j].rails.get(rail))
-                else {
+                let (Some((src_if, _)), Some((_, dst_addr)), Some(port)) = (
+                    info[i].rails.get(rail),
+                    info[j].rails.get(rail),
+                    ports[j].get(rail),
+                ) else {
                     continue;
                 };
-                let to = SocketAddr::from((*dst_addr, ports[j]));
+                let to = SocketAddr::from((*dst_addr, *port));
                 let args = vec![
                     "p2p-probe".into(),
                     "--to".into(),
@@ -222,7 +250,7 @@ pub fn p2p_matrix(
                 ];
                 let t = Instant::now();
                 let res: Result<ProbeReport, BenchError> =
-                    r.json(src.as_ref(), &args, per_pair + r.timeout);
+                    r.json(*src, &args, per_pair + r.timeout);
                 tracing::debug!(src = %info[i].name, dst = %info[j].name, took = ?t.elapsed(), "p2p pair");
                 let mut p = Pair {
                     src: info[i].name.clone(),

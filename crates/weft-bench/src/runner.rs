@@ -3,10 +3,9 @@
 //! [`Netns`] (`ip netns exec`, how the tests put "hosts" on one machine). Everything the bench
 //! and the doctor run on a host goes through here, with a deadline.
 
-use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::BenchError;
 
@@ -57,6 +56,25 @@ pub trait HostRunner: Send + Sync {
             msg: format!("starting {}: {e}", argv.join(" ")),
         })
     }
+}
+
+/// Starts `argv` in the background, tethered: stdin is a pipe the caller holds in the
+/// returned `Child`, so that a helper that watches its stdin (`p2p-serve`) ends when the
+/// caller closes it, exits, or is killed; over SSH the session's end closes it too.
+pub fn spawn_tethered(
+    host: &dyn HostRunner,
+    argv: &[String],
+    stdout: Stdio,
+) -> Result<Child, BenchError> {
+    let mut c = host.command(argv, &[]);
+    c.stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(Stdio::inherit());
+    c.process_group(0);
+    c.spawn().map_err(|e| BenchError::Host {
+        host: host.name().to_string(),
+        msg: format!("starting {}: {e}", argv.join(" ")),
+    })
 }
 
 /// This machine.
@@ -198,76 +216,13 @@ pub fn parse_hosts_with(
     Ok(v)
 }
 
-/// Runs `cmd` in its own process group with piped output; kills the group after `timeout`.
-pub fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<Output, String> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start: {e}"))?;
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.read_to_end(&mut v);
-        }
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(e) = err.as_mut() {
-            let _ = e.read_to_end(&mut v);
-        }
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if Instant::now() > deadline => {
-                kill_group(&child);
-                let _ = child.wait();
-                return Err(format!("no answer within {timeout:?} (killed)"));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(format!("wait: {e}")),
-        }
-    };
-    let stdout = t_out.join().unwrap_or_default();
-    let stderr = t_err.join().unwrap_or_default();
-    Ok(Output {
-        status,
-        stdout,
-        stderr,
-    })
+/// Runs `cmd` in its own process group with piped output; kills the group after `timeout`,
+/// which also bounds the wait for its pipes ([`weft_proc::run`]).
+pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, String> {
+    weft_proc::run(cmd, None, timeout, weft_proc::Kill::Group).map_err(|e| e.to_string())
 }
 
-/// Kills `child`'s process group (it was started with `process_group(0)`).
-pub fn kill_group(child: &Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: plain kill(2) on the process group we created; no memory is involved.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
-}
-
-/// Waits for `child` until `deadline`; kills its group and returns `None` after it.
-pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) => return Some(st),
-            Ok(None) if Instant::now() > deadline => {
-                kill_group(child);
-                let _ = child.wait();
-                return None;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(_) => return None,
-        }
-    }
-}
+pub use weft_proc::{kill_group, wait_until};
 
 #[cfg(test)]
 mod tests {
@@ -310,7 +265,19 @@ mod tests {
     }
 
     #[test]
+    fn bounded_run_is_bounded_including_its_pipes() {
+        // A grandchild holding stdout (an ssh control master) does not stretch the deadline.
+        let t0 = std::time::Instant::now();
+        let mut c = Command::new("sh");
+        c.args(["-c", "sleep 5 & echo started"]);
+        let r = run_bounded(c, Duration::from_millis(300));
+        assert!(r.unwrap_err().contains("killed"));
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+
+    #[test]
     fn bounded_run_kills_a_hung_command() {
+        use std::time::Instant;
         let t0 = Instant::now();
         let mut c = Command::new("sleep");
         c.arg("30");

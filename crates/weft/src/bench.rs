@@ -11,8 +11,8 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts, parse_hosts_with, wait_until};
-use weft_bench::{RankSpec, facts, net, p2p, run_rank};
+use weft_bench::runner::{HostRunner, Local, parse_hosts_with, wait_until};
+use weft_bench::{RankSpec, facts, net, p2p};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -41,13 +41,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
     },
-    /// Internal: the p2p server.
+    /// Internal: the p2p server, on the given addresses, until its stdin closes.
     #[command(hide = true)]
     P2pServe {
+        /// Addresses to listen on, comma-separated (the host's data addresses).
+        #[arg(long)]
+        bind: String,
         #[arg(long, default_value_t = 0)]
         port: u16,
         #[arg(long, default_value_t = 600)]
         lifetime: u64,
+        /// Keep serving after stdin closes (until --lifetime).
+        #[arg(long)]
+        untethered: bool,
     },
     /// Internal: one p2p measurement from this host.
     #[command(hide = true)]
@@ -134,9 +140,14 @@ pub struct P2pArgs {
     /// Ping-pong round trips per pair.
     #[arg(long, default_value_t = 50)]
     pings: usize,
-    /// A pair below this fraction of the median is slow.
+    /// A pair below this fraction of its reference is slow: what its links should do
+    /// (--expect-speed, else the speed a physical NIC reports), else the median of every
+    /// host's best pair.
     #[arg(long, default_value_t = 0.5)]
     threshold: f64,
+    /// Expected link speed of every data interface, in Mb/s (e.g. 200000).
+    #[arg(long)]
+    expect_speed: Option<u32>,
     /// Write a PNG heat map of rail 0 here (rail N: the name with `.railN` before `.png`).
     #[arg(long)]
     heatmap: Option<PathBuf>,
@@ -214,6 +225,20 @@ pub struct CollArgs {
     /// The weft binary on the hosts (ssh).
     #[arg(long, default_value = "weft")]
     remote_weft: String,
+    /// Data interfaces of the ranks with --hosts (the plugin's syntax: `=data0`, `enp1`,
+    /// `10.1.0.0/16`); default, as doctor and p2p: RDMA netdevs, else every up interface with
+    /// an address but the management one.
+    #[arg(long, env = "WEFT_DATA_IFNAME")]
+    data_if: Option<String>,
+    /// Management interface of the ranks with --hosts; default: the default-route interface.
+    #[arg(long, env = "WEFT_MGMT_IFNAME")]
+    mgmt_if: Option<String>,
+    /// An ssh_config file for every `ssh` to the hosts (`ssh -F FILE`).
+    #[arg(long, value_name = "FILE")]
+    ssh_config: Option<PathBuf>,
+    /// An extra option for every `ssh` to the hosts (`-o KEY=VALUE`), repeatable.
+    #[arg(long = "ssh-option", value_name = "KEY=VALUE")]
+    ssh_options: Vec<String>,
     /// Fail (exit 1) when the average bus bandwidth is below this, in GB/s.
     #[arg(long, env = "NCCL_TESTS_MIN_BW")]
     min_bw: Option<f64>,
@@ -333,8 +358,22 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             println!("{}", serde_json::to_string(&r)?);
             Ok(EXIT_OK)
         }
-        BenchCommand::P2pServe { port, lifetime } => {
-            p2p::serve(port, Duration::from_secs(lifetime)).context("p2p server")?;
+        BenchCommand::P2pServe {
+            bind,
+            port,
+            lifetime,
+            untethered,
+        } => {
+            let addrs = bind
+                .split(',')
+                .map(|a| {
+                    a.trim()
+                        .parse()
+                        .with_context(|| format!("--bind address {a:?}"))
+                })
+                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            p2p::serve(&addrs, port, Duration::from_secs(lifetime), !untethered)
+                .context("p2p server")?;
             Ok(EXIT_OK)
         }
         BenchCommand::P2pProbe {
@@ -369,24 +408,42 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
     }
+    let gathered = weft_bench::remote::gather_all(&hosts, &remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = |what: &str, v: &Option<String>| {
+        v.as_deref()
+            .map(|s| facts::parse_ifspec(what, s))
+            .transpose()
+    };
+    let data_spec = spec("--data-if", &a.hosts.data_if)?;
+    let mgmt_spec = spec("--mgmt-if", &a.hosts.mgmt_if)?;
+    let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
+    let roles = facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref());
     let mut info = Vec::new();
-    for (h, g) in hosts
-        .iter()
-        .zip(weft_bench::remote::gather_all(&hosts, &remote))
-    {
-        let g = g?;
-        let mgmt = facts::mgmt_if(&g.facts, a.hosts.mgmt_if.as_deref());
-        let rails: Vec<(String, std::net::Ipv4Addr)> =
-            facts::data_ifs(&g.facts, a.hosts.data_if.as_deref(), mgmt.as_deref())
-                .into_iter()
-                .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
-                .collect();
+    let mut expected = p2p::Expected::new();
+    for (h, role) in hosts.iter().zip(roles) {
+        let ifs: Vec<_> = role
+            .data
+            .into_iter()
+            .filter(|d| facts::ipv4(d).is_some())
+            .collect();
+        let rails: Vec<(String, std::net::Ipv4Addr)> = ifs
+            .iter()
+            .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
+            .collect();
         if rails.is_empty() {
             eprintln!(
                 "weft: {}: no data interface with an IPv4 address (see --data-if)",
                 h.name()
             );
             return Ok(EXIT_ENVIRONMENT);
+        }
+        for (rail, d) in ifs.iter().enumerate() {
+            let link = d.pci.as_ref().and(d.speed_mbps);
+            if let Some(mbps) = a.expect_speed.or(link) {
+                expected.insert((h.name().to_string(), rail), f64::from(mbps) / 1e3);
+            }
         }
         info.push(weft_bench::remote::P2pHost {
             name: h.name().to_string(),
@@ -398,23 +455,46 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
         duration: Duration::from_secs_f64(a.duration),
         pings: a.pings,
     };
-    let pairs = weft_bench::remote::p2p_matrix(&hosts, &info, &remote, &opts, &mut |p| {
-        if !json {
-            eprintln!(
-                "  {} -> {} ({}): {}",
-                p.src,
-                p.dst,
-                p.src_if,
-                match &p.error {
-                    Some(e) => format!("failed: {e}"),
-                    None => format!("{:.3} Gb/s, rtt {:.0} us", p.gbps, p.rtt_us),
-                }
-            );
-        }
-    })?;
-    let names = info.iter().map(|h| h.name.clone()).collect();
-    let m = p2p::analyse(names, pairs, a.threshold);
+    let refs: Vec<&dyn HostRunner> = hosts.iter().map(|h| h.as_ref()).collect();
     let rails = info.iter().map(|h| h.rails.len()).max().unwrap_or(0);
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let n = info.len();
+        let b = indicatif::ProgressBar::new((n * n.saturating_sub(1) * rails) as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} pairs {elapsed} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let pairs = weft_bench::remote::p2p_matrix(&refs, &info, &remote, &opts, &mut |p| {
+        if json {
+            return;
+        }
+        let line = format!(
+            "  {} -> {} ({}): {}",
+            p.src,
+            p.dst,
+            p.src_if,
+            match &p.error {
+                Some(e) => format!("failed: {e}"),
+                None => format!("{:.3} Gb/s, rtt {:.0} us", p.gbps, p.rtt_us),
+            }
+        );
+        match &bar {
+            Some(b) => {
+                b.inc(1);
+                b.set_message(format!("{} -> {}", p.src, p.dst));
+                b.suspend(|| eprintln!("{line}"));
+            }
+            None => eprintln!("{line}"),
+        }
+    });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let pairs = pairs?;
+    let names = info.iter().map(|h| h.name.clone()).collect();
+    let m = p2p::analyse_with(names, pairs, a.threshold, &expected);
     let mut maps = Vec::new();
     if let Some(path) = &a.heatmap {
         for rail in 0..rails {
@@ -427,7 +507,8 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             maps.push(p);
         }
     }
-    let bad = !m.slow.is_empty() || !m.blamed.is_empty();
+    let bad =
+        !m.slow.is_empty() || !m.blamed.is_empty() || m.pairs.iter().any(|p| p.error.is_some());
     if json {
         crate::output::json(
             &serde_json::json!({ "matrix": &m, "heatmaps": maps, "passed": !bad }),
@@ -437,7 +518,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             "{}",
             crate::output::table(
                 [
-                    "FROM", "TO", "IF", "GBIT/S", "% MEDIAN", "RTT US", "MSS", "NOTE"
+                    "FROM", "TO", "IF", "GBIT/S", "% REF", "RTT US", "MSS", "NOTE"
                 ],
                 m.pairs.iter().map(|p| {
                     let slow = m
@@ -449,11 +530,10 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
                         p.dst.clone(),
                         p.src_if.clone(),
                         format!("{:.3}", p.gbps),
-                        if m.median_gbps > 0.0 {
-                            format!("{:.0}", 100.0 * p.gbps / m.median_gbps)
-                        } else {
-                            "-".into()
-                        },
+                        m.slow
+                            .iter()
+                            .find(|s| s.src == p.src && s.dst == p.dst && s.rail == p.rail)
+                            .map_or_else(|| "-".into(), |s| format!("{:.0}", s.pct_of_reference)),
                         format!("{:.0}", p.rtt_us),
                         p.mss.to_string(),
                         match (&p.error, slow) {
@@ -466,7 +546,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
             )
         );
         println!(
-            "\nmedian {:.3} Gb/s, rtt {:.0} us; slow: below {:.0}% of the median",
+            "\nmedian {:.3} Gb/s, rtt {:.0} us; slow: below {:.0}% of the reference (what the links should do, else the median of every host's best pair)",
             m.median_gbps,
             m.median_rtt_us,
             m.threshold * 100.0
@@ -487,7 +567,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
         }
         if !bad {
             println!(
-                "all {} pairs within {:.0}% of the median",
+                "all {} pairs within {:.0}% of their reference",
                 m.pairs.len(),
                 m.threshold * 100.0
             );
@@ -511,7 +591,14 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         Option<PathBuf>,
     ) = match &a.hosts {
         Some(h) => {
-            let r = parse_hosts(h, &a.via)?;
+            let mut extra: Vec<String> = Vec::new();
+            if let Some(f) = &a.ssh_config {
+                extra.extend(["-F".to_string(), f.display().to_string()]);
+            }
+            for o in &a.ssh_options {
+                extra.extend(["-o".to_string(), o.clone()]);
+            }
+            let r = parse_hosts_with(h, &a.via, &extra)?;
             let rdv = match &a.rendezvous {
                 Some(x) => x.clone(),
                 None if r[0].kind() == "ssh" => format!("{}:29600", r[0].name()),
@@ -552,15 +639,28 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
         .filter(|(k, _)| k != "WEFT_CONFIG")
         .collect();
-    if a.hosts.is_none() {
-        for k in ["WEFT_MGMT_IFNAME", "WEFT_DATA_IFNAME"] {
-            if std::env::var_os(k).is_none() {
-                env.push((k.into(), "=lo".into()));
-            }
-        }
-    }
+    env.retain(|(k, _)| k != "WEFT_MGMT_IFNAME" && k != "WEFT_DATA_IFNAME");
+    // Each rank's interfaces: with --hosts the same selection as doctor and p2p, by name
+    // on each host; local ranks use loopback unless told otherwise.
+    let per_rank: Vec<Vec<(String, String)>> = if a.hosts.is_some() {
+        rank_interfaces(a, &runners, &exe)?
+    } else {
+        let v = vec![
+            (
+                "WEFT_MGMT_IFNAME".to_string(),
+                a.mgmt_if.clone().unwrap_or_else(|| "=lo".into()),
+            ),
+            (
+                "WEFT_DATA_IFNAME".to_string(),
+                a.data_if.clone().unwrap_or_else(|| "=lo".into()),
+            ),
+        ];
+        vec![v; runners.len()]
+    };
     let mut kids = Vec::new();
     for (rank, r) in runners.iter().enumerate() {
+        let mut env = env.clone();
+        env.extend(per_rank[rank].iter().cloned());
         let mut argv = vec![exe.clone()];
         argv.extend(a.worker_args(json));
         argv.extend([
@@ -586,9 +686,23 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
     for (rank, k) in kids.iter_mut().enumerate() {
         match wait_until(k, deadline) {
             Some(st) => {
-                let c = st
-                    .code()
-                    .map_or(EXIT_ENVIRONMENT, |c| c.clamp(0, 255) as u8);
+                // weft's own codes pass through; anything else (ssh's 255, a signal) is the
+                // environment's fault, and said so.
+                let c = match st.code() {
+                    Some(c @ 0..=2) => c as u8,
+                    _ => {
+                        eprintln!(
+                            "weft: rank {rank} ({}) ended with {st}{}",
+                            runners[rank].name(),
+                            if st.code() == Some(255) && runners[rank].kind() == "ssh" {
+                                ": ssh could not run it there (check --ssh-config, keys and --remote-weft)"
+                            } else {
+                                ""
+                            }
+                        );
+                        EXIT_ENVIRONMENT
+                    }
+                };
                 if rank == 0 || c == EXIT_ENVIRONMENT {
                     code = code.max(c);
                 }
@@ -609,6 +723,59 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         }
     }
     Ok(code)
+}
+
+/// `WEFT_MGMT_IFNAME` and `WEFT_DATA_IFNAME` for each rank's host: the roles doctor and p2p
+/// find (`facts::roles`, from --data-if/--mgmt-if or the defaults), by exact name.
+fn rank_interfaces(
+    a: &CollArgs,
+    runners: &[Box<dyn HostRunner>],
+    exe: &str,
+) -> Result<Vec<Vec<(String, String)>>> {
+    let remote = weft_bench::remote::Remote {
+        exe: exe.to_string(),
+        timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
+    };
+    let gathered = weft_bench::remote::gather_all(runners, &remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = |what: &str, v: &Option<String>| {
+        v.as_deref()
+            .map(|s| facts::parse_ifspec(what, s))
+            .transpose()
+    };
+    let data_spec = spec("--data-if", &a.data_if)?;
+    let mgmt_spec = spec("--mgmt-if", &a.mgmt_if)?;
+    let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
+    let mut out = Vec::new();
+    for (r, role) in runners
+        .iter()
+        .zip(facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()))
+    {
+        let data: Vec<&str> = role
+            .data
+            .iter()
+            .filter(|d| facts::ipv4(d).is_some())
+            .map(|d| d.name.as_str())
+            .collect();
+        if data.is_empty() {
+            bail!(
+                "{}: no data interface with an IPv4 address (see --data-if)",
+                r.name()
+            );
+        }
+        let mut v = vec![(
+            "WEFT_DATA_IFNAME".to_string(),
+            format!("={}", data.join(",")),
+        )];
+        match (role.mgmt, &a.mgmt_if) {
+            (Some((m, _)), _) => v.push(("WEFT_MGMT_IFNAME".into(), format!("={}", m.name))),
+            (None, Some(m)) => v.push(("WEFT_MGMT_IFNAME".into(), m.clone())),
+            (None, None) => {}
+        }
+        out.push(v);
+    }
+    Ok(out)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -637,10 +804,7 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
         dev: a.dev,
     };
     let lead = rank == 0;
-    let test = format!(
-        "{}_perf",
-        opts.colls.first().map_or("all_reduce", |c| c.name())
-    );
+    let test_of = |c: Coll| format!("{}_perf", c.name());
     if lead && !json {
         println!(
             "# weft bench collectives: nranks {} algo {:?} plugin {}",
@@ -648,26 +812,6 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
             opts.algo,
             plugin.display()
         );
-        println!(
-            "# minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
-            opts.min_bytes,
-            opts.max_bytes,
-            if opts.step_bytes > 0 {
-                opts.step_bytes as f64
-            } else {
-                opts.step_factor
-            },
-            if opts.step_bytes > 0 {
-                "bytes"
-            } else {
-                "factor"
-            },
-            opts.warmup,
-            opts.iters,
-            opts.check
-        );
-        println!("#");
-        print!("{}", perf::header());
     }
     let bar = (lead && std::io::stderr().is_terminal() && opts.rows() > 4).then(|| {
         let b = indicatif::ProgressBar::new(opts.rows() as u64);
@@ -677,29 +821,49 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
         );
         b
     });
-    let mut last: Option<Coll> = None;
+    let say = |text: &str| match &bar {
+        Some(b) => b.suspend(|| print!("{text}")),
+        None => print!("{text}"),
+    };
+    let me = perf::RankLine {
+        rank,
+        pid: std::process::id(),
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+        dev: a.dev,
+        what: format!("weft net plugin, {}", weft_bench::plugin_interfaces()),
+    };
+    let ranks = std::cell::RefCell::new(Vec::new());
+    let mut on_ranks = |r: &[perf::RankLine]| *ranks.borrow_mut() = r.to_vec();
+    // nccl-tests' output, one block per collective: preamble, header, rows, footer.
+    let mut rows: Vec<Row> = Vec::new();
     let mut on_row = |row: &Row, done: usize, _total: usize| {
         if lead && !json {
-            let line = format!(
-                "{}{}",
-                if last != Some(row.collective) && opts.colls.len() > 1 {
-                    format!("# {}\n", row.collective)
-                } else {
-                    String::new()
-                },
-                perf::format_row(row)
-            );
-            last = Some(row.collective);
-            match &bar {
-                Some(b) => b.suspend(|| println!("{line}")),
-                None => println!("{line}"),
+            let mut text = String::new();
+            if rows.last().map(|r| r.collective) != Some(row.collective) {
+                if let Some(prev) = rows.last().map(|r| r.collective) {
+                    let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == prev).collect();
+                    text.push_str(&perf::footer_of(&mine, &test_of(prev), a.min_bw));
+                }
+                text.push_str(&perf::preamble(
+                    &test_of(row.collective),
+                    &opts,
+                    &ranks.borrow(),
+                ));
+                text.push_str(&perf::header());
             }
+            text.push_str(&perf::format_row(row));
+            text.push('\n');
+            say(&text);
+            rows.push(row.clone());
         }
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
     };
-    let report = match run_rank(&spec, &opts, &mut on_row) {
+    let report = match weft_bench::run_rank_reporting(&spec, &opts, &me, &mut on_ranks, &mut on_row)
+    {
         Ok(r) => r,
         Err(e) => {
             if let Some(b) = &bar {
@@ -726,7 +890,14 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
             }))?
         );
     } else {
-        print!("{}", perf::footer(&report, &test));
+        if let Some(last) = report.rows.last().map(|r| r.collective) {
+            let mine: Vec<&Row> = report
+                .rows
+                .iter()
+                .filter(|r| r.collective == last)
+                .collect();
+            print!("{}", perf::footer_of(&mine, &test_of(last), a.min_bw));
+        }
         if let Some(m) = below {
             println!(
                 "# FAILED: average bus bandwidth {:.4} GB/s is below the minimum {m} GB/s",

@@ -11,7 +11,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host:\n* SSH to every other host: `ssh -o BatchMode=yes -o ConnectTimeout=--ssh-timeout-s\n  -o StrictHostKeyChecking=yes [--ssh-config, --ssh-option] HOST true` run on the host,\n  for every ordered pair, several at once. A FAIL names the pair (from -> to), ssh's error\n  and a fix (known_hosts entry, authorized key, sshd). With --via netns or local nothing is\n  reached over SSH: an INFO line says SKIP. Skip it with --no-ssh-pairs.\n* data interfaces up, with an address, link speed and MTU against --expect-* (else against\n  the other hosts); management and data roles.\n* jumbo frames end to end: DF-bit ICMP of MTU-28 bytes between every pair (root or\n  CAP_NET_RAW).\n* throughput: a short `weft bench p2p` of --throughput-s per ordered pair; a host whose\n  pairs are far below the median fails. Skip it with --no-throughput.\n* RDMA ports (state, rate, link layer, netdev); GPU count and memory per GPU where there is\n  a driver (NVML, else nvidia-smi), a WARN when hosts differ; clock offset.\nPrints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs."
+    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host:\n* SSH to every other host: `ssh -o BatchMode=yes -o ConnectTimeout=--ssh-timeout-s\n  -o StrictHostKeyChecking=yes [--ssh-config, --ssh-option] HOST true` run on the host,\n  for every ordered pair, several at once. A FAIL names the pair (from -> to), ssh's error\n  and a fix (known_hosts entry, authorized key, sshd). With --via netns or local nothing is\n  reached over SSH: an INFO line says SKIP. Skip it with --no-ssh-pairs.\n* roles: --mgmt-if/--data-if in the plugin's syntax (names, `=exact`, `^exclude`, subnets);\n  by default management is the default-route interface (else the SSH session's, else the\n  one on the other hosts' management subnet) and data the RDMA netdevs, else every up\n  interface with an address off the management subnets.\n* data interfaces up, with an address, link speed and MTU against --expect-* (else against\n  the largest on the same subnet: a remedy never lowers an MTU).\n* jumbo frames end to end: DF-bit ICMP of MTU-28 bytes between every pair (root or\n  CAP_NET_RAW).\n* throughput: a short `weft bench p2p` of --throughput-s per ordered pair among the hosts\n  reached; each pair judged against what its links should do (--expect-speed, else the\n  speed a physical NIC reports), else against the median of every host's best pair. A host\n  whose every pair from (or to) it is slow fails; failed pairs count in no statistic.\n  Skip it with --no-throughput.\n* RDMA ports (state, rate, link layer, netdev); GPU count and memory per GPU where there is\n  a driver (NVML, else nvidia-smi), a WARN when hosts differ; clock offset.\nPrints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs."
 )]
 pub struct DoctorArgs {
     #[command(flatten)]
@@ -44,6 +44,27 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
         anyhow::bail!("--throughput-s must be in (0, 60] seconds");
     }
     let (hosts, remote) = a.hosts.runners()?;
+    // The checks take a while (a throughput pair per ordered pair of hosts): say so on a
+    // terminal, on stderr, and clear it before the report.
+    let spinner = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_message(format!(
+            "checking {} hosts (facts, DF probes{}{})",
+            hosts.len(),
+            if a.no_throughput {
+                ""
+            } else {
+                ", throughput of every ordered pair"
+            },
+            if a.no_ssh_pairs {
+                ""
+            } else {
+                ", host-to-host SSH"
+            },
+        ));
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    });
     let r = doctor::run(
         &hosts,
         &remote,
@@ -58,7 +79,11 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
             ssh_pairs: (!a.no_ssh_pairs)
                 .then(|| Duration::from_secs(a.ssh_timeout_s.clamp(1, 120))),
         },
-    )?;
+    );
+    if let Some(b) = &spinner {
+        b.finish_and_clear();
+    }
+    let r = r?;
     if json {
         crate::output::json(&r)?;
     } else {

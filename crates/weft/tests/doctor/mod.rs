@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 
 use weft_netns::{Cluster, ClusterSpec, Shape};
 
+mod faults;
 mod ssh;
 
 fn weft(args: &[&str]) -> Output {
@@ -225,6 +226,70 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
         .collect();
     assert_eq!(slow_from, BTreeSet::from([h2.as_str()]), "{m:#}");
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+}
+
+/// Listening TCP ports of `/proc/net/tcp` (this namespace) as (address, port).
+fn listeners() -> Vec<(std::net::Ipv4Addr, u16)> {
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (a, p) = f.get(1)?.split_once(':')?;
+            (f.get(3) == Some(&"0A")).then_some(())?;
+            let a = u32::from_str_radix(a, 16).ok()?;
+            Some((
+                std::net::Ipv4Addr::from(u32::from_be(a)),
+                u16::from_str_radix(p, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The p2p server weft starts on every host listens only on the address it is given and ends
+/// as soon as the command holding its stdin is gone (over SSH: the session closing).
+#[test]
+fn p2p_serve_listens_only_where_told_and_ends_with_its_caller() {
+    use std::io::BufRead;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "bench",
+            "p2p-serve",
+            "--bind",
+            "127.0.0.1",
+            "--lifetime",
+            "120",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("weft runs");
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+    let mine: Vec<_> = listeners().into_iter().filter(|l| l.1 == port).collect();
+    assert_eq!(mine, [(std::net::Ipv4Addr::LOCALHOST, port)], "{line}");
+    // The caller goes away: its end of stdin closes, the server follows within a bound.
+    drop(c.stdin.take());
+    let t = std::time::Instant::now();
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(5) {
+            let _ = c.kill();
+            panic!("p2p-serve still running 5 s after its stdin closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(st.success(), "{st}");
+    assert!(listeners().iter().all(|l| l.1 != port));
+    // Nothing to listen on is a usage error, not a wildcard listener.
+    let o = weft(&["bench", "p2p-serve", "--bind", "nowhere"]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
 }
 
 #[test]

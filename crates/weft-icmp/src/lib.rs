@@ -1,0 +1,206 @@
+//! One ICMP echo over a raw socket (root or CAP_NET_RAW), with or without the DF bit: weft's
+//! one pinger. `weft doctor` sends its jumbo-frame probes with it on every host (so no
+//! `ping(8)` is needed there), and the namespace test bed pings between its hosts with it.
+//!
+//! It is not a `ping(8)`: one request, one bounded wait for the matching reply, no
+//! statistics, IPv4 only.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// What one echo found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// The matching reply came back after this long.
+    Reply(Duration),
+    /// The local stack refused to send a DF packet that large (interface MTU too small).
+    TooBigHere,
+    /// No reply within the bound, or the local stack cannot reach `dst` (network or host
+    /// unreachable, interface down).
+    NoReply,
+}
+
+static SEQ: AtomicU16 = AtomicU16::new(1);
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+struct Fd(libc::c_int);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own this descriptor and close it once.
+        unsafe {
+            libc::close(self.0);
+        }
+    }
+}
+
+fn setopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` is a live value of the type the option expects, `len` its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.0,
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
+/// with the DF bit set when `df` (the interface's MTU, not a cached path MTU, decides what
+/// may be sent); waits at most `timeout` for the matching reply.
+pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Echo> {
+    if payload > 65_507 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "payload over 65507 bytes",
+        ));
+    }
+    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_ICMP,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = Fd(raw);
+    let pmtu: libc::c_int = if df {
+        libc::IP_PMTUDISC_PROBE
+    } else {
+        libc::IP_PMTUDISC_DONT
+    };
+    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
+    let id = (std::process::id() as u16) ^ SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut pkt = vec![0u8; 8 + payload];
+    pkt[0] = 8;
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&1u16.to_be_bytes());
+    for (i, b) in pkt[8..].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let sum = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    // SAFETY: zeroed sockaddr_in is valid; fields set below.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_addr.s_addr = u32::from(dst).to_be();
+    // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
+    let rc = unsafe {
+        libc::sendto(
+            fd.0,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EMSGSIZE) => Ok(Echo::TooBigHere),
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN) => {
+                Ok(Echo::NoReply)
+            }
+            _ => Err(e),
+        };
+    }
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Echo::NoReply);
+        }
+        let tv = libc::timeval {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+        };
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
+        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_in).cast(),
+                &mut flen,
+            )
+        };
+        if n < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => continue,
+                Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                    return Ok(Echo::NoReply);
+                }
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+        let p = &buf[..n as usize];
+        if p.len() < 20 {
+            continue;
+        }
+        let ihl = usize::from(p[0] & 0x0f) * 4;
+        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
+            continue;
+        }
+        let icmp = &p[ihl..];
+        if icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() {
+            return Ok(Echo::Reply(start.elapsed()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_known_vector() {
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            0x220d
+        );
+    }
+
+    /// Loopback answers (the tests run as root, as weft's namespace tests do); an oversized
+    /// payload is refused before anything is sent.
+    #[test]
+    fn loopback_answers_and_oversized_payloads_are_refused() {
+        match echo(Ipv4Addr::LOCALHOST, 56, true, Duration::from_secs(2)) {
+            Ok(Echo::Reply(rtt)) => assert!(rtt < Duration::from_secs(2)),
+            other => panic!("no echo reply from 127.0.0.1 (needs root or CAP_NET_RAW): {other:?}"),
+        }
+        assert!(echo(Ipv4Addr::LOCALHOST, 70_000, false, Duration::from_secs(1)).is_err());
+    }
+}
