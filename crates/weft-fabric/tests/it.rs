@@ -158,7 +158,7 @@ fn parse_errors_have_line_and_column() {
         (
             "a=0x10 : ALL ;\na=0x11 : ALL ;",
             2,
-            1,
+            3,
             "already used on line 1",
         ),
         ("", 1, 1, "no partition"),
@@ -380,7 +380,7 @@ fn both_is_full_only_unless_allow_both_pkeys() {
 
 #[test]
 fn same_pkey_twice_merges_last_membership_wins() {
-    // Our parser refuses repeated P_Keys, so build the merged case as an AST.
+    // Our parser refuses one P_Key under two names, so build the merged case as an AST.
     let k = PKey::new(0x300).unwrap();
     let mk = |name: &str, sel: Selector, m: Membership| Partition {
         name: name.into(),
@@ -504,18 +504,9 @@ fn violations(plan: &Plan, inv: Option<&Inventory>) -> Vec<String> {
 }
 
 fn part(name: &str, tenant: &str, members: Vec<PlanMember>) -> PlanPartition {
-    PlanPartition {
-        name: name.into(),
-        tenant: tenant.into(),
-        pkey: None,
-        ipoib: false,
-        indx0: false,
-        mtu: None,
-        rate: None,
-        sl: None,
-        membership: Membership::Full,
-        members,
-    }
+    let mut p = PlanPartition::new(name, tenant);
+    p.members = members;
+    p
 }
 
 #[test]
@@ -599,11 +590,17 @@ fn plan_toml_round_trips_and_imports_conf() {
         "Default=0x7fff,ipoib : ALL=full ;\nt=0x0a0a,defmember=full : 0x0101, 0x0201=limited, ALL_SWITCHES ;",
     )
     .unwrap();
-    let (imported, notes) = Plan::from_conf_with_notes(&c);
+    let imported = Plan::from_conf_with_notes(&c, &Default::default()).unwrap();
+    let (imported, notes) = (imported.plan, imported.notes);
     assert_eq!(imported.default.policy, weft_fabric::DefaultPolicy::Open);
     assert_eq!(imported.partitions[0].tenant, "t");
-    assert_eq!(imported.partitions[0].members.len(), 2);
-    assert_eq!(notes.len(), 1, "{notes:?}");
+    // ALL_SWITCHES is carried over as a group member, with defmember's full membership.
+    assert_eq!(imported.partitions[0].members.len(), 3);
+    assert_eq!(
+        imported.partitions[0].members[2].group,
+        Some(weft_fabric::Group::AllSwitches)
+    );
+    assert!(notes.is_empty(), "{notes:?}");
     let back = compile(&imported, None).unwrap();
     assert_eq!(
         back.conf.partitions[1].pkey,
