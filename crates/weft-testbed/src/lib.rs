@@ -49,6 +49,7 @@
 
 mod error;
 mod fabric;
+pub mod partitions;
 mod sshd;
 mod topology;
 
