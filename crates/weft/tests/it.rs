@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod doctor;
+mod import;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -108,7 +109,12 @@ struct Live {
 const OPEN: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
 
 fn live(n_sms: usize) -> Live {
-    let mut fabric = SimFabric::start(&Topology::single_switch(4)).expect("ibsim starts");
+    live_on(&Topology::single_switch(4), n_sms, &[])
+}
+
+/// [`live`] on any topology, with extra `opensm.conf` lines for every SM.
+fn live_on(topology: &Topology, n_sms: usize, extra: &[(&str, &str)]) -> Live {
+    let mut fabric = SimFabric::start(topology).expect("ibsim starts");
     let mut sms = Vec::new();
     for (name, host, priority) in [("primary", "smhost", 10), ("standby", "smhost2", 5)]
         .into_iter()
@@ -124,7 +130,10 @@ fn live(n_sms: usize) -> Live {
                 sim_host: host.into(),
                 priority,
                 partitions_file: file.clone(),
-                extra_config: Vec::new(),
+                extra_config: extra
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
             })
             .expect("OpenSM starts");
         sms.push((h, file));
