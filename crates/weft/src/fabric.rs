@@ -305,13 +305,7 @@ fn import(
             json(&serde_json::json!({ "file": file.display().to_string(), what: errs }))?;
         } else {
             for e in errs {
-                eprintln!(
-                    "weft: {}:{}:{}: {}",
-                    file.display(),
-                    e.line,
-                    e.column,
-                    e.message
-                );
+                eprintln!("weft: {}: {e}", file.display());
             }
             eprintln!("{} problem(s); no plan was written", errs.len());
         }
@@ -344,13 +338,7 @@ fn import(
         json(&serde_json::json!({ "plan": imported.plan, "notes": imported.notes }))?;
     } else {
         for n in &imported.notes {
-            eprintln!(
-                "note: {}:{}:{}: {}",
-                file.display(),
-                n.line,
-                n.column,
-                n.message
-            );
+            eprintln!("note: {}: {n}", file.display());
         }
         print!("{}", imported.plan.to_toml());
     }
