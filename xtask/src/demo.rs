@@ -144,7 +144,13 @@ pub fn run() -> Result<()> {
     expect_ok(weft(&bin, &dir, &["fabric", "diff", "plan.toml"])?, "diff")?;
     step("apply to primary and standby, reread, verify every port");
     expect_ok(
-        weft(&bin, &dir, &["fabric", "apply", "plan.toml"])?,
+        // The fabric starts open (Default ALL=full) and the plan isolates it, which the
+        // removal guard refuses unless told.
+        weft(
+            &bin,
+            &dir,
+            &["fabric", "apply", "plan.toml", "--allow-removal"],
+        )?,
         "apply",
     )?;
     expect_ok(weft(&bin, &dir, &["fabric", "status"])?, "status")?;
@@ -153,7 +159,13 @@ pub fn run() -> Result<()> {
     std::fs::write(dir.join("plan.toml"), plan(true))?;
     expect_ok(weft(&bin, &dir, &["fabric", "diff", "plan.toml"])?, "diff")?;
     expect_ok(
-        weft(&bin, &dir, &["fabric", "apply", "plan.toml"])?,
+        // The fabric starts open (Default ALL=full) and the plan isolates it, which the
+        // removal guard refuses unless told.
+        weft(
+            &bin,
+            &dir,
+            &["fabric", "apply", "plan.toml", "--allow-removal"],
+        )?,
         "apply",
     )?;
 

@@ -42,18 +42,11 @@ pub fn plan(desired: &Desired) -> Result<Plan, String> {
             .flat_map(|(_, guids)| guids.iter().copied().map(PlanMember::guid))
             .collect();
         members.sort_by_key(|m| m.guid);
-        partitions.push(PlanPartition {
-            name: g.name.clone(),
-            tenant: g.tenant.clone(),
-            pkey: Some(pkey),
-            ipoib: true,
-            indx0: false,
-            mtu: None,
-            rate: None,
-            sl: None,
-            membership: weft_fabric::Membership::Full,
-            members,
-        });
+        let mut p = PlanPartition::new(&g.name, &g.tenant);
+        p.pkey = Some(pkey);
+        p.ipoib = true;
+        p.members = members;
+        partitions.push(p);
     }
     Ok(Plan {
         allow_unknown_guids: true,
@@ -61,6 +54,7 @@ pub fn plan(desired: &Desired) -> Result<Plan, String> {
         default: DefaultPartition {
             policy: DefaultPolicy::Isolate,
             ipoib: true,
+            ..DefaultPartition::default()
         },
         partitions,
     })

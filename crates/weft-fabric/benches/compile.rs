@@ -2,7 +2,7 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use weft_fabric::{
-    Guid, Inventory, Membership, NodeType, Plan, PlanMember, PlanPartition, Port, compile, conf,
+    Guid, Inventory, NodeType, Plan, PlanMember, PlanPartition, Port, compile, conf,
 };
 
 fn setup() -> (Plan, Inventory) {
@@ -23,20 +23,13 @@ fn setup() -> (Plan, Inventory) {
     };
     let mut plan = Plan::default();
     for p in 0..100 {
-        plan.partitions.push(PlanPartition {
-            name: format!("part{p}"),
-            tenant: format!("tenant{p}"),
-            pkey: None,
-            ipoib: true,
-            indx0: false,
-            mtu: Some(4),
-            rate: None,
-            sl: None,
-            membership: Membership::Full,
-            members: (0..10)
-                .map(|n| PlanMember::node(&format!("node{}", p * 10 + n)))
-                .collect(),
-        });
+        let mut part = PlanPartition::new(&format!("part{p}"), &format!("tenant{p}"));
+        part.ipoib = true;
+        part.mtu = Some(4);
+        part.members = (0..10)
+            .map(|n| PlanMember::node(&format!("node{}", p * 10 + n)))
+            .collect();
+        plan.partitions.push(part);
     }
     (plan, inv)
 }

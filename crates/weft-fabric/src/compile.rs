@@ -81,21 +81,13 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
                 ));
             }
         }
-        for (what, val, min, max) in [
-            ("mtu", p.mtu, 1, 5),
-            ("rate", p.rate, 2, 18),
-            ("sl", p.sl, 0, 15),
-        ] {
-            if let Some(x) = val
-                && !(min..=max).contains(&x)
-            {
-                errs.push(v(
-                    part_subject(&p.name),
-                    format!("{what} must be {min}..={max}, found {x}"),
-                ));
-            }
-        }
+        check_options(&part_subject(&p.name), &options_of(p), &mut errs);
     }
+    check_options(
+        "partition `Default`",
+        &default_options(&plan.default),
+        &mut errs,
+    );
 
     // Allocation.
     let mut next: u16 = 1;
@@ -167,88 +159,100 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
     let mut full_in: BTreeMap<Guid, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
     let mut entries: BTreeMap<Guid, usize> = BTreeMap::new();
     let mut partitions = Vec::with_capacity(plan.partitions.len() + 1);
-    let ipoib_default = plan.default.ipoib;
-    partitions.push(Partition {
-        name: "Default".into(),
-        pkey: Some(PKey::DEFAULT),
-        flags: Flags {
-            ipoib: ipoib_default,
-            ..Flags::default()
-        },
-        members: match plan.default.policy {
-            DefaultPolicy::Isolate => vec![
+    let d = &plan.default;
+    let default_members: Vec<(Member, bool)> = match d.policy {
+        DefaultPolicy::Isolate => vec![
+            (
                 Member {
                     selector: Selector::All,
                     membership: Some(Membership::Limited),
                 },
+                false,
+            ),
+            (
                 Member {
                     selector: Selector::SelfPort,
                     membership: Some(Membership::Full),
                 },
-            ],
-            DefaultPolicy::Open => vec![Member {
+                false,
+            ),
+        ],
+        DefaultPolicy::Open => vec![(
+            Member {
                 selector: Selector::All,
                 membership: Some(Membership::Full),
-            }],
-        },
-        mcast_groups: Vec::new(),
-    });
+            },
+            false,
+        )],
+        DefaultPolicy::Custom => {
+            let mut out = Vec::new();
+            for m in &d.members {
+                let membership = m.membership.unwrap_or(d.membership);
+                match resolve(
+                    m,
+                    "Default",
+                    plan,
+                    inventory,
+                    &known,
+                    &node_index,
+                    &mut errs,
+                ) {
+                    Resolved::Group(s) => out.push((
+                        Member {
+                            selector: s,
+                            membership: Some(membership),
+                        },
+                        m.indx0,
+                    )),
+                    Resolved::Ports(gs) => out.extend(gs.into_iter().map(|g| {
+                        (
+                            Member {
+                                selector: Selector::Guid(g),
+                                membership: Some(membership),
+                            },
+                            m.indx0,
+                        )
+                    })),
+                    Resolved::Error => {}
+                }
+            }
+            out
+        }
+    };
+    for (m, _) in &default_members {
+        count_entries(&m.selector, inventory, &mut entries, true);
+    }
+    push_statements(
+        &mut partitions,
+        "Default",
+        PKey::DEFAULT,
+        flags_of(&default_options(d), d.ipoib),
+        default_members,
+        d.mcast.clone(),
+    );
 
     for (p, key) in plan.partitions.iter().zip(&keys) {
-        let mut members: Vec<Member> = Vec::new();
+        let mut members: Vec<(Member, bool)> = Vec::new();
         let mut seen: BTreeMap<Guid, Membership> = BTreeMap::new();
         for m in &p.members {
             let membership = m.membership.unwrap_or(p.membership);
-            let guids: Vec<Guid> = match (&m.node, &m.guid) {
-                (Some(node), None) => {
-                    match &node_index {
-                        None => {
-                            errs.push(v(
-                            format!("node `{node}`"),
-                            format!("partition `{}` names a node, which needs an inventory to resolve", p.name),
-                        ));
-                            continue;
-                        }
-                        Some(idx) => match idx.get(node.as_str()) {
-                            Some(gs) => gs.clone(),
-                            None => {
-                                errs.push(v(
-                                format!("node `{node}`"),
-                                format!("partition `{}` names a node that has no CA port in the inventory", p.name),
-                            ));
-                                continue;
-                            }
+            let indx0 = m.indx0 || p.indx0;
+            let guids = match resolve(m, &p.name, plan, inventory, &known, &node_index, &mut errs) {
+                Resolved::Group(s) => {
+                    // A group is everyone of its kind, shared on purpose: not judged by
+                    // the shared-port rule, but counted against table capacity.
+                    count_entries(&s, inventory, &mut entries, false);
+                    members.push((
+                        Member {
+                            selector: s,
+                            membership: Some(membership),
                         },
-                    }
-                }
-                (None, Some(g)) => {
-                    if let Some(k) = &known
-                        && !k.contains_key(g)
-                        && !plan.allow_unknown_guids
-                    {
-                        let hint = inventory
-                            .filter(|inv| inv.ports.iter().any(|pp| pp.node_guid == *g))
-                            .map_or(String::new(), |_| {
-                                " (it is a node GUID; name a port GUID)".into()
-                            });
-                        errs.push(v(
-                            format!("port {g}"),
-                            format!(
-                                "partition `{}` names a GUID that is not in the inventory{hint}",
-                                p.name
-                            ),
-                        ));
-                        continue;
-                    }
-                    vec![*g]
-                }
-                _ => {
-                    errs.push(v(
-                        part_subject(&p.name),
-                        "each member names exactly one of `node` or `guid`".into(),
+                        indx0,
                     ));
                     continue;
                 }
+                Resolved::Ports(gs) => gs,
+                Resolved::Error => continue,
             };
             for g in guids {
                 if let Some(prev) = seen.insert(g, membership) {
@@ -270,26 +274,25 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
                         .push(p.name.as_str());
                 }
                 *entries.entry(g).or_default() += 1;
-                members.push(Member {
-                    selector: Selector::Guid(g),
-                    membership: Some(membership),
-                });
+                members.push((
+                    Member {
+                        selector: Selector::Guid(g),
+                        membership: Some(membership),
+                    },
+                    indx0,
+                ));
             }
         }
-        partitions.push(Partition {
-            name: p.name.clone(),
-            pkey: *key,
-            flags: Flags {
-                indx0: p.indx0,
-                ipoib: p.ipoib,
-                mtu: p.mtu,
-                rate: p.rate,
-                sl: p.sl,
-                ..Flags::default()
-            },
-            members,
-            mcast_groups: Vec::new(),
-        });
+        if let Some(key) = key {
+            push_statements(
+                &mut partitions,
+                &p.name,
+                *key,
+                flags_of(&options_of(p), p.ipoib),
+                members,
+                p.mcast.clone(),
+            );
+        }
     }
 
     for (g, tenants) in &full_in {
@@ -330,11 +333,28 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
     }
     let conf = Conf { partitions };
     // Self-check: what we deliver must read back as itself.
-    if conf::parse(&conf::render(&conf)).as_ref() != Ok(&conf) {
-        return Err(vec![v(
-            "plan".into(),
-            "internal error: the rendered partitions.conf does not read back the same".into(),
-        )]);
+    match conf::parse_all(&conf::render(&conf)) {
+        Ok(back) if back == conf => {}
+        Ok(_) => {
+            return Err(vec![v(
+                "plan".into(),
+                "internal error: the rendered partitions.conf does not read back the same".into(),
+            )]);
+        }
+        Err(es) => {
+            return Err(es
+                .into_iter()
+                .map(|e| {
+                    v(
+                        "plan".into(),
+                        format!(
+                            "OpenSM would refuse the partitions.conf it makes: {}",
+                            e.message
+                        ),
+                    )
+                })
+                .collect());
+        }
     }
     let owners = plan
         .partitions
@@ -350,4 +370,243 @@ fn port_subject(g: Guid, inventory: Option<&Inventory>) -> String {
         Some(p) if !p.node_desc.is_empty() => format!("port {g} (`{}`)", p.node_desc),
         _ => format!("port {g}"),
     }
+}
+
+/// Multicast options as the plan holds them.
+struct Options {
+    mtu: Option<u8>,
+    rate: Option<u8>,
+    sl: Option<u8>,
+    scope: Option<u8>,
+    qkey: Option<u32>,
+    tclass: Option<u8>,
+    flow_label: Option<u32>,
+    mcast: Vec<conf::McastGroup>,
+}
+
+fn options_of(p: &crate::plan::PlanPartition) -> Options {
+    Options {
+        mtu: p.mtu,
+        rate: p.rate,
+        sl: p.sl,
+        scope: p.scope,
+        qkey: p.qkey,
+        tclass: p.tclass,
+        flow_label: p.flow_label,
+        mcast: p.mcast.clone(),
+    }
+}
+
+fn default_options(d: &crate::plan::DefaultPartition) -> Options {
+    Options {
+        mtu: d.mtu,
+        rate: d.rate,
+        sl: d.sl,
+        scope: d.scope,
+        qkey: d.qkey,
+        tclass: d.tclass,
+        flow_label: d.flow_label,
+        mcast: d.mcast.clone(),
+    }
+}
+
+fn flags_of(o: &Options, ipoib: bool) -> Flags {
+    Flags {
+        indx0: false,
+        ipoib,
+        mtu: o.mtu,
+        rate: o.rate,
+        sl: o.sl,
+        scope: o.scope,
+        qkey: o.qkey,
+        tclass: o.tclass,
+        flow_label: o.flow_label,
+        defmember: None,
+    }
+}
+
+fn check_options(subject: &str, o: &Options, errs: &mut Vec<Violation>) {
+    let mut check = |what: &str, val: Option<u64>, min: u64, max: u64| {
+        if let Some(x) = val
+            && !(min..=max).contains(&x)
+        {
+            errs.push(v(
+                subject.to_string(),
+                format!("{what} must be {min}..={max}, found {x}"),
+            ));
+        }
+    };
+    let groups = std::iter::once((String::new(), o.mtu, o.rate, o.sl, o.scope, o.flow_label))
+        .chain(o.mcast.iter().map(|g| {
+            (
+                format!("mgid {}: ", g.mgid),
+                g.mtu,
+                g.rate,
+                g.sl,
+                g.scope,
+                g.flow_label,
+            )
+        }));
+    for (prefix, mtu, rate, sl, scope, flow) in groups {
+        check(&format!("{prefix}mtu"), mtu.map(u64::from), 1, 5);
+        check(&format!("{prefix}rate"), rate.map(u64::from), 2, 18);
+        check(&format!("{prefix}sl"), sl.map(u64::from), 0, 15);
+        check(&format!("{prefix}scope"), scope.map(u64::from), 1, 15);
+        check(
+            &format!("{prefix}flow_label"),
+            flow.map(u64::from),
+            0,
+            0xfffff,
+        );
+    }
+}
+
+/// Appends a partition as statements of one name and key: a new statement wherever
+/// `indx0` changes between consecutive members (OpenSM applies `indx0` per statement),
+/// member order kept (later entries override earlier ones there), multicast groups on
+/// the first statement.
+fn push_statements(
+    out: &mut Vec<Partition>,
+    name: &str,
+    key: PKey,
+    flags: Flags,
+    members: Vec<(Member, bool)>,
+    mcast: Vec<conf::McastGroup>,
+) {
+    let mut mcast = Some(mcast);
+    let mut current: Option<Partition> = None;
+    for (m, indx0) in members {
+        match &mut current {
+            Some(p) if p.flags.indx0 == indx0 => p.members.push(m),
+            _ => {
+                if let Some(p) = current.take() {
+                    out.push(p);
+                }
+                current = Some(Partition {
+                    name: name.to_string(),
+                    pkey: Some(key),
+                    flags: Flags {
+                        indx0,
+                        ..flags.clone()
+                    },
+                    members: vec![m],
+                    mcast_groups: mcast.take().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    match current {
+        Some(p) => out.push(p),
+        None => out.push(Partition {
+            name: name.to_string(),
+            pkey: Some(key),
+            flags,
+            members: Vec::new(),
+            mcast_groups: mcast.take().unwrap_or_default(),
+        }),
+    }
+}
+
+enum Resolved {
+    Group(Selector),
+    Ports(Vec<Guid>),
+    Error,
+}
+
+/// What a plan member names: a group keyword, or ports (a node's CA ports, one GUID).
+fn resolve(
+    m: &crate::plan::PlanMember,
+    partition: &str,
+    plan: &Plan,
+    inventory: Option<&Inventory>,
+    known: &Option<BTreeMap<Guid, usize>>,
+    node_index: &Option<BTreeMap<&str, Vec<Guid>>>,
+    errs: &mut Vec<Violation>,
+) -> Resolved {
+    match (&m.node, &m.guid, &m.group) {
+        (None, None, Some(g)) => Resolved::Group(g.selector()),
+        (Some(node), None, None) => match node_index {
+            None => {
+                errs.push(v(
+                    format!("node `{node}`"),
+                    format!(
+                        "partition `{partition}` names a node, which needs an inventory to resolve"
+                    ),
+                ));
+                Resolved::Error
+            }
+            Some(idx) => match idx.get(node.as_str()) {
+                Some(gs) => Resolved::Ports(gs.clone()),
+                None => {
+                    errs.push(v(
+                        format!("node `{node}`"),
+                        format!(
+                            "partition `{partition}` names a node that has no CA port in the inventory"
+                        ),
+                    ));
+                    Resolved::Error
+                }
+            },
+        },
+        (None, Some(g), None) => {
+            if let Some(k) = known
+                && !k.contains_key(g)
+                && !plan.allow_unknown_guids
+            {
+                let hint = inventory
+                    .filter(|inv| inv.ports.iter().any(|pp| pp.node_guid == *g))
+                    .map_or(String::new(), |_| {
+                        " (it is a node GUID; name a port GUID)".into()
+                    });
+                errs.push(v(
+                    format!("port {g}"),
+                    format!(
+                        "partition `{partition}` names a GUID that is not in the inventory{hint}"
+                    ),
+                ));
+                return Resolved::Error;
+            }
+            Resolved::Ports(vec![*g])
+        }
+        _ => {
+            errs.push(v(
+                format!("partition `{partition}`"),
+                "each member names exactly one of `node`, `guid` or `group`".into(),
+            ));
+            Resolved::Error
+        }
+    }
+}
+
+/// Counts a group's table entries on the ports it covers (Default's are counted once
+/// per port anyway, so `default` adds nothing).
+fn count_entries(
+    s: &Selector,
+    inventory: Option<&Inventory>,
+    entries: &mut BTreeMap<Guid, usize>,
+    default: bool,
+) {
+    let Some(inv) = inventory else { return };
+    if default {
+        return;
+    }
+    let ports: Vec<Guid> = match s {
+        Selector::Guid(g) => vec![*g],
+        Selector::SelfPort => inv.sm_port_guid.into_iter().collect(),
+        Selector::All => inv.ports.iter().map(|p| p.port_guid).collect(),
+        Selector::AllCas => of_type(inv, NodeType::Ca),
+        Selector::AllSwitches => of_type(inv, NodeType::Switch),
+        Selector::AllRouters => of_type(inv, NodeType::Router),
+    };
+    for g in ports {
+        *entries.entry(g).or_default() += 1;
+    }
+}
+
+fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
+    inv.ports
+        .iter()
+        .filter(|p| p.node_type == t)
+        .map(|p| p.port_guid)
+        .collect()
 }

@@ -9,7 +9,9 @@
 //! * P_Keys must be 0x0001..=0x7fff (OpenSM keeps the low 15 bits, so `0x8c0c` or
 //!   `0x17fff` would land on another partition or on Default);
 //! * numbers are hex with `0x` or decimal without a leading zero (OpenSM reads `010` as octal);
-//! * P_Keys and partition names must be unique (OpenSM merges repeated keys);
+//! * a P_Key belongs to one name: statements that repeat a name (with its P_Key or
+//!   none) are kept apart here, as OpenSM reads them, and merged by whoever needs the
+//!   partition as a whole; one key under two names, or one name with two keys, is refused;
 //! * an explicit P_Key may not equal one OpenSM generates for an earlier partition;
 //! * a file with no partition is refused (OpenSM falls back to `Default=0x7fff : ALL=full`);
 //! * the header `Name[=PKey][,flags] :` must be on one line, as OpenSM reads it;
@@ -34,6 +36,8 @@ pub const DEFAULT_MTU: u8 = 4;
 pub const MAX_NAME_LEN: usize = 31;
 /// OpenSM reads the file with `fgets` into a 4096-byte buffer, `sizeof - 1`: longer lines split.
 pub const MAX_LINE_LEN: usize = 4093;
+/// [`parse_all`] stops after this many faults.
+pub const MAX_ERRORS: usize = 50;
 
 /// A whole partitions.conf.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -185,24 +189,32 @@ impl<'de> Deserialize<'de> for Gid {
 }
 
 /// An `mgid=<gid>[,flags]` line: a multicast group OpenSM creates up front.
-/// Flags not given are inherited from the partition.
+/// Flags not given are inherited from the partition. In a plan: `[[partition.mcast]]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct McastGroup {
     /// The group's MGID.
     pub mgid: Gid,
     /// `mtu=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u8>,
     /// `rate=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<u8>,
     /// `sl=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sl: Option<u8>,
     /// `scope=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<u8>,
     /// `Q_Key=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qkey: Option<u32>,
     /// `TClass=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tclass: Option<u8>,
     /// `FlowLabel=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_label: Option<u32>,
 }
 
@@ -237,16 +249,22 @@ pub struct ParseError {
 impl Conf {
     /// The P_Key OpenSM gives each partition, in order: the written one, 0x7fff for a
     /// `Default` without one, or one generated counting up from 0x0001 past keys in use
-    /// by partitions defined before it (OpenSM's `generate_pkey`). `None` when the
-    /// generator runs out.
+    /// by partitions defined before it (OpenSM's `generate_pkey`). A statement that
+    /// repeats an earlier name without a key gets that partition's key, as OpenSM finds
+    /// it by name. `None` when the generator runs out.
     pub fn effective_pkeys(&self) -> Vec<Option<PKey>> {
         let mut used: BTreeSet<u16> = BTreeSet::from([PKey::DEFAULT.base()]);
         let mut counter: u16 = 0;
         let mut out = Vec::with_capacity(self.partitions.len());
+        let mut by_name: BTreeMap<&str, PKey> = BTreeMap::new();
         for p in &self.partitions {
             let key = match p.pkey {
                 Some(k) => Some(k),
                 None if p.name == "Default" => Some(PKey::DEFAULT),
+                // A later statement of a name without a key joins that partition.
+                None if by_name.contains_key(p.name.as_str()) => {
+                    by_name.get(p.name.as_str()).copied()
+                }
                 None => {
                     let mut found = None;
                     while counter < 0x7ffe {
@@ -261,6 +279,7 @@ impl Conf {
             };
             if let Some(k) = key {
                 used.insert(k.base());
+                by_name.entry(&p.name).or_insert(k);
             }
             out.push(key);
         }
@@ -275,6 +294,21 @@ struct Parser<'a> {
     pos: usize,
     line: usize,
     col: usize,
+    /// Positions of the members of the statement being read.
+    member_marks: Vec<(usize, usize)>,
+    /// One span per statement kept in the config.
+    spans: Vec<Span>,
+}
+
+/// Where a statement and its port specifiers are in the text (1-based line and column).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Span {
+    /// Line of the statement's name.
+    pub line: usize,
+    /// Column of the statement's name.
+    pub column: usize,
+    /// (line, column) of each member, in the order of [`Partition::members`].
+    pub members: Vec<(usize, usize)>,
 }
 
 type PResult<T> = Result<T, ParseError>;
@@ -418,93 +452,172 @@ impl<'a> Parser<'a> {
         Ok(v)
     }
 
-    fn parse_file(&mut self) -> PResult<Conf> {
-        self.check_chars()?;
+    /// Skips to just after the next `;` (or the end): where a statement that failed
+    /// to parse is left behind so that the next one can be read.
+    fn recover(&mut self) {
+        while let Some(c) = self.peek() {
+            self.bump();
+            if c == ';' {
+                break;
+            }
+        }
+    }
+
+    /// Parses every statement, going on after a fault (from the next `;`), and returns
+    /// the config with every fault found, up to [`MAX_ERRORS`].
+    fn parse_file(&mut self) -> (Conf, Vec<ParseError>) {
+        let mut errs: Vec<ParseError> = Vec::new();
+        if let Err(e) = self.check_chars() {
+            return (Conf::default(), vec![e]);
+        }
         let mut conf = Conf::default();
-        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        // Name -> (line of its first statement, its written P_Key if any).
+        let mut names: BTreeMap<String, (usize, Option<PKey>)> = BTreeMap::new();
         let mut keys: BTreeMap<u16, (usize, String)> = BTreeMap::new();
         let mut global_mgids: BTreeMap<Gid, String> = BTreeMap::new();
+        let mut lines: Vec<usize> = Vec::new();
         loop {
             self.skip_all();
-            if self.peek().is_none() {
+            if self.peek().is_none() || errs.len() >= MAX_ERRORS {
                 break;
             }
             let start = self.mark();
-            let (p, key_mark) = self.statement()?;
-            if let Some(&line) = names.get(&p.name) {
-                return self.err_at(
-                    start,
-                    format!("partition name `{}` is already used on line {line}", p.name),
-                );
-            }
-            names.insert(p.name.clone(), start.line);
-            if let Some(k) = p.pkey {
-                if let Some((line, name)) = keys.get(&k.base()) {
-                    return self.err_at(
-                        key_mark,
-                        format!(
-                            "P_Key {k} is already used by partition `{name}` on line {line}; OpenSM would merge the two"
-                        ),
-                    );
+            let (p, key_mark) = match self.statement() {
+                Ok(x) => x,
+                Err(e) => {
+                    errs.push(e);
+                    self.recover();
+                    continue;
                 }
-                keys.insert(k.base(), (start.line, p.name.clone()));
+            };
+            if let Some(&(line, first_key)) = names.get(&p.name) {
+                // OpenSM merges a statement that repeats a name into the partition of
+                // that name when it gives no P_Key or the same one.
+                if let (Some(a), Some(b)) = (first_key, p.pkey)
+                    && a != b
+                {
+                    errs.push(ParseError {
+                        line: key_mark.line,
+                        column: key_mark.col,
+                        message: format!(
+                            "partition name `{}` is already used on line {line} with P_Key {a}; OpenSM would make two partitions of one name",
+                            p.name
+                        ),
+                    });
+                    continue;
+                }
+                if first_key.is_none()
+                    && let Some(b) = p.pkey
+                {
+                    // The first statement's key was generated; the later explicit one is
+                    // checked against it once all keys are known (below).
+                    names.insert(p.name.clone(), (line, Some(b)));
+                }
+            } else {
+                names.insert(p.name.clone(), (start.line, p.pkey));
             }
+            if let Some(k) = p.pkey {
+                match keys.get(&k.base()) {
+                    Some((line, name)) if *name != p.name => {
+                        errs.push(ParseError {
+                            line: key_mark.line,
+                            column: key_mark.col,
+                            message: format!(
+                                "P_Key {k} is already used by partition `{name}` on line {line}; OpenSM would merge the two"
+                            ),
+                        });
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        keys.insert(k.base(), (start.line, p.name.clone()));
+                    }
+                }
+            }
+            let mut bad_mgid = false;
             for g in &p.mcast_groups {
                 if g.mgid.is_ip() {
                     continue;
                 }
                 if let Some(other) = global_mgids.get(&g.mgid) {
-                    return self.err_at(
-                        start,
-                        format!(
+                    errs.push(ParseError {
+                        line: start.line,
+                        column: start.col,
+                        message: format!(
                             "mgid {} is already defined in partition `{other}`; OpenSM creates it once",
                             g.mgid
                         ),
-                    );
+                    });
+                    bad_mgid = true;
                 }
-                global_mgids.insert(g.mgid, p.name.clone());
             }
+            if bad_mgid {
+                continue;
+            }
+            for g in &p.mcast_groups {
+                if !g.mgid.is_ip() {
+                    global_mgids.insert(g.mgid, p.name.clone());
+                }
+            }
+            lines.push(start.line);
+            self.spans.push(Span {
+                line: start.line,
+                column: start.col,
+                members: std::mem::take(&mut self.member_marks),
+            });
             conf.partitions.push(p);
         }
-        if conf.partitions.is_empty() {
+        if conf.partitions.is_empty() && errs.is_empty() {
             let m = self.mark();
-            return self.err_at(
-                m,
-                "no partition in the file; OpenSM would fall back to `Default=0x7fff : ALL=full`",
-            );
+            errs.push(ParseError {
+                line: m.line,
+                column: m.col,
+                message: "no partition in the file; OpenSM would fall back to `Default=0x7fff : ALL=full`".into(),
+            });
         }
-        // Explicit keys that collide with a key OpenSM generates for an earlier partition.
+        // Keys: generated ones that collide with explicit ones, and a name whose
+        // statements end up with two keys.
         let eff = conf.effective_pkeys();
         let mut seen: BTreeMap<u16, &str> = BTreeMap::new();
-        for (p, k) in conf.partitions.iter().zip(&eff) {
+        let mut by_name: BTreeMap<&str, PKey> = BTreeMap::new();
+        for ((p, k), line) in conf.partitions.iter().zip(&eff).zip(&lines) {
+            if errs.len() >= MAX_ERRORS {
+                break;
+            }
+            let at = |message: String| ParseError {
+                line: *line,
+                column: 1,
+                message,
+            };
             match k {
-                None => {
-                    return Err(ParseError {
-                        line: 1,
-                        column: 1,
-                        message: format!(
-                            "OpenSM cannot generate a P_Key for partition `{}`",
-                            p.name
-                        ),
-                    });
-                }
+                None => errs.push(at(format!(
+                    "OpenSM cannot generate a P_Key for partition `{}`",
+                    p.name
+                ))),
                 Some(k) => {
-                    if let Some(first) = seen.get(&k.base()) {
-                        let line = names.get(&p.name).copied().unwrap_or(1);
-                        return Err(ParseError {
-                            line,
-                            column: 1,
-                            message: format!(
-                                "partition `{}` gets P_Key {k}, which OpenSM already generated for partition `{first}`; give every partition an explicit P_Key",
+                    if let Some(&first) = by_name.get(p.name.as_str()) {
+                        if first != *k {
+                            errs.push(at(format!(
+                                "partition `{}` gets P_Key {k} here but {first} in its first statement; OpenSM would make two partitions of one name",
                                 p.name
-                            ),
-                        });
+                            )));
+                        }
+                        continue;
+                    }
+                    by_name.insert(&p.name, *k);
+                    if let Some(first) = seen.get(&k.base()) {
+                        errs.push(at(format!(
+                            "partition `{}` gets P_Key {k}, which OpenSM already generated for partition `{first}`; give every partition an explicit P_Key",
+                            p.name
+                        )));
+                        continue;
                     }
                     seen.insert(k.base(), &p.name);
                 }
             }
         }
-        Ok(conf)
+        errs.truncate(MAX_ERRORS);
+        (conf, errs)
     }
 
     fn check_chars(&self) -> PResult<()> {
@@ -541,6 +654,7 @@ impl<'a> Parser<'a> {
     }
 
     fn statement(&mut self) -> PResult<(Partition, Mark)> {
+        self.member_marks.clear();
         // Header: on one line, up to ':'.
         let (nm, name) = self.word();
         if name.is_empty() {
@@ -799,6 +913,7 @@ impl<'a> Parser<'a> {
                                 format!("`{w}` is listed twice in partition `{}`", part.name),
                             );
                         }
+                        self.member_marks.push((wm.line, wm.col));
                         part.members.push(Member {
                             selector,
                             membership,
@@ -948,15 +1063,36 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     check_name(name)
 }
 
-/// Parses partitions.conf text strictly (see the module documentation).
+/// Parses partitions.conf text strictly (see the module documentation); the first
+/// fault, if any. [`parse_all`] reports every fault.
 pub fn parse(text: &str) -> Result<Conf, ParseError> {
+    parse_all(text).map_err(|mut e| e.swap_remove(0))
+}
+
+/// Like [`parse`], but reads on after a fault (from the next `;`) and returns every
+/// fault found, in file order, up to [`MAX_ERRORS`]. Never an empty list on `Err`.
+pub fn parse_all(text: &str) -> Result<Conf, Vec<ParseError>> {
+    parse_spanned(text).map(|(c, _)| c)
+}
+
+/// Like [`parse_all`], with where each statement and member is, one [`Span`] per
+/// partition statement.
+pub fn parse_spanned(text: &str) -> Result<(Conf, Vec<Span>), Vec<ParseError>> {
     let mut p = Parser {
         text,
         pos: 0,
         line: 1,
         col: 1,
+        member_marks: Vec::new(),
+        spans: Vec::new(),
     };
-    p.parse_file()
+    let (conf, mut errs) = p.parse_file();
+    if errs.is_empty() {
+        Ok((conf, p.spans))
+    } else {
+        errs.sort_by_key(|e| (e.line, e.column));
+        Err(errs)
+    }
 }
 
 // ---------------------------------------------------------------- renderer

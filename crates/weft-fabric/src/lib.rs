@@ -1,11 +1,12 @@
 //! The fabric model of weft's InfiniBand partition manager: pure data and rules, no I/O.
 //!
 //! It is for: inventory types ([`Guid`], [`PKey`], [`Port`], [`Inventory`]); the
-//! operator's [`Plan`] (tenants owning partitions, read from TOML); [`compile`], which
+//! operator's [`Plan`] (tenants owning partitions, read from TOML, or imported from a
+//! partitions.conf with [`Plan::import`], losslessly); [`compile`], which
 //! checks isolation invariants and allocates P_Keys; OpenSM 3.3.23's `partitions.conf`
 //! grammar ([`conf::parse`], strict where OpenSM is lenient, and [`conf::render`]); and
 //! [`expected_tables`], the P_Key tables OpenSM will program, to compare with what
-//! the ports show. It is not for: reading sysfs, talking to OpenSM, writing files or
+//! the ports show; [`removals`], what a new file takes away. It is not for: reading sysfs, talking to OpenSM, writing files or
 //! keeping time; the OpenSM driver and the controller do that with what this crate decides.
 //!
 //! ```
@@ -30,11 +31,19 @@
 
 mod compile;
 pub mod conf;
+mod guard;
+mod import;
 mod plan;
 mod tables;
 mod types;
 
 pub use compile::{Compiled, Violation, compile};
-pub use plan::{DefaultPartition, DefaultPolicy, Plan, PlanError, PlanMember, PlanPartition};
-pub use tables::{ExpectedTables, ObservedTables, PortMismatch, SmOptions, expected_tables};
+pub use guard::{Removal, removals};
+pub use import::{ImportOptions, Imported, auto_keyed};
+pub use plan::{
+    DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
+};
+pub use tables::{
+    ExpectedTables, ObservedTables, PortMismatch, SmOptions, expected_index0, expected_tables,
+};
 pub use types::{FabricError, Guid, Inventory, Membership, NodeType, PKey, Port};

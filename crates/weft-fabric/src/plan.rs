@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::conf::{self, Selector};
+use crate::conf::{McastGroup, Selector};
 use crate::types::{Guid, Membership, PKey};
 
 /// What the Default partition (0x7fff) lets end ports do.
@@ -15,6 +15,8 @@ pub enum DefaultPolicy {
     Isolate,
     /// `ALL=full`: every port talks to every port through Default.
     Open,
+    /// The members listed in `[default] members`, as an imported file had them.
+    Custom,
 }
 
 /// The `[default]` table.
@@ -27,6 +29,37 @@ pub struct DefaultPartition {
     /// Create the IPoIB broadcast group of the Default partition.
     #[serde(default = "yes")]
     pub ipoib: bool,
+    /// With `policy = "custom"` only: the members, in order (later entries override
+    /// earlier ones for the ports they share, as in OpenSM).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<PlanMember>,
+    /// Membership of custom members that name none; full unless said otherwise.
+    #[serde(default = "full", skip_serializing_if = "is_full")]
+    pub membership: Membership,
+    /// IBTA MTU code 1..=5 of the broadcast group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u8>,
+    /// IBTA rate code 2..=18.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u8>,
+    /// Service level 0..=15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sl: Option<u8>,
+    /// Multicast scope 1..=15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<u8>,
+    /// Q_Key of the broadcast group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkey: Option<u32>,
+    /// Traffic class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tclass: Option<u8>,
+    /// Flow label 0..=0xfffff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_label: Option<u32>,
+    /// Multicast groups OpenSM creates up front (`mgid=` lines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcast: Vec<McastGroup>,
 }
 
 fn yes() -> bool {
@@ -46,11 +79,67 @@ impl Default for DefaultPartition {
         DefaultPartition {
             policy: DefaultPolicy::Isolate,
             ipoib: true,
+            members: Vec::new(),
+            membership: Membership::Full,
+            mtu: None,
+            rate: None,
+            sl: None,
+            scope: None,
+            qkey: None,
+            tclass: None,
+            flow_label: None,
+            mcast: Vec::new(),
         }
     }
 }
 
-/// One member: exactly one of `node` (all CA ports of a node) or `guid` (one port).
+/// The groups of ports partitions.conf can name with a keyword.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Group {
+    /// `ALL`: every end port (CA and router ports, switch port 0).
+    #[serde(rename = "all")]
+    All,
+    /// `ALL_CAS`: every CA port.
+    #[serde(rename = "all_cas")]
+    AllCas,
+    /// `ALL_SWITCHES`: every switch's port 0.
+    #[serde(rename = "all_switches")]
+    AllSwitches,
+    /// `ALL_ROUTERS`: every router port.
+    #[serde(rename = "all_routers")]
+    AllRouters,
+    /// `SELF`: the port of the SM that reads the file.
+    #[serde(rename = "self")]
+    SelfPort,
+}
+
+impl Group {
+    /// The selector of partitions.conf.
+    pub fn selector(self) -> Selector {
+        match self {
+            Group::All => Selector::All,
+            Group::AllCas => Selector::AllCas,
+            Group::AllSwitches => Selector::AllSwitches,
+            Group::AllRouters => Selector::AllRouters,
+            Group::SelfPort => Selector::SelfPort,
+        }
+    }
+
+    /// The group a keyword selector names; `None` for a GUID.
+    pub fn of(s: &Selector) -> Option<Group> {
+        match s {
+            Selector::Guid(_) => None,
+            Selector::All => Some(Group::All),
+            Selector::AllCas => Some(Group::AllCas),
+            Selector::AllSwitches => Some(Group::AllSwitches),
+            Selector::AllRouters => Some(Group::AllRouters),
+            Selector::SelfPort => Some(Group::SelfPort),
+        }
+    }
+}
+
+/// One member: exactly one of `node` (all CA ports of a node), `guid` (one port) or
+/// `group` (`all`, `all_cas`, `all_switches`, `all_routers`, `self`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanMember {
@@ -60,9 +149,16 @@ pub struct PlanMember {
     /// Port GUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guid: Option<Guid>,
+    /// A group of ports named by keyword.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Group>,
     /// Overrides the partition's `membership`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub membership: Option<Membership>,
+    /// Put this partition's key at index 0 of this member's table (OpenSM's `indx0`,
+    /// which it applies per statement).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub indx0: bool,
 }
 
 impl PlanMember {
@@ -71,7 +167,9 @@ impl PlanMember {
         PlanMember {
             node: Some(name.to_string()),
             guid: None,
+            group: None,
             membership: None,
+            indx0: false,
         }
     }
 
@@ -80,8 +178,28 @@ impl PlanMember {
         PlanMember {
             node: None,
             guid: Some(g),
+            group: None,
             membership: None,
+            indx0: false,
         }
+    }
+
+    /// A member named by group keyword.
+    pub fn group(g: Group) -> Self {
+        PlanMember {
+            node: None,
+            guid: None,
+            group: Some(g),
+            membership: None,
+            indx0: false,
+        }
+    }
+
+    fn names_one(&self) -> bool {
+        usize::from(self.node.is_some())
+            + usize::from(self.guid.is_some())
+            + usize::from(self.group.is_some())
+            == 1
     }
 }
 
@@ -93,13 +211,13 @@ pub struct PlanPartition {
     pub name: String,
     /// Tenant that owns it.
     pub tenant: String,
-    /// Its P_Key; allocated by [`crate::compile`] when absent.
+    /// Its P_Key (`"0x0b0b"` or `0x0b0b`); allocated by [`crate::compile`] when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pkey: Option<PKey>,
     /// Create the IPoIB broadcast group.
     #[serde(default, skip_serializing_if = "is_false")]
     pub ipoib: bool,
-    /// Put the key at index 0 of the members' tables.
+    /// Put the key at index 0 of every member's table (see also [`PlanMember::indx0`]).
     #[serde(default, skip_serializing_if = "is_false")]
     pub indx0: bool,
     /// IBTA MTU code 1..=5.
@@ -111,12 +229,51 @@ pub struct PlanPartition {
     /// Service level 0..=15.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sl: Option<u8>,
-    /// Membership of members that name none; full unless said otherwise.
+    /// Multicast scope 1..=15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<u8>,
+    /// Q_Key of the partition's multicast groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkey: Option<u32>,
+    /// Traffic class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tclass: Option<u8>,
+    /// Flow label 0..=0xfffff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_label: Option<u32>,
+    /// Membership of members that name none (OpenSM's `defmember`); full unless said otherwise.
     #[serde(default = "full", skip_serializing_if = "is_full")]
     pub membership: Membership,
-    /// The members.
+    /// The members, in order (later entries override earlier ones for the ports they
+    /// share, as in OpenSM).
     #[serde(default)]
     pub members: Vec<PlanMember>,
+    /// Multicast groups OpenSM creates up front (`mgid=` lines), `[[partition.mcast]]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcast: Vec<McastGroup>,
+}
+
+impl PlanPartition {
+    /// A partition with no members, options or key.
+    pub fn new(name: &str, tenant: &str) -> Self {
+        PlanPartition {
+            name: name.to_string(),
+            tenant: tenant.to_string(),
+            pkey: None,
+            ipoib: false,
+            indx0: false,
+            mtu: None,
+            rate: None,
+            sl: None,
+            scope: None,
+            qkey: None,
+            tclass: None,
+            flow_label: None,
+            membership: Membership::Full,
+            members: Vec::new(),
+            mcast: Vec::new(),
+        }
+    }
 }
 
 fn full() -> Membership {
@@ -178,18 +335,29 @@ impl Plan {
                 message: e.message().trim().to_string(),
             }
         })?;
-        for p in &plan.partitions {
-            for m in &p.members {
-                match (&m.node, &m.guid) {
-                    (Some(_), None) | (None, Some(_)) => {}
-                    _ => {
-                        return Err(PlanError::Invalid(format!(
-                            "partition `{}`: each member names exactly one of `node` or `guid`",
-                            p.name
-                        )));
-                    }
-                }
+        let mut bad = Vec::new();
+        for (name, members) in plan
+            .partitions
+            .iter()
+            .map(|p| (p.name.as_str(), &p.members))
+            .chain(std::iter::once(("Default", &plan.default.members)))
+        {
+            if members.iter().any(|m| !m.names_one()) {
+                bad.push(format!("partition `{name}`"));
             }
+        }
+        if !bad.is_empty() {
+            return Err(PlanError::Invalid(format!(
+                "{}: each member names exactly one of `node`, `guid` or `group`",
+                bad.join(", ")
+            )));
+        }
+        // A custom Default may be empty: OpenSM then gives every port the limited key
+        // and the SM port the full one, as it does with no Default statement.
+        if plan.default.policy != DefaultPolicy::Custom && !plan.default.members.is_empty() {
+            return Err(PlanError::Invalid(
+                "[default]: `members` is only for policy = \"custom\"".into(),
+            ));
         }
         Ok(plan)
     }
@@ -198,81 +366,5 @@ impl Plan {
     pub fn to_toml(&self) -> String {
         // Plain data with string keys: serialization cannot fail; fall back to a comment.
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot write plan: {e}\n"))
-    }
-
-    /// Imports a partitions.conf: each partition becomes its own tenant, named after it.
-    /// Notes say what could not be carried over.
-    pub fn from_conf(conf: &conf::Conf) -> Plan {
-        Plan::from_conf_with_notes(conf).0
-    }
-
-    /// Like [`Plan::from_conf`], with one note for each thing a plan cannot express
-    /// (keywords other than in Default, multicast groups, Q_Key, TClass, FlowLabel, scope).
-    pub fn from_conf_with_notes(conf: &conf::Conf) -> (Plan, Vec<String>) {
-        let mut notes = Vec::new();
-        let mut plan = Plan::default();
-        let keys = conf.effective_pkeys();
-        for (p, key) in conf.partitions.iter().zip(keys) {
-            if key.is_some_and(|k| k.is_default()) {
-                let open = p.members.iter().any(|m| {
-                    m.selector == Selector::All
-                        && m.membership.or(p.flags.defmember) == Some(Membership::Full)
-                });
-                plan.default = DefaultPartition {
-                    policy: if open {
-                        DefaultPolicy::Open
-                    } else {
-                        DefaultPolicy::Isolate
-                    },
-                    ipoib: p.flags.ipoib,
-                };
-                continue;
-            }
-            let f = &p.flags;
-            if f.scope.is_some() || f.qkey.is_some() || f.tclass.is_some() || f.flow_label.is_some()
-            {
-                notes.push(format!(
-                    "partition `{}`: scope, Q_Key, TClass and FlowLabel are not carried over",
-                    p.name
-                ));
-            }
-            if !p.mcast_groups.is_empty() {
-                notes.push(format!(
-                    "partition `{}`: mgid lines are not carried over",
-                    p.name
-                ));
-            }
-            let default_m = f.defmember.unwrap_or(Membership::Limited);
-            let mut members = Vec::new();
-            for m in &p.members {
-                match &m.selector {
-                    Selector::Guid(g) => {
-                        let ms = m.membership.unwrap_or(default_m);
-                        members.push(PlanMember {
-                            node: None,
-                            guid: Some(*g),
-                            membership: (ms != Membership::Full).then_some(ms),
-                        });
-                    }
-                    other => notes.push(format!(
-                        "partition `{}`: `{other}` is not carried over (plans name nodes or port GUIDs)",
-                        p.name
-                    )),
-                }
-            }
-            plan.partitions.push(PlanPartition {
-                name: p.name.clone(),
-                tenant: p.name.clone(),
-                pkey: key,
-                ipoib: f.ipoib,
-                indx0: f.indx0,
-                mtu: f.mtu,
-                rate: f.rate,
-                sl: f.sl,
-                membership: Membership::Full,
-                members,
-            });
-        }
-        (plan, notes)
     }
 }

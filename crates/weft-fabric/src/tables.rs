@@ -183,3 +183,46 @@ fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
         .map(|p| p.port_guid)
         .collect()
 }
+
+/// The entry OpenSM 3.3.23 puts at index 0 of each end port's table: the key of the
+/// last `indx0` statement that adds the port (an `indx0` kept when a later statement
+/// adds the port again without it), else the Default key; full or limited as the port
+/// ends up in that partition. Seen with the real OpenSM: `indx0` applies to the
+/// members of its own statement only.
+pub fn expected_index0(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> BTreeMap<Guid, u16> {
+    let tables = expected_tables(conf, inventory, opts);
+    let keys = conf.effective_pkeys();
+    let index: BTreeSet<Guid> = inventory.ports.iter().map(|p| p.port_guid).collect();
+    let sm = inventory.sm_port_guid.filter(|g| index.contains(g));
+    let mut idx0: BTreeMap<Guid, u16> = BTreeMap::new();
+    for (part, key) in conf.partitions.iter().zip(keys) {
+        let Some(key) = key else { continue };
+        if !part.flags.indx0 {
+            continue;
+        }
+        for m in &part.members {
+            let ports: Vec<Guid> = match &m.selector {
+                Selector::Guid(g) => index.contains(g).then_some(*g).into_iter().collect(),
+                Selector::SelfPort => sm.into_iter().collect(),
+                Selector::All => inventory.ports.iter().map(|p| p.port_guid).collect(),
+                Selector::AllCas => of_type(inventory, NodeType::Ca),
+                Selector::AllSwitches => of_type(inventory, NodeType::Switch),
+                Selector::AllRouters => of_type(inventory, NodeType::Router),
+            };
+            for g in ports {
+                idx0.insert(g, key.base());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (g, set) in &tables.0 {
+        let base = idx0.get(g).copied().unwrap_or(PKey::DEFAULT.base());
+        let entry = if set.contains(&(base | 0x8000)) {
+            base | 0x8000
+        } else {
+            base
+        };
+        out.insert(*g, entry);
+    }
+    out
+}

@@ -197,10 +197,44 @@ impl Serialize for PKey {
     }
 }
 
+/// Reads a P_Key from text (`"0x0b0b"`) or from an integer (TOML `pkey = 0x0b0b`).
+struct PKeyVisitor;
+
+impl serde::de::Visitor<'_> for PKeyVisitor {
+    type Value = PKey;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a P_Key, 0x0001..=0x7fff, as a string (\"0x0b0b\") or an integer (0x0b0b)")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PKey, E> {
+        v.parse().map_err(E::custom)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PKey, E> {
+        let value = u16::try_from(v).map_err(|_| {
+            E::custom(FabricError::PKey {
+                text: format!("{v:#x}"),
+                reason: "more than 16 bits".into(),
+            })
+        })?;
+        PKey::new(value).map_err(E::custom)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PKey, E> {
+        match u64::try_from(v) {
+            Ok(u) => self.visit_u64(u),
+            Err(_) => Err(E::custom(FabricError::PKey {
+                text: v.to_string(),
+                reason: "negative".into(),
+            })),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for PKey {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
+        d.deserialize_any(PKeyVisitor)
     }
 }
 

@@ -158,7 +158,7 @@ fn parse_errors_have_line_and_column() {
         (
             "a=0x10 : ALL ;\na=0x11 : ALL ;",
             2,
-            1,
+            3,
             "already used on line 1",
         ),
         ("", 1, 1, "no partition"),
@@ -380,7 +380,7 @@ fn both_is_full_only_unless_allow_both_pkeys() {
 
 #[test]
 fn same_pkey_twice_merges_last_membership_wins() {
-    // Our parser refuses repeated P_Keys, so build the merged case as an AST.
+    // Our parser refuses one P_Key under two names, so build the merged case as an AST.
     let k = PKey::new(0x300).unwrap();
     let mk = |name: &str, sel: Selector, m: Membership| Partition {
         name: name.into(),
@@ -504,18 +504,9 @@ fn violations(plan: &Plan, inv: Option<&Inventory>) -> Vec<String> {
 }
 
 fn part(name: &str, tenant: &str, members: Vec<PlanMember>) -> PlanPartition {
-    PlanPartition {
-        name: name.into(),
-        tenant: tenant.into(),
-        pkey: None,
-        ipoib: false,
-        indx0: false,
-        mtu: None,
-        rate: None,
-        sl: None,
-        membership: Membership::Full,
-        members,
-    }
+    let mut p = PlanPartition::new(name, tenant);
+    p.members = members;
+    p
 }
 
 #[test]
@@ -599,11 +590,17 @@ fn plan_toml_round_trips_and_imports_conf() {
         "Default=0x7fff,ipoib : ALL=full ;\nt=0x0a0a,defmember=full : 0x0101, 0x0201=limited, ALL_SWITCHES ;",
     )
     .unwrap();
-    let (imported, notes) = Plan::from_conf_with_notes(&c);
+    let imported = Plan::from_conf_with_notes(&c, &Default::default()).unwrap();
+    let (imported, notes) = (imported.plan, imported.notes);
     assert_eq!(imported.default.policy, weft_fabric::DefaultPolicy::Open);
     assert_eq!(imported.partitions[0].tenant, "t");
-    assert_eq!(imported.partitions[0].members.len(), 2);
-    assert_eq!(notes.len(), 1, "{notes:?}");
+    // ALL_SWITCHES is carried over as a group member, with defmember's full membership.
+    assert_eq!(imported.partitions[0].members.len(), 3);
+    assert_eq!(
+        imported.partitions[0].members[2].group,
+        Some(weft_fabric::Group::AllSwitches)
+    );
+    assert!(notes.is_empty(), "{notes:?}");
     let back = compile(&imported, None).unwrap();
     assert_eq!(
         back.conf.partitions[1].pkey,
@@ -910,4 +907,259 @@ fn a_semicolon_right_after_an_mgid_entry_is_refused() {
         let c = conf::parse(&format!("{head}{body}")).unwrap_or_else(|e| panic!("{body:?}: {e}"));
         assert_eq!(conf::parse(&conf::render(&c)).unwrap(), c);
     }
+}
+
+// ------------------------------------------------------------ import: lossless
+
+/// What OpenSM programs for `conf` on `inv`: every port's set and its index-0 entry.
+fn meaning(conf: &Conf, inv: &Inventory) -> (BTreeMap<Guid, BTreeSet<u16>>, BTreeMap<Guid, u16>) {
+    let opts = SmOptions::default();
+    (
+        expected_tables(conf, inv, opts).0,
+        weft_fabric::expected_index0(conf, inv, opts),
+    )
+}
+
+/// Import, then compile against the inventory: the conf weft would hand OpenSM.
+fn through_weft(text: &str, inv: &Inventory) -> Conf {
+    let imported = Plan::import(text, &Default::default())
+        .unwrap_or_else(|e| panic!("import refused:\n{text}\n{e:?}"));
+    let toml = imported.plan.to_toml();
+    let plan = Plan::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(plan, imported.plan, "TOML round trip\n{toml}");
+    compile(&plan, Some(inv))
+        .unwrap_or_else(|v| panic!("imported plan fails weft's check: {v:?}\n{text}\n{toml}"))
+        .conf
+}
+
+fn gen_inventory() -> (Inventory, Vec<u64>) {
+    let mut inv = sim_inventory();
+    inv.ports.push(port(0x0401, "node4", NodeType::Ca));
+    inv.ports.push(port(0x0402, "node4", NodeType::Ca));
+    inv.ports.push(Port {
+        port_num: 0,
+        pkey_capacity: 8,
+        ..port(0x2000, "sw2", NodeType::Switch)
+    });
+    let cas = inv
+        .ports
+        .iter()
+        .filter(|p| p.node_type == NodeType::Ca)
+        .map(|p| p.port_guid.0)
+        .collect();
+    (inv, cas)
+}
+
+/// The seeded generator of the differential test, checked against weft's own model: every
+/// file parses strictly, imports, compiles, and means the same to OpenSM (P_Key sets and
+/// index 0 on every port). The real OpenSM confirms the model in crates/weft's test.
+#[test]
+fn generated_files_import_losslessly_under_the_model() {
+    let (inv, cas) = gen_inventory();
+    for seed in 0..400u64 {
+        let text = weft_testbed::partitions::random_partitions(seed, &cas);
+        let original = conf::parse(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+        let rendered = through_weft(&text, &inv);
+        assert_eq!(
+            meaning(&original, &inv),
+            meaning(&rendered, &inv),
+            "seed {seed}\n{text}\n---\n{}",
+            conf::render(&rendered)
+        );
+    }
+}
+
+/// Tricky files people keep by hand; each imports and means the same after compile.
+const CORPUS: &[&str] = &[
+    // split definition, second statement without its key, indx0 in one of two statements
+    "Default=0x7fff, ipoib : ALL=full ;\nt1=0x0101, indx0 : 0x0101=full ;\nt1 : 0x0201=full ;\nt2=0x0202 : 0x0101=full, 0x0201 ;",
+    // the same port again in a later statement: last membership, earlier indx0 kept
+    "Default=0x7fff : ALL=full ;\nt1=0x0101 : 0x0101=full ;\nt1=0x0101, indx0 : 0x0101=limited ;\nt2=0x0202, indx0 : 0x0201=full ;\nt3=0x0303, indx0 : 0x0201=full ;",
+    // every group keyword in tenant partitions, defmember
+    "Default=0x7fff : ALL_CAS=full ;\nt5=0x0505 : ALL_SWITCHES=full, SELF=limited ;\nt4=0x0404, defmember=full : ALL, 0x0301=limited ;\nt6=0x0606 : ALL_CAS=both, ALL_ROUTERS ;",
+    // mgid groups with options, comments and continuation lines
+    "# site file\nDefault=0x7fff, ipoib, mtu=5 : ALL=full ; # open\n\nt1=0x0101, ipoib, rate=6, sl=3, Q_Key=0x11 :\n    mgid=ff12:a01b::1,mtu=3\n    mgid=ff12:601b::5\n    0x0101=full, # first\n    0x0201 ;\nmc=0x0bad : mgid=ff12:a01b::2,sl=1\n    NONE ;",
+    // Default forms: none at all, keyless, split
+    "t=0x0a0a : 0x0101=full ;",
+    "Default, defmember=full : ALL, ALL_SWITCHES=limited ;\nt=0x0a0a : 0x0101 ;",
+    "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\nDefault=0x7fff : ALL_SWITCHES=full ;\nt=0x0a0a : 0x0101=full ;",
+    // Default after the tenants, decimal GUIDs
+    "t=0x0a0a : 257=full, 513 ;\nDefault=0x7fff : ALL=limited, SELF=full, 0x0301=full ;",
+];
+
+#[test]
+fn corpus_imports_losslessly_under_the_model() {
+    let (inv, _) = gen_inventory();
+    for text in CORPUS {
+        let original = conf::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let rendered = through_weft(text, &inv);
+        assert_eq!(
+            meaning(&original, &inv),
+            meaning(&rendered, &inv),
+            "{text}\n---\n{}",
+            conf::render(&rendered)
+        );
+    }
+}
+
+#[test]
+fn import_carries_groups_options_mgids_and_notes_merges() {
+    let imported = Plan::import(CORPUS[3], &Default::default()).unwrap();
+    let p = &imported.plan;
+    assert_eq!(p.default.policy, weft_fabric::DefaultPolicy::Open);
+    assert_eq!(p.default.mtu, Some(5));
+    let t1 = &p.partitions[0];
+    assert_eq!((t1.rate, t1.sl, t1.qkey), (Some(6), Some(3), Some(0x11)));
+    assert_eq!(t1.mcast.len(), 2);
+    assert_eq!(t1.mcast[0].mtu, Some(3));
+    assert_eq!(t1.members[1].membership, Some(Membership::Limited));
+    assert!(imported.notes.is_empty(), "{:?}", imported.notes);
+
+    let imported = Plan::import(CORPUS[0], &Default::default()).unwrap();
+    let t1 = &imported.plan.partitions[0];
+    assert_eq!(t1.members.len(), 2);
+    assert!(t1.members[0].indx0 && !t1.members[1].indx0);
+    let note = &imported.notes[0];
+    assert_eq!((note.line, note.column), (3, 1), "{note:?}");
+    assert!(note.message.contains("merged"), "{note:?}");
+
+    let imported = Plan::import(CORPUS[2], &Default::default()).unwrap();
+    assert_eq!(
+        imported.plan.default.policy,
+        weft_fabric::DefaultPolicy::Custom
+    );
+    let t5 = &imported.plan.partitions[0];
+    assert_eq!(t5.members[0].group, Some(weft_fabric::Group::AllSwitches));
+    assert_eq!(t5.members[1].group, Some(weft_fabric::Group::SelfPort));
+    assert_eq!(t5.members[1].membership, Some(Membership::Limited));
+}
+
+#[test]
+fn import_maps_tenants_and_lists_shared_ports() {
+    let text =
+        "a=0x10 : 0x0101=full, 0x0201=full ;\nb=0x11 : 0x0101=full ;\nc=0x12 : 0x0201=full ;";
+    let plain = Plan::import(text, &Default::default()).unwrap();
+    assert_eq!(
+        plain.plan.allow_shared_ports,
+        vec!["0x0000000000000101", "0x0000000000000201"]
+    );
+    let (inv, _) = gen_inventory();
+    compile(&plain.plan, Some(&inv)).unwrap();
+    let opts = weft_fabric::ImportOptions {
+        tenant_map: [
+            ("a".to_string(), "x".to_string()),
+            ("b".to_string(), "x".to_string()),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    let mapped = Plan::import(text, &opts).unwrap();
+    assert_eq!(mapped.plan.partitions[1].tenant, "x");
+    assert_eq!(mapped.plan.allow_shared_ports, vec!["0x0000000000000201"]);
+    let bad = weft_fabric::ImportOptions {
+        tenant_map: [("zz".to_string(), "x".to_string())].into(),
+        ..Default::default()
+    };
+    let e = Plan::import(text, &bad).unwrap_err();
+    assert!(e[0].message.contains("`zz`"), "{e:?}");
+}
+
+#[test]
+fn import_refuses_what_a_plan_cannot_say_with_line_and_column() {
+    let cases: &[(&str, usize, usize, &str)] = &[
+        ("t : 0x0101 ;", 1, 1, "has no P_Key"),
+        (
+            "t=0x10, mtu=4 : 0x0101 ;\nt=0x10, mtu=5 : 0x0201 ;",
+            2,
+            1,
+            "other options",
+        ),
+        (
+            "t=0x10 : mgid=ff12:601b::1\n  NONE ;\nt=0x10 : mgid=ff12:601b::1\n  NONE ;",
+            3,
+            1,
+            "given again",
+        ),
+    ];
+    for (text, line, column, needle) in cases {
+        let e = Plan::import(text, &Default::default()).expect_err(text);
+        assert!(e[0].message.contains(needle), "{text:?}: {e:?}");
+        assert_eq!(
+            (e[0].line, e[0].column),
+            (*line, *column),
+            "{text:?}: {e:?}"
+        );
+    }
+    // With the key the master uses, an auto-keyed partition is pinned to it.
+    let opts = weft_fabric::ImportOptions {
+        keys: [("t".to_string(), PKey::new(0x0001).unwrap())].into(),
+        ..Default::default()
+    };
+    let i = Plan::import("t : 0x0101 ;", &opts).unwrap();
+    assert_eq!(i.plan.partitions[0].pkey, PKey::new(1).ok());
+    assert!(i.notes[0].message.contains("pins 0x0001"), "{:?}", i.notes);
+}
+
+#[test]
+fn parse_all_reports_every_fault_with_its_position() {
+    let text = "a=0x10 : node1 ;\nb=0x11 : 0x1=limi ;\nc=0x12 : 0x2 ;\nd=0x8c0c : 0x3 ;";
+    let e = conf::parse_all(text).unwrap_err();
+    let at: Vec<(usize, usize)> = e.iter().map(|e| (e.line, e.column)).collect();
+    assert_eq!(at, vec![(1, 10), (2, 14), (4, 3)], "{e:?}");
+    // At most MAX_ERRORS.
+    let many: String = (0..200)
+        .map(|i| format!("p{i}=0x{:x} : bad ;\n", i + 1))
+        .collect();
+    assert_eq!(conf::parse_all(&many).unwrap_err().len(), conf::MAX_ERRORS);
+}
+
+#[test]
+fn split_statements_parse_and_conflicting_ones_do_not() {
+    let c = conf::parse("a=0x10 : 0x1 ;\na=0x10 : 0x2 ;\na : 0x3 ;").unwrap();
+    assert_eq!(c.partitions.len(), 3);
+    assert!(
+        c.effective_pkeys()
+            .iter()
+            .all(|k| *k == PKey::new(0x10).ok())
+    );
+    assert!(conf::parse("a : 0x1 ;\na=0x5 : 0x2 ;").is_err());
+}
+
+#[test]
+fn pkey_may_be_a_toml_integer() {
+    let plan = Plan::from_toml(
+        "[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = 0x0b0b\nmembers = [{ group = \"all_cas\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(plan.partitions[0].pkey, PKey::new(0x0b0b).ok());
+    let e = Plan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = 0x8b0b\n")
+        .unwrap_err();
+    assert!(e.to_string().contains("bit 15"), "{e}");
+}
+
+#[test]
+fn removals_list_partitions_and_members_taken_away() {
+    let old = conf::parse(
+        "Default=0x7fff : ALL=full ;\na=0x10 : 0x1=full, 0x2=full ;\nb=0x11 : 0x3=full ;",
+    )
+    .unwrap();
+    let same = conf::parse(
+        "Default=0x7fff : ALL=full ;\na=0x10 : 0x1=full ;\na=0x10 : 0x2=full, 0x4 ;\nb=0x11 : 0x3=full ;",
+    )
+    .unwrap();
+    assert!(weft_fabric::removals(&old, &same).is_empty());
+    let new =
+        conf::parse("Default=0x7fff : ALL=limited, SELF=full ;\na=0x10 : 0x1=full ;").unwrap();
+    let r: Vec<String> = weft_fabric::removals(&old, &new)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        r,
+        vec![
+            "- 0x0000000000000002 (full) leaves partition `a` (0x0010)",
+            "- partition `b` (0x0011) is removed",
+            "- ALL goes from full to limited in partition `Default` (0x7fff)",
+        ]
+    );
 }

@@ -52,11 +52,27 @@ pub struct ApplyReport {
     pub degraded: Vec<String>,
     pub checksum: String,
     pub sms: Vec<SmState>,
+    /// Ports whose tables were read back after the reread and matched: the ports counted
+    /// are the ports verified.
     pub ports_verified: usize,
+    /// Reading the fabric before the apply (inventory and tables); 0 until the caller
+    /// that took the snapshot adds it with [`ApplyReport::with_snapshot`].
+    pub snapshot_ms: f64,
     pub write_ms: f64,
     pub sweep_ms: f64,
     pub verify_ms: f64,
+    /// Everything from the start of the snapshot (once added) to the last port verified.
     pub total_ms: f64,
+}
+
+impl ApplyReport {
+    /// Counts the snapshot the apply was computed from (taken by the caller before
+    /// [`Applier::apply`]) in the report: `snapshot_ms`, and in `total_ms`.
+    pub fn with_snapshot(mut self, snapshot: Duration) -> ApplyReport {
+        self.snapshot_ms = ms(snapshot);
+        self.total_ms += self.snapshot_ms;
+        self
+    }
 }
 
 /// The outcome of comparing the fabric with a config.
@@ -139,6 +155,25 @@ impl Applier {
             ports_checked: expected.0.len(),
             mismatches: expected.compare(&snapshot.tables),
         }
+    }
+
+    /// What replacing the master's current file by `conf` would remove (the removal
+    /// guard, [`weft_fabric::removals`]): `Ok(None)` when the master holds a file weft
+    /// cannot read, so that nothing can be said about what it loses; an empty list when
+    /// it holds none.
+    pub fn removals(
+        &self,
+        conf: &Conf,
+        inventory: &Inventory,
+    ) -> Result<Option<Vec<weft_fabric::Removal>>, ApplyError> {
+        let master = self.master_index(inventory)?;
+        let Some(bytes) = self.sms[master].read_partitions()? else {
+            return Ok(Some(Vec::new()));
+        };
+        Ok(std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| conf::parse(t).ok())
+            .map(|old| weft_fabric::removals(&old, conf)))
     }
 
     /// Reads the fabric once and compares it with `conf`.
@@ -324,6 +359,7 @@ impl Applier {
                 checksum: checksum(text.as_bytes()),
                 sms: self.sm_states_skipping(Some(master), &degraded),
                 ports_verified: v.ports_checked,
+                snapshot_ms: 0.0,
                 write_ms: ms(write),
                 sweep_ms: ms(sweep),
                 verify_ms: ms(start.elapsed() - write - sweep),

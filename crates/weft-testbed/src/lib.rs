@@ -51,6 +51,7 @@
 
 mod error;
 mod fabric;
+pub mod partitions;
 mod sshd;
 mod topology;
 

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Compiled, Inventory, Plan, PortMismatch, Violation};
+use weft_fabric::{Compiled, ImportOptions, Inventory, Plan, PortMismatch, Violation};
 use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, SmHost, VerifyScope};
 
 use crate::config::{Config, FabricConfig};
@@ -41,15 +41,36 @@ pub enum FabricCommand {
         plan: PathBuf,
         #[command(flatten)]
         timeouts: Timeouts,
+        /// Allow an apply that removes a partition, removes members from one or lowers
+        /// a member from full to limited (without it, such an apply shows what it would
+        /// remove and writes nothing).
+        #[arg(long)]
+        allow_removal: bool,
+        /// Allow a plan with no partition (it removes every tenant's partition).
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Compare the fabric's P_Key tables with a plan, or with the master SM's current file.
     #[command(after_help = "Examples:\n  weft fabric verify plan.toml\n  weft fabric verify")]
     Verify { plan: Option<PathBuf> },
-    /// Turn an existing partitions.conf into a plan (TOML on stdout).
+    /// Turn an existing partitions.conf into a plan (TOML on stdout) that means the same
+    /// to OpenSM; notes on what was merged go to stderr.
     #[command(
-        after_help = "Example:\n  weft fabric import /etc/opensm/partitions.conf > plan.toml"
+        after_help = "Examples:\n  weft fabric import /etc/opensm/partitions.conf > plan.toml\n  weft fabric import partitions.conf --tenant-map storage=ops --tenant-map mgmt=ops --strict\n  weft --config weft.toml fabric import partitions.conf --live > plan.toml\n\nExit codes:\n  0  imported\n  1  the file has faults (all listed, with line and column), holds something a plan\n     cannot say, or (--strict) import had to merge or normalise something\n  2  usage or environment error"
     )]
-    Import { file: PathBuf },
+    Import {
+        file: PathBuf,
+        /// Make every note an error: import only a file that needs no merging.
+        #[arg(long)]
+        strict: bool,
+        /// Put partition PARTITION in tenant TENANT (repeatable; others are their own tenant).
+        #[arg(long, value_name = "PARTITION=TENANT")]
+        tenant_map: Vec<String>,
+        /// Read the P_Keys of partitions the file gives none from the fabric (the master
+        /// SM's tables), through the SMs and diag tools of the config.
+        #[arg(long)]
+        live: bool,
+    },
     /// Show each configured SM: master or standby, and whether their files agree.
     #[command(after_help = "Example:\n  weft fabric status --json")]
     Status,
@@ -118,23 +139,44 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             }
             Ok(EXIT_OK)
         }
-        FabricCommand::Apply { plan, timeouts } => {
+        FabricCommand::Apply {
+            plan,
+            timeouts,
+            allow_removal,
+            allow_empty,
+        } => {
+            let start = std::time::Instant::now();
             let plan = plan_or_exit!(&plan, as_json);
+            if plan.partitions.is_empty() && !allow_empty {
+                return bad_input(
+                    "the plan has no partition: applying it removes every tenant's partition; nothing was written (pass --allow-empty if that is meant)",
+                    as_json,
+                );
+            }
             let a = applier(fc, Some(&timeouts))?;
             let snapshot = a.diag.snapshot()?;
+            let snapshot_time = start.elapsed();
             let compiled = match compile(&plan, Some(&snapshot.inventory)) {
                 Ok(c) => c,
                 Err(v) => return report_violations(&v, as_json),
             };
+            if !allow_removal {
+                let removed = a.removals(&compiled.conf, &snapshot.inventory)?;
+                if removed.as_ref().is_none_or(|r| !r.is_empty()) {
+                    return refuse_removal(&a, &compiled.conf, &snapshot, removed, as_json);
+                }
+            }
             match a.apply(&compiled.conf, &snapshot) {
                 Ok(r) => {
+                    let r = r.with_snapshot(snapshot_time);
                     if as_json {
                         json(&r)?;
                     } else {
                         println!(
-                            "applied: {} ports verified in {:.0} ms (write {:.0} ms, sweep {:.0} ms, verify {:.0} ms){}",
+                            "applied: {} ports verified in {:.0} ms (snapshot {:.0} ms, write {:.0} ms, sweep {:.0} ms, verify {:.0} ms){}",
                             r.ports_verified,
                             r.total_ms,
+                            r.snapshot_ms,
                             r.write_ms,
                             r.sweep_ms,
                             r.verify_ms,
@@ -202,22 +244,12 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 EXIT_CHECK_FAILED
             })
         }
-        FabricCommand::Import { file } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            match conf::parse(&text) {
-                Ok(c) => {
-                    let plan = Plan::from_conf(&c);
-                    if as_json {
-                        json(&plan)?;
-                    } else {
-                        print!("{}", plan.to_toml());
-                    }
-                    Ok(EXIT_OK)
-                }
-                Err(e) => bad_input(&format!("{}: {e}", file.display()), as_json),
-            }
-        }
+        FabricCommand::Import {
+            file,
+            strict,
+            tenant_map,
+            live,
+        } => import(fc, &file, strict, &tenant_map, live, as_json),
         FabricCommand::Status => {
             let a = applier(fc, None)?;
             let master = a.diag.master_sm().ok();
@@ -241,6 +273,152 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             Ok(if in_sync { EXIT_OK } else { EXIT_CHECK_FAILED })
         }
     }
+}
+
+/// `weft fabric import`.
+fn import(
+    fc: &FabricConfig,
+    file: &Path,
+    strict: bool,
+    tenant_map: &[String],
+    live: bool,
+    as_json: bool,
+) -> Result<u8> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let mut opts = ImportOptions::default();
+    for entry in tenant_map {
+        let Some((part, tenant)) = entry.split_once('=') else {
+            anyhow::bail!("--tenant-map `{entry}`: expected PARTITION=TENANT");
+        };
+        if part.is_empty() || tenant.trim().is_empty() {
+            anyhow::bail!("--tenant-map `{entry}`: expected PARTITION=TENANT, both non-empty");
+        }
+        if let Some(old) = opts.tenant_map.insert(part.to_string(), tenant.to_string())
+            && old != tenant
+        {
+            anyhow::bail!("--tenant-map names partition `{part}` twice ({old} and {tenant})");
+        }
+    }
+    let show = |errs: &[conf::ParseError], what: &str| -> Result<u8> {
+        if as_json {
+            json(&serde_json::json!({ "file": file.display().to_string(), what: errs }))?;
+        } else {
+            for e in errs {
+                eprintln!("weft: {}: {e}", file.display());
+            }
+            eprintln!("{} problem(s); no plan was written", errs.len());
+        }
+        Ok(EXIT_CHECK_FAILED)
+    };
+    if live {
+        let parsed = match conf::parse_all(&text) {
+            Ok(c) => c,
+            Err(errs) => return show(&errs, "errors"),
+        };
+        if !weft_fabric::auto_keyed(&parsed).is_empty() {
+            match live_keys(fc, &parsed)? {
+                Ok(keys) => opts.keys = keys,
+                Err(msg) => return bad_input(&format!("{}: {msg}", file.display()), as_json),
+            }
+        }
+    }
+    let imported = match Plan::import(&text, &opts) {
+        Ok(i) => i,
+        Err(errs) => return show(&errs, "errors"),
+    };
+    if strict && !imported.notes.is_empty() {
+        return show(&imported.notes, "errors");
+    }
+    // What is printed must pass weft's own check (without an inventory here).
+    if let Err(v) = compile(&imported.plan, None) {
+        return report_violations(&v, as_json);
+    }
+    if as_json {
+        json(&serde_json::json!({ "plan": imported.plan, "notes": imported.notes }))?;
+    } else {
+        for n in &imported.notes {
+            eprintln!("note: {}: {n}", file.display());
+        }
+        print!("{}", imported.plan.to_toml());
+    }
+    Ok(EXIT_OK)
+}
+
+/// The P_Keys the master uses for the partitions `parsed` gives none: those a fresh
+/// OpenSM assigns, confirmed on the fabric's tables (every end port must hold exactly
+/// what the file with those keys programs). The inner `Err` says why they could not be
+/// confirmed.
+fn live_keys(
+    fc: &FabricConfig,
+    parsed: &Conf,
+) -> Result<std::result::Result<std::collections::BTreeMap<String, weft_fabric::PKey>, String>> {
+    let a = applier(fc, None)?;
+    let snapshot = a.diag.snapshot()?;
+    let v = a.compare(parsed, &snapshot);
+    let auto = weft_fabric::auto_keyed(parsed);
+    if !v.mismatches.is_empty() {
+        return Ok(Err(format!(
+            "partitions {} give no P_Key, and the fabric's tables do not match the keys a freshly started OpenSM assigns ({} port(s) differ, first {}): the master keeps keys it assigned earlier; write the keys the ports show into the file",
+            auto.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            v.mismatches.len(),
+            v.mismatches[0]
+        )));
+    }
+    let mut keys = std::collections::BTreeMap::new();
+    for (p, k) in parsed.partitions.iter().zip(parsed.effective_pkeys()) {
+        if let Some(k) = k
+            && auto.contains(&p.name)
+        {
+            // A key that no port holds cannot be confirmed by the tables.
+            let seen = snapshot
+                .tables
+                .0
+                .values()
+                .any(|t| t.iter().any(|&e| e & 0x7fff == k.base()));
+            if !seen {
+                return Ok(Err(format!(
+                    "partition `{}` gives no P_Key and no port of the fabric is a member, so the key the master uses cannot be read; write it into the file",
+                    p.name
+                )));
+            }
+            keys.entry(p.name.clone()).or_insert(k);
+        }
+    }
+    Ok(Ok(keys))
+}
+
+/// An apply that would remove something, without --allow-removal: shows what it would
+/// remove and the port changes, writes nothing, exit 1.
+fn refuse_removal(
+    a: &Applier,
+    conf: &Conf,
+    snapshot: &FabricSnapshot,
+    removed: Option<Vec<weft_fabric::Removal>>,
+    as_json: bool,
+) -> Result<u8> {
+    let v = a.compare(conf, snapshot);
+    let why = match &removed {
+        Some(_) => "the plan removes partitions or members".to_string(),
+        None => "the master's current partitions file cannot be read by weft, so what the plan removes is unknown".to_string(),
+    };
+    if as_json {
+        json(&serde_json::json!({
+            "error": format!("{why}; nothing was written (pass --allow-removal if that is meant)"),
+            "removals": removed,
+            "ports": port_rows(&v.mismatches, snapshot),
+        }))?;
+    } else {
+        for r in removed.iter().flatten() {
+            println!("{r}");
+        }
+        print_port_changes(&v.mismatches, snapshot, "change");
+        eprintln!("weft: {why}; nothing was written (pass --allow-removal if that is meant)");
+    }
+    Ok(EXIT_CHECK_FAILED)
 }
 
 /// Reads a plan. An unreadable file is an environment error (the outer `Err`, exit 2);

@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod doctor;
+mod import;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -81,7 +82,7 @@ fn import_refuses_what_opensm_would_silently_misread() {
     .unwrap();
     let o = weft(dir.path(), &["fabric", "import", "partitions.conf"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("line 3"), "{}", text(&o));
+    assert!(text(&o).contains("line 3, column 4"), "{}", text(&o));
 }
 
 #[test]
@@ -108,7 +109,12 @@ struct Live {
 const OPEN: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
 
 fn live(n_sms: usize) -> Live {
-    let mut fabric = SimFabric::start(&Topology::single_switch(4)).expect("ibsim starts");
+    live_on(&Topology::single_switch(4), n_sms, &[])
+}
+
+/// [`live`] on any topology, with extra `opensm.conf` lines for every SM.
+fn live_on(topology: &Topology, n_sms: usize, extra: &[(&str, &str)]) -> Live {
+    let mut fabric = SimFabric::start(topology).expect("ibsim starts");
     let mut sms = Vec::new();
     for (name, host, priority) in [("primary", "smhost", 10), ("standby", "smhost2", 5)]
         .into_iter()
@@ -124,7 +130,10 @@ fn live(n_sms: usize) -> Live {
                 sim_host: host.into(),
                 priority,
                 partitions_file: file.clone(),
-                extra_config: Vec::new(),
+                extra_config: extra
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
             })
             .expect("OpenSM starts");
         sms.push((h, file));
@@ -188,7 +197,10 @@ fn apply_verify_and_status_with_json() {
     std::fs::write(dir.join("plan.toml"), PLAN).unwrap();
     let o = weft(dir, &["fabric", "verify", "plan.toml"]);
     assert_eq!(o.status.code(), Some(1), "before apply: {}", text(&o));
-    let o = weft(dir, &["fabric", "apply", "plan.toml", "--json"]);
+    let o = weft(
+        dir,
+        &["fabric", "apply", "plan.toml", "--json", "--allow-removal"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["changed"], true);
@@ -221,7 +233,7 @@ fn kill_9_during_apply_never_leaves_a_partial_file() {
     // One complete apply tells how long an apply takes here.
     std::fs::write(dir.join("plan.toml"), &plans[1]).unwrap();
     let start = std::time::Instant::now();
-    let o = weft(dir, &["fabric", "apply", "plan.toml"]);
+    let o = weft(dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let full = start.elapsed();
 
@@ -242,7 +254,7 @@ fn kill_9_during_apply_never_leaves_a_partial_file() {
         assert_ne!(plan, plans[0]);
         std::fs::write(dir.join("plan.toml"), plan).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .args(["fabric", "apply", "plan.toml"])
+            .args(["fabric", "apply", "plan.toml", "--allow-removal"])
             .current_dir(dir)
             .env_remove("WEFT_CONFIG")
             .stdout(std::process::Stdio::null())
@@ -265,7 +277,7 @@ fn kill_9_during_apply_never_leaves_a_partial_file() {
     assert!(kept > 0 && replaced > 0, "kept {kept}, replaced {replaced}");
     // A complete apply afterwards succeeds and clears any temporary file a kill left.
     std::fs::write(dir.join("plan.toml"), PLAN).unwrap();
-    let o = weft(dir, &["fabric", "apply", "plan.toml"]);
+    let o = weft(dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
         .unwrap()

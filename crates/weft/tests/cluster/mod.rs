@@ -690,7 +690,15 @@ fn fabric_apply_over_ssh_with_the_standby_down_warns_and_exits_1_until_retried()
     .unwrap();
     let standby_before = std::fs::read_to_string(&bed.sms[1].1).unwrap();
     bed.sshd[1].kill().unwrap();
-    let apply = ["--config", "weft.toml", "fabric", "apply", "plan.toml"];
+    // The fabric starts open (Default ALL=full); the plan isolates it: a removal.
+    let apply = [
+        "--config",
+        "weft.toml",
+        "fabric",
+        "apply",
+        "plan.toml",
+        "--allow-removal",
+    ];
     let o = weft(d, &[], &apply);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");

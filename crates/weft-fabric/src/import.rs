@@ -1,0 +1,480 @@
+//! From an OpenSM partitions.conf to a [`Plan`] that means the same to OpenSM: the same
+//! P_Key set and index-0 entry on every port, the same multicast groups.
+//!
+//! What each construct becomes:
+//!
+//! * a partition: one `[[partition]]`, tenant = its name unless the tenant map says
+//!   otherwise; statements that repeat a name (with its P_Key or none) are merged into
+//!   it in file order, as OpenSM merges them (a note says so);
+//! * a port GUID or group keyword (`ALL`, `ALL_CAS`, `ALL_SWITCHES`, `ALL_ROUTERS`,
+//!   `SELF`): a member with `guid` or `group`, its membership written out (the
+//!   statement's `defmember`, else limited, unless it names one); a selector listed
+//!   again in a later statement keeps its last membership and moves to that place, as
+//!   OpenSM overwrites it (noted);
+//! * `indx0`: on the members of that statement only (or on the partition when every
+//!   member has it), as OpenSM applies it per statement;
+//! * `ipoib`, `mtu`, `rate`, `sl`, `scope`, `Q_Key`, `TClass`, `FlowLabel`: the
+//!   partition's options; statements of one partition that give different options are
+//!   refused (OpenSM creates each group with the options of the statement that makes it);
+//! * `mgid=` lines: `[[partition.mcast]]` with their own options;
+//! * `Default`: `policy = "open"` for exactly `ALL=full`, `"isolate"` for exactly
+//!   `ALL=limited, SELF=full`, anything else `"custom"` with its members and options;
+//!   no Default statement is `"isolate"` without IPoIB, which is what OpenSM does then;
+//! * a partition without a P_Key: refused unless the caller says which key the master
+//!   uses (read from the fabric), because a long-running OpenSM keeps keys it assigned
+//!   earlier while a freshly started standby counts from 0x0001;
+//! * a port full in partitions of two tenants: listed in `allow_shared_ports` (noted).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::conf::{self, Conf, Flags, Member, ParseError, Selector, Span};
+use crate::plan::{DefaultPartition, DefaultPolicy, Group, Plan, PlanMember, PlanPartition};
+use crate::types::{Guid, Membership, PKey};
+
+/// What the caller knows beyond the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Partition name to tenant; partitions not named are their own tenant.
+    pub tenant_map: BTreeMap<String, String>,
+    /// The P_Keys the master SM uses for partitions the file gives none, by name.
+    pub keys: BTreeMap<String, PKey>,
+}
+
+/// A plan and the notes on what import merged or normalised (line and column in the file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The plan.
+    pub plan: Plan,
+    /// One note per thing merged or normalised.
+    pub notes: Vec<ParseError>,
+}
+
+/// The names of the partitions (other than Default) that the file gives no P_Key, in
+/// file order, once each.
+pub fn auto_keyed(conf: &Conf) -> Vec<String> {
+    let mut named: BTreeSet<&str> = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in &conf.partitions {
+        if p.pkey.is_some() {
+            named.insert(&p.name);
+        }
+    }
+    for p in &conf.partitions {
+        if p.pkey.is_none()
+            && p.name != "Default"
+            && !named.contains(p.name.as_str())
+            && !out.contains(&p.name)
+        {
+            out.push(p.name.clone());
+        }
+    }
+    out
+}
+
+fn at(line: usize, column: usize, message: String) -> ParseError {
+    ParseError {
+        line,
+        column,
+        message,
+    }
+}
+
+/// The options of a statement a plan holds once per partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Options {
+    mtu: Option<u8>,
+    rate: Option<u8>,
+    sl: Option<u8>,
+    scope: Option<u8>,
+    qkey: Option<u32>,
+    tclass: Option<u8>,
+    flow_label: Option<u32>,
+}
+
+impl Options {
+    fn of(f: &Flags) -> Options {
+        Options {
+            mtu: f.mtu,
+            rate: f.rate,
+            sl: f.sl,
+            scope: f.scope,
+            qkey: f.qkey,
+            tclass: f.tclass,
+            flow_label: f.flow_label,
+        }
+    }
+}
+
+fn to_member(m: &Member, defmember: Option<Membership>, indx0: bool) -> PlanMember {
+    let ms = m.membership.or(defmember).unwrap_or(Membership::Limited);
+    let mut pm = match &m.selector {
+        Selector::Guid(g) => PlanMember::guid(*g),
+        other => match Group::of(other) {
+            Some(g) => PlanMember::group(g),
+            None => PlanMember::guid(Guid(0)),
+        },
+    };
+    pm.membership = (ms != Membership::Full).then_some(ms);
+    pm.indx0 = indx0;
+    pm
+}
+
+fn same_selector(a: &PlanMember, b: &PlanMember) -> bool {
+    a.guid == b.guid && a.group == b.group && a.node == b.node
+}
+
+fn describe(m: &PlanMember) -> String {
+    match (&m.guid, &m.group) {
+        (Some(g), _) => g.to_string(),
+        (_, Some(g)) => g.selector().to_string(),
+        _ => m.node.clone().unwrap_or_default(),
+    }
+}
+
+/// A partition being assembled from its statements.
+struct Building {
+    options: Options,
+    options_line: usize,
+    ipoib: bool,
+    members: Vec<PlanMember>,
+    mcast: Vec<conf::McastGroup>,
+    first_line: usize,
+}
+
+impl Building {
+    fn new(options: Options, line: usize) -> Building {
+        Building {
+            options,
+            options_line: line,
+            ipoib: false,
+            members: Vec::new(),
+            mcast: Vec::new(),
+            first_line: line,
+        }
+    }
+
+    /// Adds one statement, as OpenSM adds it to the partition of its key.
+    fn add(
+        &mut self,
+        name: &str,
+        p: &conf::Partition,
+        span: &Span,
+        notes: &mut Vec<ParseError>,
+        errs: &mut Vec<ParseError>,
+    ) {
+        let opts = Options::of(&p.flags);
+        if opts != self.options {
+            errs.push(at(
+                span.line,
+                span.column,
+                format!(
+                    "partition `{name}` has other options (mtu, rate, sl, scope, Q_Key, TClass, FlowLabel) here than on line {}; OpenSM creates each multicast group with the options of the statement that makes it, which a plan cannot say: give every statement the same options",
+                    self.options_line
+                ),
+            ));
+            return;
+        }
+        self.ipoib |= p.flags.ipoib;
+        for (i, m) in p.members.iter().enumerate() {
+            let (line, column) = span
+                .members
+                .get(i)
+                .copied()
+                .unwrap_or((span.line, span.column));
+            let new = to_member(m, p.flags.defmember, p.flags.indx0);
+            if let Some(j) = self.members.iter().position(|o| same_selector(o, &new)) {
+                let old = self.members.remove(j);
+                notes.push(at(
+                    line,
+                    column,
+                    format!(
+                        "`{}` is listed again in partition `{name}`; OpenSM keeps the last membership ({}){}",
+                        describe(&new),
+                        new.membership.unwrap_or(Membership::Full),
+                        if old.indx0 && !new.indx0 {
+                            " and the earlier indx0"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+                let mut new = new;
+                new.indx0 |= old.indx0;
+                self.members.push(new);
+            } else {
+                self.members.push(new);
+            }
+        }
+        for g in &p.mcast_groups {
+            if self.mcast.iter().any(|o| o.mgid == g.mgid) {
+                errs.push(at(
+                    span.line,
+                    span.column,
+                    format!(
+                        "mgid {} is given again in partition `{name}` (first near line {}); OpenSM creates it once",
+                        g.mgid, self.first_line
+                    ),
+                ));
+            } else {
+                self.mcast.push(g.clone());
+            }
+        }
+    }
+
+    /// Partition-level indx0 when every member has it.
+    fn indx0(&mut self) -> bool {
+        let all = !self.members.is_empty() && self.members.iter().all(|m| m.indx0);
+        if all {
+            for m in &mut self.members {
+                m.indx0 = false;
+            }
+        }
+        all
+    }
+}
+
+impl Plan {
+    /// Imports partitions.conf text (see the module documentation of `import`): every
+    /// fault the parser finds, and everything a plan cannot say, is an error with line
+    /// and column; what was merged or normalised comes back as notes.
+    pub fn import(text: &str, opts: &ImportOptions) -> Result<Imported, Vec<ParseError>> {
+        let (conf, spans) = conf::parse_spanned(text)?;
+        import_conf(&conf, &spans, opts)
+    }
+
+    /// Imports a parsed config; positions in notes and errors are those of its
+    /// canonical rendering ([`conf::render`]).
+    pub fn from_conf_with_notes(
+        conf: &Conf,
+        opts: &ImportOptions,
+    ) -> Result<Imported, Vec<ParseError>> {
+        Plan::import(&conf::render(conf), opts)
+    }
+}
+
+fn import_conf(
+    conf: &Conf,
+    spans: &[Span],
+    opts: &ImportOptions,
+) -> Result<Imported, Vec<ParseError>> {
+    let mut errs = Vec::new();
+    let mut notes = Vec::new();
+    let fallback = Span {
+        line: 1,
+        column: 1,
+        members: Vec::new(),
+    };
+    // Partitions by key, in the order of their first statement.
+    let mut order: Vec<(PKey, String)> = Vec::new();
+    let mut parts: BTreeMap<PKey, Building> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, PKey> = BTreeMap::new();
+    let mut default: Option<Building> = None;
+    let mut default_stmts = 0usize;
+    let mut default_first: Option<(&conf::Partition, usize)> = None;
+    for (i, p) in conf.partitions.iter().enumerate() {
+        let span = spans.get(i).unwrap_or(&fallback);
+        let key = match p.pkey {
+            Some(k) => k,
+            None if p.name == "Default" => PKey::DEFAULT,
+            None => match by_name
+                .get(p.name.as_str())
+                .or_else(|| opts.keys.get(&p.name))
+            {
+                Some(k) => *k,
+                None => {
+                    errs.push(at(
+                        span.line,
+                        span.column,
+                        format!(
+                            "partition `{}` has no P_Key: OpenSM assigns one at run time, a long-running master keeps keys it assigned earlier and a freshly started standby counts from 0x0001, so the key in use cannot be read from the file; import with --live to read it from the fabric, or write the key",
+                            p.name
+                        ),
+                    ));
+                    continue;
+                }
+            },
+        };
+        if p.pkey.is_none() && p.name != "Default" && !by_name.contains_key(p.name.as_str()) {
+            notes.push(at(
+                span.line,
+                span.column,
+                format!(
+                    "partition `{}` has no P_Key in the file; the plan pins {key}, the key the master uses",
+                    p.name
+                ),
+            ));
+        }
+        by_name.entry(p.name.as_str()).or_insert(key);
+        if key.is_default() {
+            default_stmts += 1;
+            if default_first.is_none() {
+                default_first = Some((p, i));
+            }
+            let b = default.get_or_insert_with(|| Building::new(Options::of(&p.flags), span.line));
+            if default_stmts > 1 {
+                notes.push(at(
+                    span.line,
+                    span.column,
+                    format!(
+                        "statement repeats partition `Default` (first on line {}); merged as OpenSM merges it",
+                        b.first_line
+                    ),
+                ));
+            }
+            b.add("Default", p, span, &mut notes, &mut errs);
+            continue;
+        }
+        match parts.get_mut(&key) {
+            Some(b) => {
+                notes.push(at(
+                    span.line,
+                    span.column,
+                    format!(
+                        "statement repeats partition `{}` (first on line {}); merged as OpenSM merges it",
+                        p.name, b.first_line
+                    ),
+                ));
+                b.add(&p.name, p, span, &mut notes, &mut errs);
+            }
+            None => {
+                let mut b = Building::new(Options::of(&p.flags), span.line);
+                b.add(&p.name, p, span, &mut notes, &mut errs);
+                parts.insert(key, b);
+                order.push((key, p.name.clone()));
+            }
+        }
+    }
+
+    for name in opts.tenant_map.keys() {
+        if !order.iter().any(|(_, n)| n == name) {
+            errs.push(at(
+                1,
+                1,
+                format!("the tenant map names partition `{name}`, which the file does not have"),
+            ));
+        }
+    }
+
+    let default = match default {
+        None => DefaultPartition {
+            ipoib: false,
+            ..DefaultPartition::default()
+        },
+        Some(mut b) => {
+            let standard = |want: &[(Selector, Membership)]| {
+                default_stmts == 1
+                    && b.members.len() == want.len()
+                    && b.members.iter().zip(want).all(|(m, (s, ms))| {
+                        !m.indx0
+                            && m.group.map(Group::selector).as_ref() == Some(s)
+                            && m.membership.unwrap_or(Membership::Full) == *ms
+                    })
+            };
+            let policy = if standard(&[(Selector::All, Membership::Full)]) {
+                DefaultPolicy::Open
+            } else if standard(&[
+                (Selector::All, Membership::Limited),
+                (Selector::SelfPort, Membership::Full),
+            ]) {
+                DefaultPolicy::Isolate
+            } else {
+                DefaultPolicy::Custom
+            };
+            if policy == DefaultPolicy::Custom
+                && let Some((p, i)) = default_first
+            {
+                let span = spans.get(i).unwrap_or(&fallback);
+                notes.push(at(
+                    span.line,
+                    span.column,
+                    format!(
+                        "partition `{}` is neither `ALL=full` nor `ALL=limited, SELF=full`; imported as policy = \"custom\" with its members",
+                        p.name
+                    ),
+                ));
+            }
+            let custom = policy == DefaultPolicy::Custom;
+            let o = b.options;
+            DefaultPartition {
+                policy,
+                ipoib: b.ipoib,
+                members: if custom {
+                    std::mem::take(&mut b.members)
+                } else {
+                    Vec::new()
+                },
+                membership: Membership::Full,
+                mtu: o.mtu,
+                rate: o.rate,
+                sl: o.sl,
+                scope: o.scope,
+                qkey: o.qkey,
+                tclass: o.tclass,
+                flow_label: o.flow_label,
+                mcast: std::mem::take(&mut b.mcast),
+            }
+        }
+    };
+
+    let mut plan = Plan {
+        default,
+        ..Plan::default()
+    };
+    for (key, name) in &order {
+        let Some(mut b) = parts.remove(key) else {
+            continue;
+        };
+        let tenant = opts.tenant_map.get(name).unwrap_or(name);
+        let indx0 = b.indx0();
+        let o = b.options;
+        let mut p = PlanPartition::new(name, tenant);
+        p.pkey = Some(*key);
+        p.ipoib = b.ipoib;
+        p.indx0 = indx0;
+        p.mtu = o.mtu;
+        p.rate = o.rate;
+        p.sl = o.sl;
+        p.scope = o.scope;
+        p.qkey = o.qkey;
+        p.tclass = o.tclass;
+        p.flow_label = o.flow_label;
+        p.members = b.members;
+        p.mcast = b.mcast;
+        plan.partitions.push(p);
+    }
+
+    // Ports full in partitions of two tenants, as the file has them.
+    let mut full_in: BTreeMap<Guid, BTreeSet<&str>> = BTreeMap::new();
+    for p in &plan.partitions {
+        for m in &p.members {
+            if let Some(g) = m.guid
+                && m.membership.unwrap_or(p.membership) != Membership::Limited
+            {
+                full_in.entry(g).or_default().insert(p.tenant.as_str());
+            }
+        }
+    }
+    let mut shared = Vec::new();
+    for (g, tenants) in &full_in {
+        if tenants.len() > 1 {
+            shared.push(g.to_string());
+            notes.push(at(
+                1,
+                1,
+                format!(
+                    "port {g} is a full member of partitions of tenants {}, as in the file; listed in allow_shared_ports",
+                    tenants.iter().copied().collect::<Vec<_>>().join(" and ")
+                ),
+            ));
+        }
+    }
+    plan.allow_shared_ports = shared;
+
+    if errs.is_empty() {
+        Ok(Imported { plan, notes })
+    } else {
+        errs.sort_by_key(|e| (e.line, e.column));
+        errs.truncate(conf::MAX_ERRORS);
+        Err(errs)
+    }
+}
