@@ -17,7 +17,7 @@ use weft_fabric::{Guid, conf};
 use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
 use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Sshd, Topology};
 
-const ADMIN: &str = "wfa_cluster-test-admin";
+const ADMIN: &str = "wfa_cluster-test-admin-0123456789abcdef";
 
 /// A child process killed (by its pid) when dropped.
 struct Proc(Child);
