@@ -29,6 +29,14 @@ struct Ctl {
 
 impl Ctl {
     async fn start(fabric: Arc<dyn Fabric>, stale_after_s: u64) -> Ctl {
+        Ctl::start_limited(fabric, stale_after_s, Default::default()).await
+    }
+
+    async fn start_limited(
+        fabric: Arc<dyn Fabric>,
+        stale_after_s: u64,
+        rate_limit: weft_controller::input::RateLimit,
+    ) -> Ctl {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("controller.db")).unwrap();
         let config = ControllerConfig {
@@ -36,7 +44,7 @@ impl Ctl {
             stale_after_s,
             recheck: Duration::from_secs(5),
             max_backoff: Duration::from_millis(500),
-            ..ControllerConfig::default()
+            rate_limit,
         };
         let controller = Controller::start(Arc::new(store), fabric, config).unwrap();
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -789,7 +797,11 @@ async fn a_misspelled_or_missing_field_mints_no_token_and_numbers_are_range_chec
 /// the append-only audit, and ESC, BEL and newlines in it reached `weft audit` raw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unauthenticated_flood_leaves_the_store_bounded_and_no_control_character() {
-    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let limit = weft_controller::input::RateLimit {
+        per_s: 0.5,
+        burst: 10.0,
+    };
+    let ctl = Ctl::start_limited(Arc::new(RecordingFabric::default()), 30, limit).await;
     // The main file's size after folding the write-ahead log into it: the data kept.
     let db_bytes = |dir: &Path| -> u64 {
         let db = dir.join("controller.db");
@@ -806,7 +818,7 @@ async fn an_unauthenticated_flood_leaves_the_store_bounded_and_no_control_charac
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let start = Instant::now();
     for i in 0..120 {
-        let name = match i % 3 {
+        let name = match i % 6 {
             0 => huge.as_str(),
             1 => forged,
             _ => "node9",
@@ -820,10 +832,10 @@ async fn an_unauthenticated_flood_leaves_the_store_bounded_and_no_control_charac
         statuses.keys().all(|s| [400, 401, 413, 429].contains(s)),
         "{statuses:?}"
     );
-    // The default limit: bursts of 30, then 5 a second.
+    // Bursts of 10, then one every 2 s.
     let limited = statuses.get(&429).copied().unwrap_or(0);
     let let_through = 120 - limited;
-    let most = 30.0 + 5.0 * start.elapsed().as_secs_f64() + 1.0;
+    let most = 10.0 + 0.5 * start.elapsed().as_secs_f64() + 1.0;
     assert!(
         limited > 0 && (let_through as f64) <= most,
         "{statuses:?} in {:?}",
