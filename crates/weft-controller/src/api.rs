@@ -60,6 +60,8 @@ pub struct AppState {
     pub stale_after_s: u64,
     /// The per-source limit of the endpoints that answer without a token.
     pub limiter: Arc<Limiter>,
+    /// Whether the fabric delivers to SMs ([`crate::reconcile::Fabric::delivers`]).
+    pub delivers: bool,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -753,5 +755,7 @@ async fn list_audit(
 async fn status(State(state): State<AppState>, p: Principal) -> ApiResult<Json<StatusView>> {
     admin(&p)?;
     let stale = state.stale_after_s;
-    Ok(Json(db(&state, move |s| s.status(now(), stale)).await?))
+    let mut view = db(&state, move |s| s.status(now(), stale)).await?;
+    view.delivers = state.delivers;
+    Ok(Json(view))
 }

@@ -179,6 +179,10 @@ pub struct StatusView {
     pub pending_operations: i64,
     /// Servers whose agents went silent.
     pub stale_servers: Vec<String>,
+    /// Whether the controller delivers to subnet managers and verifies on ports; `false`
+    /// under `weft controller --no-fabric`, where "applied" means recorded only.
+    #[serde(default)]
+    pub delivers: bool,
 }
 
 /// `POST /v1/agents/enroll`.

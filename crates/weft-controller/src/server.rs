@@ -208,6 +208,7 @@ impl Controller {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Started);
+        let delivers = fabric.delivers();
         tokio::spawn(reconcile::run(
             store.clone(),
             fabric,
@@ -223,6 +224,7 @@ impl Controller {
                 metrics,
                 stale_after_s: config.stale_after_s,
                 limiter: Arc::new(Limiter::new(config.rate_limit)),
+                delivers,
             },
             _lease: lease,
         })

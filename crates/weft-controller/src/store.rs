@@ -1287,7 +1287,7 @@ impl Store for SqliteStore {
             for (id, attempts) in &ids {
                 tx.execute("UPDATE operations SET state = 'applied', finished = ?2 WHERE id = ?1", params![id, now as i64])?;
                 let retried = if *attempts > 0 { format!(" after {attempts} failed attempt(s)") } else { String::new() };
-                audit(tx, now, "controller", "apply", &format!("operation {id}"), "", "applied", &format!("generation {generation} verified on the ports{retried}; {detail}"))?;
+                audit(tx, now, "controller", "apply", &format!("operation {id}"), "", "applied", &format!("generation {generation}{retried}: {detail}"))?;
             }
             Ok(ids.into_iter().map(|(id, _)| id).collect())
         })
@@ -1379,6 +1379,7 @@ impl Store for SqliteStore {
                     |r| r.get(0),
                 )?,
                 stale_servers,
+                delivers: false,
             })
         })
     }

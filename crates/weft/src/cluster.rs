@@ -450,13 +450,19 @@ fn utc(t: u64) -> String {
     )
 }
 
-fn print_op(op: &OperationView, json: bool) -> Result<()> {
+/// Prints an operation. `delivers` is whether the controller delivers to SMs: under
+/// `--no-fabric` an applied operation was recorded, never verified.
+fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()> {
     if json {
         return output::json(op);
     }
-    let state = match op.state {
-        OpState::Applied => "applied and verified",
-        OpState::Pending => "pending",
+    let state = match (op.state, delivers) {
+        (OpState::Applied, Some(true)) => "applied and verified",
+        (OpState::Applied, Some(false)) => {
+            "recorded, no fabric: the controller runs with --no-fabric; nothing was delivered or verified"
+        }
+        (OpState::Applied, None) => "applied",
+        (OpState::Pending, _) => "pending",
     };
     println!("operation {}: {} ({state})", op.id, op.action);
     for line in op.diff.lines() {
@@ -475,7 +481,7 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
         return Ok(EXIT_OK);
     };
     if wait.no_wait {
-        print_op(&op, json)?;
+        print_op(&op, None, json)?;
         return Ok(EXIT_OK);
     }
     match c
@@ -483,8 +489,29 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
         .await
     {
         Ok(done) => {
-            print_op(&done, json)?;
+            // "verified" only if the controller says it delivers to SMs.
+            let delivers = c.status().await.ok().map(|s| s.delivers);
+            print_op(&done, delivers, json)?;
             Ok(EXIT_OK)
+        }
+        Err(ClientError::NotApplied {
+            id,
+            waited,
+            last_error,
+        }) => {
+            let message = format!(
+                "operation {id} is not applied after {:.0} s ({last_error}); it stays pending and the controller keeps delivering it: see `weft audit` for when it is applied",
+                waited.as_secs_f64()
+            );
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "error": message, "operation": id, "state": "pending" })
+                );
+            } else {
+                eprintln!("weft: {message}");
+            }
+            Ok(EXIT_CHECK_FAILED)
         }
         Err(e) => failed(e),
     }
