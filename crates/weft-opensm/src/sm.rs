@@ -224,6 +224,45 @@ impl LocalSm {
             .with_file_name(format!(".{file_name}.weft-{}.tmp", unique_suffix()))
     }
 
+    /// Removes the temporary files of writers on this host that no longer run (a write
+    /// killed between its temporary file and the rename). Called with the lock held, so
+    /// no other apply is writing; a file whose writer's process exists is left alone.
+    fn remove_dead_writers_temps(&self) {
+        let file_name = self
+            .partitions_file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "partitions.conf".into());
+        let prefix = format!(".{file_name}.weft-");
+        let Some(dir) = self.partitions_file.parent() else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        }) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".tmp"))
+            else {
+                continue;
+            };
+            let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && pid != std::process::id()
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                tracing::debug!(file = %name, "removing a dead writer's temporary file");
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
     fn lock_path(&self) -> PathBuf {
         self.partitions_file
             .with_file_name(lock_file_name(&self.partitions_file))
@@ -325,6 +364,7 @@ impl SmHost for LocalSm {
         if let Err(e) = said {
             return Err(self.io("cannot write the lock file", &path, e));
         }
+        self.remove_dead_writers_temps();
         Ok(SmLock::new(Box::new(locked)))
     }
 
@@ -563,6 +603,27 @@ mod tests {
             waiter.join().unwrap().unwrap();
         });
         assert!(dir.path().join(".partitions.conf.weft-lock").exists());
+    }
+
+    #[test]
+    fn the_lock_clears_only_temp_files_of_writers_that_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let gone = dir
+            .path()
+            .join(format!(".partitions.conf.weft-{dead}-0-1.tmp"));
+        let alive = dir.path().join(format!(
+            ".partitions.conf.weft-{}-0-1.tmp",
+            std::process::id()
+        ));
+        fs::write(&gone, "half").unwrap();
+        fs::write(&alive, "being written").unwrap();
+        let _lock = sm.lock("t", Duration::from_secs(1)).unwrap();
+        assert!(!gone.exists());
+        assert!(alive.exists());
     }
 
     #[test]
