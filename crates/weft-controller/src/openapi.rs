@@ -50,8 +50,39 @@ fn req(props: &[(&str, &str)], required: &[&str]) -> Value {
     o
 }
 
-/// The document.
+/// The document, with every `{param}` of a path declared on its operations.
 pub fn document() -> Value {
+    let mut doc = paths_and_schemas();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let params: Vec<Value> = path
+                .split('/')
+                .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .map(|name| {
+                    // Claim and operation ids are integers; a token id is 16 hex digits.
+                    let integer = name == "id" && !path.starts_with("/v1/tokens");
+                    json!({
+                        "name": name,
+                        "in": "path",
+                        "required": true,
+                        "schema": { "type": if integer { "integer" } else { "string" } }
+                    })
+                })
+                .collect();
+            if params.is_empty() {
+                continue;
+            }
+            if let Some(ops) = item.as_object_mut() {
+                for op in ops.values_mut() {
+                    op["parameters"] = json!(params);
+                }
+            }
+        }
+    }
+    doc
+}
+
+fn paths_and_schemas() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": { "title": "weft fabric controller", "version": "1" },
