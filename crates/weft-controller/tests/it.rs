@@ -1078,6 +1078,8 @@ async fn schemathesis_finds_no_server_error_in_the_live_api() {
             "1",
         ])
         .env("NO_COLOR", "1")
+        // Its cache directory goes to the test's own directory, not the source tree.
+        .current_dir(ctl.dir.path())
         // A file, not a pipe: a long report cannot block it while this waits.
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(std::fs::File::create(&log_err).unwrap())
