@@ -71,7 +71,32 @@ fn main() -> ExitCode {
     }
 }
 
+/// PyPI packages the tests run, with the program each one provides: schemathesis (`st`)
+/// fuzzes the controller's live API from its OpenAPI document.
+const PIP_PACKAGES: &[(&str, &str)] = &[("schemathesis==4.32.5", "st")];
+
+/// Installs the PyPI packages whose program is not on PATH (idempotent).
+fn ensure_pip_packages() -> Result<()> {
+    let on_path = |prog: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+    };
+    let missing: Vec<&str> = PIP_PACKAGES
+        .iter()
+        .filter(|(_, prog)| !on_path(prog))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: pip installing {}", missing.join(" "));
+    run(Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "--break-system-packages"])
+        .args(&missing))
+}
+
 fn ensure_packages() -> Result<()> {
+    ensure_pip_packages()?;
     ensure(PACKAGES)
 }
 

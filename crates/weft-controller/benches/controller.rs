@@ -27,7 +27,7 @@ use weft_opensm::{
 };
 use weft_testbed::{SimFabric, SmSpec, Sshd, Topology};
 
-const ADMIN: &str = "wfa_bench-admin";
+const ADMIN: &str = "wfa_bench-admin-0123456789abcdef0123456789";
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -50,6 +50,11 @@ async fn controller(dir: &std::path::Path, fabric: Arc<dyn Fabric>) -> (String, 
     let store = SqliteStore::open(&dir.join("controller.db")).unwrap();
     let config = ControllerConfig {
         admin_token: Some(Secret::new(ADMIN)),
+        // A thousand simulated agents enroll from one address.
+        rate_limit: weft_controller::input::RateLimit {
+            per_s: 1e6,
+            burst: 1e6,
+        },
         ..ControllerConfig::default()
     };
     let ctl = Controller::start(Arc::new(store), fabric, config).unwrap();

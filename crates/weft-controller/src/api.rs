@@ -12,7 +12,9 @@
 //! | GET | `/v1/servers`, `/v1/claims`, `/v1/audit`, `/v1/operations`, `/v1/status` | admin |
 //! | POST | `/v1/claims/{id}/approve`, `/v1/claims/{id}/reject` | admin |
 //! | GET, POST | `/v1/tenants` | GET: admin all, tenant its own; POST: admin |
-//! | POST | `/v1/tokens` | admin |
+//! | GET, POST | `/v1/tokens` | admin (GET lists metadata, never a token) |
+//! | DELETE | `/v1/tokens/{id}` | admin (revokes) |
+//! | DELETE | `/v1/tenants/{tenant}`, `/v1/servers/{server}` | admin |
 //! | GET, POST | `/v1/groups` | GET: admin all, tenant its own; POST: admin |
 //! | GET, DELETE | `/v1/groups/{group}` | GET: admin or the owning tenant; DELETE: admin |
 //! | POST | `/v1/groups/{group}/members` | admin |
@@ -23,7 +25,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query,
+    Request, State,
+};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -36,6 +41,7 @@ use tokio::sync::mpsc;
 use weft_agent::HostReport;
 
 use crate::auth::{self, Principal, Role, TokenKind};
+use crate::input::{self, Limiter};
 use crate::metrics::{Metrics, Request as RequestLabels, Route};
 use crate::model::*;
 use crate::reconcile::Event;
@@ -52,6 +58,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Seconds of silence after which an agent is stale.
     pub stale_after_s: u64,
+    /// The per-source limit of the endpoints that answer without a token.
+    pub limiter: Arc<Limiter>,
+    /// Whether the fabric delivers to SMs ([`crate::reconcile::Fabric::delivers`]).
+    pub delivers: bool,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -73,6 +83,12 @@ pub enum ApiError {
     /// A request that cannot be carried out as asked.
     #[error("{0}")]
     BadRequest(String),
+    /// A request body over the limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// This source asked too often; try again later.
+    #[error("{0}")]
+    TooMany(String),
     /// Something inside failed.
     #[error("{0}")]
     Internal(String),
@@ -98,6 +114,14 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
             ApiError::Conflict(m) => (StatusCode::CONFLICT, m),
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m),
+            ApiError::TooMany(m) => {
+                let mut r =
+                    (StatusCode::TOO_MANY_REQUESTS, Json(ErrorBody { error: m })).into_response();
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                return r;
+            }
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 (
@@ -144,7 +168,7 @@ impl FromRequestParts<AppState> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Self> {
         let hash = bearer(parts)?.hash();
-        db(state, move |s| s.principal(&hash))
+        db(state, move |s| s.principal(&hash, now()))
             .await?
             .ok_or_else(|| ApiError::Unauthorized("unknown API token".into()))
     }
@@ -173,21 +197,78 @@ fn admin(p: &Principal) -> ApiResult<()> {
     }
 }
 
+/// The largest request body the API reads (an agent's report of a large host is tens of
+/// KiB); a larger one is refused with 413 before it is parsed.
+pub const MAX_BODY: usize = 1 << 20;
+
 /// The whole API, without a listener: tests and `serve` call this.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    // What answers without a token is rate-limited per source address.
+    let open = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/openapi.json",
             get(|| async { Json(crate::openapi::document()) }),
         )
+        .route("/v1/agents/enroll", post(enroll))
+        .route_layer(middleware::from_fn_with_state(state.clone(), rate_limited));
+    Router::new()
+        .merge(open)
         .merge(agents())
         .merge(servers())
         .merge(tenants())
         .merge(groups())
         .merge(records())
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+/// Refuses a request whose source address went past [`AppState::limiter`]. A request that
+/// came without a peer address (a test calling the router directly) counts as one source.
+async fn rate_limited(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let source = req
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    if !state.limiter.allow(source, Instant::now()) {
+        state.metrics.rate_limited.inc();
+        return ApiError::TooMany(format!(
+            "too many requests without a token from {source}; try again in a second"
+        ))
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// A JSON request body; a body that does not parse (a field the API does not know, a
+/// missing one, a number out of range) is a 400 with serde's reason, control characters
+/// escaped, and one over [`MAX_BODY`] a 413.
+pub struct Body<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::TooLarge(
+                format!("the request body is larger than {MAX_BODY} bytes"),
+            )),
+            Err(e) => {
+                let text = e.body_text();
+                let text: String = text.chars().take(400).collect();
+                Err(bad(format!(
+                    "request body: {}",
+                    input::escape_control(&text)
+                )))
+            }
+        }
+    }
+}
+
+fn bad(m: String) -> ApiError {
+    ApiError::BadRequest(m)
 }
 
 async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -221,7 +302,6 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
 
 fn agents() -> Router<AppState> {
     Router::new()
-        .route("/v1/agents/enroll", post(enroll))
         .route("/v1/agents/report", post(report))
         .route("/v1/agents/heartbeat", post(heartbeat))
         .route("/v1/enrollments", post(create_enrollment))
@@ -229,8 +309,10 @@ fn agents() -> Router<AppState> {
 
 async fn enroll(
     State(state): State<AppState>,
-    Json(req): Json<EnrollRequest>,
+    Body(req): Body<EnrollRequest>,
 ) -> ApiResult<Json<Enrolled>> {
+    // Checked before anything is stored or audited: a refused name leaves no trace.
+    input::name("host name", &req.hostname).map_err(bad)?;
     let secret = auth::generate(TokenKind::Agent).map_err(|e| ApiError::Internal(e.to_string()))?;
     let (token_hash, secret_hash, hostname) = (req.token.hash(), secret.hash(), req.hostname);
     let server = db(&state, move |s| {
@@ -270,7 +352,7 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
 async fn report(
     State(state): State<AppState>,
     Agent(server): Agent,
-    Json(report): Json<HostReport>,
+    Body(report): Body<HostReport>,
 ) -> ApiResult<Json<ReportAck>> {
     if report.hostname != server {
         return Err(ApiError::Forbidden(format!(
@@ -302,12 +384,16 @@ async fn heartbeat(State(state): State<AppState>, Agent(server): Agent) -> ApiRe
 async fn create_enrollment(
     State(state): State<AppState>,
     p: Principal,
-    Json(req): Json<EnrollmentRequest>,
+    Body(req): Body<EnrollmentRequest>,
 ) -> ApiResult<Json<EnrollmentToken>> {
     admin(&p)?;
+    if let Some(s) = &req.server {
+        input::name("server", s).map_err(bad)?;
+    }
+    let ttl = input::seconds("ttl_s", req.ttl_s.unwrap_or(86_400), 60, 30 * 86_400).map_err(bad)?;
     let token =
         auth::generate(TokenKind::Enrollment).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let expires = now() + req.ttl_s.unwrap_or(86_400);
+    let expires = now() + ttl;
     let hash = token.hash();
     db(&state, move |s| {
         s.create_enrollment(&p.actor, &hash, req.server.as_deref(), expires, now())
@@ -321,6 +407,7 @@ async fn create_enrollment(
 fn servers() -> Router<AppState> {
     Router::new()
         .route("/v1/servers", get(list_servers))
+        .route("/v1/servers/{server}", delete(remove_server))
         .route("/v1/claims", get(list_claims))
         .route("/v1/claims/{id}/approve", post(approve_claim))
         .route("/v1/claims/{id}/reject", post(reject_claim))
@@ -333,6 +420,17 @@ async fn list_servers(
     admin(&p)?;
     let stale = state.stale_after_s;
     Ok(Json(db(&state, move |s| s.servers(now(), stale)).await?))
+}
+
+async fn remove_server(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(server): Path<String>,
+) -> ApiResult<StatusCode> {
+    admin(&p)?;
+    input::name("server", &server).map_err(bad)?;
+    db(&state, move |s| s.remove_server(&p.actor, &server, now())).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_claims(
@@ -367,7 +465,9 @@ async fn reject_claim(
 fn tenants() -> Router<AppState> {
     Router::new()
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
-        .route("/v1/tokens", post(create_token))
+        .route("/v1/tenants/{tenant}", delete(delete_tenant))
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{id}", delete(revoke_token))
 }
 
 async fn list_tenants(
@@ -385,36 +485,103 @@ async fn list_tenants(
 async fn create_tenant(
     State(state): State<AppState>,
     p: Principal,
-    Json(req): Json<CreateTenant>,
+    Body(req): Body<CreateTenant>,
 ) -> ApiResult<(StatusCode, Json<TenantCreated>)> {
     admin(&p)?;
+    input::name("tenant name", &req.name).map_err(bad)?;
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
     let tenant = db(&state, move |s| {
-        s.create_tenant(&p.actor, &req.name, &hash, now())
+        let at = now();
+        s.create_tenant(
+            &p.actor,
+            &req.name,
+            &hash,
+            Some(at + DEFAULT_TENANT_TOKEN_TTL_S),
+            at,
+        )
     })
     .await?;
     Ok((StatusCode::CREATED, Json(TenantCreated { tenant, token })))
 }
 
+async fn delete_tenant(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(tenant): Path<String>,
+) -> ApiResult<StatusCode> {
+    admin(&p)?;
+    input::name("tenant", &tenant).map_err(bad)?;
+    db(&state, move |s| s.delete_tenant(&p.actor, &tenant, now())).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_tokens(
+    State(state): State<AppState>,
+    p: Principal,
+) -> ApiResult<Json<Vec<TokenView>>> {
+    admin(&p)?;
+    Ok(Json(db(&state, |s| s.tokens()).await?))
+}
+
+async fn revoke_token(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    admin(&p)?;
+    db(&state, move |s| s.revoke_token(&p.actor, &id, now())).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn create_token(
     State(state): State<AppState>,
     p: Principal,
-    Json(req): Json<CreateToken>,
+    Body(req): Body<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
     admin(&p)?;
-    let role = match req.tenant {
-        Some(t) => Role::Tenant(t),
-        None => Role::Admin,
+    // The scope is what the request says, never what an absent field implies.
+    let role = match (req.role, req.tenant) {
+        (TokenRole::Admin, None) => Role::Admin,
+        (TokenRole::Admin, Some(_)) => {
+            return Err(bad(
+                "an admin token has no tenant: send `\"role\": \"admin\"` alone".into(),
+            ));
+        }
+        (TokenRole::Tenant, Some(t)) => {
+            input::name("tenant", &t).map_err(bad)?;
+            Role::Tenant(t)
+        }
+        (TokenRole::Tenant, None) => {
+            return Err(bad(
+                "a tenant token names its tenant: `\"tenant\": \"<name>\"`".into(),
+            ));
+        }
+    };
+    let ttl = match (req.ttl_s, &role) {
+        (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S).map_err(bad)?),
+        (None, Role::Tenant(_)) => Some(DEFAULT_TENANT_TOKEN_TTL_S),
+        (None, Role::Admin) => None,
     };
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
+    let at = now();
+    let expires = ttl.map(|t| at + t);
+    let id = auth::token_id(&hash);
     db(&state, move |s| {
-        s.create_api_token(&p.actor, &role, &hash, now())
+        s.create_api_token(&p.actor, &role, &hash, expires, at)
     })
     .await?;
-    Ok((StatusCode::CREATED, Json(TokenCreated { token })))
+    Ok((
+        StatusCode::CREATED,
+        Json(TokenCreated { token, id, expires }),
+    ))
 }
+
+/// How long a tenant token lives when the request does not say: 90 days.
+pub const DEFAULT_TENANT_TOKEN_TTL_S: u64 = 90 * 86_400;
+/// The longest life a token may be given: ten years.
+pub const MAX_TOKEN_TTL_S: u64 = 3650 * 86_400;
 
 // ------------------------------------------------------------------ groups
 
@@ -467,7 +634,7 @@ async fn get_group(
 async fn create_group(
     State(state): State<AppState>,
     p: Principal,
-    Json(req): Json<CreateGroup>,
+    Body(req): Body<CreateGroup>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(
@@ -494,7 +661,7 @@ async fn add_member(
     State(state): State<AppState>,
     p: Principal,
     Path(group): Path<String>,
-    Json(req): Json<AddMember>,
+    Body(req): Body<AddMember>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(
@@ -520,7 +687,7 @@ async fn remove_member(
 async fn move_server(
     State(state): State<AppState>,
     p: Principal,
-    Json(req): Json<MoveServer>,
+    Body(req): Body<MoveServer>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(
@@ -545,6 +712,7 @@ fn records() -> Router<AppState> {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct OpsQuery {
     #[serde(default)]
     pending: bool,
@@ -569,6 +737,7 @@ async fn get_operation(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct AuditQuery {
     limit: Option<usize>,
 }
@@ -586,5 +755,7 @@ async fn list_audit(
 async fn status(State(state): State<AppState>, p: Principal) -> ApiResult<Json<StatusView>> {
     admin(&p)?;
     let stale = state.stale_after_s;
-    Ok(Json(db(&state, move |s| s.status(now(), stale)).await?))
+    let mut view = db(&state, move |s| s.status(now(), stale)).await?;
+    view.delivers = state.delivers;
+    Ok(Json(view))
 }

@@ -83,6 +83,12 @@ pub fn generate(kind: TokenKind) -> std::io::Result<Secret> {
     Ok(Secret(format!("{}{hex}", kind.prefix())))
 }
 
+/// A token's id: the first 16 hex digits of its SHA-256 (`hash`). Enough to name a token
+/// in a list, a revocation or the audit log; useless for authenticating.
+pub fn token_id(hash: &str) -> String {
+    hash.get(..16).unwrap_or(hash).to_string()
+}
+
 /// What an API token may do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "role", content = "tenant", rename_all = "lowercase")]

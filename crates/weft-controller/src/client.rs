@@ -187,16 +187,53 @@ impl Client {
         .await
     }
 
-    /// `POST /v1/tokens`.
-    pub async fn create_token(&self, tenant: Option<&str>) -> Result<TokenCreated, ClientError> {
+    /// `POST /v1/tokens`: a tenant token for `Some(tenant)`, an admin token for `None`
+    /// (the request names the role either way); `ttl_s` as the API takes it.
+    pub async fn create_token(
+        &self,
+        tenant: Option<&str>,
+        ttl_s: Option<u64>,
+    ) -> Result<TokenCreated, ClientError> {
         self.call(
             Method::POST,
             "/v1/tokens",
             Some(&CreateToken {
+                role: if tenant.is_some() {
+                    TokenRole::Tenant
+                } else {
+                    TokenRole::Admin
+                },
                 tenant: tenant.map(String::from),
+                ttl_s,
             }),
         )
         .await
+    }
+
+    /// `GET /v1/tokens`.
+    pub async fn tokens(&self) -> Result<Vec<TokenView>, ClientError> {
+        self.get("/v1/tokens").await
+    }
+
+    /// `DELETE /v1/tokens/{id}`.
+    pub async fn revoke_token(&self, id: &str) -> Result<(), ClientError> {
+        self.send(Method::DELETE, &format!("/v1/tokens/{id}"), None::<&()>)
+            .await
+            .map(|_| ())
+    }
+
+    /// `DELETE /v1/tenants/{name}`.
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), ClientError> {
+        self.send(Method::DELETE, &format!("/v1/tenants/{name}"), None::<&()>)
+            .await
+            .map(|_| ())
+    }
+
+    /// `DELETE /v1/servers/{name}`.
+    pub async fn remove_server(&self, name: &str) -> Result<(), ClientError> {
+        self.send(Method::DELETE, &format!("/v1/servers/{name}"), None::<&()>)
+            .await
+            .map(|_| ())
     }
 
     /// `POST /v1/groups`.

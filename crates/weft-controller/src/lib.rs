@@ -31,6 +31,7 @@ pub mod agent;
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod input;
 pub mod metrics;
 pub mod model;
 mod openapi;
@@ -39,4 +40,7 @@ pub mod render;
 mod server;
 pub mod store;
 
-pub use server::{Controller, ControllerConfig, local, serve, shutdown_signal, unix_now};
+pub use server::{
+    Controller, ControllerConfig, LEASE_S, MIN_ADMIN_TOKEN_CHARS, StartError, check_admin_token,
+    local, serve, shutdown_signal, unix_now,
+};

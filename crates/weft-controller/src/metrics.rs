@@ -56,6 +56,8 @@ pub struct Metrics {
     pub servers: Family<LivenessLabel, Gauge>,
     /// `weft_operations_pending` (set at scrape time).
     pub pending: Gauge,
+    /// `weft_http_rate_limited_total`: requests without a token refused for their rate.
+    pub rate_limited: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -101,7 +103,14 @@ impl Default for Metrics {
             "Operations not yet verified on the fabric",
             pending.clone(),
         );
+        let rate_limited = Counter::default();
+        registry.register(
+            "http_rate_limited",
+            "Requests without a token refused because their source asked too often",
+            rate_limited.clone(),
+        );
         Metrics {
+            rate_limited,
             registry,
             requests,
             latency,

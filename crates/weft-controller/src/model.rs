@@ -179,10 +179,15 @@ pub struct StatusView {
     pub pending_operations: i64,
     /// Servers whose agents went silent.
     pub stale_servers: Vec<String>,
+    /// Whether the controller delivers to subnet managers and verifies on ports; `false`
+    /// under `weft controller --no-fabric`, where "applied" means recorded only.
+    #[serde(default)]
+    pub delivers: bool,
 }
 
 /// `POST /v1/agents/enroll`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The one-time enrollment token.
     pub token: Secret,
@@ -201,6 +206,7 @@ pub struct Enrolled {
 
 /// `POST /v1/enrollments`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnrollmentRequest {
     /// Bind the token to one host name.
     #[serde(default)]
@@ -232,6 +238,7 @@ pub struct ReportAck {
 
 /// `POST /v1/tenants`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     /// The name.
     pub name: String,
@@ -239,6 +246,7 @@ pub struct CreateTenant {
 
 /// `POST /v1/groups`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateGroup {
     /// The name (a partitions.conf name).
     pub name: String,
@@ -248,6 +256,7 @@ pub struct CreateGroup {
 
 /// `POST /v1/groups/{group}/members`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AddMember {
     /// The server.
     pub server: String,
@@ -255,6 +264,7 @@ pub struct AddMember {
 
 /// `POST /v1/moves`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MoveServer {
     /// The server.
     pub server: String,
@@ -262,11 +272,31 @@ pub struct MoveServer {
     pub to: String,
 }
 
-/// `POST /v1/tokens`.
+/// The scope of an API token as a request names it: always explicit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenRole {
+    /// Everything.
+    Admin,
+    /// One tenant's groups; the request names the tenant.
+    Tenant,
+}
+
+/// `POST /v1/tokens`: `{"role": "admin"}` or `{"role": "tenant", "tenant": "alice"}`.
+/// The role is required: a body without it (or with a field the API does not know, such
+/// as a misspelled `tenat`) is refused, never read as an admin token.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// `admin`, or a tenant's name for a tenant token.
+    /// `admin` or `tenant`.
+    pub role: TokenRole,
+    /// The tenant, for (and only for) `"role": "tenant"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Seconds the token stays valid, 60 to 315 360 000 (ten years). Tenant tokens
+    /// default to 90 days; admin tokens made here without it never expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
 }
 
 /// A fresh API token, shown once.
@@ -274,6 +304,29 @@ pub struct CreateToken {
 pub struct TokenCreated {
     /// The token.
     pub token: Secret,
+    /// Its id in `GET /v1/tokens` (the first 16 hex digits of its SHA-256).
+    pub id: String,
+    /// Unix seconds when it stops working; `None`: never.
+    pub expires: Option<u64>,
+}
+
+/// One API token as `GET /v1/tokens` lists it: metadata only, never the token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenView {
+    /// The first 16 hex digits of the token's SHA-256: what `DELETE /v1/tokens/{id}` takes.
+    pub id: String,
+    /// `admin` or `tenant`.
+    pub role: TokenRole,
+    /// The tenant of a tenant token.
+    pub tenant: Option<String>,
+    /// `bootstrap` (the controller's `WEFT_ADMIN_TOKEN`) or `api` (made through the API).
+    pub source: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Unix seconds when it stops working; `None`: never.
+    pub expires: Option<u64>,
+    /// Unix seconds when it was revoked.
+    pub revoked: Option<u64>,
 }
 
 /// The answer to a change: the operation it created (absent when nothing changed).

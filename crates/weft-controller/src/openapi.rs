@@ -11,7 +11,10 @@ fn op(summary: &str, security: &str, body: Option<&str>, response: &str) -> Valu
             "401": { "description": "no or unknown token", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } },
             "403": { "description": "the token's role does not allow this" },
             "404": { "description": "not found, or not visible to this token" },
-            "409": { "description": "contradicts the current state" }
+            "409": { "description": "contradicts the current state" },
+            "400": { "description": "a body or parameter the API refuses (unknown field, bad name, number out of range)" },
+            "413": { "description": "a body over 1 MiB" },
+            "429": { "description": "too many requests without a token from this source" }
         }
     });
     if security != "none" {
@@ -39,8 +42,47 @@ fn obj(props: &[(&str, &str)]) -> Value {
     json!({ "type": "object", "properties": p })
 }
 
-/// The document.
+/// A request body's schema: the API refuses a field not listed, and one `required` lacks.
+fn req(props: &[(&str, &str)], required: &[&str]) -> Value {
+    let mut o = obj(props);
+    o["additionalProperties"] = json!(false);
+    o["required"] = json!(required);
+    o
+}
+
+/// The document, with every `{param}` of a path declared on its operations.
 pub fn document() -> Value {
+    let mut doc = paths_and_schemas();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let params: Vec<Value> = path
+                .split('/')
+                .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .map(|name| {
+                    // Claim and operation ids are integers; a token id is 16 hex digits.
+                    let integer = name == "id" && !path.starts_with("/v1/tokens");
+                    json!({
+                        "name": name,
+                        "in": "path",
+                        "required": true,
+                        "schema": { "type": if integer { "integer" } else { "string" } }
+                    })
+                })
+                .collect();
+            if params.is_empty() {
+                continue;
+            }
+            if let Some(ops) = item.as_object_mut() {
+                for op in ops.values_mut() {
+                    op["parameters"] = json!(params);
+                }
+            }
+        }
+    }
+    doc
+}
+
+fn paths_and_schemas() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": { "title": "weft fabric controller", "version": "1" },
@@ -58,7 +100,13 @@ pub fn document() -> Value {
                 "get": op("tenants (a tenant token sees its own)", "api", None, "TenantList"),
                 "post": op("create a tenant; returns its first token once", "admin", Some("CreateTenant"), "TenantCreated")
             },
-            "/v1/tokens": { "post": op("create an API token (admin, or a tenant's)", "admin", Some("CreateToken"), "TokenCreated") },
+            "/v1/tenants/{tenant}": { "delete": op("delete a tenant that owns no group, and its tokens", "admin", None, "Empty") },
+            "/v1/tokens": {
+                "get": op("API tokens: ids and metadata, never a token", "admin", None, "TokenList"),
+                "post": op("create an API token; the role is always explicit", "admin", Some("CreateToken"), "TokenCreated")
+            },
+            "/v1/tokens/{id}": { "delete": op("revoke a token by its id", "admin", None, "Empty") },
+            "/v1/servers/{server}": { "delete": op("forget a server that is in no group", "admin", None, "Empty") },
             "/v1/groups": {
                 "get": op("groups (a tenant token sees its own)", "api", None, "GroupList"),
                 "post": op("create a group (a partition with a fresh P_Key)", "admin", Some("CreateGroup"), "Accepted")
@@ -84,11 +132,11 @@ pub fn document() -> Value {
             "schemas": {
                 "Empty": { "type": "object" },
                 "Error": obj(&[("error", "string")]),
-                "EnrollRequest": obj(&[("token", "string"), ("hostname", "string")]),
+                "EnrollRequest": req(&[("token", "string"), ("hostname", "string")], &["token", "hostname"]),
                 "Enrolled": obj(&[("server", "string"), ("secret", "string")]),
                 "HostReport": { "type": "object", "description": "weft_agent::HostReport: hostname, rdma, netdevs, gpus" },
                 "ReportAck": obj(&[("server", "string"), ("owned", "string[]"), ("pending", "string[]")]),
-                "EnrollmentRequest": obj(&[("server", "string"), ("ttl_s", "integer")]),
+                "EnrollmentRequest": req(&[("server", "string"), ("ttl_s", "integer")], &[]),
                 "EnrollmentToken": obj(&[("token", "string"), ("expires", "integer")]),
                 "Port": obj(&[("guid", "string"), ("device", "string"), ("num", "integer"), ("lid", "integer"), ("state", "string")]),
                 "Server": obj(&[("name", "string"), ("liveness", "string"), ("last_seen", "integer"), ("ports", "Port[]"), ("group", "string"), ("pending_claims", "string[]")]),
@@ -97,15 +145,26 @@ pub fn document() -> Value {
                 "ClaimList": { "type": "array", "items": { "$ref": "#/components/schemas/Claim" } },
                 "Tenant": obj(&[("name", "string"), ("groups", "string[]")]),
                 "TenantList": { "type": "array", "items": { "$ref": "#/components/schemas/Tenant" } },
-                "CreateTenant": obj(&[("name", "string")]),
+                "CreateTenant": req(&[("name", "string")], &["name"]),
                 "TenantCreated": obj(&[("tenant", "Tenant"), ("token", "string")]),
-                "CreateToken": obj(&[("tenant", "string")]),
-                "TokenCreated": obj(&[("token", "string")]),
+                "CreateToken": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["role"],
+                    "properties": {
+                        "role": { "type": "string", "enum": ["admin", "tenant"] },
+                        "tenant": { "type": "string", "description": "for and only for role tenant" },
+                        "ttl_s": { "type": "integer", "minimum": 60, "maximum": 315_360_000u64 }
+                    }
+                },
+                "TokenCreated": obj(&[("token", "string"), ("id", "string"), ("expires", "integer")]),
+                "Token": obj(&[("id", "string"), ("role", "string"), ("tenant", "string"), ("source", "string"), ("created", "integer"), ("expires", "integer"), ("revoked", "integer")]),
+                "TokenList": { "type": "array", "items": { "$ref": "#/components/schemas/Token" } },
                 "Group": obj(&[("name", "string"), ("tenant", "string"), ("pkey", "string"), ("members", "string[]"), ("ports", "string[]")]),
                 "GroupList": { "type": "array", "items": { "$ref": "#/components/schemas/Group" } },
-                "CreateGroup": obj(&[("name", "string"), ("tenant", "string")]),
-                "AddMember": obj(&[("server", "string")]),
-                "MoveServer": obj(&[("server", "string"), ("to", "string")]),
+                "CreateGroup": req(&[("name", "string"), ("tenant", "string")], &["name", "tenant"]),
+                "AddMember": req(&[("server", "string")], &["server"]),
+                "MoveServer": req(&[("server", "string"), ("to", "string")], &["server", "to"]),
                 "Operation": obj(&[("id", "integer"), ("actor", "string"), ("action", "string"), ("generation", "integer"), ("state", "string"), ("attempts", "integer"), ("last_error", "string"), ("diff", "string"), ("created", "integer"), ("finished", "integer")]),
                 "OperationList": { "type": "array", "items": { "$ref": "#/components/schemas/Operation" } },
                 "Accepted": obj(&[("operation", "Operation")]),

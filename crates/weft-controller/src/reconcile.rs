@@ -74,6 +74,12 @@ pub struct DegradedSm {
 pub trait Fabric: Send + Sync + 'static {
     /// Compiles `plan` against the fabric, delivers it and verifies it. Blocking.
     fn deliver(&self, plan: &Plan) -> Result<Delivered, String>;
+    /// Whether a delivery reaches subnet managers and is verified on ports; `false` for a
+    /// fabric that only records (`weft controller --no-fabric`), so that no message
+    /// claims a verification that did not happen.
+    fn delivers(&self) -> bool {
+        true
+    }
 }
 
 /// The OpenSM driver: the SM hosts are injected (`LocalSm`, `SshSm`), so the controller
@@ -133,6 +139,10 @@ pub struct RecordingFabric {
 }
 
 impl Fabric for RecordingFabric {
+    fn delivers(&self) -> bool {
+        false
+    }
+
     fn deliver(&self, plan: &Plan) -> Result<Delivered, String> {
         let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
         let conf = weft_fabric::conf::render(&compiled.conf);
@@ -379,12 +389,19 @@ async fn reconcile_once(
                 })
                 .inc();
             let s = store.clone();
-            let mut detail = format!(
-                "checksum {}, {} ports verified in {:.0} ms",
-                &d.checksum[..12.min(d.checksum.len())],
-                d.ports_verified,
-                d.total_ms
-            );
+            let mut detail = if fabric.delivers() {
+                format!(
+                    "verified on the ports: checksum {}, {} ports verified in {:.0} ms",
+                    &d.checksum[..12.min(d.checksum.len())],
+                    d.ports_verified,
+                    d.total_ms
+                )
+            } else {
+                format!(
+                    "recorded, no fabric: checksum {}; delivered to no SM and verified on no port",
+                    &d.checksum[..12.min(d.checksum.len())]
+                )
+            };
             if !d.degraded.is_empty() {
                 let names: Vec<String> =
                     d.degraded.iter().map(|x| format!("`{}`", x.name)).collect();

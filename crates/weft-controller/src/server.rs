@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{AppState, app};
 use crate::auth::Secret;
+use crate::input::{Limiter, RateLimit};
 use crate::metrics::{LivenessLabel, Metrics};
 use crate::model::Liveness;
 use crate::reconcile::{self, Event, Fabric};
@@ -21,6 +22,101 @@ pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Why a controller did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No admin token, or one too short to be a secret.
+    #[error("admin token: {0}")]
+    AdminToken(String),
+    /// Another controller holds the store's lease.
+    #[error(
+        "another controller uses this store ({holder}); stop it first (its lease runs out {LEASE_S} s after it stops renewing)"
+    )]
+    Leased {
+        /// Who holds the lease: its host, process id and start time.
+        holder: String,
+    },
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The shortest admin token the controller accepts: 32 characters, as 128 random bits in
+/// hex would be.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
+
+/// Refuses an admin token that cannot hold 128 bits: shorter than
+/// [`MIN_ADMIN_TOKEN_CHARS`], or made of fewer than 8 distinct characters.
+pub fn check_admin_token(token: &Secret) -> Result<(), StartError> {
+    let t = token.expose();
+    let distinct: std::collections::BTreeSet<char> = t.chars().collect();
+    if t.chars().count() < MIN_ADMIN_TOKEN_CHARS || distinct.len() < 8 {
+        return Err(StartError::AdminToken(format!(
+            "it has {} characters ({} distinct); give at least {MIN_ADMIN_TOKEN_CHARS} random ones (128 bits), e.g. from `openssl rand -hex 16`",
+            t.chars().count(),
+            distinct.len()
+        )));
+    }
+    if t.chars().any(char::is_control) || t.contains(' ') {
+        return Err(StartError::AdminToken(
+            "it holds blanks or control characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Seconds a controller's lease on its store lasts without renewal.
+pub const LEASE_S: u64 = 15;
+const LEASE_NAME: &str = "controller";
+
+/// This controller as a lease holder: `host <name> pid <pid> since <unix> #<n>`, unique
+/// among the controllers of one process too.
+fn holder_id() -> String {
+    static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "host {} pid {} since {} #{}",
+        this_host(),
+        std::process::id(),
+        unix_now(),
+        STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Whether the holder `h` is a process of this host that no longer exists (a controller
+/// killed with SIGKILL): its lease may be taken at once instead of after it runs out.
+fn holder_is_dead_here(h: &str) -> bool {
+    let mut words = h.split_whitespace();
+    let (Some("host"), Some(host), Some("pid"), Some(pid)) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
+        return false;
+    };
+    host == this_host()
+        && pid.parse::<u32>().is_ok_and(|p| {
+            p != std::process::id() && !std::path::Path::new(&format!("/proc/{p}")).exists()
+        })
+}
+
+/// The store's lease, held while the controller runs and given back when it is dropped.
+struct Lease {
+    store: Arc<dyn Store>,
+    holder: String,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Err(e) = self.store.release_lease(LEASE_NAME, &self.holder) {
+            tracing::warn!(error = %e, "cannot give the store's lease back; it runs out by itself");
+        }
+    }
 }
 
 /// The controller's knobs.
@@ -34,6 +130,8 @@ pub struct ControllerConfig {
     pub recheck: Duration,
     /// The longest wait between retries of a failed delivery.
     pub max_backoff: Duration,
+    /// The per-source rate limit of the endpoints that answer without a token.
+    pub rate_limit: RateLimit,
 }
 
 impl Default for ControllerConfig {
@@ -43,6 +141,7 @@ impl Default for ControllerConfig {
             stale_after_s: 30,
             recheck: Duration::from_secs(30),
             max_backoff: Duration::from_secs(30),
+            rate_limit: RateLimit::default(),
         }
     }
 }
@@ -50,22 +149,66 @@ impl Default for ControllerConfig {
 /// A running controller: the reconcile loop is spawned; [`Controller::app`] is the API.
 pub struct Controller {
     state: AppState,
+    _lease: Arc<Lease>,
 }
 
 impl Controller {
-    /// Bootstraps the admin token, spawns the reconcile loop (which first re-drives what
-    /// a previous run left pending) and returns the controller. Needs a Tokio runtime.
+    /// Takes the store's lease (refusing to start while another controller holds it),
+    /// bootstraps the admin token (revoking the one a previous start was given, if
+    /// different), spawns the reconcile loop (which first re-drives what a previous run
+    /// left pending) and returns the controller. Needs a Tokio runtime.
     pub fn start(
         store: Arc<dyn Store>,
         fabric: Arc<dyn Fabric>,
         config: ControllerConfig,
-    ) -> Result<Controller, StoreError> {
-        if let Some(t) = &config.admin_token {
-            store.bootstrap_admin(&t.hash(), unix_now())?;
+    ) -> Result<Controller, StartError> {
+        let token = config.admin_token.as_ref().ok_or_else(|| {
+            StartError::AdminToken(
+                "none given (WEFT_ADMIN_TOKEN or --admin-token-file); the controller does not run without one".into(),
+            )
+        })?;
+        check_admin_token(token)?;
+        let holder = holder_id();
+        if let Err(h) = store.acquire_lease(
+            LEASE_NAME,
+            &holder,
+            LEASE_S,
+            unix_now(),
+            &holder_is_dead_here,
+        )? {
+            return Err(StartError::Leased { holder: h });
         }
+        let lease = Arc::new(Lease {
+            store: store.clone(),
+            holder: holder.clone(),
+        });
+        store.bootstrap_admin(&token.hash(), unix_now())?;
+        let weak = Arc::downgrade(&lease);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(LEASE_S / 3)).await;
+                let Some(lease) = weak.upgrade() else { return };
+                let store = lease.store.clone();
+                let holder = lease.holder.clone();
+                drop(lease);
+                let renewed = tokio::task::spawn_blocking(move || {
+                    store.acquire_lease(LEASE_NAME, &holder, LEASE_S, unix_now(), &|_| false)
+                })
+                .await;
+                match renewed {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(other))) => {
+                        tracing::error!(%other, "another controller took the store's lease")
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the store's lease"),
+                    Err(e) => tracing::warn!(error = %e, "lease renewal task"),
+                }
+            }
+        });
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Started);
+        let delivers = fabric.delivers();
         tokio::spawn(reconcile::run(
             store.clone(),
             fabric,
@@ -80,7 +223,10 @@ impl Controller {
                 events: tx,
                 metrics,
                 stale_after_s: config.stale_after_s,
+                limiter: Arc::new(Limiter::new(config.rate_limit)),
+                delivers,
             },
+            _lease: lease,
         })
     }
 
@@ -150,7 +296,11 @@ pub async fn serve(
                 .await;
         })
     });
-    let result = axum::serve(api, controller.app())
+    // The peer address reaches the handlers, for the per-source rate limit.
+    let app = controller
+        .app()
+        .into_make_service_with_connect_info::<SocketAddr>();
+    let result = axum::serve(api, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             let _ = stop_tx.send(true);

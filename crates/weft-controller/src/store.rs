@@ -29,10 +29,10 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use weft_fabric::Guid;
 
-use crate::auth::{Principal, Role};
+use crate::auth::{Principal, Role, token_id};
 use crate::model::{
     AuditEntry, ClaimView, GroupView, Liveness, OpState, OperationView, PortView, ReportAck,
-    ServerView, StatusView, TenantView,
+    ServerView, StatusView, TenantView, TokenRole, TokenView,
 };
 use crate::render::{self, Desired, DesiredGroup};
 
@@ -129,20 +129,50 @@ pub struct ReportOutcome {
 
 /// The controller's state. Every method is one transaction.
 pub trait Store: Send + Sync + 'static {
-    /// Makes `hash` an admin token (idempotent).
+    /// Makes `hash` the bootstrap admin token (the controller's `WEFT_ADMIN_TOKEN`);
+    /// every other bootstrap token is revoked (rotation), with an audit line.
     fn bootstrap_admin(&self, hash: &str, now: u64) -> Result<()>;
-    /// Who an API token speaks for.
-    fn principal(&self, hash: &str) -> Result<Option<Principal>>;
-    /// A new API token.
-    fn create_api_token(&self, actor: &str, role: &Role, hash: &str, now: u64) -> Result<()>;
-    /// A new tenant with its first token.
+    /// Who an API token speaks for, if it is known, not revoked and not expired at `now`.
+    fn principal(&self, hash: &str, now: u64) -> Result<Option<Principal>>;
+    /// A new API token, valid until `expires` (`None`: no end).
+    fn create_api_token(
+        &self,
+        actor: &str,
+        role: &Role,
+        hash: &str,
+        expires: Option<u64>,
+        now: u64,
+    ) -> Result<()>;
+    /// Every API token: metadata only.
+    fn tokens(&self) -> Result<Vec<TokenView>>;
+    /// Revokes the token whose id ([`crate::auth::token_id`]) is `id`.
+    fn revoke_token(&self, actor: &str, id: &str, now: u64) -> Result<()>;
+    /// A new tenant with its first token, valid until `expires`.
     fn create_tenant(
         &self,
         actor: &str,
         name: &str,
         token_hash: &str,
+        expires: Option<u64>,
         now: u64,
     ) -> Result<TenantView>;
+    /// Deletes a tenant that owns no group, and its tokens.
+    fn delete_tenant(&self, actor: &str, name: &str, now: u64) -> Result<()>;
+    /// Forgets a server that is in no group: its agent secret, ports and claims.
+    fn remove_server(&self, actor: &str, name: &str, now: u64) -> Result<()>;
+    /// Takes the lease `name` for `holder` until `now + ttl_s`, if no live holder has it;
+    /// `steal` says whether a holder whose lease has not run out may be replaced (its
+    /// process is known dead). Answers the holder that keeps it.
+    fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_s: u64,
+        now: u64,
+        steal: &dyn Fn(&str) -> bool,
+    ) -> Result<Result<(), String>>;
+    /// Gives the lease back, if `holder` has it.
+    fn release_lease(&self, name: &str, holder: &str) -> Result<()>;
     /// Every tenant.
     fn tenants(&self) -> Result<Vec<TenantView>>;
     /// A one-time enrollment token.
@@ -220,7 +250,8 @@ pub trait Store: Send + Sync + 'static {
     fn status(&self, now: u64, stale_after_s: u64) -> Result<StatusView>;
 }
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT INTO meta VALUES ('desired_generation', '0'), ('applied_generation', '0');
 CREATE TABLE tenants (name TEXT PRIMARY KEY, created INTEGER NOT NULL);
@@ -299,7 +330,18 @@ CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-"#];
+"#,
+    // Tokens with a life, and the lease that keeps a second controller off the store.
+    // Admin tokens made before this migration were the bootstrap token (or minted by a
+    // body without a tenant): treated as bootstrap tokens, so rotation revokes them.
+    r#"
+ALTER TABLE api_tokens ADD COLUMN expires INTEGER;
+ALTER TABLE api_tokens ADD COLUMN revoked INTEGER;
+ALTER TABLE api_tokens ADD COLUMN source TEXT NOT NULL DEFAULT 'api';
+UPDATE api_tokens SET source = 'bootstrap' WHERE role = 'admin';
+CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires INTEGER NOT NULL);
+"#,
+];
 
 /// The first P_Key base handed to a group; groups get the lowest free one from here.
 const FIRST_GROUP_PKEY: u16 = 0x0a01;
@@ -403,6 +445,10 @@ fn audit(
         params![now as i64, actor, action, subject, diff, outcome, detail],
     )?;
     Ok(())
+}
+
+fn expiry(expires: Option<u64>) -> String {
+    expires.map_or_else(|| "no expiry".into(), |e| format!("expires {e}"))
 }
 
 fn read_desired(tx: &Transaction) -> Result<Desired> {
@@ -645,20 +691,41 @@ fn read_operation(tx: &Transaction, id: i64) -> Result<OperationView> {
 impl Store for SqliteStore {
     fn bootstrap_admin(&self, hash: &str, now: u64) -> Result<()> {
         self.tx(|tx| {
-            tx.execute(
-                "INSERT OR IGNORE INTO api_tokens (hash, role, tenant, created) VALUES (?1, 'admin', NULL, ?2)",
-                params![hash, now as i64],
-            )?;
+            let known: Option<(String, String, Option<i64>)> = tx
+                .query_row("SELECT role, source, revoked FROM api_tokens WHERE hash = ?1", [hash], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            match known {
+                None => {
+                    tx.execute(
+                        "INSERT INTO api_tokens (hash, role, tenant, created, source) VALUES (?1, 'admin', NULL, ?2, 'bootstrap')",
+                        params![hash, now as i64],
+                    )?;
+                }
+                Some((role, source, revoked)) if role != "admin" || source != "bootstrap" || revoked.is_some() => {
+                    return Err(StoreError::Refused(
+                        "the admin token given to the controller is already known to the store as another or a revoked token; give a fresh one".into(),
+                    ));
+                }
+                Some(_) => {}
+            }
+            let old: Vec<String> = tx
+                .prepare("SELECT hash FROM api_tokens WHERE source = 'bootstrap' AND revoked IS NULL AND hash != ?1")?
+                .query_map([hash], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for h in &old {
+                tx.execute("UPDATE api_tokens SET revoked = ?2 WHERE hash = ?1", params![h, now as i64])?;
+                audit(tx, now, "controller", "token.rotate", &format!("token {}", token_id(h)), "", "revoked", "the controller started with another admin token")?;
+            }
             Ok(())
         })
     }
 
-    fn principal(&self, hash: &str) -> Result<Option<Principal>> {
+    fn principal(&self, hash: &str, now: u64) -> Result<Option<Principal>> {
         self.tx(|tx| {
             let row: Option<(String, Option<String>)> = tx
                 .query_row(
-                    "SELECT role, tenant FROM api_tokens WHERE hash = ?1",
-                    [hash],
+                    "SELECT role, tenant FROM api_tokens WHERE hash = ?1 AND revoked IS NULL AND (expires IS NULL OR expires > ?2)",
+                    params![hash, now as i64],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
@@ -678,7 +745,14 @@ impl Store for SqliteStore {
         })
     }
 
-    fn create_api_token(&self, actor: &str, role: &Role, hash: &str, now: u64) -> Result<()> {
+    fn create_api_token(
+        &self,
+        actor: &str,
+        role: &Role,
+        hash: &str,
+        expires: Option<u64>,
+        now: u64,
+    ) -> Result<()> {
         self.tx(|tx| {
             let (r, t) = match role {
                 Role::Admin => ("admin", None),
@@ -690,8 +764,8 @@ impl Store for SqliteStore {
                 }
             };
             tx.execute(
-                "INSERT INTO api_tokens (hash, role, tenant, created) VALUES (?1, ?2, ?3, ?4)",
-                params![hash, r, t, now as i64],
+                "INSERT INTO api_tokens (hash, role, tenant, created, expires) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![hash, r, t, now as i64, expires.map(|e| e as i64)],
             )?;
             audit(
                 tx,
@@ -701,16 +775,52 @@ impl Store for SqliteStore {
                 t.unwrap_or("admin"),
                 "",
                 "ok",
-                &format!("role {r}"),
+                &format!("role {r}, token {}, {}", token_id(hash), expiry(expires)),
             )
         })
     }
 
+    fn tokens(&self) -> Result<Vec<TokenView>> {
+        self.tx(|tx| {
+            Ok(tx
+                .prepare("SELECT hash, role, tenant, source, created, expires, revoked FROM api_tokens ORDER BY created, hash")?
+                .query_map([], |r| {
+                    let role: String = r.get(1)?;
+                    Ok(TokenView {
+                        id: token_id(&r.get::<_, String>(0)?),
+                        role: if role == "tenant" { TokenRole::Tenant } else { TokenRole::Admin },
+                        tenant: r.get(2)?,
+                        source: r.get(3)?,
+                        created: u(r.get(4)?),
+                        expires: r.get::<_, Option<i64>>(5)?.map(u),
+                        revoked: r.get::<_, Option<i64>>(6)?.map(u),
+                    })
+                })?
+                .collect::<Result<_, _>>()?)
+        })
+    }
+
+    fn revoke_token(&self, actor: &str, id: &str, now: u64) -> Result<()> {
+        self.tx(|tx| {
+            if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+                return Err(StoreError::Invalid(format!("token id {}: not 16 lowercase hex digits (see `GET /v1/tokens`)", crate::input::shown(id))));
+            }
+            let n = tx.execute(
+                "UPDATE api_tokens SET revoked = ?2 WHERE substr(hash, 1, 16) = ?1 AND revoked IS NULL",
+                params![id, now as i64],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("no token `{id}` that is not revoked")));
+            }
+            audit(tx, now, actor, "token.revoke", &format!("token {id}"), "", "ok", "")
+        })
+    }
     fn create_tenant(
         &self,
         actor: &str,
         name: &str,
         token_hash: &str,
+        expires: Option<u64>,
         now: u64,
     ) -> Result<TenantView> {
         self.tx(|tx| {
@@ -720,11 +830,112 @@ impl Store for SqliteStore {
             }
             tx.execute("INSERT INTO tenants (name, created) VALUES (?1, ?2)", params![name, now as i64])?;
             tx.execute(
-                "INSERT INTO api_tokens (hash, role, tenant, created) VALUES (?1, 'tenant', ?2, ?3)",
-                params![token_hash, name, now as i64],
+                "INSERT INTO api_tokens (hash, role, tenant, created, expires) VALUES (?1, 'tenant', ?2, ?3, ?4)",
+                params![token_hash, name, now as i64, expires.map(|e| e as i64)],
             )?;
-            audit(tx, now, actor, "tenant.create", name, "", "ok", "")?;
+            audit(tx, now, actor, "tenant.create", name, "", "ok", &format!("token {}, {}", token_id(token_hash), expiry(expires)))?;
             Ok(TenantView { name: name.to_string(), groups: Vec::new() })
+        })
+    }
+
+    fn delete_tenant(&self, actor: &str, name: &str, now: u64) -> Result<()> {
+        self.tx(|tx| {
+            if !exists(tx, "SELECT 1 FROM tenants WHERE name = ?1", &name)? {
+                return Err(StoreError::NotFound(format!("no tenant `{name}`")));
+            }
+            let groups: Vec<String> = tx
+                .prepare("SELECT name FROM groups WHERE tenant = ?1 ORDER BY name")?
+                .query_map([name], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            if !groups.is_empty() {
+                return Err(StoreError::Conflict(format!(
+                    "tenant `{name}` owns group(s) {}; remove them first",
+                    groups
+                        .iter()
+                        .map(|g| format!("`{g}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            let tokens = tx.execute("DELETE FROM api_tokens WHERE tenant = ?1", [name])?;
+            tx.execute("DELETE FROM tenants WHERE name = ?1", [name])?;
+            audit(
+                tx,
+                now,
+                actor,
+                "tenant.delete",
+                name,
+                "",
+                "ok",
+                &format!("{tokens} token(s) deleted"),
+            )
+        })
+    }
+
+    fn remove_server(&self, actor: &str, name: &str, now: u64) -> Result<()> {
+        self.tx(|tx| {
+            need_server(tx, name)?;
+            if let Some(g) = group_of(tx, name)? {
+                return Err(StoreError::Conflict(format!(
+                    "server `{name}` is in group `{g}`; remove it from the group first"
+                )));
+            }
+            tx.execute("DELETE FROM claims WHERE claimant = ?1", [name])?;
+            let ports = tx.execute("DELETE FROM ports WHERE server = ?1", [name])?;
+            tx.execute("DELETE FROM servers WHERE name = ?1", [name])?;
+            audit(
+                tx,
+                now,
+                actor,
+                "server.remove",
+                name,
+                "",
+                "ok",
+                &format!("{ports} port(s) forgotten; its agent secret no longer works"),
+            )
+        })
+    }
+
+    fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_s: u64,
+        now: u64,
+        steal: &dyn Fn(&str) -> bool,
+    ) -> Result<Result<(), String>> {
+        self.tx(|tx| {
+            let row: Option<(String, i64)> = tx
+                .query_row(
+                    "SELECT holder, expires FROM leases WHERE name = ?1",
+                    [name],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((h, expires)) = row
+                && h != holder
+                && u(expires) > now
+                && !steal(&h)
+            {
+                return Ok(Err(h));
+            }
+            let expires = i64::try_from(now.saturating_add(ttl_s)).unwrap_or(i64::MAX);
+            tx.execute(
+                "INSERT INTO leases (name, holder, expires) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(name) DO UPDATE SET holder = ?2, expires = ?3",
+                params![name, holder, expires],
+            )?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        self.tx(|tx| {
+            tx.execute(
+                "DELETE FROM leases WHERE name = ?1 AND holder = ?2",
+                params![name, holder],
+            )?;
+            Ok(())
         })
     }
 
@@ -775,6 +986,8 @@ impl Store for SqliteStore {
                 .query_row("SELECT server, expires, used FROM enrollments WHERE hash = ?1", [token_hash], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()?;
             let refuse = |why: &str| Ok(Err(why.to_string()));
+            // The name is checked before anything, the refusal's audit line included.
+            crate::input::name("host name", hostname).map_err(StoreError::Invalid)?;
             let Some((bound, expires, used)) = row else {
                 return refuse("unknown enrollment token");
             };
@@ -787,7 +1000,6 @@ impl Store for SqliteStore {
             if bound.as_deref().is_some_and(|b| b != hostname) {
                 return refuse("enrollment token is for another host");
             }
-            weft_fabric::conf::validate_name(hostname).map_err(|m| StoreError::Invalid(format!("host name `{hostname}`: {m}")))?;
             let known = exists(tx, "SELECT 1 FROM servers WHERE name = ?1", &hostname)?;
             if known && bound.is_none() {
                 // Re-enrolling an existing server takes a token bound to it by an admin.
@@ -1075,7 +1287,7 @@ impl Store for SqliteStore {
             for (id, attempts) in &ids {
                 tx.execute("UPDATE operations SET state = 'applied', finished = ?2 WHERE id = ?1", params![id, now as i64])?;
                 let retried = if *attempts > 0 { format!(" after {attempts} failed attempt(s)") } else { String::new() };
-                audit(tx, now, "controller", "apply", &format!("operation {id}"), "", "applied", &format!("generation {generation} verified on the ports{retried}; {detail}"))?;
+                audit(tx, now, "controller", "apply", &format!("operation {id}"), "", "applied", &format!("generation {generation}{retried}: {detail}"))?;
             }
             Ok(ids.into_iter().map(|(id, _)| id).collect())
         })
@@ -1167,6 +1379,7 @@ impl Store for SqliteStore {
                     |r| r.get(0),
                 )?,
                 stale_servers,
+                delivers: false,
             })
         })
     }
@@ -1196,8 +1409,8 @@ mod tests {
     #[test]
     fn a_move_is_one_operation_with_its_diff_and_the_audit_is_append_only() {
         let s = SqliteStore::in_memory().unwrap();
-        s.create_tenant("admin:x", "alice", "ta", 1).unwrap();
-        s.create_tenant("admin:x", "bob", "tb", 1).unwrap();
+        s.create_tenant("admin:x", "alice", "ta", None, 1).unwrap();
+        s.create_tenant("admin:x", "bob", "tb", None, 1).unwrap();
         for n in ["node1", "node2"] {
             enrolled(&s, n);
         }
@@ -1347,12 +1560,33 @@ mod tests {
     }
 
     #[test]
+    fn a_token_stops_at_its_expiry_and_a_revoked_bootstrap_token_cannot_come_back() {
+        let s = SqliteStore::in_memory().unwrap();
+        s.create_tenant("admin:x", "alice", "ta", Some(100), 1)
+            .unwrap();
+        assert!(s.principal("ta", 99).unwrap().is_some());
+        assert!(s.principal("ta", 100).unwrap().is_none());
+        s.bootstrap_admin("old", 1).unwrap();
+        s.bootstrap_admin("new", 2).unwrap();
+        assert!(s.principal("old", 3).unwrap().is_none());
+        assert!(s.principal("new", 3).unwrap().is_some());
+        assert!(matches!(
+            s.bootstrap_admin("old", 4),
+            Err(StoreError::Refused(_))
+        ));
+        assert!(matches!(
+            s.bootstrap_admin("ta", 4),
+            Err(StoreError::Refused(_))
+        ));
+    }
+
+    #[test]
     fn the_schema_survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.db");
         {
             let s = SqliteStore::open(&path).unwrap();
-            s.create_tenant("admin:x", "alice", "ta", 1).unwrap();
+            s.create_tenant("admin:x", "alice", "ta", None, 1).unwrap();
         }
         let s = SqliteStore::open(&path).unwrap();
         assert_eq!(s.tenants().unwrap()[0].name, "alice");

@@ -14,10 +14,10 @@ use weft_controller::client::Client;
 use weft_controller::model::{Liveness, OpState};
 use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
 use weft_controller::store::SqliteStore;
-use weft_controller::{Controller, ControllerConfig, local, serve};
+use weft_controller::{Controller, ControllerConfig, StartError, local, serve};
 use weft_fabric::Guid;
 
-const ADMIN: &str = "wfa_test-admin-token";
+const ADMIN: &str = "wfa_test-admin-token-0123456789abcdef";
 
 struct Ctl {
     base: String,
@@ -29,6 +29,14 @@ struct Ctl {
 
 impl Ctl {
     async fn start(fabric: Arc<dyn Fabric>, stale_after_s: u64) -> Ctl {
+        Ctl::start_limited(fabric, stale_after_s, Default::default()).await
+    }
+
+    async fn start_limited(
+        fabric: Arc<dyn Fabric>,
+        stale_after_s: u64,
+        rate_limit: weft_controller::input::RateLimit,
+    ) -> Ctl {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("controller.db")).unwrap();
         let config = ControllerConfig {
@@ -36,6 +44,7 @@ impl Ctl {
             stale_after_s,
             recheck: Duration::from_secs(5),
             max_backoff: Duration::from_millis(500),
+            rate_limit,
         };
         let controller = Controller::start(Arc::new(store), fabric, config).unwrap();
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -384,18 +393,34 @@ async fn a_started_controller_delivers_the_applied_state_once_more() {
         .unwrap();
     let last = fabric.delivered.lock().unwrap().last().cloned().unwrap();
 
-    let store = SqliteStore::open(&ctl.dir.path().join("controller.db")).unwrap();
+    let store: Arc<SqliteStore> =
+        Arc::new(SqliteStore::open(&ctl.dir.path().join("controller.db")).unwrap());
     let again = Arc::new(RecordingFabric::default());
-    let second = Controller::start(
-        Arc::new(store),
-        again.clone(),
-        ControllerConfig {
-            recheck: Duration::from_secs(5),
-            max_backoff: Duration::from_millis(500),
-            ..ControllerConfig::default()
-        },
-    )
-    .unwrap();
+    let config = ControllerConfig {
+        admin_token: Some(Secret::new(ADMIN)),
+        recheck: Duration::from_secs(5),
+        max_backoff: Duration::from_millis(500),
+        ..ControllerConfig::default()
+    };
+    // While the first controller runs, a second one on the same store refuses to start,
+    // naming the holder of the store's lease.
+    let err = Controller::start(store.clone(), again.clone(), config.clone())
+        .err()
+        .expect("a second controller on one store must not start");
+    let text = err.to_string();
+    assert!(
+        matches!(err, StartError::Leased { .. })
+            && text.contains(&format!("pid {}", std::process::id())),
+        "{text}"
+    );
+    assert!(again.delivered.lock().unwrap().is_empty());
+    // Once the first one stopped (its lease given back), the second starts.
+    let _ = ctl.stop.send(true);
+    let second = until("the lease given back", Duration::from_secs(10), || {
+        let r = Controller::start(store.clone(), again.clone(), config.clone()).ok();
+        async move { r }
+    })
+    .await;
     until(
         "the applied state delivered again",
         Duration::from_secs(10),
@@ -677,4 +702,407 @@ async fn an_agent_exposes_its_requests_and_ports_as_metrics() {
             .then_some(())
     })
     .await;
+}
+
+/// POSTs `body` (raw JSON) to `path` with `token`; answers the status and the body text.
+async fn post_raw(base: &str, path: &str, token: Option<&str>, body: String) -> (u16, String) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// Regression: `POST /v1/tokens {"tenat":"alice"}` answered 201 with an admin token
+/// (unknown fields ignored, a missing tenant read as admin), and `ttl_s = 2^64-1` made a
+/// token already expired (or a panic in a debug build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelled_or_missing_field_mints_no_token_and_numbers_are_range_checked() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let before = ctl.admin.tokens().await.unwrap().len();
+    for body in [
+        r#"{"tenat":"alice"}"#,
+        r#"{"tennant":"alice"}"#,
+        r#"{"Tenant":"alice"}"#,
+        r#"{"tenant_name":"alice"}"#,
+        r#"{}"#,
+        r#"{"tenant":"alice"}"#,
+        r#"{"role":"admin","tenant":"alice"}"#,
+        r#"{"role":"tenant"}"#,
+        r#"{"role":"root"}"#,
+        r#"{"role":"admin","ttl_s":18446744073709551615}"#,
+        r#"{"role":"tenant","tenant":"alice","ttl_s":0}"#,
+        r#"{"role":"admin","ttl_s":-1}"#,
+    ] {
+        let (status, text) = post_raw(&ctl.base, "/v1/tokens", Some(ADMIN), body.into()).await;
+        assert_eq!(status, 400, "{body} -> {status} {text}");
+        let e: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(e["error"].is_string(), "{text}");
+    }
+    assert_eq!(ctl.admin.tokens().await.unwrap().len(), before);
+    // Every other body refuses unknown fields too, and enrollment lifetimes are bounded.
+    for (path, body) in [
+        ("/v1/tenants", r#"{"name":"carol","admin":true}"#),
+        (
+            "/v1/groups",
+            r#"{"name":"g","tenant":"alice","pkey":"0x7fff"}"#,
+        ),
+        ("/v1/moves", r#"{"server":"n","to":"g","force":true}"#),
+        ("/v1/enrollments", r#"{"servr":"node1"}"#),
+        ("/v1/enrollments", r#"{"ttl_s":18446744073709551615}"#),
+        ("/v1/enrollments", r#"{"ttl_s":0}"#),
+        (
+            "/v1/agents/enroll",
+            r#"{"token":"wfe_x","hostname":"n1","role":"admin"}"#,
+        ),
+    ] {
+        let (status, text) = post_raw(&ctl.base, path, Some(ADMIN), body.into()).await;
+        assert_eq!(status, 400, "{path} {body} -> {status} {text}");
+    }
+    assert!(
+        ctl.admin
+            .tenants()
+            .await
+            .unwrap()
+            .iter()
+            .all(|t| t.name != "carol")
+    );
+    // The explicit forms work, and a tenant token gets the default life.
+    let (status, text) = post_raw(
+        &ctl.base,
+        "/v1/tokens",
+        Some(ADMIN),
+        r#"{"role":"tenant","tenant":"alice"}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 201, "{text}");
+    let made: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let expires = made["expires"].as_u64().unwrap();
+    let now = weft_controller::unix_now();
+    assert!(
+        (now + 89 * 86_400..=now + 91 * 86_400).contains(&expires),
+        "{text}"
+    );
+    let as_alice = ctl.client(Some(Secret::new(made["token"].as_str().unwrap())));
+    assert_eq!(as_alice.servers().await.unwrap_err().status(), Some(403));
+}
+
+/// Regression: a refused enrollment was audited with the caller's host name before the
+/// name was checked, so 20 unauthenticated requests with a 1.9 MB name added 84 MB to
+/// the append-only audit, and ESC, BEL and newlines in it reached `weft audit` raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_flood_leaves_the_store_bounded_and_no_control_character() {
+    let limit = weft_controller::input::RateLimit {
+        per_s: 0.5,
+        burst: 10.0,
+    };
+    let ctl = Ctl::start_limited(Arc::new(RecordingFabric::default()), 30, limit).await;
+    // The main file's size after folding the write-ahead log into it: the data kept.
+    let db_bytes = |dir: &Path| -> u64 {
+        let db = dir.join("controller.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.busy_timeout(Duration::from_secs(5)).unwrap();
+        c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        std::fs::metadata(&db).unwrap().len()
+    };
+    let audit_before = ctl.admin.audit(10_000).await.unwrap().len();
+    let size_before = db_bytes(ctl.dir.path());
+    let huge = format!("n{}", "x".repeat(1_900_000));
+    let forged = "node1\x1b[2K\r2026-01-01 admin:0000 group.move\x07\nnode2";
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let start = Instant::now();
+    for i in 0..120 {
+        let name = match i % 6 {
+            0 => huge.as_str(),
+            1 => forged,
+            _ => "node9",
+        };
+        let body = serde_json::json!({ "token": "wfe_made-up", "hostname": name }).to_string();
+        let (status, _) = post_raw(&ctl.base, "/v1/agents/enroll", None, body).await;
+        *statuses.entry(status).or_default() += 1;
+    }
+    // Refused every time: too large, a bad name, an unknown token, or too many at once.
+    assert!(
+        statuses.keys().all(|s| [400, 401, 413, 429].contains(s)),
+        "{statuses:?}"
+    );
+    // Bursts of 10, then one every 2 s.
+    let limited = statuses.get(&429).copied().unwrap_or(0);
+    let let_through = 120 - limited;
+    let most = 10.0 + 0.5 * start.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        limited > 0 && (let_through as f64) <= most,
+        "{statuses:?} in {:?}",
+        start.elapsed()
+    );
+    let grown = db_bytes(ctl.dir.path()).saturating_sub(size_before);
+    assert!(grown < 64 * 1024, "the store grew by {grown} bytes");
+    let audit = ctl.admin.audit(10_000).await.unwrap();
+    let added = &audit[audit_before..];
+    // Only refusals of a well-formed name are audited, and only until the rate limit.
+    assert!(added.len() <= let_through, "{} audit lines", added.len());
+    assert!(added.iter().all(|a| a.subject == "node9"), "{added:?}");
+    let text = serde_json::to_string(&audit).unwrap();
+    assert!(
+        !text.contains("\\u001b") && !text.contains("\\u0007"),
+        "{text}"
+    );
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("weft_http_rate_limited_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// Tokens end: revoked tokens stop at once, tenant tokens and deleted tenants stop, a
+/// removed server's agent secret stops; the list shows ids and metadata, never a token;
+/// each step has its audit line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_listed_without_secrets_revoked_and_end_with_their_tenant_or_server() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let alice = ctl.admin.create_tenant("alice").await.unwrap();
+    let second = ctl
+        .admin
+        .create_token(Some("alice"), Some(3600))
+        .await
+        .unwrap();
+    let extra_admin = ctl.admin.create_token(None, None).await.unwrap();
+    let list = ctl.admin.tokens().await.unwrap();
+    let text = serde_json::to_string(&list).unwrap();
+    for t in [&alice.token, &second.token, &extra_admin.token] {
+        assert!(!text.contains(t.expose()), "{text}");
+        assert!(
+            !text.contains(&t.hash()),
+            "the full hash is not shown either: {text}"
+        );
+    }
+    let mine = list.iter().find(|t| t.id == second.id).unwrap();
+    assert_eq!(
+        (mine.tenant.as_deref(), mine.expires),
+        (Some("alice"), second.expires)
+    );
+    assert!(
+        list.iter()
+            .any(|t| t.source == "bootstrap" && t.revoked.is_none())
+    );
+
+    // Revoke: the token stops at once; revoking again is a 404.
+    let as_second = ctl.client(Some(second.token.clone()));
+    assert!(as_second.groups().await.is_ok());
+    ctl.admin.revoke_token(&second.id).await.unwrap();
+    assert_eq!(as_second.groups().await.unwrap_err().status(), Some(401));
+    assert_eq!(
+        ctl.admin
+            .revoke_token(&second.id)
+            .await
+            .unwrap_err()
+            .status(),
+        Some(404)
+    );
+    assert_eq!(
+        ctl.admin
+            .revoke_token("not-an-id")
+            .await
+            .unwrap_err()
+            .status(),
+        Some(400)
+    );
+    let as_extra = ctl.client(Some(extra_admin.token.clone()));
+    ctl.admin.revoke_token(&extra_admin.id).await.unwrap();
+    assert_eq!(as_extra.servers().await.unwrap_err().status(), Some(401));
+
+    // A tenant that owns a group is not deleted; once the group is gone it is, and its
+    // token stops.
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let e = ctl.admin.delete_tenant("alice").await.unwrap_err();
+    assert!(
+        e.status() == Some(409) && e.to_string().contains("`a`"),
+        "{e}"
+    );
+    ctl.admin.delete_group("a").await.unwrap();
+    ctl.admin.delete_tenant("alice").await.unwrap();
+    let as_alice = ctl.client(Some(alice.token.clone()));
+    assert_eq!(as_alice.groups().await.unwrap_err().status(), Some(401));
+    assert!(ctl.admin.tenants().await.unwrap().is_empty());
+
+    // A removed server is forgotten with its ports, and its agent secret stops.
+    let token = ctl
+        .admin
+        .create_enrollment(Some("node1"))
+        .await
+        .unwrap()
+        .token;
+    let enrolled = ctl.client(None).enroll(&token, "node1").await.unwrap();
+    write_fixture(
+        &ctl.dir.path().join("h1"),
+        "node1",
+        0x0002_c903_0000_0100,
+        &[1],
+    );
+    let report = weft_agent::discover(&ctl.dir.path().join("h1")).unwrap();
+    let agent = ctl.client(Some(enrolled.secret));
+    agent.report(&report).await.unwrap();
+    ctl.admin.remove_server("node1").await.unwrap();
+    assert!(ctl.admin.servers().await.unwrap().is_empty());
+    assert_eq!(agent.report(&report).await.unwrap_err().status(), Some(401));
+
+    let audit = ctl.admin.audit(1000).await.unwrap();
+    for action in [
+        "token.create",
+        "token.revoke",
+        "tenant.delete",
+        "server.remove",
+    ] {
+        assert!(
+            audit.iter().any(|a| a.action == action),
+            "no {action}: {audit:?}"
+        );
+    }
+}
+
+/// The controller refuses to start without an admin token of 128 bits or more; a restart
+/// with a new `WEFT_ADMIN_TOKEN` revokes the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_required_strong_and_rotated_by_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<SqliteStore> =
+        Arc::new(SqliteStore::open(&dir.path().join("controller.db")).unwrap());
+    let fabric = Arc::new(RecordingFabric::default());
+    let with = |t: Option<&str>| ControllerConfig {
+        admin_token: t.map(Secret::new),
+        ..ControllerConfig::default()
+    };
+    for weak in [
+        None,
+        Some(""),
+        Some("x"),
+        Some("wfa_short"),
+        Some(&*"a".repeat(64)),
+    ] {
+        let err = Controller::start(store.clone(), fabric.clone(), with(weak))
+            .err()
+            .expect("a weak admin token must be refused");
+        assert!(matches!(err, StartError::AdminToken(_)), "{weak:?}: {err}");
+    }
+    let serve_with = |token: &'static str| {
+        let store = store.clone();
+        let fabric = fabric.clone();
+        async move {
+            let ctl = Controller::start(store, fabric, with(Some(token))).unwrap();
+            let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}", local(&api));
+            let (stop, mut rx) = watch::channel(false);
+            let task = tokio::spawn(serve(ctl, api, None, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }));
+            (base, stop, task)
+        }
+    };
+    const OLD: &str = "wfa_old-admin-0123456789abcdef0123456789";
+    const NEW: &str = "wfa_new-admin-fedcba9876543210fedcba9876";
+    let (base, stop, task) = serve_with(OLD).await;
+    let old = Client::new(&base, Some(Secret::new(OLD)), Duration::from_secs(5)).unwrap();
+    old.create_tenant("alice").await.unwrap();
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+
+    let (base, _stop, _task) = serve_with(NEW).await;
+    let old = Client::new(&base, Some(Secret::new(OLD)), Duration::from_secs(5)).unwrap();
+    let new = old.with_token(Some(Secret::new(NEW)));
+    assert_eq!(old.servers().await.unwrap_err().status(), Some(401));
+    assert_eq!(new.tenants().await.unwrap().len(), 1);
+    let audit = new.audit(100).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "token.rotate" && a.outcome == "revoked"),
+        "{audit:?}"
+    );
+}
+
+/// schemathesis (installed by `cargo xtask test`) fuzzes the live API from its own
+/// `/openapi.json` with an admin token: no generated request may get a 5xx. Bounded to
+/// 20 examples an operation and 150 s; a missing `st` fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_in_the_live_api() {
+    let ctl = Ctl::start_limited(
+        Arc::new(RecordingFabric::default()),
+        30,
+        weft_controller::input::RateLimit {
+            per_s: 1e6,
+            burst: 1e6,
+        },
+    )
+    .await;
+    let schema = format!("{}/openapi.json", ctl.base);
+    let auth = format!("Authorization: Bearer {ADMIN}");
+    let (log, log_err) = (ctl.dir.path().join("st.out"), ctl.dir.path().join("st.err"));
+    let mut child = std::process::Command::new("st")
+        .args([
+            "run",
+            &schema,
+            "-H",
+            &auth,
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "20",
+            "--phases",
+            "examples,fuzzing",
+            "--request-timeout",
+            "5",
+            "--seed",
+            "1",
+        ])
+        .env("NO_COLOR", "1")
+        // Its cache directory goes to the test's own directory, not the source tree.
+        .current_dir(ctl.dir.path())
+        // A file, not a pipe: a long report cannot block it while this waits.
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(&log_err).unwrap())
+        .spawn()
+        .expect("schemathesis (`st`) runs; `cargo xtask deps` installs it");
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(150) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("schemathesis did not finish within 150 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = child.wait().unwrap();
+    let text = format!(
+        "{}{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        std::fs::read_to_string(&log_err).unwrap_or_default()
+    );
+    assert!(status.success(), "{text}");
+    assert!(
+        text.contains("passed") && !text.contains("Schema Error"),
+        "{text}"
+    );
 }

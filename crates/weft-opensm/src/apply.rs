@@ -8,7 +8,7 @@ use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Guid, Inventory, PortMismatch, SmOptions, expected_tables};
 
 use crate::diag::{DiagError, DiagTools, FabricSnapshot};
-use crate::sm::{SmError, SmHost, checksum};
+use crate::sm::{SmError, SmHost, SmLock, checksum, unique_suffix};
 
 /// Why an apply or a verification did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -267,13 +267,47 @@ impl Applier {
             .collect()
     }
 
+    /// How long an apply waits for another apply's lock on an SM: as long as that apply
+    /// may hold it (write, sweep, verify, and a rollback's sweep), plus 10 s.
+    pub fn lock_wait(&self) -> Duration {
+        (self.sweep_timeout * 2 + self.verify_timeout) + Duration::from_secs(10)
+    }
+
+    /// Takes every SM's lock, in the configured order (so two applies to one SM set
+    /// cannot each hold a lock the other waits for). A standby whose host cannot be
+    /// reached is added to `degraded`; any other failure releases what was taken.
+    fn lock_all(&self, master: usize, degraded: &mut Degraded) -> Result<Vec<SmLock>, ApplyError> {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let holder = format!(
+            "weft apply {} on host {host}, pid {}, since unix {since}",
+            unique_suffix(),
+            std::process::id()
+        );
+        let mut locks = Vec::with_capacity(self.sms.len());
+        for (i, sm) in self.sms.iter().enumerate() {
+            match sm.lock(&holder, self.lock_wait()) {
+                Ok(l) => locks.push(l),
+                Err(e) if i != master && e.is_unreachable() => degraded.add(i, &e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(locks)
+    }
+
     /// Writes `bytes` to every SM, checks their checksums, and makes the master reread.
-    /// A standby whose host cannot be reached is added to `degraded` and left out.
+    /// A standby whose host cannot be reached is added to `degraded` and left out; each
+    /// SM a write was attempted on is marked in `wrote`.
     fn deliver(
         &self,
         master: usize,
         bytes: &[u8],
         degraded: &mut Degraded,
+        wrote: &mut [bool],
     ) -> Result<(Duration, Duration), ApplyError> {
         let t0 = Instant::now();
         // Standbys first: if the master dies mid-apply, its successor already has the file.
@@ -284,6 +318,7 @@ impl Applier {
             if degraded.contains(i) {
                 continue;
             }
+            wrote[i] = true;
             match self.sms[i].write_partitions(bytes) {
                 Err(e) if i != master && e.is_unreachable() => degraded.add(i, &e),
                 other => other?,
@@ -320,7 +355,12 @@ impl Applier {
     /// Applies `conf` to the fabric as `before` (a fresh [`DiagTools::snapshot`]) saw
     /// it: every SM gets the same file, the master rereads it, and the ports chosen by
     /// [`Applier::verify_scope`] are read back and compared. Any failure after the first
-    /// write restores the previous file on every SM and rereads it again.
+    /// write restores the previous file on every SM this apply wrote to (and only where
+    /// the file is still the one it wrote) and rereads it again.
+    ///
+    /// The whole apply, from reading the previous files to the end of a rollback, holds
+    /// every SM's lock ([`SmHost::lock`]): a second apply to the same SMs waits for it
+    /// (at most [`Applier::lock_wait`]) or fails naming the holder.
     ///
     /// A standby whose host cannot be reached ([`SmError::is_unreachable`]) does not stop
     /// the apply: the others are updated and verified, and the report lists it in
@@ -333,8 +373,13 @@ impl Applier {
         let master = self.master_index(inventory)?;
         let ports = self.ports_to_verify(conf, before);
         let mut degraded = Degraded::default();
+        let _locks = self.lock_all(master, &mut degraded)?;
         let mut previous: Vec<Option<Vec<u8>>> = Vec::with_capacity(self.sms.len());
         for (i, sm) in self.sms.iter().enumerate() {
+            if degraded.contains(i) {
+                previous.push(None);
+                continue;
+            }
             match sm.read_partitions() {
                 Ok(p) => previous.push(p),
                 Err(e) if i != master && e.is_unreachable() => {
@@ -349,8 +394,9 @@ impl Applier {
             .enumerate()
             .any(|(i, p)| !degraded.contains(i) && p.as_deref() != Some(text.as_bytes()));
 
+        let mut wrote = vec![false; self.sms.len()];
         let outcome = self
-            .deliver(master, text.as_bytes(), &mut degraded)
+            .deliver(master, text.as_bytes(), &mut degraded, &mut wrote)
             .and_then(|(w, s)| Ok((w, s, self.verify_until(conf, inventory, &ports)?)));
         match outcome {
             Ok((write, sweep, v)) if v.mismatches.is_empty() => Ok(ApplyReport {
@@ -369,24 +415,37 @@ impl Applier {
                 master,
                 &previous,
                 &degraded,
+                (&wrote, text.as_bytes()),
                 format!(
                     "{} port(s) do not hold the planned P_Keys",
                     v.mismatches.len()
                 ),
                 v.mismatches,
             )),
-            Err(e) => Err(self.roll_back(master, &previous, &degraded, e.to_string(), Vec::new())),
+            Err(e) => Err(self.roll_back(
+                master,
+                &previous,
+                &degraded,
+                (&wrote, text.as_bytes()),
+                e.to_string(),
+                Vec::new(),
+            )),
         }
     }
 
+    /// Restores `previous` on each SM that `written.0` marks, if it still holds the bytes
+    /// `written.1` this apply wrote: a file someone else wrote since is left as it is.
     fn roll_back(
         &self,
         master: usize,
         previous: &[Option<Vec<u8>>],
         degraded: &Degraded,
+        written: (&[bool], &[u8]),
         cause: String,
         mismatches: Vec<PortMismatch>,
     ) -> ApplyError {
+        let (wrote, ours) = written;
+        let ours = checksum(ours);
         tracing::warn!(%cause, "rolling back the partitions config");
         let mut problems = Vec::new();
         for (i, (sm, old)) in self.sms.iter().zip(previous).enumerate() {
@@ -394,6 +453,26 @@ impl Applier {
                 // Unreachable: not written by this apply, or (lost during its write)
                 // in an unknown state; the caller's retry brings it in line.
                 problems.push(format!("`{}` left as it was: {reason}", sm.name()));
+                continue;
+            }
+            if !wrote.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let now = match sm.read_partitions() {
+                Ok(b) => b,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            if now.as_deref() == old.as_deref() {
+                continue;
+            }
+            if now.as_deref().map(checksum).as_deref() != Some(ours.as_str()) {
+                problems.push(format!(
+                    "`{}` holds a file this apply did not write; left as it is",
+                    sm.name()
+                ));
                 continue;
             }
             let restored = match old {

@@ -40,5 +40,5 @@ pub use diag::{
     DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
 };
 pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
-pub use sm::{LocalSm, SmError, SmHost, checksum, write_atomically};
+pub use sm::{LocalSm, SmError, SmHost, SmLock, checksum, lock_file_name, write_atomically};
 pub use ssh::{RemotePaths, SshConfig, SshSm, shell_quote};

@@ -31,6 +31,14 @@ pub enum SmError {
     ConfigRejected { sm: String, line: String },
     #[error("SM `{sm}` exited while it was rereading")]
     DiedDuringSweep { sm: String },
+    /// Another apply holds this SM's lock and did not give it back within the wait.
+    #[error("SM `{sm}`: another apply holds the lock {} (waited {waited:?}): {holder}", lock.display())]
+    Locked {
+        sm: String,
+        lock: PathBuf,
+        holder: String,
+        waited: Duration,
+    },
     /// The SM's host could not be reached (connection refused, timed out, reset): its
     /// state is unknown, and an apply may go on without it if it is a standby.
     #[error("SM `{sm}` on {host}: host unreachable: {detail}")]
@@ -81,6 +89,47 @@ pub fn checksum(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// An SM's apply lock, held until dropped. Taken by [`SmHost::lock`].
+pub struct SmLock {
+    _held: Box<dyn Send>,
+}
+
+impl SmLock {
+    /// A lock that holds `guard` (a locked file, a remote session) until dropped.
+    pub fn new(guard: Box<dyn Send>) -> SmLock {
+        SmLock { _held: guard }
+    }
+}
+
+impl std::fmt::Debug for SmLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SmLock")
+    }
+}
+
+/// The name of the lock file beside a partitions file: `.partitions.conf.weft-lock`.
+pub fn lock_file_name(partitions_file: &Path) -> String {
+    let file_name = partitions_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "partitions.conf".into());
+    format!(".{file_name}.weft-lock")
+}
+
+/// A name unique to one write or one apply in this process: pid, a counter, nanoseconds.
+pub(crate) fn unique_suffix() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{}-{nanos:x}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// One OpenSM instance as the applier sees it.
 pub trait SmHost: Send + Sync {
     /// The name the operator gave this SM; used in every message.
@@ -94,6 +143,11 @@ pub trait SmHost: Send + Sync {
     fn write_partitions(&self, bytes: &[u8]) -> Result<(), SmError>;
     /// Removes the partitions file; restores the state of an SM that had none.
     fn remove_partitions(&self) -> Result<(), SmError>;
+    /// Takes this SM's apply lock (a lock file beside the partitions file, locked with
+    /// flock(2) on the SM's host) for `holder`, a line saying who holds it. Waits at most
+    /// `wait` while another apply holds it, then fails with [`SmError::Locked`] naming
+    /// that holder. The lock ends when the [`SmLock`] is dropped or its process dies.
+    fn lock(&self, holder: &str, wait: Duration) -> Result<SmLock, SmError>;
     /// A position in the SM's log; [`SmHost::wait_for_sweep`] looks only after it.
     fn log_cursor(&self) -> Result<u64, SmError>;
     /// Asks OpenSM to reread its partitions file (a heavy sweep).
@@ -158,40 +212,60 @@ impl LocalSm {
         Ok(!matches!(state, Some("Z") | Some("X")))
     }
 
-    /// `.partitions.conf.weft-` : the prefix of every temporary file this SM's writes use.
-    fn temp_prefix(&self) -> String {
+    /// A temporary file name unique to this write (`.partitions.conf.weft-<pid>-<n>-<ns>.tmp`):
+    /// two writers never share one, and each removes only its own.
+    fn temp_path(&self) -> PathBuf {
         let file_name = self
             .partitions_file
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "partitions.conf".into());
-        format!(".{file_name}.weft-")
+        self.partitions_file
+            .with_file_name(format!(".{file_name}.weft-{}.tmp", unique_suffix()))
     }
 
-    fn temp_path(&self) -> PathBuf {
-        self.partitions_file.with_file_name(format!(
-            "{}{}.tmp",
-            self.temp_prefix(),
-            std::process::id()
-        ))
-    }
-
-    /// Removes temporary files that a killed writer left behind. OpenSM never reads
-    /// them; this only keeps the directory clean.
-    fn remove_stale_temps(&self) {
-        let prefix = self.temp_prefix();
+    /// Removes the temporary files of writers on this host that no longer run (a write
+    /// killed between its temporary file and the rename). Called with the lock held, so
+    /// no other apply is writing; a file whose writer's process exists is left alone.
+    fn remove_dead_writers_temps(&self) {
+        let file_name = self
+            .partitions_file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "partitions.conf".into());
+        let prefix = format!(".{file_name}.weft-");
         let Some(dir) = self.partitions_file.parent() else {
             return;
         };
-        let Ok(entries) = fs::read_dir(dir) else {
+        let Ok(entries) = fs::read_dir(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        }) else {
             return;
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            let Some(rest) = name
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".tmp"))
+            else {
+                continue;
+            };
+            let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && pid != std::process::id()
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                tracing::debug!(file = %name, "removing a dead writer's temporary file");
                 let _ = fs::remove_file(e.path());
             }
         }
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.partitions_file
+            .with_file_name(lock_file_name(&self.partitions_file))
     }
 }
 
@@ -238,7 +312,6 @@ impl SmHost for LocalSm {
     }
 
     fn write_partitions(&self, bytes: &[u8]) -> Result<(), SmError> {
-        self.remove_stale_temps();
         write_atomically(&self.partitions_file, &self.temp_path(), bytes)
             .map_err(|e| self.io("cannot write", &self.partitions_file, e))
     }
@@ -249,6 +322,50 @@ impl SmHost for LocalSm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.io("cannot remove", &self.partitions_file, e)),
         }
+    }
+
+    fn lock(&self, holder: &str, wait: Duration) -> Result<SmLock, SmError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = self.lock_path();
+        let start = Instant::now();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| self.io("cannot open the lock file", &path, e))?;
+        let mut locked = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => break l,
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                    if start.elapsed() >= wait {
+                        let holder = fs::read_to_string(&path).unwrap_or_default();
+                        return Err(SmError::Locked {
+                            sm: self.name.clone(),
+                            lock: path,
+                            holder: holder_shown(&holder),
+                            waited: start.elapsed(),
+                        });
+                    }
+                    file = f;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((_, e)) => {
+                    return Err(self.io("cannot lock", &path, std::io::Error::from(e)));
+                }
+            }
+        };
+        // Who holds it, for the message of an apply that waits.
+        let said = locked
+            .set_len(0)
+            .and_then(|_| locked.seek(SeekFrom::Start(0)))
+            .and_then(|_| locked.write_all(format!("{holder}\n").as_bytes()));
+        if let Err(e) = said {
+            return Err(self.io("cannot write the lock file", &path, e));
+        }
+        self.remove_dead_writers_temps();
+        Ok(SmLock::new(Box::new(locked)))
     }
 
     fn log_cursor(&self) -> Result<u64, SmError> {
@@ -298,6 +415,19 @@ impl SmHost for LocalSm {
             },
         )
     }
+}
+
+/// A lock file's holder line as a message shows it: one line, at most 200 characters,
+/// control characters escaped.
+pub(crate) fn holder_shown(text: &str) -> String {
+    let line = text.trim();
+    if line.is_empty() {
+        return "holder unknown (the lock file is empty)".into();
+    }
+    line.chars()
+        .take(200)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// One look at an SM's log: what it holds after the offset asked for, and whether the SM
@@ -416,17 +546,84 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("partitions.conf")]);
     }
 
+    /// Regression: each write deleted every `.partitions.conf.weft-*.tmp`, another
+    /// writer's too, and two writers of one process shared one temporary name.
     #[test]
-    fn a_temp_file_left_by_a_killed_writer_is_cleared_by_the_next_write() {
+    fn a_write_removes_only_its_own_temp_file() {
         let dir = tempfile::tempdir().unwrap();
         let sm = sm_in(dir.path());
-        fs::write(dir.path().join(".partitions.conf.weft-99999.tmp"), "half").unwrap();
+        let other = dir.path().join(".partitions.conf.weft-99999.tmp");
+        fs::write(&other, "another writer's").unwrap();
         sm.write_partitions(b"whole").unwrap();
-        let names: Vec<_> = fs::read_dir(dir.path())
+        assert_eq!(fs::read(&other).unwrap(), b"another writer's");
+        assert_ne!(sm.temp_path(), sm.temp_path());
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let sm = &sm;
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        sm.write_partitions(format!("writer {i}").as_bytes())
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let mut names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("partitions.conf")]);
+        names.sort();
+        assert_eq!(
+            names,
+            [".partitions.conf.weft-99999.tmp", "partitions.conf"]
+        );
+    }
+
+    #[test]
+    fn a_second_lock_waits_then_fails_naming_the_holder_and_the_first_drop_frees_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        let first = sm
+            .lock("weft apply 1 on host a pid 7", Duration::from_secs(1))
+            .unwrap();
+        let start = Instant::now();
+        let err = sm
+            .lock("weft apply 2", Duration::from_millis(200))
+            .unwrap_err();
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        assert!(
+            matches!(&err, SmError::Locked { holder, .. } if holder == "weft apply 1 on host a pid 7"),
+            "{err}"
+        );
+        // A waiter gets the lock as soon as the holder lets go.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| sm.lock("weft apply 3", Duration::from_secs(5)));
+            std::thread::sleep(Duration::from_millis(100));
+            drop(first);
+            waiter.join().unwrap().unwrap();
+        });
+        assert!(dir.path().join(".partitions.conf.weft-lock").exists());
+    }
+
+    #[test]
+    fn the_lock_clears_only_temp_files_of_writers_that_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = sm_in(dir.path());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let gone = dir
+            .path()
+            .join(format!(".partitions.conf.weft-{dead}-0-1.tmp"));
+        let alive = dir.path().join(format!(
+            ".partitions.conf.weft-{}-0-1.tmp",
+            std::process::id()
+        ));
+        fs::write(&gone, "half").unwrap();
+        fs::write(&alive, "being written").unwrap();
+        let _lock = sm.lock("t", Duration::from_secs(1)).unwrap();
+        assert!(!gone.exists());
+        assert!(alive.exists());
     }
 
     #[test]

@@ -30,7 +30,10 @@ use std::time::{Duration, Instant};
 use weft_fabric::Guid;
 
 use crate::process::{Invocation, ProcessError, run_bounded_bytes};
-use crate::sm::{LogPoll, SmError, SmHost, checksum, wait_for_sweep_with};
+use crate::sm::{
+    LogPoll, SmError, SmHost, SmLock, checksum, holder_shown, lock_file_name, unique_suffix,
+    wait_for_sweep_with,
+};
 
 /// How to reach one SM host with OpenSSH.
 #[derive(Debug, Clone)]
@@ -123,6 +126,7 @@ pub struct SshSm {
     q_file: String,
     q_dir: String,
     q_temp_prefix: String,
+    q_lock: String,
     q_pid: String,
     q_log: String,
     /// The private directory of the control socket, when multiplexing.
@@ -242,6 +246,11 @@ impl SshSm {
             q_file: shell_quote(&file),
             q_dir: shell_quote(&dir),
             q_temp_prefix: shell_quote(&format!(".{file_name}.weft-")),
+            q_lock: shell_quote(&format!(
+                "{}/{}",
+                dir.trim_end_matches('/'),
+                lock_file_name(Path::new(&file_name))
+            )),
             q_pid: shell_quote(&pid),
             q_log: shell_quote(&log),
             name,
@@ -520,6 +529,38 @@ else printf D; fi"#,
     }
 }
 
+/// The SSH session that holds a remote lock. Dropping it closes the session's stdin, so
+/// the remote script ends and flock(2) lets go; a session that does not end within 3 s is
+/// killed (the remote side sees the connection close, which ends it too).
+struct RemoteLock(std::process::Child);
+
+impl Drop for RemoteLock {
+    fn drop(&mut self) {
+        let _ = stop_child(&mut self.0, Duration::from_secs(3));
+    }
+}
+
+/// Closes `child`'s stdin, waits up to `grace` for it to exit, then kills it; answers its
+/// exit status when it exited by itself.
+fn stop_child(
+    child: &mut std::process::Child,
+    grace: Duration,
+) -> Option<std::process::ExitStatus> {
+    drop(child.stdin.take());
+    let until = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
 /// The last non-empty line of `text` (ssh's own message after any banner).
 fn last_line(text: &str) -> String {
     text.lines()
@@ -612,8 +653,7 @@ impl SmHost for SshSm {
         let script = format!(
             r#"set -e
 f={file}; d={dir}
-rm -f -- "$d"/{prefix}*.tmp
-t="$d"/{prefix}"$$".tmp
+t="$d"/{prefix}"$$"-{unique}.tmp
 trap 'rm -f -- "$t"' EXIT
 trap 'rm -f -- "$t"; exit 1' HUP INT PIPE TERM
 cat > "$t"
@@ -628,6 +668,7 @@ sync -- "$d""#,
             file = self.q_file,
             dir = self.q_dir,
             prefix = self.q_temp_prefix,
+            unique = unique_suffix(),
             len = bytes.len(),
             sum = checksum(bytes),
         );
@@ -641,6 +682,128 @@ sync -- "$d""#,
         let what = format!("remove {}", self.paths.partitions_file.display());
         self.run(&what, &script, None, self.ssh.command_timeout)
             .map(|_| ())
+    }
+
+    /// One remote session holds the lock: the script takes flock(2) on the lock file
+    /// (waiting at most `wait`), says `LOCKED`, and keeps it until its stdin closes, which
+    /// happens when the [`SmLock`] is dropped or this process dies (the SSH client then
+    /// closes the session).
+    fn lock(&self, holder: &str, wait: Duration) -> Result<SmLock, SmError> {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let line: String = holder
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let script = format!(
+            r#"l={lock}
+exec 9>>"$l" || exit 3
+if flock -x -w {wait_s:.3} 9; then
+  printf '%s\n' {holder} > "$l"
+  printf 'LOCKED\n'
+  cat > /dev/null
+  exit 0
+fi
+printf 'BUSY '; head -c 400 -- "$l" | tr -d '\n'; printf '\n'"#,
+            lock = self.q_lock,
+            wait_s = wait.as_secs_f64(),
+            holder = shell_quote(&line),
+        );
+        let what = format!("lock {}", self.q_lock);
+        let mut args = self.base_args();
+        args.push(format!("printf '%s\\n' {}\n{script}", self.marker));
+        let start = Instant::now();
+        let mut child = Command::new(&self.ssh.ssh_program)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                self.classify(
+                    &what,
+                    ProcessError::Spawn {
+                        program: self.ssh.ssh_program.clone(),
+                        source: e,
+                    },
+                )
+            })?;
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(out).lines() {
+                    let Ok(l) = l else { return };
+                    if tx.send(l).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(mut err) = child.stderr.take() {
+            let buf = stderr.clone();
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut err, &mut text);
+                if let Ok(mut b) = buf.lock() {
+                    *b = text;
+                }
+            });
+        }
+        let deadline = start + wait + self.ssh.connect_timeout + self.ssh.command_timeout;
+        let mut after_marker = false;
+        let verdict = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+                Ok(l) if !after_marker => after_marker = l == self.marker,
+                Ok(l) if l == "LOCKED" => break Ok(()),
+                Ok(l) if l.starts_with("BUSY") => break Err(Some(l)),
+                Ok(_) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break Err(None),
+                // The session ended before an answer: ssh failed; its status says why.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break Err(None),
+            }
+            if Instant::now() >= deadline {
+                break Err(None);
+            }
+        };
+        match verdict {
+            Ok(()) => Ok(SmLock::new(Box::new(RemoteLock(child)))),
+            Err(busy) => {
+                let status = stop_child(&mut child, Duration::from_millis(500));
+                if let Some(b) = busy {
+                    return Err(SmError::Locked {
+                        sm: self.name.clone(),
+                        lock: PathBuf::from(format!(
+                            "{}:{}",
+                            self.ssh.endpoint(),
+                            self.q_lock.trim_matches('\'')
+                        )),
+                        holder: holder_shown(b.trim_start_matches("BUSY")),
+                        waited: start.elapsed(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                let stderr = stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                Err(match status {
+                    Some(st) if !st.success() => self.classify(
+                        &what,
+                        ProcessError::Failed {
+                            program: self.ssh.ssh_program.clone(),
+                            status: st.to_string(),
+                            stderr,
+                        },
+                    ),
+                    _ => self.classify(
+                        &what,
+                        ProcessError::TimedOut {
+                            program: self.ssh.ssh_program.clone(),
+                            timeout: start.elapsed(),
+                        },
+                    ),
+                })
+            }
+        }
     }
 
     fn log_cursor(&self) -> Result<u64, SmError> {

@@ -71,6 +71,35 @@ pub enum ClusterCommand {
     /// The audit log: who changed what, when, the rendered diff, the outcome.
     #[command(after_help = "Example:\n  weft audit --limit 20 --diff")]
     Audit(AuditArgs),
+    /// API tokens: list (ids and metadata, never a token), make an admin token, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// List every API token: id, role, tenant, where it came from, expiry, revocation.
+    #[command(after_help = "Example:\n  weft token list --json")]
+    List {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Make another admin token (shown once).
+    #[command(after_help = "Example:\n  weft token admin --ttl-s 86400")]
+    Admin {
+        /// Seconds it stays valid (default: no expiry).
+        #[arg(long)]
+        ttl_s: Option<u64>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Revoke a token by its id (from `weft token list`); it stops working at once.
+    #[command(after_help = "Example:\n  weft token revoke 3f2a9c0d1e4b5a6f")]
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 #[derive(Args)]
@@ -149,6 +178,13 @@ pub enum NodesCommand {
     /// GUIDs a server reported that another server owns.
     #[command(after_help = "Example:\n  weft nodes claims")]
     Claims {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Forget a server that is in no group: its ports, claims and agent secret.
+    #[command(after_help = "Example:\n  weft nodes remove node7")]
+    Remove {
+        server: String,
         #[command(flatten)]
         remote: Remote,
     },
@@ -234,9 +270,20 @@ pub enum TenantCommand {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Create another API token for a tenant (shown once).
-    #[command(after_help = "Example:\n  weft tenant token alice")]
+    /// Create another API token for a tenant (shown once); it expires (90 days unless
+    /// `--ttl-s` says otherwise).
+    #[command(after_help = "Example:\n  weft tenant token alice --ttl-s 604800")]
     Token {
+        name: String,
+        /// Seconds it stays valid (60 to 315360000; default 90 days).
+        #[arg(long)]
+        ttl_s: Option<u64>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Delete a tenant that owns no group; its tokens stop working.
+    #[command(after_help = "Example:\n  weft tenant delete alice")]
+    Delete {
         name: String,
         #[command(flatten)]
         remote: Remote,
@@ -403,13 +450,19 @@ fn utc(t: u64) -> String {
     )
 }
 
-fn print_op(op: &OperationView, json: bool) -> Result<()> {
+/// Prints an operation. `delivers` is whether the controller delivers to SMs: under
+/// `--no-fabric` an applied operation was recorded, never verified.
+fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()> {
     if json {
         return output::json(op);
     }
-    let state = match op.state {
-        OpState::Applied => "applied and verified",
-        OpState::Pending => "pending",
+    let state = match (op.state, delivers) {
+        (OpState::Applied, Some(true)) => "applied and verified",
+        (OpState::Applied, Some(false)) => {
+            "recorded, no fabric: the controller runs with --no-fabric; nothing was delivered or verified"
+        }
+        (OpState::Applied, None) => "applied",
+        (OpState::Pending, _) => "pending",
     };
     println!("operation {}: {} ({state})", op.id, op.action);
     for line in op.diff.lines() {
@@ -428,7 +481,7 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
         return Ok(EXIT_OK);
     };
     if wait.no_wait {
-        print_op(&op, json)?;
+        print_op(&op, None, json)?;
         return Ok(EXIT_OK);
     }
     match c
@@ -436,10 +489,58 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
         .await
     {
         Ok(done) => {
-            print_op(&done, json)?;
+            // "verified" only if the controller says it delivers to SMs.
+            let delivers = c.status().await.ok().map(|s| s.delivers);
+            print_op(&done, delivers, json)?;
             Ok(EXIT_OK)
         }
+        Err(ClientError::NotApplied {
+            id,
+            waited,
+            last_error,
+        }) => {
+            let message = format!(
+                "operation {id} is not applied after {:.0} s ({last_error}); it stays pending and the controller keeps delivering it: see `weft audit` for when it is applied",
+                waited.as_secs_f64()
+            );
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "error": message, "operation": id, "state": "pending" })
+                );
+            } else {
+                eprintln!("weft: {message}");
+            }
+            Ok(EXIT_CHECK_FAILED)
+        }
         Err(e) => failed(e),
+    }
+}
+
+/// A fresh token on stdout (alone, for scripts), its id and expiry on stderr.
+fn print_token(t: &weft_controller::model::TokenCreated, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "token": t.token.expose(), "id": t.id, "expires": t.expires })
+        );
+    } else {
+        println!("{}", t.token.expose());
+        eprintln!(
+            "token {} (shown once), {}",
+            t.id,
+            t.expires
+                .map_or_else(|| "no expiry".into(), |e| format!("valid until {}", utc(e)))
+        );
+    }
+}
+
+/// The answer to a command that returns nothing but success.
+fn done(json: bool, message: &str) {
+    if json {
+        println!("{}", serde_json::json!({ "ok": true, "message": message }));
+    } else {
+        println!("{message}");
     }
 }
 
@@ -512,6 +613,14 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                         println!("{}", t.token.expose());
                         eprintln!("one-time enrollment token, valid until {}", utc(t.expires));
                     }
+                    Ok(EXIT_OK)
+                }
+                NodesCommand::Remove { server, remote } => {
+                    try_api!(client(&remote)?.remove_server(&server));
+                    done(
+                        json,
+                        &format!("server `{server}` removed; its agent secret no longer works"),
+                    );
                     Ok(EXIT_OK)
                 }
                 NodesCommand::Claims { remote } => {
@@ -655,13 +764,57 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 }
                 Ok(EXIT_OK)
             }
-            TenantCommand::Token { name, remote } => {
-                let t = try_api!(client(&remote)?.create_token(Some(&name)));
+            TenantCommand::Token {
+                name,
+                ttl_s,
+                remote,
+            } => {
+                let t = try_api!(client(&remote)?.create_token(Some(&name), ttl_s));
+                print_token(&t, json);
+                Ok(EXIT_OK)
+            }
+            TenantCommand::Delete { name, remote } => {
+                try_api!(client(&remote)?.delete_tenant(&name));
+                done(
+                    json,
+                    &format!("tenant `{name}` deleted; its tokens no longer work"),
+                );
+                Ok(EXIT_OK)
+            }
+        },
+        ClusterCommand::Token(t) => match t {
+            TokenCommand::List { remote } => {
+                let tokens = try_api!(client(&remote)?.tokens());
                 if json {
-                    println!("{}", serde_json::json!({ "token": t.token.expose() }));
-                } else {
-                    println!("{}", t.token.expose());
+                    return output::json(&tokens).map(|_| EXIT_OK);
                 }
+                println!(
+                    "{}",
+                    output::table(
+                        [
+                            "ID", "ROLE", "TENANT", "SOURCE", "CREATED", "EXPIRES", "REVOKED"
+                        ],
+                        tokens.iter().map(|t| [
+                            t.id.clone(),
+                            format!("{:?}", t.role).to_lowercase(),
+                            t.tenant.clone().unwrap_or_else(|| "-".into()),
+                            t.source.clone(),
+                            utc(t.created),
+                            t.expires.map_or_else(|| "never".into(), utc),
+                            t.revoked.map_or_else(|| "-".into(), utc),
+                        ])
+                    )
+                );
+                Ok(EXIT_OK)
+            }
+            TokenCommand::Admin { ttl_s, remote } => {
+                let t = try_api!(client(&remote)?.create_token(None, ttl_s));
+                print_token(&t, json);
+                Ok(EXIT_OK)
+            }
+            TokenCommand::Revoke { id, remote } => {
+                try_api!(client(&remote)?.revoke_token(&id));
+                done(json, &format!("token {id} revoked"));
                 Ok(EXIT_OK)
             }
         },
@@ -689,9 +842,14 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
             );
             if a.diff {
                 for e in entries.iter().filter(|e| !e.diff.is_empty()) {
-                    println!("\n#{} {} {}:", e.id, e.action, e.subject);
+                    println!(
+                        "\n#{} {} {}:",
+                        e.id,
+                        output::clean(&e.action),
+                        output::clean(&e.subject)
+                    );
                     for line in e.diff.lines() {
-                        println!("  {line}");
+                        println!("  {}", output::clean(line));
                     }
                 }
             }

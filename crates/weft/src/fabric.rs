@@ -252,25 +252,75 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
         } => import(fc, &file, strict, &tenant_map, live, as_json),
         FabricCommand::Status => {
             let a = applier(fc, None)?;
-            let master = a.diag.master_sm().ok();
-            let states: Vec<_> =
-                a.sm_states(master.and_then(|g| a.sms.iter().position(|s| s.port_guid() == g)));
-            let in_sync = states.windows(2).all(|w| w[0].checksum == w[1].checksum)
-                && states.iter().all(|s| s.checksum.is_some());
+            let master = a.diag.master_sm();
+            let master_index = master
+                .as_ref()
+                .ok()
+                .and_then(|g| a.sms.iter().position(|s| s.port_guid() == *g));
+            let states: Vec<_> = a.sm_states(master_index);
+            // Four different answers, never one for another: an SM that cannot be read is
+            // not "out of sync", and SMs that agree while none of them is master are not
+            // "in sync" (the fabric runs on some other SM's file).
+            let unreadable: Vec<String> = states
+                .iter()
+                .filter_map(|s| {
+                    s.error
+                        .as_ref()
+                        .map(|e| format!("cannot read SM `{}`: {e}", s.name))
+                })
+                .collect();
+            let readable: Vec<_> = states.iter().filter(|s| s.error.is_none()).collect();
+            let differ = readable.windows(2).any(|w| w[0].checksum != w[1].checksum)
+                || readable.iter().any(|s| s.checksum.is_none());
+            let (state, message, code) = if !unreadable.is_empty() {
+                (
+                    "unreadable",
+                    format!(
+                        "CANNOT READ: {}{}",
+                        unreadable.join("; "),
+                        if differ {
+                            "; the SMs that could be read differ too"
+                        } else {
+                            ""
+                        }
+                    ),
+                    crate::EXIT_ENVIRONMENT,
+                )
+            } else if differ {
+                (
+                    "differ",
+                    "OUT OF SYNC: the SMs hold different partition files".to_string(),
+                    EXIT_CHECK_FAILED,
+                )
+            } else if master_index.is_none() {
+                (
+                    "no_master",
+                    match &master {
+                        Ok(g) => format!(
+                            "NO CONFIGURED MASTER: the SMs agree, but the master is {g}, none of the configured SMs"
+                        ),
+                        Err(e) => format!(
+                            "NO CONFIGURED MASTER: the SMs agree, but the master cannot be read: {e}"
+                        ),
+                    },
+                    EXIT_CHECK_FAILED,
+                )
+            } else {
+                ("in_sync", "in sync".to_string(), EXIT_OK)
+            };
+            let in_sync = state == "in_sync";
             if as_json {
-                json(&serde_json::json!({ "sms": states, "in_sync": in_sync }))?;
+                json(&serde_json::json!({
+                    "sms": states,
+                    "in_sync": in_sync,
+                    "state": state,
+                    "message": message,
+                }))?;
             } else {
                 print_sm_states(&states);
-                println!(
-                    "{}",
-                    if in_sync {
-                        "in sync"
-                    } else {
-                        "OUT OF SYNC: the SMs hold different partition files"
-                    }
-                );
+                println!("{}", crate::output::clean(&message));
             }
-            Ok(if in_sync { EXIT_OK } else { EXIT_CHECK_FAILED })
+            Ok(code)
         }
     }
 }

@@ -11,7 +11,7 @@ pub fn table<const N: usize>(
     let mut t = Table::new();
     t.load_preset(presets::NOTHING).set_header(header);
     for row in rows {
-        t.add_row(row);
+        t.add_row(row.map(|c| clean(&c)));
     }
     // comfy-table pads the first column with a leading space; trim for flush output.
     t.to_string()
@@ -19,6 +19,13 @@ pub fn table<const N: usize>(
         .map(|l| l.strip_prefix(' ').unwrap_or(l).trim_end())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `s` safe to print on a terminal: every control or bidirectional-formatting character
+/// (ESC, BEL, CR, a newline, U+202E, ...) written as `\u{..}`, so that a value from the
+/// API (a host name an agent sent, an audit line) cannot move the cursor or forge lines.
+pub fn clean(s: &str) -> String {
+    weft_controller::input::escape_control(s)
 }
 
 pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
@@ -54,6 +61,17 @@ mod tests {
         assert_eq!(lines.len(), 3, "{t}");
         let col = lines[0].find("PKEY").unwrap();
         assert_eq!(lines[2].find("0x0002").unwrap(), col, "{t}");
+    }
+
+    #[test]
+    fn tables_print_no_control_character() {
+        let t = table(
+            ["SUBJECT"],
+            [["node1\x1b[2K\r2026-01-01 admin group.move\x07\nnode2".to_string()]],
+        );
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("\\u{1b}[2K"), "{t}");
     }
 
     #[test]

@@ -221,6 +221,51 @@ fn apply_verify_and_status_with_json() {
     assert!(text(&o).contains("OUT OF SYNC"));
 }
 
+/// Regression: `fabric status` said `OUT OF SYNC` when one SM's file could not be read,
+/// and `in sync` when the only configured SM was not the master. Each is its own answer.
+#[test]
+fn status_tells_an_unreadable_sm_from_differing_ones_and_says_when_no_configured_sm_is_master() {
+    let l = live(2);
+    let dir = l.fabric.dir();
+    let o = weft(dir, &["fabric", "status"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("in sync"), "{}", text(&o));
+    // The standby's file cannot be read (a directory stands where it should be).
+    let standby = &l.sms[1].1;
+    std::fs::remove_file(standby).unwrap();
+    std::fs::create_dir(standby).unwrap();
+    let o = weft(dir, &["fabric", "status", "--json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["state"], "unreadable", "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read SM `standby`"),
+        "{s}"
+    );
+    assert!(
+        !s["message"].as_str().unwrap().contains("OUT OF SYNC"),
+        "{s}"
+    );
+    std::fs::remove_dir(standby).unwrap();
+    std::fs::write(standby, OPEN).unwrap();
+    // Only the standby configured: the SMs "agree", but none of them is master.
+    let cfg = std::fs::read_to_string(dir.join("weft.toml")).unwrap();
+    let parts: Vec<&str> = cfg.split("[[fabric.sm]]").collect();
+    assert_eq!(parts.len(), 3, "{cfg}");
+    std::fs::write(
+        dir.join("weft.toml"),
+        format!("{}[[fabric.sm]]{}", parts[0], parts[2]),
+    )
+    .unwrap();
+    let o = weft(dir, &["fabric", "status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("NO CONFIGURED MASTER"), "{}", text(&o));
+    assert!(!text(&o).contains("in sync"), "{}", text(&o));
+}
+
 /// kill -9 of weft at points spread over a whole apply: the SM's file is always exactly
 /// the previous or the new version, never a partial one, and a later apply cleans up.
 #[test]
@@ -275,13 +320,15 @@ fn kill_9_during_apply_never_leaves_a_partial_file() {
         }
     }
     assert!(kept > 0 && replaced > 0, "kept {kept}, replaced {replaced}");
-    // A complete apply afterwards succeeds and clears any temporary file a kill left.
+    // A complete apply afterwards succeeds and clears any temporary file a kill left
+    // (under its lock, which stays beside the file).
     std::fs::write(dir.join("plan.toml"), PLAN).unwrap();
     let o = weft(dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+    let mut names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names, vec!["partitions.conf".to_string()]);
+    names.sort();
+    assert_eq!(names, [".partitions.conf.weft-lock", "partitions.conf"]);
 }

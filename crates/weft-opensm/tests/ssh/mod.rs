@@ -477,3 +477,104 @@ fn output_of_the_remote_shell_startup_is_not_taken_for_data() {
     assert_eq!(sm.read_partitions().unwrap().unwrap(), OPEN.as_bytes());
     assert_eq!(sm.log_cursor().unwrap(), 0);
 }
+
+/// The lock over SSH: one remote session holds flock(2) on the lock file beside the
+/// partitions file; a second apply's lock (through another connection, and against a
+/// local apply on the same host too) waits, then fails naming the holder; dropping the
+/// holder, or killing the SSH client that holds it (a killed apply), frees it.
+#[test]
+fn the_lock_over_ssh_excludes_other_applies_and_ends_with_its_session() {
+    use weft_opensm::LocalSm;
+    let sshd = Sshd::start().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("etc");
+    std::fs::create_dir(&dir).unwrap();
+    let paths = RemotePaths {
+        partitions_file: dir.join("partitions.conf"),
+        pid_file: dir.join("opensm.pid"),
+        log_file: dir.join("osm.log"),
+    };
+    std::fs::write(&paths.partitions_file, OPEN).unwrap();
+    let one = SshSm::new(
+        "sm",
+        weft_fabric::Guid(1),
+        ssh_config(&sshd, true),
+        paths.clone(),
+    )
+    .unwrap();
+    let two = SshSm::new(
+        "sm",
+        weft_fabric::Guid(1),
+        ssh_config(&sshd, false),
+        paths.clone(),
+    )
+    .unwrap();
+    let local = LocalSm {
+        name: "sm".into(),
+        port_guid: weft_fabric::Guid(1),
+        partitions_file: paths.partitions_file.clone(),
+        pid_file: paths.pid_file.clone(),
+        log_file: paths.log_file.clone(),
+    };
+    let held = one
+        .lock("weft apply first on host a, pid 1", Duration::from_secs(5))
+        .unwrap();
+    for (who, sm) in [
+        ("ssh", &two as &dyn SmHost),
+        ("local", &local as &dyn SmHost),
+    ] {
+        let start = Instant::now();
+        let err = sm.lock("second", Duration::from_millis(300)).unwrap_err();
+        assert!(
+            matches!(&err, SmError::Locked { holder, .. } if holder.contains("first on host a")),
+            "{who}: {err}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{who}: {:?}",
+            start.elapsed()
+        );
+    }
+    // A waiter gets it once the holder lets go.
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| two.lock("third", Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(300));
+        drop(held);
+        drop(waiter.join().unwrap().unwrap());
+    });
+    // A holder whose SSH client is killed (the apply killed with SIGKILL) frees it too.
+    let pid_file = scratch.path().join("ssh.pid");
+    let wrapper = scratch.path().join("recording-ssh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec ssh \"$@\"\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut c = ssh_config(&sshd, false);
+    c.ssh_program = wrapper.to_string_lossy().into_owned();
+    let three = SshSm::new("sm", weft_fabric::Guid(1), c, paths.clone()).unwrap();
+    let held = three.lock("fourth", Duration::from_secs(5)).unwrap();
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    local.lock("fifth", Duration::from_secs(10)).unwrap();
+    drop(held);
+    assert_eq!(
+        std::fs::read(&paths.partitions_file).unwrap(),
+        OPEN.as_bytes()
+    );
+}

@@ -17,7 +17,7 @@ use weft_fabric::{Guid, conf};
 use weft_opensm::{Applier, DiagTools, LocalSm, SmHost, VerifyScope};
 use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Sshd, Topology};
 
-const ADMIN: &str = "wfa_cluster-test-admin";
+const ADMIN: &str = "wfa_cluster-test-admin-0123456789abcdef";
 
 /// A child process killed (by its pid) when dropped.
 struct Proc(Child);
@@ -291,26 +291,30 @@ fn free_port() -> u16 {
 
 /// Starts `weft controller` and waits (bounded) for the line that says it listens.
 fn start_controller(dir: &Path, port: u16) -> Proc {
+    start_controller_with(dir, port, &[])
+}
+
+/// [`start_controller`] with more arguments for `weft controller`.
+fn start_controller_with(dir: &Path, port: u16, extra: &[&str]) -> Proc {
     let listen = format!("127.0.0.1:{port}");
-    let mut child = weft_cmd(
-        dir,
-        &[
-            "--config",
-            "weft.toml",
-            "controller",
-            "--listen",
-            &listen,
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--db",
-            "controller.db",
-        ],
-    )
-    .env("WEFT_ADMIN_TOKEN", ADMIN)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
-    .spawn()
-    .expect("weft controller starts");
+    let mut args = vec![
+        "--config",
+        "weft.toml",
+        "controller",
+        "--listen",
+        &listen,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--db",
+        "controller.db",
+    ];
+    args.extend_from_slice(extra);
+    let mut child = weft_cmd(dir, &args)
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("weft controller starts");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -730,4 +734,92 @@ fn fabric_apply_over_ssh_with_the_standby_down_warns_and_exits_1_until_retried()
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!text(&o).contains("WARN"), "{}", text(&o));
     bed.verified();
+}
+
+/// Honest messages: under `--no-fabric` a change is "recorded, no fabric", never
+/// "verified"; a change that is not applied within the wait says it stays pending (and
+/// exits 1); the controller does not start without a strong admin token, nor a second
+/// time on one store.
+#[test]
+fn the_cli_never_claims_a_verification_that_did_not_happen() {
+    let scratch = tempfile::tempdir().unwrap();
+    let d = scratch.path();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let env = [("WEFT_CONTROLLER", url.as_str())];
+    {
+        let _ctl = start_controller_with(d, port, &["--no-fabric"]);
+        ok(weft(d, &env, &["tenant", "create", "alice"]));
+        let out = ok(weft(
+            d,
+            &env,
+            &["group", "create", "a", "--tenant", "alice"],
+        ));
+        assert!(out.contains("recorded, no fabric"), "{out}");
+        assert!(!out.contains("applied and verified"), "{out}");
+        // A second controller on the same store refuses to start.
+        let second = weft_cmd(
+            d,
+            &[
+                "--config",
+                "weft.toml",
+                "controller",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--db",
+                "controller.db",
+                "--no-fabric",
+            ],
+        )
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+        assert_ne!(second.status.code(), Some(0), "{}", text(&second));
+        assert!(
+            text(&second).contains("another controller uses this store"),
+            "{}",
+            text(&second)
+        );
+    }
+    // A weak admin token: no start.
+    let weak = weft_cmd(
+        d,
+        &[
+            "controller",
+            "--no-fabric",
+            "--db",
+            "other.db",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .env("WEFT_ADMIN_TOKEN", "short")
+    .output()
+    .unwrap();
+    assert_ne!(weak.status.code(), Some(0), "{}", text(&weak));
+    assert!(text(&weak).contains("128 bits"), "{}", text(&weak));
+
+    // An SM that cannot be reached: the change stays pending, and the CLI says so.
+    std::fs::write(
+        d.join("weft.toml"),
+        format!(
+            "[fabric]\n[fabric.diag]\ncwd = \"{dir}\"\n[fabric.diag.env]\nIBSIM_SOCKNAME = \"weft-no-such-sim\"\n\
+             [[fabric.sm]]\nname = \"nowhere\"\nport_guid = \"0x0002c90300000001\"\n\
+             partitions_file = \"{dir}/partitions.conf\"\npid_file = \"{dir}/no-opensm.pid\"\nlog_file = \"{dir}/osm.log\"\n",
+            dir = d.display()
+        ),
+    )
+    .unwrap();
+    let _ctl = start_controller(d, port);
+    let o = weft(
+        d,
+        &env,
+        &["group", "create", "b", "--tenant", "alice", "--wait-s", "2"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("stays pending"), "{}", text(&o));
+    assert!(!text(&o).contains("applied and verified"), "{}", text(&o));
 }
