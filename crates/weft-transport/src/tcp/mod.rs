@@ -14,6 +14,7 @@
 
 mod ctrl;
 mod engine;
+mod share;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -604,11 +605,19 @@ impl Connecting {
                     Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
                 };
                 let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
-                let offer = self.offer.take();
-                let ctrl = match (ev, offer.and_then(ctrl::Offer::accept)) {
-                    (ConnectEvent::Joined, Some(link)) => link,
+                let joined = match (ev, self.offer.take()) {
+                    (ConnectEvent::Joined, Some(o)) => o.accept(),
+                    // A plain ACK answers a JOIN with "no": the offered slot stays unused.
+                    (_, Some(o)) => {
+                        o.refused();
+                        None
+                    }
                     // JOINED without an offer is refused by the Connector.
-                    _ => CtrlLink::open(
+                    (_, None) => None,
+                };
+                let ctrl = match joined {
+                    Some(link) => link,
+                    None => CtrlLink::open(
                         self.conn_id,
                         self.instance,
                         dup(&self.dctrl.sock)?,
@@ -1172,10 +1181,12 @@ impl SendConn {
                     return;
                 };
                 if answer.is_none() {
-                    // No answer within the timeout: the peer does not move; stay.
+                    // No answer within the timeout: the peer does not move; stay (dropping
+                    // the offer leaves its slot used: the peer may still attach to it).
                     return;
                 }
                 if answer == Some(false) {
+                    offer.refused();
                     // Refused: the peer's own move onto ours won, or the link is going away.
                     // Look again when the links change (releasing the offer is such a
                     // change), a bounded number of times.
@@ -1290,9 +1301,10 @@ impl SendConn {
 
 /// A connection's first failure, `e`: tells the peer why (ABORT on the control stream and the
 /// side channel) and shuts both down so that it fails now rather than on its timers. A control
-/// stream shared with a healthy connection of the other direction stays up for that one unless
-/// the stream itself failed (`link_failed`): the failing end only leaves it (CLOSE), and the
-/// ABORT goes on the side channel. Returns the error the connection keeps.
+/// stream that another connection uses, used or may use (see `share::Share::sole`) stays up
+/// for it unless the stream itself failed (`link_failed`): the failing end only leaves it
+/// (CLOSE), and the ABORT goes on the side channel, which is this connection's alone.
+/// Returns the error the connection keeps.
 fn give_up(
     ctrl: &CtrlLink,
     side: &mut SideChannel,
@@ -1301,7 +1313,7 @@ fn give_up(
     link_failed: bool,
 ) -> Error {
     let abort = abort_frame(&e);
-    let e = if link_failed || !ctrl.shared() {
+    let e = if link_failed || ctrl.sole(end) {
         ctrl.fail(&e, abort.as_ref())
     } else {
         ctrl.detach(end, Duration::ZERO);
