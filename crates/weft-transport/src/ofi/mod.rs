@@ -562,6 +562,7 @@ impl Backend {
             listener: l,
             pending: Vec::new(),
             idle_since: None,
+            discarded: Vec::new(),
         })
     }
 
@@ -1138,6 +1139,8 @@ pub struct Listener {
     listener: TcpListener,
     pending: Vec<PendingAccept>,
     idle_since: Option<Instant>,
+    /// Connections closed because they did not speak weft's protocol, for the caller to log.
+    discarded: Vec<Error>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -1157,7 +1160,13 @@ impl Listener {
         &self.handle
     }
 
-    /// Accepts without blocking. `Ok(None)`: nothing complete yet.
+    /// The stray connections discarded since the last call, as errors naming each peer.
+    pub fn take_discarded(&mut self) -> Vec<Error> {
+        std::mem::take(&mut self.discarded)
+    }
+
+    /// Accepts without blocking. `Ok(None)`: nothing complete yet. A socket that does not
+    /// speak weft's protocol is closed and kept for [`Listener::take_discarded`].
     pub fn accept(&mut self) -> Result<Option<RecvConn>> {
         let now = Instant::now();
         let idle_since = *self.idle_since.get_or_insert(now);
@@ -1197,9 +1206,11 @@ impl Listener {
                     self.pending.swap_remove(i);
                     return r.map(Some);
                 }
+                // Not weft's protocol (garbage, a bare connect and close, a probe, a foreign
+                // nonce, a stall): closed and kept for the caller to log; keep waiting.
                 Err(e) => {
                     self.pending.swap_remove(i);
-                    return Err(e);
+                    self.discarded.push(e);
                 }
             }
         }

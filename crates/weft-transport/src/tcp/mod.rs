@@ -342,6 +342,7 @@ impl Transport {
             socks: HashMap::new(),
             next_key: 0,
             idle_since: None,
+            discarded: Vec::new(),
         })
     }
 
@@ -703,6 +704,8 @@ pub struct Listener {
     socks: HashMap<u64, (TcpStream, Link)>,
     next_key: u64,
     idle_since: Option<Instant>,
+    /// Connections closed because they did not speak weft's protocol, for the caller to log.
+    discarded: Vec<Error>,
 }
 
 impl Listener {
@@ -717,9 +720,26 @@ impl Listener {
     }
 
     /// Accepts without blocking. `Ok(None)`: no connection is complete yet, call again.
-    /// A socket that sends garbage, a foreign nonce or stalls is closed and reported as an error
-    /// (the listener stays usable). With nothing arriving for `accept_timeout`, times out.
+    /// A socket that does not speak weft's protocol to this listener (garbage, a bare connect
+    /// and close, a health probe, a foreign nonce, one that stalls past the timeout) is closed
+    /// and kept for [`Listener::take_discarded`]; accepting goes on waiting for the real peer.
+    /// With nothing arriving for `accept_timeout`, times out.
     pub fn accept(&mut self) -> Result<Option<RecvConn>> {
+        loop {
+            match self.accept_once()? {
+                Accepted::Conn(c) => return Ok(Some(c)),
+                Accepted::Nothing => return Ok(None),
+                Accepted::Discarded(e) => self.discarded.push(e),
+            }
+        }
+    }
+
+    /// The stray connections discarded since the last call, as errors naming each peer.
+    pub fn take_discarded(&mut self) -> Vec<Error> {
+        std::mem::take(&mut self.discarded)
+    }
+
+    fn accept_once(&mut self) -> Result<Accepted> {
         let now = Instant::now();
         let idle_since = *self.idle_since.get_or_insert(now);
         for (l, iface) in &self.listeners {
@@ -768,7 +788,6 @@ impl Listener {
             self.idle_since = Some(now);
         }
         if let Some(ev) = self.acceptor.poll_event() {
-            self.idle_since = Some(now);
             return match ev {
                 AcceptEvent::Refused { key, reply, error } => {
                     let (s, link) = self
@@ -779,7 +798,7 @@ impl Listener {
                         let _ = (&s).write(&r);
                     }
                     let stage = Stage::Accept;
-                    Err(match error {
+                    Ok(Accepted::Discarded(match error {
                         proto::AcceptError::Frame(f) => link.protocol(stage, f),
                         proto::AcceptError::TimedOut(_) => link.timeout(stage, self.cfg.timeout),
                         proto::AcceptError::Closed => link.closed(stage),
@@ -788,7 +807,7 @@ impl Listener {
                             iface: link.iface,
                             reason: format!("refused: {other}"),
                         },
-                    })
+                    }))
                 }
                 AcceptEvent::Ready {
                     conn_id,
@@ -847,7 +866,8 @@ impl Listener {
                         ctrl.detach(End::Recv, Duration::ZERO);
                         return Err(hs_link.io("send ack", Stage::Accept, &e));
                     }
-                    Ok(Some(RecvConn {
+                    self.idle_since = Some(now);
+                    Ok(Accepted::Conn(RecvConn {
                         link: ctrl.link().clone(),
                         ctrl,
                         side: SideChannel::new(hs, hs_link),
@@ -873,7 +893,7 @@ impl Listener {
                 after: self.cfg.accept_timeout,
             });
         }
-        Ok(None)
+        Ok(Accepted::Nothing)
     }
 
     /// Polls until a connection arrives or the accept timeout passes. For tools and tests.
@@ -885,6 +905,14 @@ impl Listener {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+}
+
+/// What one look at the listening sockets found (short-lived: the size difference is moot).
+#[allow(clippy::large_enum_variant)]
+enum Accepted {
+    Conn(RecvConn),
+    Discarded(Error),
+    Nothing,
 }
 
 pub(crate) fn write_all_until(

@@ -36,3 +36,71 @@ pub fn ofi_transport(c: Config, what: &str) -> Option<Transport> {
     }
     Some(t)
 }
+
+/// What NCCL's peers cannot rule out on a listening port while a communicator is set up: for
+/// `rounds` listeners of `t`, each TCP port of the handle gets 1 KiB of garbage, a bare connect
+/// and close, an HTTP health probe and a half-open connection (connects, never writes), then
+/// a real connection is made. The real one comes up within its bound, each stray one is
+/// discarded and reported (naming its peer) by `take_discarded`, and nothing else fails.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn strays_do_not_fail_a_real_connect(t: &Transport, rounds: usize) {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::Instant;
+    for round in 0..rounds {
+        let mut l = t.listen(0).expect("listen");
+        let info = l.handle_info().clone();
+        let ports: Vec<_> = std::iter::once(info.mgmt)
+            .chain(info.data.clone())
+            .collect();
+        let mut strays = Vec::new();
+        let mut half_open = Vec::new();
+        for p in &ports {
+            let mut g = TcpStream::connect(p).expect("connect");
+            g.write_all(&[0xa5; 1024]).expect("garbage");
+            strays.push(g.local_addr().expect("addr"));
+            let c = TcpStream::connect(p).expect("connect");
+            strays.push(c.local_addr().expect("addr"));
+            drop(c);
+            let mut h = TcpStream::connect(p).expect("connect");
+            h.write_all(b"GET /health HTTP/1.0\r\n\r\n").expect("probe");
+            strays.push(h.local_addr().expect("addr"));
+            half_open.push(TcpStream::connect(p).expect("connect"));
+            drop((g, h));
+        }
+        let start = Instant::now();
+        let (mut tx, mut rx) = t
+            .connect_and_accept(0, &l.handle(), &mut l)
+            .unwrap_or_else(|e| panic!("round {round}: the real connect failed: {e}"));
+        assert!(
+            start.elapsed() < t.config().timeout,
+            "round {round}: {:?}",
+            start.elapsed()
+        );
+        tx.send(b"real", 1).expect("send");
+        let mut buf = [0u8; 4];
+        assert_eq!(rx.recv(&mut buf, 1).expect("recv"), 4);
+        assert_eq!(&buf, b"real");
+        // Every stray that wrote or closed is discarded by now or soon (the half-open ones
+        // when they time out, not waited for here); each is named.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut named = Vec::new();
+        while named.len() < strays.len() && Instant::now() < deadline {
+            assert!(l.accept().expect("accept after strays").is_none());
+            for e in l.take_discarded() {
+                let text = e.to_string();
+                let who = strays.iter().find(|a| text.contains(&a.to_string()));
+                let who = who.unwrap_or_else(|| panic!("round {round}: {text} names no stray"));
+                named.push(*who);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for s in &strays {
+            assert!(
+                named.contains(s),
+                "round {round}: stray {s} not reported: {named:?}"
+            );
+        }
+        drop(half_open);
+    }
+}
