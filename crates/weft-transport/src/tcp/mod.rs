@@ -881,6 +881,8 @@ impl Listener {
                         error: None,
                         linger: self.cfg.timeout.min(LINGER_MAX),
                         next: None,
+                        held: VecDeque::new(),
+                        held_bytes: 0,
                     }))
                 }
             };
@@ -1400,6 +1402,60 @@ struct RecvReq {
     sizes: [usize; MAX_RECVS],
     matched: usize,
     chunks: Arc<ReqState>,
+    /// Held messages matched to this receive, copied into `*mut u8` once they are whole.
+    copies: Vec<(Held, *mut u8)>,
+}
+
+/// A message whose tag matched no empty buffer of the receive it reached: its tag belongs to a
+/// later receive (the sender ran ahead of the receiver's grouped receives, which NCCL's IB
+/// transport answers with "not yet"). It is held, its chunks read into `data` so that later
+/// messages keep flowing, until a receive with a buffer for its tag is posted.
+#[derive(Debug)]
+struct Held {
+    tag: i32,
+    size: u64,
+    data: Box<[u8]>,
+    /// Chunks still to be read into `data`.
+    chunks: Arc<ReqState>,
+}
+
+/// Most bytes of held messages (see [`Held`]) one receiving connection keeps; beyond it a
+/// message that matches no buffer is an error.
+const MAX_HELD_BYTES: u64 = 256 << 20;
+
+/// Holds message `h` (see [`Held`]): its inline payload, or a buffer its chunks are read into.
+fn hold(engine: &mut Engine, next_stream: &mut usize, h: proto::MsgHeader) -> Held {
+    let chunks = Arc::new(ReqState::default());
+    let data = match h.inline {
+        Some(p) => p.into_boxed_slice(),
+        None if h.size == 0 => Box::default(),
+        None => {
+            let mut data = vec![0u8; h.size as usize].into_boxed_slice();
+            let n = engine.nstreams();
+            let start = *next_stream;
+            let count = h.size.div_ceil(h.chunk) as usize;
+            *next_stream = (start + count) % n;
+            chunks.remaining.store(count, Ordering::Release);
+            let base = data.as_mut_ptr() as usize;
+            let tasks = proto::chunks(h.size, h.chunk, n, start).map(|c| {
+                let t = Task {
+                    ptr: base + c.offset as usize,
+                    len: c.len as usize,
+                    done: 0,
+                    req: chunks.clone(),
+                };
+                (c.stream, t)
+            });
+            engine.push(tasks);
+            data
+        }
+    };
+    Held {
+        tag: h.tag,
+        size: h.size,
+        data,
+        chunks,
+    }
 }
 
 /// The receiving end of a connection.
@@ -1424,6 +1480,10 @@ pub struct RecvConn {
     linger: Duration,
     /// The link the sender is moving onto (MOVE accepted, MOVED not read yet).
     next: Option<Arc<CtrlLink>>,
+    /// Messages that came before the receive with a buffer for their tag (after `engine`:
+    /// helper threads may write into them until the engine is dropped).
+    held: VecDeque<Held>,
+    held_bytes: u64,
 }
 
 impl RecvConn {
@@ -1502,10 +1562,7 @@ impl RecvConn {
     }
 
     fn match_msgs(&mut self) -> Result<()> {
-        while let (Some(&id), false) = (self.order.front(), self.msgs.is_empty()) {
-            let Some(h) = self.msgs.pop_front() else {
-                break;
-            };
+        while let Some(&id) = self.order.front() {
             let peer = self.link.peer;
             let n = self.engine.nstreams();
             let r = self
@@ -1513,8 +1570,47 @@ impl RecvConn {
                 .get_mut(id)
                 .ok_or_else(|| Error::Usage("receive request vanished".into()))?;
             let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
-            let slot = proto::select_slot(&tags, &r.filled, h.tag)
-                .ok_or(Error::TagMismatch { peer, tag: h.tag })?;
+            // Messages held for a later receive come first, in the order they arrived.
+            let mut i = 0;
+            while i < self.held.len() && r.matched < r.bufs.len() {
+                let Some(slot) = proto::select_slot(&tags, &r.filled, self.held[i].tag) else {
+                    i += 1;
+                    continue;
+                };
+                let Some(m) = self.held.remove(i) else {
+                    break;
+                };
+                self.held_bytes -= m.size;
+                let buf = r.bufs[slot];
+                if m.size > buf.len as u64 {
+                    return Err(Error::Truncated {
+                        peer,
+                        sent: m.size,
+                        posted: buf.len,
+                        tag: m.tag,
+                    });
+                }
+                r.filled[slot] = true;
+                r.sizes[slot] = m.size as usize;
+                r.matched += 1;
+                r.copies.push((m, buf.ptr));
+            }
+            if r.matched == r.bufs.len() {
+                self.order.pop_front();
+                continue;
+            }
+            let Some(h) = self.msgs.pop_front() else {
+                break;
+            };
+            let Some(slot) = proto::select_slot(&tags, &r.filled, h.tag) else {
+                if self.held_bytes + h.size > MAX_HELD_BYTES {
+                    return Err(Error::TagMismatch { peer, tag: h.tag });
+                }
+                self.held_bytes += h.size;
+                let m = hold(&mut self.engine, &mut self.next_stream, h);
+                self.held.push_back(m);
+                continue;
+            };
             let buf = r.bufs[slot];
             if h.size > buf.len as u64 {
                 return Err(Error::Truncated {
@@ -1604,6 +1700,7 @@ impl RecvConn {
             sizes: [0; MAX_RECVS],
             matched: 0,
             chunks: Arc::new(ReqState::default()),
+            copies: Vec::new(),
         };
         let id = self.reqs.insert(req);
         if let Some(id) = id {
@@ -1620,7 +1717,21 @@ impl RecvConn {
             .reqs
             .get_mut(id)
             .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
-        if r.matched == r.bufs.len() && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+        r.copies.retain(|(m, dst)| {
+            if m.chunks.remaining.load(Ordering::Acquire) > 0 {
+                return true;
+            }
+            if !m.data.is_empty() {
+                // SAFETY: the caller of irecv guarantees the buffer at `dst` is writable for its
+                // length, which match_msgs checked is at least `m.data.len()` (= the size).
+                unsafe { std::ptr::copy_nonoverlapping(m.data.as_ptr(), *dst, m.data.len()) };
+            }
+            false
+        });
+        if r.matched == r.bufs.len()
+            && r.chunks.remaining.load(Ordering::Acquire) == 0
+            && r.copies.is_empty()
+        {
             let c = Completed {
                 n: r.bufs.len(),
                 sizes: r.sizes,
