@@ -1496,3 +1496,24 @@ fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport)
 fn stray_connections_are_discarded_while_the_real_peer_connects() {
     each_provider(|_, t| common::strays_do_not_fail_a_real_connect(t, 20));
 }
+
+/// Sent means delivered on each provider: a sender process that closes and exits as soon as
+/// its 32 sends of 5,000 bytes (eager) are reported done loses none of them; then 8 of
+/// 300,000 bytes (RMA), 30 and 10 rounds.
+#[test]
+fn a_sender_that_exits_right_after_completion_loses_nothing() {
+    each_provider(|p, t| {
+        let domain = t.config().ofi_domain.clone().unwrap_or_default();
+        let mut env = vec![
+            ("WEFT_MGMT_IFNAME", "=lo"),
+            ("WEFT_TIMEOUT_MS", "20000"),
+            ("WEFT_BACKEND", "ofi"),
+            ("WEFT_OFI_PROVIDER", p),
+        ];
+        if !domain.is_empty() {
+            env.push(("WEFT_OFI_DOMAIN", &domain));
+        }
+        common::sender_exits_right_after_completion(t, &env, 30, 32, 5000);
+        common::sender_exits_right_after_completion(t, &env, 10, 8, 300_000);
+    });
+}

@@ -104,3 +104,71 @@ pub fn strays_do_not_fail_a_real_connect(t: &Transport, rounds: usize) {
         drop(half_open);
     }
 }
+
+/// Sent means delivered: `rounds` times, a separate sender process (the `weft-send-and-exit`
+/// binary of this crate, configured by `env`) sends `count` messages of `size` bytes to a listener of `t`,
+/// closes and exits as soon as all are reported done; every message must arrive intact.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn sender_exits_right_after_completion(
+    t: &Transport,
+    env: &[(&str, &str)],
+    rounds: usize,
+    count: usize,
+    size: usize,
+) {
+    use std::time::Instant;
+    let example = env!("CARGO_BIN_EXE_weft-send-and-exit");
+    for round in 0..rounds {
+        let mut l = t.listen(0).expect("listen");
+        let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+        let mut child = std::process::Command::new(example)
+            .args([hex, count.to_string(), size.to_string()])
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("spawn send_and_exit");
+        let mut rx = l
+            .wait()
+            .unwrap_or_else(|e| panic!("round {round}: accept: {e}"));
+        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0xffu8; size]).collect();
+        let mut ids = Vec::new();
+        for (k, b) in bufs.iter_mut().enumerate() {
+            let rb = weft_transport::RecvBuf {
+                ptr: b.as_mut_ptr(),
+                len: b.len(),
+                tag: k as i32,
+            };
+            // SAFETY: `bufs` outlives the requests, tested to completion (or failure) below.
+            let id = unsafe { rx.irecv(&[rb]) }
+                .unwrap_or_else(|e| panic!("round {round}: irecv {k}: {e}"))
+                .expect("a free request slot");
+            ids.push(Some(id));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ids.iter().any(Option::is_some) {
+            assert!(Instant::now() < deadline, "round {round}: receives stuck");
+            for (k, id) in ids.iter_mut().enumerate() {
+                if let Some(i) = *id {
+                    match rx.test(i) {
+                        Ok(Some(c)) => {
+                            assert_eq!(c.sizes(), &[size], "round {round} message {k}");
+                            *id = None;
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = child.wait();
+                            panic!("round {round}: message {k} of {count} lost: {e}")
+                        }
+                    }
+                }
+            }
+        }
+        for (k, b) in bufs.iter().enumerate() {
+            assert!(
+                b.iter().all(|x| *x == k as u8),
+                "round {round} message {k} differs"
+            );
+        }
+        let st = child.wait().expect("wait");
+        assert!(st.success(), "round {round}: sender {st}");
+    }
+}
