@@ -93,9 +93,55 @@ pub fn log_in(level: c_int, subsystems: std::ffi::c_ulong, msg: &str) {
     };
 }
 
-/// Logs a warning.
+/// Logs a warning, rate-limited (see [`Limiter`]): a caller that spins on a failing call
+/// gets one line per message per [`REPEAT_WINDOW`], with the count of those left out.
 pub fn warn(msg: &str) {
-    log(ffi::NCCL_LOG_WARN, msg);
+    let now = std::time::Instant::now();
+    let line = {
+        let mut l = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        l.get_or_insert_with(Limiter::default).admit(msg, now)
+    };
+    if let Some(line) = line {
+        log(ffi::NCCL_LOG_WARN, &line);
+    }
+}
+
+/// How long a repeated warning stays quiet after it was logged.
+pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+/// Most distinct messages the limiter remembers (it forgets them all beyond: bounded memory).
+const LIMITER_MAX: usize = 1024;
+
+static WARNED: std::sync::Mutex<Option<Limiter>> = std::sync::Mutex::new(None);
+
+/// Rate limit of repeated log lines: a message is logged the first time, then at most once
+/// per [`REPEAT_WINDOW`], saying how many identical ones were left out since.
+#[derive(Debug, Default)]
+pub struct Limiter {
+    seen: std::collections::HashMap<String, (std::time::Instant, u64)>,
+}
+
+impl Limiter {
+    /// The line to log for `msg` at `now`, or None to leave it out (it is counted).
+    pub fn admit(&mut self, msg: &str, now: std::time::Instant) -> Option<String> {
+        if let Some((last, left_out)) = self.seen.get_mut(msg) {
+            if now.duration_since(*last) < REPEAT_WINDOW {
+                *left_out += 1;
+                return None;
+            }
+            let n = std::mem::take(left_out);
+            *last = now;
+            return Some(if n == 0 {
+                msg.to_string()
+            } else {
+                format!("{msg} (and {n} more times since the last such line)")
+            });
+        }
+        if self.seen.len() >= LIMITER_MAX {
+            self.seen.clear();
+        }
+        self.seen.insert(msg.to_string(), (now, 0));
+        Some(msg.to_string())
+    }
 }
 
 /// Logs an info line.
@@ -170,4 +216,43 @@ pub unsafe fn free_handle<T>(p: *mut std::ffi::c_void, what: &'static str) -> Re
     }
     // SAFETY: per the contract, `p` came from `Box::into_raw` of a `Box<T>` and is freed once.
     Ok(unsafe { Box::from_raw(p.cast::<T>()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// 24.9 million identical warnings from a spinning caller become one line per second,
+    /// the next one carrying the count; a different message is never held back by another.
+    #[test]
+    fn repeated_warnings_are_rate_limited_with_a_count() {
+        let mut l = Limiter::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            l.admit("isend failed: x", t0).as_deref(),
+            Some("isend failed: x")
+        );
+        for i in 0..1000u32 {
+            assert_eq!(
+                l.admit("isend failed: x", t0 + Duration::from_micros(u64::from(i))),
+                None
+            );
+        }
+        assert_eq!(
+            l.admit("test failed: y", t0).as_deref(),
+            Some("test failed: y")
+        );
+        let later = l.admit("isend failed: x", t0 + REPEAT_WINDOW).unwrap();
+        assert_eq!(
+            later,
+            "isend failed: x (and 1000 more times since the last such line)"
+        );
+        assert_eq!(l.admit("isend failed: x", t0 + REPEAT_WINDOW), None);
+        let quiet = t0 + 3 * REPEAT_WINDOW;
+        assert_eq!(
+            l.admit("isend failed: x", quiet).as_deref(),
+            Some("isend failed: x (and 1 more times since the last such line)")
+        );
+    }
 }

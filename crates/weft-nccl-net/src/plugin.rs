@@ -241,7 +241,16 @@ pub fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<(
     crate::guard::out(recv_comm, "recvComm", std::ptr::null_mut())?;
     // SAFETY: NCCL passes back the listenComm `listen` created, until closeListen.
     let l = unsafe { crate::guard::handle_ref::<ListenComm>(listen_comm, "listenComm")? };
-    if let Some(c) = lock(&l.listener).accept()? {
+    let mut listener = lock(&l.listener);
+    let got = listener.accept();
+    // Logged whether or not this call found the real peer, before any error is returned.
+    for e in listener.take_discarded() {
+        info(&format!(
+            "ignored a connection that does not speak weft's protocol: {e}"
+        ));
+    }
+    drop(listener);
+    if let Some(c) = got? {
         let (peer, iface) = c.peer();
         info(&format!(
             "accepted {peer} via {iface}: {} data stream(s), control stream {}",

@@ -179,6 +179,16 @@ impl Listener {
         })
     }
 
+    /// The connections discarded since the last call because they did not speak weft's
+    /// protocol (garbage, a bare connect and close, a health probe, a stale handle, a stall),
+    /// as errors naming each peer: for the caller to log (the plugin logs them at INFO).
+    pub fn take_discarded(&mut self) -> Vec<crate::Error> {
+        match &mut self.0 {
+            L::Tcp(l) => l.take_discarded(),
+            L::Ofi(l) => l.take_discarded(),
+        }
+    }
+
     /// Polls until a connection arrives or the accept timeout passes.
     pub fn wait(&mut self) -> Result<RecvConn> {
         Ok(match &mut self.0 {

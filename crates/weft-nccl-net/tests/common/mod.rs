@@ -69,6 +69,15 @@ pub fn warns_since(mark: usize) -> Vec<String> {
         .collect()
 }
 
+/// The INFO lines logged since `mark`.
+pub fn infos_since(mark: usize) -> Vec<String> {
+    LOG.lock().unwrap()[mark..]
+        .iter()
+        .filter(|l| l.level == NCCL_LOG_INFO)
+        .map(|l| l.text.clone())
+        .collect()
+}
+
 pub fn log_mark() -> usize {
     LOG.lock().unwrap().len()
 }

@@ -562,6 +562,7 @@ impl Backend {
             listener: l,
             pending: Vec::new(),
             idle_since: None,
+            discarded: Vec::new(),
         })
     }
 
@@ -1138,6 +1139,8 @@ pub struct Listener {
     listener: TcpListener,
     pending: Vec<PendingAccept>,
     idle_since: Option<Instant>,
+    /// Connections closed because they did not speak weft's protocol, for the caller to log.
+    discarded: Vec<Error>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -1157,7 +1160,13 @@ impl Listener {
         &self.handle
     }
 
-    /// Accepts without blocking. `Ok(None)`: nothing complete yet.
+    /// The stray connections discarded since the last call, as errors naming each peer.
+    pub fn take_discarded(&mut self) -> Vec<Error> {
+        std::mem::take(&mut self.discarded)
+    }
+
+    /// Accepts without blocking. `Ok(None)`: nothing complete yet. A socket that does not
+    /// speak weft's protocol is closed and kept for [`Listener::take_discarded`].
     pub fn accept(&mut self) -> Result<Option<RecvConn>> {
         let now = Instant::now();
         let idle_since = *self.idle_since.get_or_insert(now);
@@ -1197,9 +1206,11 @@ impl Listener {
                     self.pending.swap_remove(i);
                     return r.map(Some);
                 }
+                // Not weft's protocol (garbage, a bare connect and close, a probe, a foreign
+                // nonce, a stall): closed and kept for the caller to log; keep waiting.
                 Err(e) => {
                     self.pending.swap_remove(i);
-                    return Err(e);
+                    self.discarded.push(e);
                 }
             }
         }
@@ -3004,6 +3015,14 @@ impl Drop for SendConn {
                 break;
             }
         }
+        // A completed send may still sit unacknowledged in a kernel socket of the provider
+        // (tcp;ofi_rxm): if this process exits now, closing that socket with bytes unread (the
+        // receiver's CTS and acknowledgements) makes the kernel reset it and drop what it has
+        // not sent, sends reported done included. So wait, within the same bound, until the
+        // peer's kernel has acknowledged every byte of this process's TCP sockets.
+        while self.error.is_none() && Instant::now() < deadline && tcp_unacked_bytes() > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
         // The endpoint stays with the other connections: if the sends above did not finish,
         // leak what the provider may still use, registrations of the caller's buffers (eager
         // messages and writes go from them) included.
@@ -3019,6 +3038,66 @@ impl Drop for SendConn {
             c.clear();
         }
     }
+}
+
+/// Bytes written to this process's TCP sockets that their peers' kernels have not yet
+/// acknowledged (`SIOCOUTQ` summed over `/proc/self/fd`): the provider's sockets are not ours
+/// to name, so every one counts. 0 when `/proc` is unreadable (nothing to wait for then).
+fn tcp_unacked_bytes() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let mut total = 0usize;
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let is_socket =
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        let mut ty: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: SO_TYPE writes one int through the pointer to a live c_int of `len` bytes; a
+        // closed or foreign fd makes it fail, which we skip.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_TYPE,
+                (&mut ty as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 || ty != libc::SOCK_STREAM {
+            continue;
+        }
+        // TCP only: a Unix stream socket's queue counts bytes its peer has not read (a
+        // provider's wake-up pipe), which no kernel acknowledges.
+        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+        let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut salen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `salen` bytes into the live sockaddr_storage.
+        let r = unsafe {
+            libc::getsockname(
+                fd,
+                (&mut sa as *mut libc::sockaddr_storage).cast(),
+                &mut salen,
+            )
+        };
+        let family = libc::c_int::from(sa.ss_family);
+        if r != 0 || (family != libc::AF_INET && family != libc::AF_INET6) {
+            continue;
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+        if r == 0 {
+            total += usize::try_from(n).unwrap_or(0);
+        }
+    }
+    total
 }
 
 // ------------------------------------------------------------------------------------------

@@ -294,7 +294,7 @@ impl MoveStep {
 }
 
 /// One end of a connection, as seen by the side that owns it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum End {
     /// The sending end.
     Send,

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use super::share::{Leave, Share, Slot};
 use crate::error::{Error, Link, Stage};
 use crate::proto::{self, CTRL_WINDOW, End, FRAME_LEN, Frame, FrameDecoder, MoveStep, MsgHeader};
 
@@ -67,20 +68,12 @@ pub(crate) struct CtrlLink {
 
 #[derive(Debug)]
 struct State {
-    send_attached: bool,
-    recv_attached: bool,
-    /// Offered in a JOIN or MOVE whose answer has not come yet.
-    offered: bool,
-    /// The sending connection on this link asked to move onto link `id` (MOVE request sent).
-    moving_to: Option<u64>,
+    /// Which ends use the link, and what the peer said of its own (see `share`).
+    share: Share,
     /// MOVE requests from the peer's sending end (link ids), not yet answered.
     move_requests: VecDeque<u64>,
     /// The peer's answer to this side's MOVE request.
     move_answer: Option<bool>,
-    /// The peer's sending end moved away (MOVED): nothing more for the receiving end here.
-    moved: bool,
-    /// This side's sending end moved away (it only finishes what it queued here).
-    leaving: bool,
 
     /// Whole frames committed to the stream, written up to `out_pos`.
     out: Vec<u8>,
@@ -110,10 +103,6 @@ struct State {
     inbox: VecDeque<MsgHeader>,
     /// The stream ended (end of stream or reset): nothing more to read.
     eof: bool,
-    /// The peer's sending end is gone (CLOSE, end of stream, reset): no MSG will follow.
-    peer_send_closed: bool,
-    /// The peer's receiving end is gone (CLOSE, end of stream, reset).
-    peer_recv_closed: bool,
     /// Reading failed otherwise (a timed-out or unreachable peer).
     read_error: Option<Error>,
     /// Writing failed: the peer's receiving end will never see what is queued.
@@ -138,14 +127,9 @@ impl CtrlLink {
             .local_addr()
             .map_err(|e| link.io("local_addr", Stage::Data, &e))?;
         let st = State {
-            send_attached: end == End::Send,
-            recv_attached: end == End::Recv,
-            offered: false,
-            moving_to: None,
+            share: Share::opened(end),
             move_requests: VecDeque::new(),
             move_answer: None,
-            moved: false,
-            leaving: false,
             out: Vec::new(),
             out_pos: 0,
             out_msgs: VecDeque::new(),
@@ -163,8 +147,6 @@ impl CtrlLink {
             reported: 0,
             inbox: VecDeque::new(),
             eof: false,
-            peer_send_closed: false,
-            peer_recv_closed: false,
             read_error: None,
             write_error: None,
             error: None,
@@ -227,12 +209,12 @@ impl CtrlLink {
 
     /// This side's sending connection moved onto another link: no one may join or move here.
     pub fn set_leaving(&self) {
-        lock(&self.st).leaving = true;
+        lock(&self.st).share.leaving = true;
     }
 
     /// Records that this link's sending connection asked to move onto link `to`.
     pub fn set_moving_to(&self, to: Option<u64>) {
-        lock(&self.st).moving_to = to;
+        lock(&self.st).share.moving_to = to;
     }
 
     /// The next MOVE request of the peer's sending end, if any.
@@ -247,7 +229,7 @@ impl CtrlLink {
 
     /// Whether the peer's sending end has moved away (MOVED read).
     pub fn moved(&self) -> bool {
-        lock(&self.st).moved
+        lock(&self.st).share.moved
     }
 
     /// Whether everything written is in the kernel and acknowledged by the peer's kernel, so
@@ -262,10 +244,25 @@ impl CtrlLink {
         &self.link
     }
 
+    /// Whether a failure of the end `end` alone may end the whole link (see `Share::sole`).
+    pub fn sole(&self, end: End) -> bool {
+        lock(&self.st).share.sole(end)
+    }
+
+    /// Shuts the stream when no end uses it any more and none is promised (after an offer
+    /// was refused or dropped while its link had no end left): nobody else would.
+    fn shut_if_unused(&self, st: &mut State) {
+        let s = &st.share;
+        let unused = !matches!(s.send, Slot::Attached | Slot::Reserved) && s.recv != Slot::Attached;
+        if unused && !st.shut {
+            st.shut = true;
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
     /// Whether both a sending and a receiving connection use this link.
     pub fn shared(&self) -> bool {
-        let st = lock(&self.st);
-        st.send_attached && st.recv_attached
+        lock(&self.st).share.shared()
     }
 
     /// Queues a MSG frame that `encode` appends; returns its sequence number, which
@@ -333,7 +330,7 @@ impl CtrlLink {
                 Ok(None) => break,
                 // Nobody will take a message once the receiving connection has left.
                 Ok(Some(Frame::Msg(h))) => {
-                    if st.recv_attached {
+                    if st.share.attached(End::Recv) {
                         st.inbox.push_back(h);
                     }
                 }
@@ -344,12 +341,11 @@ impl CtrlLink {
                     MoveStep::Request => st.move_requests.push_back(link),
                     MoveStep::Accepted => st.move_answer = Some(true),
                     MoveStep::Refused => st.move_answer = Some(false),
-                    MoveStep::Moved => st.moved = true,
+                    MoveStep::Moved => st.share.moved = true,
                 },
-                Ok(Some(Frame::Close { end: End::Send })) => st.peer_send_closed = true,
-                Ok(Some(Frame::Close { end: End::Recv })) => st.peer_recv_closed = true,
+                Ok(Some(Frame::Close { end })) => st.share.on_close(end),
                 Ok(Some(Frame::Abort { reason, detail })) => {
-                    let who = match (st.send_attached, st.recv_attached) {
+                    let who = match (st.share.attached(End::Send), st.share.attached(End::Recv)) {
                         (true, false) => "receiver",
                         (false, true) => "sender",
                         _ => "peer",
@@ -406,7 +402,7 @@ impl CtrlLink {
 
     /// Whether the peer's sending end is gone (no MSG will follow those already taken).
     pub fn peer_send_closed(&self) -> bool {
-        lock(&self.st).peer_send_closed
+        lock(&self.st).share.peer_send_closed
     }
 
     /// Why the peer's receiving end will read nothing more, if it will not.
@@ -415,7 +411,9 @@ impl CtrlLink {
         if let Some(e) = &st.read_error {
             return Some(e.clone());
         }
-        st.peer_recv_closed.then(|| self.link.closed(Stage::Data))
+        st.share
+            .peer_recv_closed
+            .then(|| self.link.closed(Stage::Data))
     }
 
     /// A read failure other than the peer closing (the peer's host or the link is dead).
@@ -464,19 +462,16 @@ impl CtrlLink {
         let last = {
             let mut g = lock(&self.st);
             let st = &mut *g;
-            let attached = match end {
-                End::Send => std::mem::replace(&mut st.send_attached, false),
-                End::Recv => {
-                    st.inbox.clear();
-                    std::mem::replace(&mut st.recv_attached, false)
-                }
-            };
-            if !attached {
-                // Left already, after a failure of its own.
-                return;
+            if end == End::Recv {
+                st.inbox.clear();
             }
-            // An offered link is about to get an end: not the last one out.
-            let last = !st.send_attached && !st.recv_attached && !st.offered;
+            let last = match st.share.leave(end) {
+                // Left already, after a failure of its own.
+                Leave::Gone => return,
+                Leave::Close => false,
+                // Not offered either (an offered link is about to get an end).
+                Leave::Last => true,
+            };
             if !last && st.error.is_none() && !st.shut {
                 let mut f = Vec::with_capacity(FRAME_LEN);
                 Frame::Close { end }.encode(&mut f);
@@ -569,8 +564,12 @@ impl State {
 
     fn end_of_stream(&mut self) {
         self.eof = true;
-        self.peer_send_closed = true;
-        self.peer_recv_closed = true;
+        self.share.on_end_of_stream();
+    }
+
+    /// Whether the link itself failed or is shut (no new end may come).
+    fn failed(&self) -> bool {
+        self.error.is_some() || self.read_error.is_some() || self.write_error.is_some() || self.shut
     }
 }
 
@@ -586,17 +585,6 @@ fn unacked(s: &TcpStream) -> usize {
     }
 }
 
-fn usable(st: &State) -> bool {
-    st.error.is_none()
-        && st.read_error.is_none()
-        && st.write_error.is_none()
-        && !st.shut
-        && !st.peer_send_closed
-        && !st.peer_recv_closed
-        && !st.moved
-        && !st.leaving
-}
-
 /// A link offered in a JOIN, reserved until the answer: [`Offer::accept`] attaches the sending
 /// end to it; dropping the offer releases it.
 #[derive(Debug)]
@@ -608,23 +596,35 @@ impl Offer {
         self.0.as_ref().map_or(0, |l| l.id)
     }
 
-    /// The receiver answered JOINED: the link becomes this connection's control stream.
+    /// The receiver answered JOINED (or accepted the MOVE): the link becomes this
+    /// connection's control stream.
     pub fn accept(mut self) -> Option<Arc<CtrlLink>> {
         let l = self.0.take()?;
-        {
+        let taken = lock(&l.st).share.take_offer();
+        taken.then_some(l)
+    }
+
+    /// The receiver refused (an ACK without JOINED, MOVE refused): the sending slot was never
+    /// used and may be offered again.
+    pub fn refused(mut self) {
+        if let Some(l) = self.0.take() {
             let mut st = lock(&l.st);
-            st.offered = false;
-            st.send_attached = true;
+            st.share.release();
+            l.shut_if_unused(&mut st);
+            drop(st);
+            OFFERS_GEN.fetch_add(1, Ordering::AcqRel);
         }
-        Some(l)
     }
 }
 
 impl Drop for Offer {
+    /// Dropped before the answer (the connection gave up or closed): the peer may have
+    /// attached its receiving end, so the slot counts as used (see `share`).
     fn drop(&mut self) {
         if let Some(l) = &self.0 {
-            lock(&l.st).offered = false;
-            OFFERS_GEN.fetch_add(1, Ordering::AcqRel);
+            let mut st = lock(&l.st);
+            st.share.abandon();
+            l.shut_if_unused(&mut st);
         }
     }
 }
@@ -648,8 +648,8 @@ pub(crate) fn offer(
             continue;
         }
         let mut st = lock(&l.st);
-        if st.recv_attached && !st.send_attached && !st.offered && usable(&st) {
-            st.offered = true;
+        let failed = st.failed();
+        if st.share.reserve(failed) {
             drop(st);
             return Some(Offer(Some(l)));
         }
@@ -668,8 +668,8 @@ pub(crate) fn join(owner: u64, id: u64, local: IpAddr, peer: IpAddr) -> Option<A
             continue;
         }
         let mut st = lock(&l.st);
-        if st.send_attached && !st.recv_attached && usable(&st) {
-            st.recv_attached = true;
+        let failed = st.failed();
+        if st.share.join(failed) {
             drop(st);
             return Some(l);
         }
@@ -697,9 +697,8 @@ pub(crate) fn accept_move(
             continue;
         }
         let mut st = lock(&l.st);
-        let wins = st.moving_to.is_none_or(|to| to == from && id < to);
-        if st.send_attached && !st.recv_attached && wins && usable(&st) {
-            st.recv_attached = true;
+        let failed = st.failed();
+        if st.share.accept_move(id, from, failed) {
             drop(st);
             return Some(l);
         }

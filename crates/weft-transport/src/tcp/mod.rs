@@ -14,6 +14,7 @@
 
 mod ctrl;
 mod engine;
+mod share;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -341,6 +342,7 @@ impl Transport {
             socks: HashMap::new(),
             next_key: 0,
             idle_since: None,
+            discarded: Vec::new(),
         })
     }
 
@@ -604,11 +606,19 @@ impl Connecting {
                     Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
                 };
                 let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
-                let offer = self.offer.take();
-                let ctrl = match (ev, offer.and_then(ctrl::Offer::accept)) {
-                    (ConnectEvent::Joined, Some(link)) => link,
+                let joined = match (ev, self.offer.take()) {
+                    (ConnectEvent::Joined, Some(o)) => o.accept(),
+                    // A plain ACK answers a JOIN with "no": the offered slot stays unused.
+                    (_, Some(o)) => {
+                        o.refused();
+                        None
+                    }
                     // JOINED without an offer is refused by the Connector.
-                    _ => CtrlLink::open(
+                    (_, None) => None,
+                };
+                let ctrl = match joined {
+                    Some(link) => link,
+                    None => CtrlLink::open(
                         self.conn_id,
                         self.instance,
                         dup(&self.dctrl.sock)?,
@@ -694,6 +704,8 @@ pub struct Listener {
     socks: HashMap<u64, (TcpStream, Link)>,
     next_key: u64,
     idle_since: Option<Instant>,
+    /// Connections closed because they did not speak weft's protocol, for the caller to log.
+    discarded: Vec<Error>,
 }
 
 impl Listener {
@@ -708,9 +720,26 @@ impl Listener {
     }
 
     /// Accepts without blocking. `Ok(None)`: no connection is complete yet, call again.
-    /// A socket that sends garbage, a foreign nonce or stalls is closed and reported as an error
-    /// (the listener stays usable). With nothing arriving for `accept_timeout`, times out.
+    /// A socket that does not speak weft's protocol to this listener (garbage, a bare connect
+    /// and close, a health probe, a foreign nonce, one that stalls past the timeout) is closed
+    /// and kept for [`Listener::take_discarded`]; accepting goes on waiting for the real peer.
+    /// With nothing arriving for `accept_timeout`, times out.
     pub fn accept(&mut self) -> Result<Option<RecvConn>> {
+        loop {
+            match self.accept_once()? {
+                Accepted::Conn(c) => return Ok(Some(c)),
+                Accepted::Nothing => return Ok(None),
+                Accepted::Discarded(e) => self.discarded.push(e),
+            }
+        }
+    }
+
+    /// The stray connections discarded since the last call, as errors naming each peer.
+    pub fn take_discarded(&mut self) -> Vec<Error> {
+        std::mem::take(&mut self.discarded)
+    }
+
+    fn accept_once(&mut self) -> Result<Accepted> {
         let now = Instant::now();
         let idle_since = *self.idle_since.get_or_insert(now);
         for (l, iface) in &self.listeners {
@@ -759,7 +788,6 @@ impl Listener {
             self.idle_since = Some(now);
         }
         if let Some(ev) = self.acceptor.poll_event() {
-            self.idle_since = Some(now);
             return match ev {
                 AcceptEvent::Refused { key, reply, error } => {
                     let (s, link) = self
@@ -770,7 +798,7 @@ impl Listener {
                         let _ = (&s).write(&r);
                     }
                     let stage = Stage::Accept;
-                    Err(match error {
+                    Ok(Accepted::Discarded(match error {
                         proto::AcceptError::Frame(f) => link.protocol(stage, f),
                         proto::AcceptError::TimedOut(_) => link.timeout(stage, self.cfg.timeout),
                         proto::AcceptError::Closed => link.closed(stage),
@@ -779,7 +807,7 @@ impl Listener {
                             iface: link.iface,
                             reason: format!("refused: {other}"),
                         },
-                    })
+                    }))
                 }
                 AcceptEvent::Ready {
                     conn_id,
@@ -838,7 +866,8 @@ impl Listener {
                         ctrl.detach(End::Recv, Duration::ZERO);
                         return Err(hs_link.io("send ack", Stage::Accept, &e));
                     }
-                    Ok(Some(RecvConn {
+                    self.idle_since = Some(now);
+                    Ok(Accepted::Conn(RecvConn {
                         link: ctrl.link().clone(),
                         ctrl,
                         side: SideChannel::new(hs, hs_link),
@@ -852,6 +881,8 @@ impl Listener {
                         error: None,
                         linger: self.cfg.timeout.min(LINGER_MAX),
                         next: None,
+                        held: VecDeque::new(),
+                        held_bytes: 0,
                     }))
                 }
             };
@@ -864,7 +895,7 @@ impl Listener {
                 after: self.cfg.accept_timeout,
             });
         }
-        Ok(None)
+        Ok(Accepted::Nothing)
     }
 
     /// Polls until a connection arrives or the accept timeout passes. For tools and tests.
@@ -876,6 +907,14 @@ impl Listener {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+}
+
+/// What one look at the listening sockets found (short-lived: the size difference is moot).
+#[allow(clippy::large_enum_variant)]
+enum Accepted {
+    Conn(RecvConn),
+    Discarded(Error),
+    Nothing,
 }
 
 pub(crate) fn write_all_until(
@@ -1172,10 +1211,12 @@ impl SendConn {
                     return;
                 };
                 if answer.is_none() {
-                    // No answer within the timeout: the peer does not move; stay.
+                    // No answer within the timeout: the peer does not move; stay (dropping
+                    // the offer leaves its slot used: the peer may still attach to it).
                     return;
                 }
                 if answer == Some(false) {
+                    offer.refused();
                     // Refused: the peer's own move onto ours won, or the link is going away.
                     // Look again when the links change (releasing the offer is such a
                     // change), a bounded number of times.
@@ -1290,9 +1331,10 @@ impl SendConn {
 
 /// A connection's first failure, `e`: tells the peer why (ABORT on the control stream and the
 /// side channel) and shuts both down so that it fails now rather than on its timers. A control
-/// stream shared with a healthy connection of the other direction stays up for that one unless
-/// the stream itself failed (`link_failed`): the failing end only leaves it (CLOSE), and the
-/// ABORT goes on the side channel. Returns the error the connection keeps.
+/// stream that another connection uses, used or may use (see `share::Share::sole`) stays up
+/// for it unless the stream itself failed (`link_failed`): the failing end only leaves it
+/// (CLOSE), and the ABORT goes on the side channel, which is this connection's alone.
+/// Returns the error the connection keeps.
 fn give_up(
     ctrl: &CtrlLink,
     side: &mut SideChannel,
@@ -1301,7 +1343,7 @@ fn give_up(
     link_failed: bool,
 ) -> Error {
     let abort = abort_frame(&e);
-    let e = if link_failed || !ctrl.shared() {
+    let e = if link_failed || ctrl.sole(end) {
         ctrl.fail(&e, abort.as_ref())
     } else {
         ctrl.detach(end, Duration::ZERO);
@@ -1360,6 +1402,60 @@ struct RecvReq {
     sizes: [usize; MAX_RECVS],
     matched: usize,
     chunks: Arc<ReqState>,
+    /// Held messages matched to this receive, copied into `*mut u8` once they are whole.
+    copies: Vec<(Held, *mut u8)>,
+}
+
+/// A message whose tag matched no empty buffer of the receive it reached: its tag belongs to a
+/// later receive (the sender ran ahead of the receiver's grouped receives, which NCCL's IB
+/// transport answers with "not yet"). It is held, its chunks read into `data` so that later
+/// messages keep flowing, until a receive with a buffer for its tag is posted.
+#[derive(Debug)]
+struct Held {
+    tag: i32,
+    size: u64,
+    data: Box<[u8]>,
+    /// Chunks still to be read into `data`.
+    chunks: Arc<ReqState>,
+}
+
+/// Most bytes of held messages (see [`Held`]) one receiving connection keeps; beyond it a
+/// message that matches no buffer is an error.
+const MAX_HELD_BYTES: u64 = 256 << 20;
+
+/// Holds message `h` (see [`Held`]): its inline payload, or a buffer its chunks are read into.
+fn hold(engine: &mut Engine, next_stream: &mut usize, h: proto::MsgHeader) -> Held {
+    let chunks = Arc::new(ReqState::default());
+    let data = match h.inline {
+        Some(p) => p.into_boxed_slice(),
+        None if h.size == 0 => Box::default(),
+        None => {
+            let mut data = vec![0u8; h.size as usize].into_boxed_slice();
+            let n = engine.nstreams();
+            let start = *next_stream;
+            let count = h.size.div_ceil(h.chunk) as usize;
+            *next_stream = (start + count) % n;
+            chunks.remaining.store(count, Ordering::Release);
+            let base = data.as_mut_ptr() as usize;
+            let tasks = proto::chunks(h.size, h.chunk, n, start).map(|c| {
+                let t = Task {
+                    ptr: base + c.offset as usize,
+                    len: c.len as usize,
+                    done: 0,
+                    req: chunks.clone(),
+                };
+                (c.stream, t)
+            });
+            engine.push(tasks);
+            data
+        }
+    };
+    Held {
+        tag: h.tag,
+        size: h.size,
+        data,
+        chunks,
+    }
 }
 
 /// The receiving end of a connection.
@@ -1384,6 +1480,10 @@ pub struct RecvConn {
     linger: Duration,
     /// The link the sender is moving onto (MOVE accepted, MOVED not read yet).
     next: Option<Arc<CtrlLink>>,
+    /// Messages that came before the receive with a buffer for their tag (after `engine`:
+    /// helper threads may write into them until the engine is dropped).
+    held: VecDeque<Held>,
+    held_bytes: u64,
 }
 
 impl RecvConn {
@@ -1462,10 +1562,7 @@ impl RecvConn {
     }
 
     fn match_msgs(&mut self) -> Result<()> {
-        while let (Some(&id), false) = (self.order.front(), self.msgs.is_empty()) {
-            let Some(h) = self.msgs.pop_front() else {
-                break;
-            };
+        while let Some(&id) = self.order.front() {
             let peer = self.link.peer;
             let n = self.engine.nstreams();
             let r = self
@@ -1473,8 +1570,47 @@ impl RecvConn {
                 .get_mut(id)
                 .ok_or_else(|| Error::Usage("receive request vanished".into()))?;
             let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
-            let slot = proto::select_slot(&tags, &r.filled, h.tag)
-                .ok_or(Error::TagMismatch { peer, tag: h.tag })?;
+            // Messages held for a later receive come first, in the order they arrived.
+            let mut i = 0;
+            while i < self.held.len() && r.matched < r.bufs.len() {
+                let Some(slot) = proto::select_slot(&tags, &r.filled, self.held[i].tag) else {
+                    i += 1;
+                    continue;
+                };
+                let Some(m) = self.held.remove(i) else {
+                    break;
+                };
+                self.held_bytes -= m.size;
+                let buf = r.bufs[slot];
+                if m.size > buf.len as u64 {
+                    return Err(Error::Truncated {
+                        peer,
+                        sent: m.size,
+                        posted: buf.len,
+                        tag: m.tag,
+                    });
+                }
+                r.filled[slot] = true;
+                r.sizes[slot] = m.size as usize;
+                r.matched += 1;
+                r.copies.push((m, buf.ptr));
+            }
+            if r.matched == r.bufs.len() {
+                self.order.pop_front();
+                continue;
+            }
+            let Some(h) = self.msgs.pop_front() else {
+                break;
+            };
+            let Some(slot) = proto::select_slot(&tags, &r.filled, h.tag) else {
+                if self.held_bytes + h.size > MAX_HELD_BYTES {
+                    return Err(Error::TagMismatch { peer, tag: h.tag });
+                }
+                self.held_bytes += h.size;
+                let m = hold(&mut self.engine, &mut self.next_stream, h);
+                self.held.push_back(m);
+                continue;
+            };
             let buf = r.bufs[slot];
             if h.size > buf.len as u64 {
                 return Err(Error::Truncated {
@@ -1564,6 +1700,7 @@ impl RecvConn {
             sizes: [0; MAX_RECVS],
             matched: 0,
             chunks: Arc::new(ReqState::default()),
+            copies: Vec::new(),
         };
         let id = self.reqs.insert(req);
         if let Some(id) = id {
@@ -1580,7 +1717,21 @@ impl RecvConn {
             .reqs
             .get_mut(id)
             .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
-        if r.matched == r.bufs.len() && r.chunks.remaining.load(Ordering::Acquire) == 0 {
+        r.copies.retain(|(m, dst)| {
+            if m.chunks.remaining.load(Ordering::Acquire) > 0 {
+                return true;
+            }
+            if !m.data.is_empty() {
+                // SAFETY: the caller of irecv guarantees the buffer at `dst` is writable for its
+                // length, which match_msgs checked is at least `m.data.len()` (= the size).
+                unsafe { std::ptr::copy_nonoverlapping(m.data.as_ptr(), *dst, m.data.len()) };
+            }
+            false
+        });
+        if r.matched == r.bufs.len()
+            && r.chunks.remaining.load(Ordering::Acquire) == 0
+            && r.copies.is_empty()
+        {
             let c = Completed {
                 n: r.bufs.len(),
                 sizes: r.sizes,

@@ -36,3 +36,139 @@ pub fn ofi_transport(c: Config, what: &str) -> Option<Transport> {
     }
     Some(t)
 }
+
+/// What NCCL's peers cannot rule out on a listening port while a communicator is set up: for
+/// `rounds` listeners of `t`, each TCP port of the handle gets 1 KiB of garbage, a bare connect
+/// and close, an HTTP health probe and a half-open connection (connects, never writes), then
+/// a real connection is made. The real one comes up within its bound, each stray one is
+/// discarded and reported (naming its peer) by `take_discarded`, and nothing else fails.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn strays_do_not_fail_a_real_connect(t: &Transport, rounds: usize) {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::Instant;
+    for round in 0..rounds {
+        let mut l = t.listen(0).expect("listen");
+        let info = l.handle_info().clone();
+        let ports: Vec<_> = std::iter::once(info.mgmt)
+            .chain(info.data.clone())
+            .collect();
+        let mut strays = Vec::new();
+        let mut half_open = Vec::new();
+        for p in &ports {
+            let mut g = TcpStream::connect(p).expect("connect");
+            g.write_all(&[0xa5; 1024]).expect("garbage");
+            strays.push(g.local_addr().expect("addr"));
+            let c = TcpStream::connect(p).expect("connect");
+            strays.push(c.local_addr().expect("addr"));
+            drop(c);
+            let mut h = TcpStream::connect(p).expect("connect");
+            h.write_all(b"GET /health HTTP/1.0\r\n\r\n").expect("probe");
+            strays.push(h.local_addr().expect("addr"));
+            half_open.push(TcpStream::connect(p).expect("connect"));
+            drop((g, h));
+        }
+        let start = Instant::now();
+        let (mut tx, mut rx) = t
+            .connect_and_accept(0, &l.handle(), &mut l)
+            .unwrap_or_else(|e| panic!("round {round}: the real connect failed: {e}"));
+        assert!(
+            start.elapsed() < t.config().timeout,
+            "round {round}: {:?}",
+            start.elapsed()
+        );
+        tx.send(b"real", 1).expect("send");
+        let mut buf = [0u8; 4];
+        assert_eq!(rx.recv(&mut buf, 1).expect("recv"), 4);
+        assert_eq!(&buf, b"real");
+        // Every stray that wrote or closed is discarded by now or soon (the half-open ones
+        // when they time out, not waited for here); each is named.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut named = Vec::new();
+        while named.len() < strays.len() && Instant::now() < deadline {
+            assert!(l.accept().expect("accept after strays").is_none());
+            for e in l.take_discarded() {
+                let text = e.to_string();
+                let who = strays.iter().find(|a| text.contains(&a.to_string()));
+                let who = who.unwrap_or_else(|| panic!("round {round}: {text} names no stray"));
+                named.push(*who);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for s in &strays {
+            assert!(
+                named.contains(s),
+                "round {round}: stray {s} not reported: {named:?}"
+            );
+        }
+        drop(half_open);
+    }
+}
+
+/// Sent means delivered: `rounds` times, a separate sender process (the `weft-send-and-exit`
+/// binary of this crate, configured by `env`) sends `count` messages of `size` bytes to a listener of `t`,
+/// closes and exits as soon as all are reported done; every message must arrive intact.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn sender_exits_right_after_completion(
+    t: &Transport,
+    env: &[(&str, &str)],
+    rounds: usize,
+    count: usize,
+    size: usize,
+) {
+    use std::time::Instant;
+    let example = env!("CARGO_BIN_EXE_weft-send-and-exit");
+    for round in 0..rounds {
+        let mut l = t.listen(0).expect("listen");
+        let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+        let mut child = std::process::Command::new(example)
+            .args([hex, count.to_string(), size.to_string()])
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("spawn send_and_exit");
+        let mut rx = l
+            .wait()
+            .unwrap_or_else(|e| panic!("round {round}: accept: {e}"));
+        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0xffu8; size]).collect();
+        let mut ids = Vec::new();
+        for (k, b) in bufs.iter_mut().enumerate() {
+            let rb = weft_transport::RecvBuf {
+                ptr: b.as_mut_ptr(),
+                len: b.len(),
+                tag: k as i32,
+            };
+            // SAFETY: `bufs` outlives the requests, tested to completion (or failure) below.
+            let id = unsafe { rx.irecv(&[rb]) }
+                .unwrap_or_else(|e| panic!("round {round}: irecv {k}: {e}"))
+                .expect("a free request slot");
+            ids.push(Some(id));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ids.iter().any(Option::is_some) {
+            assert!(Instant::now() < deadline, "round {round}: receives stuck");
+            for (k, id) in ids.iter_mut().enumerate() {
+                if let Some(i) = *id {
+                    match rx.test(i) {
+                        Ok(Some(c)) => {
+                            assert_eq!(c.sizes(), &[size], "round {round} message {k}");
+                            *id = None;
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = child.wait();
+                            panic!("round {round}: message {k} of {count} lost: {e}")
+                        }
+                    }
+                }
+            }
+        }
+        for (k, b) in bufs.iter().enumerate() {
+            assert!(
+                b.iter().all(|x| *x == k as u8),
+                "round {round} message {k} differs"
+            );
+        }
+        let st = child.wait().expect("wait");
+        assert!(st.success(), "round {round}: sender {st}");
+    }
+}
