@@ -201,10 +201,15 @@ pub fn from_config(config: &Value) -> Result<Arch, PlanError> {
         .or_else(|| top.get("dtype"))
         .and_then(Value::as_str);
     let dtype_bytes = match dt.and_then(dtype_bytes) {
+        Some(4) => {
+            assumed
+                .push("torch_dtype float32: loaded in 16 bits, as vLLM's --dtype auto does".into());
+            2
+        }
         Some(b) => b,
         None => {
             assumed.push(format!(
-                "torch_dtype {}: 2 bytes per element",
+                "torch_dtype {}: loaded in 16 bits, 2 bytes per element",
                 dt.unwrap_or("absent")
             ));
             2

@@ -434,6 +434,11 @@ pub fn plan(
             Format::Gguf => rules::place_gguf(t, arch),
         })
         .collect();
+    let loaded: Vec<u64> = model
+        .tensors
+        .iter()
+        .map(|t| rules::loaded_bytes(t, arch.dtype_bytes))
+        .collect();
     let mut replicated = BTreeMap::new();
     let mut uneven = BTreeMap::new();
     let mut skipped = BTreeMap::new();
@@ -445,7 +450,9 @@ pub fn plan(
         .tensors
         .iter()
         .zip(&placed)
-        .find(|(_, p)| matches!(p.split, Split::Vocab(_)) && p.stage == Stage::First);
+        .zip(&loaded)
+        .map(|((t, p), b)| (t, p, *b))
+        .find(|(_, p, _)| matches!(p.split, Split::Vocab(_)) && p.stage == Stage::First);
     for (t, p) in model.tensors.iter().zip(&placed) {
         match &p.note {
             Some(Note::Replicated(why)) => add_flag(&mut replicated, &t.name, why),
@@ -509,7 +516,7 @@ pub fn plan(
     if arch.tied
         && pp > 1
         && !has_lm_head
-        && let Some((t, _)) = embed
+        && let Some((t, _, _)) = embed
     {
         add_flag(
             &mut replicated,
@@ -560,7 +567,7 @@ pub fn plan(
                     Some(w) => *w,
                     None => {
                         let mut w = 0u64;
-                        for (t, p) in model.tensors.iter().zip(&placed) {
+                        for ((t, p), b) in model.tensors.iter().zip(&placed).zip(&loaded) {
                             let here = match p.stage {
                                 Stage::Layer(l) => (l0..l1).contains(&l),
                                 Stage::First => s == 0,
@@ -570,6 +577,7 @@ pub fn plan(
                             if here {
                                 w += rules::rank_bytes(
                                     t,
+                                    *b,
                                     &p.split,
                                     tp,
                                     r,
@@ -583,9 +591,9 @@ pub fn plan(
                             && !has_lm_head
                             && s == pp - 1
                             && !llama_cpp
-                            && let Some((t, p)) = embed
+                            && let Some((t, p, b)) = embed
                         {
-                            w += rules::rank_bytes(t, &p.split, tp, r, None, arch.experts);
+                            w += rules::rank_bytes(t, b, &p.split, tp, r, None, arch.experts);
                         }
                         cache.insert(key, w);
                         w

@@ -414,21 +414,22 @@ pub fn ep_experts(experts: u64, ep: u64, ep_rank: u64) -> (u64, u64) {
 /// Bytes of `t` that one rank holds.
 pub fn rank_bytes(
     t: &Tensor,
+    bytes: u64,
     split: &Split,
     tp: u64,
     tp_rank: u64,
     ep: Option<(u64, u64)>,
     experts: u64,
 ) -> u64 {
-    let total = u128::from(t.bytes);
+    let total = u128::from(bytes);
     let frac = |num: u64, den: u64| -> u64 {
         if den == 0 {
-            return t.bytes;
+            return bytes;
         }
         (total * u128::from(num) / u128::from(den)) as u64
     };
     match split {
-        Split::Replicated => t.bytes,
+        Split::Replicated => bytes,
         Split::Dim(d) => {
             let n = t.shape.get(*d).copied().unwrap_or(1);
             let rows = n / tp + u64::from(tp_rank < n % tp);
@@ -450,7 +451,7 @@ pub fn rank_bytes(
                 match expert {
                     Some(e) => {
                         if (start..start + count).contains(e) {
-                            t.bytes
+                            bytes
                         } else {
                             0
                         }
@@ -458,7 +459,7 @@ pub fn rank_bytes(
                     None => frac(count, t.shape.first().copied().unwrap_or(experts).max(1)),
                 }
             }
-            None => rank_bytes(t, inner, tp, tp_rank, None, experts),
+            None => rank_bytes(t, bytes, inner, tp, tp_rank, None, experts),
         },
     }
 }
@@ -538,5 +539,19 @@ pub fn quant_rule(arch: &Arch, tp: u64) -> Result<(), (String, String)> {
             )
         }
         _ => Ok(()),
+    }
+}
+
+/// Bytes a tensor takes once the engine has loaded it: unquantised weights and biases are
+/// cast to the model's dtype (vLLM's `--dtype auto` loads a float32 checkpoint in 16 bits);
+/// quantised data and scales stay as stored.
+pub fn loaded_bytes(t: &Tensor, dtype_bytes: u64) -> u64 {
+    let param = t.name.rsplit('.').next().unwrap_or("");
+    let cast = t.dtype.is_wide_float()
+        && (param == "weight" || param == "bias" || param == "sinks" || param.ends_with("_bias"));
+    if cast {
+        t.numel() * dtype_bytes
+    } else {
+        t.bytes
     }
 }

@@ -344,7 +344,7 @@ impl Fetcher {
                 tokio::time::sleep(Duration::from_millis(200 << (attempt - 1).min(5))).await;
             }
             *count += 1;
-            let mut req = self.client.get(&url).timeout(self.opts.timeout);
+            let mut req = self.client.get(&url);
             if let Some((a, b)) = range {
                 req = req.header("Range", format!("bytes={a}-{b}"));
             }
@@ -377,7 +377,7 @@ impl Fetcher {
         range: Option<(u64, u64)>,
         max: u64,
     ) -> Result<Got, Retry> {
-        let mut res = req.send().await.map_err(|e| Retry::Again(e.to_string()))?;
+        let mut res = req.send().await.map_err(|e| Retry::Again(chain(&e)))?;
         let status = res.status();
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(Got::NotFound);
@@ -415,7 +415,7 @@ impl Fetcher {
             )));
         }
         let mut body = Vec::new();
-        while let Some(chunk) = res.chunk().await.map_err(|e| Retry::Again(e.to_string()))? {
+        while let Some(chunk) = res.chunk().await.map_err(|e| Retry::Again(chain(&e)))? {
             if body.len() as u64 + chunk.len() as u64 > max {
                 return Err(Retry::Fatal(format!(
                     "the answer runs past the {max} bytes asked for"
@@ -473,6 +473,18 @@ impl Fetcher {
         let tensors = tensor::parse_safetensors_header(&buf[8..need as usize], &what)?;
         Ok((tensors, count))
     }
+}
+
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 enum Retry {
