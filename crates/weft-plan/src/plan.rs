@@ -39,6 +39,13 @@ pub enum Engine {
 }
 
 impl Engine {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::LlamaCpp => "llama.cpp",
+        }
+    }
     pub fn parse(s: &str) -> Option<Engine> {
         match s {
             "vllm" => Some(Engine::Vllm),

@@ -7,6 +7,7 @@ mod config;
 mod doctor;
 mod fabric;
 mod output;
+mod plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Checks every host before a job: links, speed, MTU and jumbo frames, roles, RDMA, clocks.
     Doctor(Box<doctor::DoctorArgs>),
+    /// Will a model fit, and what will each GPU hold: weights, KV cache, layouts ranked.
+    Plan(Box<plan::PlanArgs>),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
         Command::Bench(cmd) => bench::run(cmd, cli.json),
         Command::Doctor(a) => doctor::run(*a, cli.json),
+        Command::Plan(a) => plan::run(*a, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),
