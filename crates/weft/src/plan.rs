@@ -88,7 +88,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
         u => bail!("{s:?}: unknown unit {u:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"),
     };
     let v = n * mult;
-    if !(v.is_finite() && v >= 0.0 && v < 1e18) {
+    if !(v.is_finite() && (0.0..1e18).contains(&v)) {
         bail!("{s:?}: out of range");
     }
     Ok(v as u64)
@@ -106,7 +106,7 @@ fn tokens(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
