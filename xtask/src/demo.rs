@@ -169,6 +169,8 @@ pub fn run() -> Result<()> {
         "apply",
     )?;
 
+    plan_step(&bin, &dir)?;
+
     step("a typo never reaches OpenSM");
     std::fs::write(
         dir.join("typo.toml"),
@@ -207,6 +209,33 @@ pub fn run() -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+/// `weft plan` on carol's nodes: a real model's config and safetensors headers (no
+/// weights), every layout of her GPUs ranked, refused ones with the rule they break.
+fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
+    let nodes = TENANTS
+        .iter()
+        .find(|(t, _)| *t == "carol")
+        .map_or(8, |(_, r)| r.clone().count());
+    step(&format!(
+        "will Qwen2.5-7B-Instruct fit on carol's {nodes} nodes of one 24 GiB GPU? (headers only)"
+    ));
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/weft-plan/fixtures/qwen2.5-7b-instruct");
+    let model = model.to_str().context("a UTF-8 path")?;
+    let nodes = nodes.to_string();
+    let args = [
+        "plan",
+        model,
+        "--nodes",
+        &nodes,
+        "--gpu-memory",
+        "24GiB",
+        "--max-model-len",
+        "32768",
+    ];
+    expect_ok(weft(bin, dir, &args)?, "plan")
 }
 
 fn nix_kill() -> weft_testbed::Signal {

@@ -9,6 +9,7 @@ mod config;
 mod doctor;
 mod fabric;
 mod output;
+mod plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +73,8 @@ enum Command {
         /// Where the `.1` files go (created if missing).
         dir: PathBuf,
     },
+    /// Will a model fit, and what will each GPU hold: weights, KV cache, layouts ranked.
+    Plan(Box<plan::PlanArgs>),
 }
 
 fn main() -> ExitCode {
@@ -127,6 +130,7 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd, cli.json),
         Command::Doctor(a) => doctor::run(*a, cli.json),
         Command::Completions { .. } | Command::Manpages { .. } => Ok(EXIT_OK),
+        Command::Plan(a) => plan::run(*a, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,876 @@
+//! The plan: per-rank weights, KV cache and fit for one layout, and the layouts that fit
+//! a cluster, ranked. Pure: a `Model` and options in, a `Plan` out.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::PlanError;
+use crate::arch::{Arch, Family, LayerKind};
+use crate::rules::{self, Note, Placed, Split, Stage};
+use crate::tensor::Tensor;
+
+/// How the tensors are named, which decides the rules that apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Safetensors,
+    Gguf,
+}
+
+/// A model as headers and config describe it.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// What the user named: a path or a repo id.
+    pub source: String,
+    pub arch: Arch,
+    pub tensors: Vec<Tensor>,
+    pub format: Format,
+    pub warnings: Vec<String>,
+}
+
+/// The inference engine whose rules and overhead apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    Vllm,
+    Sglang,
+    LlamaCpp,
+}
+
+impl Engine {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::LlamaCpp => "llama.cpp",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Engine> {
+        match s {
+            "vllm" => Some(Engine::Vllm),
+            "sglang" => Some(Engine::Sglang),
+            "llama.cpp" | "llamacpp" | "llama-cpp" => Some(Engine::LlamaCpp),
+            _ => None,
+        }
+    }
+}
+
+/// The KV cache's element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvDtype {
+    /// The model's own dtype (vLLM's `--kv-cache-dtype auto`).
+    Auto,
+    Fp8,
+    Bf16,
+}
+
+/// The parallel layout: tensor, pipeline and data parallel sizes; expert parallelism on
+/// or off (when on, experts are spread over EP = TP x DP ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    pub tp: u64,
+    pub pp: u64,
+    pub ep: bool,
+    pub dp: u64,
+}
+
+impl Layout {
+    pub fn world(&self) -> u64 {
+        self.tp * self.pp * self.dp
+    }
+    pub fn ep_size(&self) -> u64 {
+        if self.ep { self.tp * self.dp } else { 1 }
+    }
+}
+
+/// The machines: identical nodes with identical GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Cluster {
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    pub gpu_memory_bytes: u64,
+}
+
+/// What the engine will be asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Options {
+    pub engine: Engine,
+    pub gpu_memory_utilization: f64,
+    pub kv_dtype: KvDtype,
+    /// Context length the engine must hold for one sequence; default the config's
+    /// `max_position_embeddings`.
+    pub max_model_len: Option<u64>,
+    pub max_num_seqs: u64,
+    /// Runtime memory per GPU besides weights and KV cache; default the engine's figure.
+    pub overhead_bytes: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            engine: Engine::Vllm,
+            gpu_memory_utilization: 0.9,
+            kv_dtype: KvDtype::Auto,
+            max_model_len: None,
+            max_num_seqs: 1,
+            overhead_bytes: None,
+        }
+    }
+}
+
+const GIB: u64 = 1 << 30;
+
+/// The engine's runtime memory per GPU besides weights and KV cache (activations, CUDA
+/// graphs, NCCL and allocator), and where the figure comes from.
+pub fn default_overhead(engine: Engine) -> (u64, &'static str) {
+    match engine {
+        // 5.5 GiB per GPU measured on a large model, against the flat 2.3 GiB KAITO had
+        // assumed; CUDA graphs alone 1.5-1.9 GiB (kaito-project/kaito PR #2139).
+        Engine::Vllm => (
+            11 * GIB / 2,
+            "vLLM: ~5.5 GiB/GPU measured on a large model (kaito-project/kaito PR #2139); pass --overhead to use your own",
+        ),
+        Engine::Sglang => (
+            11 * GIB / 2,
+            "SGLang: vLLM's 5.5 GiB/GPU figure (kaito-project/kaito PR #2139) assumed, no SGLang figure checked; pass --overhead",
+        ),
+        Engine::LlamaCpp => (
+            GIB,
+            "llama.cpp: 1 GiB compute buffer assumed, no published figure checked; pass --overhead",
+        ),
+    }
+}
+
+/// vLLM allocates the KV cache in blocks of 16 tokens (the default `--block-size`).
+pub const KV_BLOCK_TOKENS: u64 = 16;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RankPlan {
+    pub rank: u64,
+    pub node: u64,
+    pub tp_rank: u64,
+    pub pp_stage: u64,
+    pub dp_rank: u64,
+    pub ep_rank: Option<u64>,
+    /// Decoder layers [start, end) of this rank's stage.
+    pub layers: [u64; 2],
+    pub weights_bytes: u64,
+    /// KV bytes one token takes on this rank, counting every attention layer of its stage
+    /// (what vLLM divides by when it logs "GPU KV cache size: N tokens").
+    pub kv_bytes_per_token: u64,
+    /// Tokens of KV cache that fit after weights and overhead, in whole 16-token blocks.
+    pub kv_tokens: u64,
+    /// The longest sequence each of `max_num_seqs` sequences can hold (sliding-window
+    /// layers keep only their window).
+    pub max_context_per_seq: u64,
+    /// Memory left after weights, overhead and one sequence of `max_model_len` tokens;
+    /// negative when short.
+    pub headroom_bytes: i64,
+    pub fits: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodePlan {
+    pub node: u64,
+    pub gpus: u64,
+    pub memory_bytes: u64,
+    pub weights_bytes: u64,
+    /// The least KV capacity of its ranks.
+    pub kv_tokens: u64,
+    pub headroom_bytes: i64,
+    pub fits: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Flagged {
+    /// The tensor name, with layer and expert numbers written `*` when many share a rule.
+    pub tensor: String,
+    pub why: String,
+    pub count: u64,
+}
+
+/// A simple per-generated-token communication estimate (one sequence, decode).
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+pub struct Comm {
+    /// Bytes each rank sends for TP all-reduces: 2 per layer of hidden x 2 bytes, ring
+    /// traffic 2(tp-1)/tp.
+    pub tp_allreduce_bytes_per_token: u64,
+    /// Bytes crossing PP stage boundaries: hidden states and residual, hidden x 2 bytes each.
+    pub pp_bytes_per_token: u64,
+    /// Bytes of MoE all-to-all per rank: top-k x hidden x 2 bytes, dispatch and combine.
+    pub ep_bytes_per_token: u64,
+    /// Of all the above, what crosses between nodes.
+    pub internode_bytes_per_token: u64,
+    /// Collectives per token that cross between nodes (each pays the link's latency).
+    pub internode_collectives_per_token: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub architecture: String,
+    pub family: Family,
+    pub format: Format,
+    pub quantization: String,
+    pub engine: Engine,
+    pub layout: Layout,
+    pub ep_size: u64,
+    pub cluster: Cluster,
+    pub gpu_memory_utilization: f64,
+    pub overhead_bytes: u64,
+    pub overhead_source: String,
+    pub kv_dtype: KvDtype,
+    pub kv_bytes_per_element: u64,
+    pub max_model_len: u64,
+    pub max_num_seqs: u64,
+    pub checkpoint_bytes: u64,
+    pub tensors: u64,
+    pub ranks: Vec<RankPlan>,
+    pub nodes: Vec<NodePlan>,
+    pub fits: bool,
+    pub comm: Comm,
+    pub replicated: Vec<Flagged>,
+    pub uneven: Vec<Flagged>,
+    pub skipped: Vec<Flagged>,
+    pub warnings: Vec<String>,
+}
+
+fn refuse(rule: &str, detail: String) -> PlanError {
+    PlanError::Layout {
+        rule: rule.to_string(),
+        detail,
+    }
+}
+
+/// Checks the layout against the engine's rules; an error names the rule it breaks.
+pub fn check_layout(
+    arch: &Arch,
+    layout: &Layout,
+    cluster: &Cluster,
+    opts: &Options,
+) -> Result<(), PlanError> {
+    let Layout { tp, pp, dp, .. } = *layout;
+    if tp == 0 || pp == 0 || dp == 0 {
+        return Err(refuse(
+            "sizes are positive",
+            format!("tp={tp} pp={pp} dp={dp}"),
+        ));
+    }
+    let gpus = cluster.nodes * cluster.gpus_per_node;
+    if layout.world() > gpus {
+        return Err(refuse(
+            "tp x pp x dp GPUs are needed",
+            format!(
+                "tp={tp} x pp={pp} x dp={dp} = {} ranks, but the cluster has {gpus} GPUs ({} nodes x {})",
+                layout.world(),
+                cluster.nodes,
+                cluster.gpus_per_node
+            ),
+        ));
+    }
+    if opts.engine == Engine::LlamaCpp && tp > 1 {
+        return Err(refuse(
+            "llama.cpp splits layers, not tensors",
+            format!("tp={tp}: plan llama.cpp with --pp (one stage per GPU)"),
+        ));
+    }
+    if !arch.heads.is_multiple_of(tp) {
+        return Err(refuse(
+            "attention heads must be divisible by tp (vLLM: \"Total number of attention heads must be divisible by tensor parallel size\")",
+            format!("{} heads, tp={tp}", arch.heads),
+        ));
+    }
+    if arch.mla.is_none() {
+        let kv = arch.kv_heads;
+        if tp >= kv && tp % kv != 0 {
+            return Err(refuse(
+                "when tp >= KV heads, tp must be a multiple of the KV heads (vLLM QKVParallelLinear)",
+                format!("{kv} KV heads, tp={tp}"),
+            ));
+        }
+        if tp < kv && !kv.is_multiple_of(tp) {
+            return Err(refuse(
+                "KV heads must be divisible by tp (vLLM QKVParallelLinear)",
+                format!("{kv} KV heads, tp={tp}"),
+            ));
+        }
+    }
+    if pp > arch.layers {
+        return Err(refuse(
+            "each pipeline stage needs at least one layer",
+            format!("{} layers, pp={pp}", arch.layers),
+        ));
+    }
+    let padded = arch.vocab.div_ceil(rules::VOCAB_PADDING) * rules::VOCAB_PADDING;
+    if !padded.is_multiple_of(tp) {
+        return Err(refuse(
+            "the padded vocabulary must divide by tp (vLLM VocabParallelEmbedding)",
+            format!("vocab {} padded to {padded}, tp={tp}", arch.vocab),
+        ));
+    }
+    let moe_tp = if layout.ep { 1 } else { tp };
+    if arch.experts > 0 && !arch.moe_intermediate.is_multiple_of(moe_tp) {
+        return Err(refuse(
+            "moe_intermediate_size must divide by tp when experts are split by TP",
+            format!(
+                "moe_intermediate_size {}, tp={tp}; try --ep",
+                arch.moe_intermediate
+            ),
+        ));
+    }
+    if arch.experts == 0 && layout.ep {
+        return Err(refuse(
+            "--ep needs a mixture-of-experts model",
+            format!("{} has no routed experts", arch.name),
+        ));
+    }
+    if !arch.intermediate.is_multiple_of(tp) && arch.experts == 0 {
+        return Err(refuse(
+            "intermediate_size must divide by tp (column-parallel gate/up)",
+            format!("intermediate_size {}, tp={tp}", arch.intermediate),
+        ));
+    }
+    if let Err((rule, detail)) =
+        rules::quant_rule(arch, moe_tp.max(if arch.experts > 0 { 1 } else { tp }))
+    {
+        return Err(refuse(&rule, detail));
+    }
+    if !(0.0..=1.0).contains(&opts.gpu_memory_utilization) || opts.gpu_memory_utilization == 0.0 {
+        return Err(refuse(
+            "gpu-memory-utilization is in (0, 1]",
+            format!("{}", opts.gpu_memory_utilization),
+        ));
+    }
+    if opts.max_num_seqs == 0 {
+        return Err(refuse("max-num-seqs is at least 1", "0".into()));
+    }
+    Ok(())
+}
+
+/// Pattern of a name for grouping flags: numbers in it become `*`.
+fn pattern(name: &str) -> String {
+    name.split('.')
+        .map(|p| if p.parse::<u64>().is_ok() { "*" } else { p })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn add_flag(map: &mut BTreeMap<(String, String), u64>, name: &str, why: &str) {
+    *map.entry((pattern(name), why.to_string())).or_default() += 1;
+}
+
+fn flags(map: BTreeMap<(String, String), u64>) -> Vec<Flagged> {
+    map.into_iter()
+        .map(|((tensor, why), count)| Flagged { tensor, why, count })
+        .collect()
+}
+
+/// Per layer KV bytes per token on one TP rank.
+fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
+    match arch.mla {
+        // MLA caches the compressed latent and the shared RoPE key, K only, and vLLM keeps
+        // it whole on every TP rank (kaito-project/kaito PR #2139; TensorRT-LLM PR #16707).
+        Some((rank, rope)) => (rank + rope) * elt,
+        None => (arch.kv_heads / tp).max(1) * (arch.head_dim + arch.v_head_dim) * elt,
+    }
+}
+
+/// Plans one layout.
+pub fn plan(
+    model: &Model,
+    layout: Layout,
+    cluster: Cluster,
+    opts: &Options,
+) -> Result<Plan, PlanError> {
+    let arch = &model.arch;
+    check_layout(arch, &layout, &cluster, opts)?;
+    if model.format == Format::Gguf && opts.engine != Engine::LlamaCpp {
+        return Err(refuse(
+            "a GGUF file is planned for llama.cpp",
+            "pass --engine llama.cpp".into(),
+        ));
+    }
+    if model.format == Format::Safetensors && opts.engine == Engine::LlamaCpp {
+        return Err(refuse(
+            "llama.cpp loads GGUF files",
+            "plan the GGUF file of this model, or --engine vllm".into(),
+        ));
+    }
+    let Layout { tp, pp, dp, .. } = layout;
+    let mut warnings = model.warnings.clone();
+    warnings.extend(arch.assumed.iter().map(|a| format!("assumed: {a}")));
+    if !rules::known(arch) {
+        warnings.push(format!(
+            "architecture {} is not one weft plan knows; placement follows the tensor-name rules only",
+            arch.name
+        ));
+    }
+    if opts.engine == Engine::Sglang {
+        warnings.push(
+            "SGLang: vLLM's sharding rules are applied; SGLang's differences are not modelled"
+                .into(),
+        );
+    }
+    if layout.world() < cluster.nodes * cluster.gpus_per_node {
+        warnings.push(format!(
+            "{} of {} GPUs are used",
+            layout.world(),
+            cluster.nodes * cluster.gpus_per_node
+        ));
+    }
+    let (def_overhead, def_src) = default_overhead(opts.engine);
+    let (overhead, overhead_source) = match opts.overhead_bytes {
+        Some(b) => (b, "--overhead".to_string()),
+        None => (def_overhead, def_src.to_string()),
+    };
+    let kv_elt = match opts.kv_dtype {
+        KvDtype::Auto => arch.dtype_bytes,
+        KvDtype::Fp8 => 1,
+        KvDtype::Bf16 => 2,
+    };
+    let max_model_len = opts.max_model_len.unwrap_or(arch.max_position);
+
+    // Place every tensor once.
+    let placed: Vec<Placed> = model
+        .tensors
+        .iter()
+        .map(|t| match model.format {
+            Format::Safetensors => rules::place_hf(t, arch, tp, pp),
+            Format::Gguf => rules::place_gguf(t, arch),
+        })
+        .collect();
+    let loaded: Vec<u64> = model
+        .tensors
+        .iter()
+        .map(|t| rules::loaded_bytes(t, arch.dtype_bytes))
+        .collect();
+    let mut replicated = BTreeMap::new();
+    let mut uneven = BTreeMap::new();
+    let mut skipped = BTreeMap::new();
+    let has_lm_head = model
+        .tensors
+        .iter()
+        .any(|t| t.name == "lm_head.weight" || t.name == "output.weight");
+    let embed = model
+        .tensors
+        .iter()
+        .zip(&placed)
+        .zip(&loaded)
+        .map(|((t, p), b)| (t, p, *b))
+        .find(|(_, p, _)| matches!(p.split, Split::Vocab(_)) && p.stage == Stage::First);
+    for (t, p) in model.tensors.iter().zip(&placed) {
+        match &p.note {
+            Some(Note::Replicated(why)) => add_flag(&mut replicated, &t.name, why),
+            Some(Note::Uneven(why)) => add_flag(&mut uneven, &t.name, why),
+            None => {}
+        }
+        if p.stage == Stage::Skip {
+            add_flag(
+                &mut skipped,
+                &t.name,
+                &format!(
+                    "layer index >= num_hidden_layers ({}): a multi-token-prediction layer, not loaded without speculative decoding",
+                    arch.layers
+                ),
+            );
+        }
+        if p.stage == Stage::Host {
+            add_flag(
+                &mut skipped,
+                &t.name,
+                "llama.cpp keeps the input embeddings in host memory",
+            );
+        }
+        if tp > 1 {
+            match &p.split {
+                Split::KvHeads { kv } | Split::Qkv { kv, .. } if tp > *kv => add_flag(
+                    &mut replicated,
+                    &t.name,
+                    &format!(
+                        "KV heads replicated: {kv} KV heads over tp={tp}, each head on {} ranks (vLLM: num_kv_heads = max(1, kv/tp))",
+                        tp / kv
+                    ),
+                ),
+                Split::Dim(d) if t.shape.get(*d).is_some_and(|n| n % tp != 0) => add_flag(
+                    &mut uneven,
+                    &t.name,
+                    &format!(
+                        "dimension {d} of {} does not divide by tp={tp}",
+                        t.shape[*d]
+                    ),
+                ),
+                _ => {}
+            }
+        }
+        if layout.ep
+            && let Split::Expert { .. } = p.split
+            && !arch.experts.is_multiple_of(layout.ep_size())
+        {
+            add_flag(
+                &mut uneven,
+                &t.name,
+                &format!(
+                    "{} experts over EP={}: the first {} ranks hold one more",
+                    arch.experts,
+                    layout.ep_size(),
+                    arch.experts % layout.ep_size()
+                ),
+            );
+        }
+    }
+    if arch.tied
+        && pp > 1
+        && !has_lm_head
+        && let Some((t, _, _)) = embed
+    {
+        add_flag(
+            &mut replicated,
+            "lm_head.weight",
+            &format!(
+                "tied embeddings with pp={pp}: the last stage holds its own copy of {} for the LM head",
+                t.name
+            ),
+        );
+    }
+    if pp > 1 && !arch.layers.is_multiple_of(pp) {
+        add_flag(
+            &mut uneven,
+            "model.layers",
+            &format!(
+                "{} layers over pp={pp}: stages hold {:?} layers (vLLM get_pp_indices)",
+                arch.layers,
+                (0..pp)
+                    .map(|s| {
+                        let (a, b) = rules::pp_layers(arch.layers, pp, s);
+                        b - a
+                    })
+                    .collect::<Vec<_>>()
+            ),
+        );
+    }
+
+    // Per-rank accounting. Ranks are numbered as vLLM numbers them: dp outermost, then
+    // pp, then tp.
+    let per_node = cluster.gpus_per_node;
+    let budget = (cluster.gpu_memory_bytes as f64 * opts.gpu_memory_utilization) as u64;
+    let llama_cpp = opts.engine == Engine::LlamaCpp;
+    let mut ranks = Vec::with_capacity(layout.world() as usize);
+    // Weights per (stage, tp_rank, ep_rank) are shared by DP replicas without EP.
+    let mut cache: BTreeMap<(u64, u64, Option<u64>), u64> = BTreeMap::new();
+    for d in 0..dp {
+        for s in 0..pp {
+            let (l0, l1) = if llama_cpp {
+                llama_cpp_layers(arch.layers, pp, s)
+            } else {
+                rules::pp_layers(arch.layers, pp, s)
+            };
+            for r in 0..tp {
+                let rank = (d * pp + s) * tp + r;
+                let ep_rank = layout.ep.then_some(d * tp + r);
+                let key = (s, r, ep_rank);
+                let weights = match cache.get(&key) {
+                    Some(w) => *w,
+                    None => {
+                        let mut w = 0u64;
+                        for ((t, p), b) in model.tensors.iter().zip(&placed).zip(&loaded) {
+                            let here = match p.stage {
+                                Stage::Layer(l) => (l0..l1).contains(&l),
+                                Stage::First => s == 0,
+                                Stage::Last => s == pp - 1,
+                                Stage::Host | Stage::Skip => false,
+                            };
+                            if here {
+                                w += rules::rank_bytes(
+                                    t,
+                                    *b,
+                                    &p.split,
+                                    tp,
+                                    r,
+                                    ep_rank.map(|e| (layout.ep_size(), e)),
+                                    arch.experts,
+                                );
+                            }
+                        }
+                        if arch.tied
+                            && pp > 1
+                            && !has_lm_head
+                            && s == pp - 1
+                            && !llama_cpp
+                            && let Some((t, p, b)) = embed
+                        {
+                            w += rules::rank_bytes(t, b, &p.split, tp, r, None, arch.experts);
+                        }
+                        cache.insert(key, w);
+                        w
+                    }
+                };
+                let layer_b = kv_layer_bytes(arch, tp, kv_elt);
+                let mut full_b = 0u64;
+                let mut swa: Vec<(u64, u64)> = Vec::new();
+                for l in l0..l1 {
+                    match arch
+                        .layer_kinds
+                        .get(l as usize)
+                        .copied()
+                        .unwrap_or(LayerKind::Full)
+                    {
+                        LayerKind::Full => full_b += layer_b,
+                        LayerKind::Sliding { window } => swa.push((layer_b, window)),
+                    }
+                }
+                let kv_per_token = full_b + swa.iter().map(|x| x.0).sum::<u64>();
+                let avail = budget as i128 - weights as i128 - overhead as i128;
+                let kv_tokens = if avail <= 0 || kv_per_token == 0 {
+                    0
+                } else {
+                    (avail as u64 / kv_per_token) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS
+                };
+                let max_ctx = if avail <= 0 {
+                    0
+                } else {
+                    max_context(
+                        avail as u64 / opts.max_num_seqs,
+                        full_b,
+                        &swa,
+                        max_model_len,
+                    )
+                };
+                let one_seq = full_b as i128 * max_model_len as i128
+                    + swa
+                        .iter()
+                        .map(|(b, w)| *b as i128 * (*w).min(max_model_len) as i128)
+                        .sum::<i128>();
+                let headroom = (avail - one_seq).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+                ranks.push(RankPlan {
+                    rank,
+                    node: rank / per_node,
+                    tp_rank: r,
+                    pp_stage: s,
+                    dp_rank: d,
+                    ep_rank,
+                    layers: [l0, l1],
+                    weights_bytes: weights,
+                    kv_bytes_per_token: kv_per_token,
+                    kv_tokens,
+                    max_context_per_seq: max_ctx,
+                    headroom_bytes: headroom,
+                    fits: headroom >= 0,
+                });
+            }
+        }
+    }
+    let used_nodes = layout.world().div_ceil(per_node);
+    let nodes: Vec<NodePlan> = (0..used_nodes)
+        .map(|n| {
+            let rs: Vec<&RankPlan> = ranks.iter().filter(|r| r.node == n).collect();
+            NodePlan {
+                node: n,
+                gpus: per_node,
+                memory_bytes: per_node * cluster.gpu_memory_bytes,
+                weights_bytes: rs.iter().map(|r| r.weights_bytes).sum(),
+                kv_tokens: rs.iter().map(|r| r.kv_tokens).min().unwrap_or(0),
+                headroom_bytes: rs.iter().map(|r| r.headroom_bytes).min().unwrap_or(0),
+                fits: rs.iter().all(|r| r.fits),
+            }
+        })
+        .collect();
+    let fits = nodes.iter().all(|n| n.fits);
+    if !fits {
+        let best = ranks
+            .iter()
+            .map(|r| r.max_context_per_seq)
+            .min()
+            .unwrap_or(0);
+        if ranks.iter().all(|r| r.weights_bytes + overhead <= budget) && best > 0 {
+            warnings.push(format!(
+                "the weights fit but one sequence of max_model_len {max_model_len} does not: --max-model-len {best} would"
+            ));
+        }
+    }
+    let comm = comm(arch, &layout, &cluster);
+    Ok(Plan {
+        model: model.source.clone(),
+        architecture: arch.name.clone(),
+        family: arch.family,
+        format: model.format,
+        quantization: arch.quant.label(),
+        engine: opts.engine,
+        layout,
+        ep_size: layout.ep_size(),
+        cluster,
+        gpu_memory_utilization: opts.gpu_memory_utilization,
+        overhead_bytes: overhead,
+        overhead_source,
+        kv_dtype: opts.kv_dtype,
+        kv_bytes_per_element: kv_elt,
+        max_model_len,
+        max_num_seqs: opts.max_num_seqs,
+        checkpoint_bytes: model.tensors.iter().map(|t| t.bytes).sum(),
+        tensors: model.tensors.len() as u64,
+        ranks,
+        nodes,
+        fits,
+        comm,
+        replicated: flags(replicated),
+        uneven: flags(uneven),
+        skipped: flags(skipped),
+        warnings,
+    })
+}
+
+/// llama.cpp's default layer split over equal devices: contiguous, as even as it goes.
+fn llama_cpp_layers(layers: u64, devices: u64, d: u64) -> (u64, u64) {
+    (d * layers / devices, (d + 1) * layers / devices)
+}
+
+/// The longest sequence that fits `budget` bytes: full layers grow with it, sliding
+/// layers stop at their window. Capped at `cap`.
+fn max_context(budget: u64, full_b: u64, swa: &[(u64, u64)], cap: u64) -> u64 {
+    let cost = |n: u64| -> u128 {
+        u128::from(full_b) * u128::from(n)
+            + swa
+                .iter()
+                .map(|(b, w)| u128::from(*b) * u128::from((*w).min(n)))
+                .sum::<u128>()
+    };
+    if cost(cap) <= u128::from(budget) {
+        return cap;
+    }
+    // cost is monotone in n: bisect.
+    let (mut lo, mut hi) = (0u64, cap);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if cost(mid) <= u128::from(budget) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+fn comm(arch: &Arch, layout: &Layout, cluster: &Cluster) -> Comm {
+    let act = 2u64; // bf16 activations
+    let h = arch.hidden;
+    let g = cluster.gpus_per_node;
+    let Layout { tp, pp, .. } = *layout;
+    let tp_bytes = if tp > 1 {
+        arch.layers * 2 * h * act * 2 * (tp - 1) / tp
+    } else {
+        0
+    };
+    let pp_bytes = (pp - 1) * 2 * h * act;
+    let ep = layout.ep_size();
+    let moe_layers = if arch.experts > 0 { arch.layers } else { 0 };
+    let ep_bytes = if ep > 1 {
+        moe_layers * 2 * arch.experts_per_token * h * act * (ep - 1) / ep
+    } else {
+        0
+    };
+    // A TP group spans nodes when it is wider than a node (ranks are tp-innermost).
+    let tp_cross = tp > g;
+    // Stage s and s+1 sit on different nodes when their first ranks do.
+    let pp_cross = (0..pp.saturating_sub(1))
+        .filter(|s| (s * tp) / g != ((s + 1) * tp) / g)
+        .count() as u64;
+    let ep_cross = ep > g;
+    let mut inter = 0;
+    let mut coll = 0;
+    if tp_cross {
+        inter += tp_bytes;
+        coll += arch.layers * 2;
+    }
+    inter += pp_cross * 2 * h * act;
+    coll += pp_cross;
+    if ep_cross {
+        inter += ep_bytes;
+        coll += moe_layers * 2;
+    }
+    Comm {
+        tp_allreduce_bytes_per_token: tp_bytes,
+        pp_bytes_per_token: pp_bytes,
+        ep_bytes_per_token: ep_bytes,
+        internode_bytes_per_token: inter,
+        internode_collectives_per_token: coll,
+    }
+}
+
+/// One candidate layout of a cluster: its plan, or why the engine refuses it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub layout: Layout,
+    pub fits: bool,
+    pub max_rank_weights_bytes: u64,
+    pub min_kv_tokens: u64,
+    pub internode_bytes_per_token: u64,
+    pub internode_collectives_per_token: u64,
+    pub refused: Option<String>,
+}
+
+/// Every layout that uses the whole cluster (tp x pp = GPUs, dp = 1, EP on and off for
+/// MoE models), ranked: those that fit first, then the fewest bytes and collectives
+/// between nodes per token, then the most KV capacity.
+pub fn candidates(
+    model: &Model,
+    cluster: Cluster,
+    opts: &Options,
+) -> Vec<(Candidate, Option<Plan>)> {
+    let world = cluster.nodes * cluster.gpus_per_node;
+    let mut out = Vec::new();
+    for tp in (1..=world).filter(|t| world.is_multiple_of(*t)) {
+        let pp = world / tp;
+        for ep in [false, true] {
+            if ep && (model.arch.experts == 0 || tp == 1) {
+                continue;
+            }
+            let layout = Layout { tp, pp, ep, dp: 1 };
+            match plan(model, layout, cluster, opts) {
+                Ok(p) => out.push((
+                    Candidate {
+                        layout,
+                        fits: p.fits,
+                        max_rank_weights_bytes: p
+                            .ranks
+                            .iter()
+                            .map(|r| r.weights_bytes)
+                            .max()
+                            .unwrap_or(0),
+                        min_kv_tokens: p.ranks.iter().map(|r| r.kv_tokens).min().unwrap_or(0),
+                        internode_bytes_per_token: p.comm.internode_bytes_per_token,
+                        internode_collectives_per_token: p.comm.internode_collectives_per_token,
+                        refused: None,
+                    },
+                    Some(p),
+                )),
+                Err(e) => out.push((
+                    Candidate {
+                        layout,
+                        fits: false,
+                        max_rank_weights_bytes: 0,
+                        min_kv_tokens: 0,
+                        internode_bytes_per_token: 0,
+                        internode_collectives_per_token: 0,
+                        refused: Some(e.to_string()),
+                    },
+                    None,
+                )),
+            }
+        }
+    }
+    out.sort_by(|(a, _), (b, _)| {
+        (a.refused.is_some(), !a.fits)
+            .cmp(&(b.refused.is_some(), !b.fits))
+            .then(
+                a.internode_collectives_per_token
+                    .cmp(&b.internode_collectives_per_token),
+            )
+            .then(
+                a.internode_bytes_per_token
+                    .cmp(&b.internode_bytes_per_token),
+            )
+            .then(b.min_kv_tokens.cmp(&a.min_kv_tokens))
+    });
+    out
+}

@@ -1,0 +1,426 @@
+//! `weft plan`: will this model fit on these nodes, and what will each GPU hold.
+//! Glue only: the planner is `weft-plan`.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::Serialize;
+use weft_plan::plan::{self, Candidate, Cluster, Engine, KvDtype, Layout, Options, Plan};
+use weft_plan::source::{self, HttpOptions, ModelRef};
+
+use crate::output::table;
+use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
+
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  weft plan meta-llama/Meta-Llama-3-8B --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen3-235B-A22B-GPTQ-Int4 --nodes 2 --gpu-memory 128GiB --tp 2 --max-model-len 32768\n  weft plan deepseek-ai/DeepSeek-V3 --nodes 2 --gpus-per-node 8 --gpu-memory 141GB --ep --json\n  weft plan ./model.gguf --engine llama.cpp --nodes 2 --gpu-memory 24GiB\n\nMODEL is a directory (config.json and *.safetensors or model.safetensors.index.json), one\n.safetensors file with config.json beside it, a .gguf file, or a Hugging Face repo id whose\nconfig and safetensors headers are read with HTTP Range requests (HF_ENDPOINT, HF_TOKEN),\nnever the weights.\n\nWithout --tp/--pp every layout that uses all GPUs is planned and ranked (fits, then the\nfewest collectives and bytes between nodes per token, then KV capacity); the best is shown.\n\nExit codes: 0 it fits, 1 it does not fit, 2 usage or environment error."
+)]
+pub struct PlanArgs {
+    /// A model directory, a .safetensors or .gguf file, or a Hugging Face repo id.
+    model: String,
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 1)]
+    nodes: u64,
+    /// GPUs in each node.
+    #[arg(long, default_value_t = 1)]
+    gpus_per_node: u64,
+    /// Memory of each GPU: 128GiB, 80GB, 24GiB.
+    #[arg(long)]
+    gpu_memory: String,
+    /// Tensor-parallel size (default: rank every layout).
+    #[arg(long)]
+    tp: Option<u64>,
+    /// Pipeline-parallel size (default: all GPUs / tp).
+    #[arg(long)]
+    pp: Option<u64>,
+    /// Expert parallelism: experts spread over EP = TP x DP ranks instead of split by TP.
+    #[arg(long)]
+    ep: bool,
+    /// Data-parallel replicas.
+    #[arg(long, default_value_t = 1)]
+    dp: u64,
+    /// Fraction of each GPU's memory the engine may use (vLLM's --gpu-memory-utilization).
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
+    /// KV cache dtype: auto (the model's), fp8 or bf16.
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
+    /// Context one sequence must fit (default: the config's max_position_embeddings).
+    #[arg(long)]
+    max_model_len: Option<u64>,
+    /// Concurrent sequences the max context per sequence is computed for.
+    #[arg(long, default_value_t = 1)]
+    max_num_seqs: u64,
+    /// Engine whose rules and overhead apply: vllm, sglang or llama.cpp.
+    #[arg(long, default_value = "vllm")]
+    engine: String,
+    /// Runtime memory per GPU besides weights and KV cache (default: the engine's figure).
+    #[arg(long)]
+    overhead: Option<String>,
+    /// Revision of a Hugging Face repo.
+    #[arg(long, default_value = "main")]
+    revision: String,
+    /// Seconds each HTTP request may take.
+    #[arg(long, default_value_t = 30)]
+    http_timeout_s: u64,
+}
+
+/// A size with its unit: `128GiB`, `80GB`, `512MiB`.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?}: not a size (e.g. 128GiB, 80GB)"))?;
+    let mult: f64 = match unit.trim() {
+        "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => (1u64 << 20) as f64,
+        "GiB" | "G" => (1u64 << 30) as f64,
+        "TiB" => (1u64 << 40) as f64,
+        "" => bail!("{s:?}: a size needs a unit (B, GB, GiB, ...)"),
+        u => bail!("{s:?}: unknown unit {u:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"),
+    };
+    let v = n * mult;
+    if !(v.is_finite() && (0.0..1e18).contains(&v)) {
+        bail!("{s:?}: out of range");
+    }
+    Ok(v as u64)
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn signed_gib(b: i64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn tokens(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    plan: Plan,
+    /// Present when the layout was chosen by ranking: every layout considered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidates: Option<Vec<Candidate>>,
+}
+
+pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
+    match plan_report(&a) {
+        Ok(r) => {
+            let code = if r.plan.fits {
+                EXIT_OK
+            } else {
+                EXIT_CHECK_FAILED
+            };
+            if json {
+                crate::output::json(&r)?;
+            } else {
+                print_human(&r);
+            }
+            Ok(code)
+        }
+        Err(e) if json => {
+            crate::output::json(&serde_json::json!({"error": format!("{e:#}")}))?;
+            Ok(EXIT_ENVIRONMENT)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn plan_report(a: &PlanArgs) -> Result<Report> {
+    let engine = Engine::parse(&a.engine)
+        .with_context(|| format!("--engine {:?}: one of vllm, sglang, llama.cpp", a.engine))?;
+    let kv_dtype = match a.kv_dtype.as_str() {
+        "auto" => KvDtype::Auto,
+        "fp8" => KvDtype::Fp8,
+        "bf16" | "fp16" => KvDtype::Bf16,
+        o => bail!("--kv-dtype {o:?}: one of auto, fp8, bf16"),
+    };
+    if a.nodes == 0 || a.gpus_per_node == 0 {
+        bail!("--nodes and --gpus-per-node must be at least 1");
+    }
+    let cluster = Cluster {
+        nodes: a.nodes,
+        gpus_per_node: a.gpus_per_node,
+        gpu_memory_bytes: parse_size(&a.gpu_memory).context("--gpu-memory")?,
+    };
+    let opts = Options {
+        engine,
+        gpu_memory_utilization: a.gpu_memory_utilization,
+        kv_dtype,
+        max_model_len: a.max_model_len,
+        max_num_seqs: a.max_num_seqs,
+        overhead_bytes: a
+            .overhead
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--overhead")?,
+    };
+    let model = match source::resolve(&a.model)? {
+        ModelRef::Repo(id) => {
+            let mut http = HttpOptions::from_env();
+            http.revision = a.revision.clone();
+            http.timeout = std::time::Duration::from_secs(a.http_timeout_s.clamp(1, 600));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(source::load_repo(&id, http))?.0
+        }
+        local => source::load_local(&local)?,
+    };
+    let world = a.nodes * a.gpus_per_node;
+    let fixed = a.tp.is_some() || a.pp.is_some();
+    if fixed {
+        let tp = a.tp.unwrap_or(1);
+        let pp = match a.pp {
+            Some(p) => p,
+            None => (world / (tp * a.dp)).max(1),
+        };
+        let layout = Layout {
+            tp,
+            pp,
+            ep: a.ep,
+            dp: a.dp,
+        };
+        return Ok(Report {
+            plan: plan::plan(&model, layout, cluster, &opts)?,
+            candidates: None,
+        });
+    }
+    if engine == Engine::LlamaCpp {
+        let layout = Layout {
+            tp: 1,
+            pp: world,
+            ep: false,
+            dp: 1,
+        };
+        return Ok(Report {
+            plan: plan::plan(&model, layout, cluster, &opts)?,
+            candidates: None,
+        });
+    }
+    let mut cands = plan::candidates(&model, cluster, &opts);
+    if a.ep {
+        cands.retain(|(c, _)| c.layout.ep || model.arch.experts == 0);
+    }
+    let best = cands.iter().find_map(|(_, p)| p.clone());
+    let list: Vec<Candidate> = cands.into_iter().map(|(c, _)| c).collect();
+    match best {
+        Some(p) => Ok(Report {
+            plan: p,
+            candidates: Some(list),
+        }),
+        None => {
+            let why: Vec<String> = list.iter().filter_map(|c| c.refused.clone()).collect();
+            bail!("no layout of {world} GPUs is possible: {}", why.join("; "))
+        }
+    }
+}
+
+fn print_human(r: &Report) {
+    let p = &r.plan;
+    println!(
+        "model   {}: {} ({:?}), quantization {}, {} tensors, {} in the checkpoint",
+        p.model,
+        p.architecture,
+        p.family,
+        p.quantization,
+        p.tensors,
+        gib(p.checkpoint_bytes)
+    );
+    println!(
+        "layout  tp={} pp={} ep={} dp={} on {} node(s) x {} GPU(s) of {}; {}, {:.0}% usable, overhead {}/GPU",
+        p.layout.tp,
+        p.layout.pp,
+        if p.layout.ep {
+            format!("on ({})", p.ep_size)
+        } else {
+            "off".into()
+        },
+        p.layout.dp,
+        p.cluster.nodes,
+        p.cluster.gpus_per_node,
+        gib(p.cluster.gpu_memory_bytes),
+        p.engine.name(),
+        p.gpu_memory_utilization * 100.0,
+        gib(p.overhead_bytes)
+    );
+    println!(
+        "        overhead: {}\n        KV cache {} B/element, max-model-len {}, max-num-seqs {}",
+        p.overhead_source,
+        p.kv_bytes_per_element,
+        tokens(p.max_model_len),
+        p.max_num_seqs
+    );
+    println!();
+    println!(
+        "{}",
+        table(
+            [
+                "NODE",
+                "GPUS",
+                "MEMORY",
+                "WEIGHTS",
+                "KV TOKENS",
+                "HEADROOM",
+                "FITS"
+            ],
+            p.nodes.iter().map(|n| [
+                n.node.to_string(),
+                n.gpus.to_string(),
+                gib(n.memory_bytes),
+                gib(n.weights_bytes),
+                tokens(n.kv_tokens),
+                signed_gib(n.headroom_bytes),
+                if n.fits { "yes" } else { "NO" }.into(),
+            ])
+        )
+    );
+    println!();
+    println!(
+        "{}",
+        table(
+            [
+                "RANK",
+                "NODE",
+                "TP",
+                "PP",
+                "LAYERS",
+                "WEIGHTS",
+                "KV B/TOKEN",
+                "KV TOKENS",
+                "MAX CTX/SEQ",
+                "HEADROOM",
+            ],
+            p.ranks.iter().map(|x| [
+                x.rank.to_string(),
+                x.node.to_string(),
+                x.tp_rank.to_string(),
+                x.pp_stage.to_string(),
+                format!("{}-{}", x.layers[0], x.layers[1].saturating_sub(1)),
+                gib(x.weights_bytes),
+                tokens(x.kv_bytes_per_token),
+                tokens(x.kv_tokens),
+                tokens(x.max_context_per_seq),
+                signed_gib(x.headroom_bytes),
+            ])
+        )
+    );
+    println!(
+        "\nper token between nodes: {} B in {} collectives (TP all-reduce {} B, PP {} B, EP {} B per rank)",
+        tokens(p.comm.internode_bytes_per_token),
+        p.comm.internode_collectives_per_token,
+        tokens(p.comm.tp_allreduce_bytes_per_token),
+        tokens(p.comm.pp_bytes_per_token),
+        tokens(p.comm.ep_bytes_per_token)
+    );
+    for (title, list) in [
+        ("replicated", &p.replicated),
+        ("uneven", &p.uneven),
+        ("not on any GPU", &p.skipped),
+    ] {
+        if !list.is_empty() {
+            println!("\n{title}:");
+            for f in list.iter() {
+                println!("  {} (x{}): {}", f.tensor, f.count, f.why);
+            }
+        }
+    }
+    if !p.warnings.is_empty() {
+        println!("\nwarnings:");
+        for w in &p.warnings {
+            println!("  {w}");
+        }
+    }
+    if let Some(c) = &r.candidates {
+        println!(
+            "\nlayouts of {} GPUs, best first:",
+            p.cluster.nodes * p.cluster.gpus_per_node
+        );
+        println!(
+            "{}",
+            table(
+                [
+                    "TP",
+                    "PP",
+                    "EP",
+                    "FITS",
+                    "MAX WEIGHTS/GPU",
+                    "MIN KV TOKENS",
+                    "BETWEEN NODES/TOKEN"
+                ],
+                c.iter().map(|c| [
+                    c.layout.tp.to_string(),
+                    c.layout.pp.to_string(),
+                    if c.layout.ep { "on" } else { "off" }.into(),
+                    match &c.refused {
+                        Some(_) => "refused".into(),
+                        None if c.fits => "yes".into(),
+                        None => "no".into(),
+                    },
+                    if c.refused.is_some() {
+                        "-".into()
+                    } else {
+                        gib(c.max_rank_weights_bytes)
+                    },
+                    if c.refused.is_some() {
+                        "-".into()
+                    } else {
+                        tokens(c.min_kv_tokens)
+                    },
+                    match &c.refused {
+                        Some(why) => why.clone(),
+                        None => format!(
+                            "{} B, {} collectives",
+                            tokens(c.internode_bytes_per_token),
+                            c.internode_collectives_per_token
+                        ),
+                    },
+                ])
+            )
+        );
+    }
+    println!(
+        "\n{}",
+        if p.fits {
+            "fits: every node holds its weights, the overhead and one sequence of max-model-len"
+        } else {
+            "does NOT fit: see HEADROOM above"
+        }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_need_units() {
+        assert_eq!(parse_size("128GiB").unwrap(), 128 << 30);
+        assert_eq!(parse_size("80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert!(parse_size("80").unwrap_err().to_string().contains("unit"));
+        assert!(parse_size("80 parsecs").is_err());
+        assert_eq!(tokens(1_234_567), "1,234,567");
+    }
+}
