@@ -25,6 +25,15 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssh-client", "/usr/bin/ssh"),
     ("libfabric1", "/usr/lib/x86_64-linux-gnu/libfabric.so.1"),
     ("libfabric-bin", "/usr/bin/fi_pingpong"),
+    // `weft sync`'s benchmark compares against rsync.
+    ("rsync", "/usr/bin/rsync"),
+    // `weft run torchrun` tests: a real PyTorch DDP job on CPU (gloo). Debian's build is
+    // CPU-only (about 200 MB installed); PyPI's torch wheel pulls in the CUDA 13 stack
+    // (cuDNN, cuBLAS, NCCL, ...: several GB), and the CPU-only index is not reachable.
+    (
+        "python3-torch",
+        "/usr/lib/python3/dist-packages/torch/__init__.py",
+    ),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

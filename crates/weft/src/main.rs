@@ -6,7 +6,10 @@ mod cluster;
 mod config;
 mod doctor;
 mod fabric;
+mod mesh;
 mod output;
+mod run;
+mod sync;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +51,18 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Checks every host before a job: links, speed, MTU and jumbo frames, roles, RDMA, clocks.
     Doctor(Box<doctor::DoctorArgs>),
+    /// Replicates a directory (a model) to every host as a pipelined chain, hashes checked.
+    Sync(Box<sync::SyncArgs>),
+    #[command(hide = true)]
+    SyncServe(sync::ServeArgs),
+    /// Runs a command on every host with the job's environment (torchrun, vLLM, Ray recipes).
+    Run(Box<run::RunArgs>),
+    #[command(hide = true)]
+    RunNode(run::NodeArgs),
+    #[command(hide = true)]
+    RunProbe(run::ProbeArgs),
+    /// SSH between every pair of hosts: keys, known_hosts (fingerprints confirmed), proven.
+    Mesh(Box<mesh::MeshArgs>),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +100,12 @@ fn main() -> ExitCode {
         Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
         Command::Bench(cmd) => bench::run(cmd, cli.json),
         Command::Doctor(a) => doctor::run(*a, cli.json),
+        Command::Sync(a) => sync::run(*a, cli.json),
+        Command::SyncServe(a) => sync::serve(a),
+        Command::Run(a) => run::run(*a, cli.json),
+        Command::RunNode(a) => run::node(a),
+        Command::RunProbe(a) => run::probe(a),
+        Command::Mesh(a) => mesh::run(*a, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod doctor;
+mod launch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
