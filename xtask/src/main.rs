@@ -27,13 +27,6 @@ const PACKAGES: &[(&str, &str)] = &[
     ("libfabric-bin", "/usr/bin/fi_pingpong"),
     // `weft sync`'s benchmark compares against rsync.
     ("rsync", "/usr/bin/rsync"),
-    // `weft run torchrun` tests: a real PyTorch DDP job on CPU (gloo). Debian's build is
-    // CPU-only (about 200 MB installed); PyPI's torch wheel pulls in the CUDA 13 stack
-    // (cuDNN, cuBLAS, NCCL, ...: several GB), and the CPU-only index is not reachable.
-    (
-        "python3-torch",
-        "/usr/lib/python3/dist-packages/torch/__init__.py",
-    ),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -48,8 +41,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => ensure_packages().and_then(|()| demo::run()),
-        Some("test") => ensure_packages().and_then(|()| test(&args[1..])),
-        Some("deps") => ensure_packages(),
+        Some("test") => ensure_packages()
+            .and_then(|()| ensure_torch())
+            .and_then(|()| test(&args[1..])),
+        Some("deps") => ensure_packages().and_then(|()| ensure_torch()),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -92,6 +87,22 @@ fn ensure_packages() -> Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// PyTorch for `python3`, for `weft run torchrun`'s test (a DDP job on CPU, gloo), from PyPI
+/// when `import torch` fails. PyPI's Linux wheel pulls in the CUDA stack (cuDNN, cuBLAS,
+/// NCCL, ...: about 4 GB); the CPU-only index is not reachable from here. Debian's
+/// python3-torch (1.13) is no substitute: its torchrun fails on Python 3.11 (`Std.from_str`).
+fn ensure_torch() -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have {
+        return Ok(());
+    }
+    eprintln!("xtask: installing torch from PyPI (python3 -m pip install torch)");
+    run(Command::new("python3").args(["-m", "pip", "install", "-q", "torch"]))
 }
 
 fn cargo() -> Command {

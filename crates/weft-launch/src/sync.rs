@@ -560,7 +560,7 @@ fn drive_chain(
         .sum();
     let t_start = Instant::now();
     let mut files: BTreeMap<usize, File> = BTreeMap::new();
-    let mut buf = Vec::with_capacity(9 + m.chunk_size as usize);
+    let mut buf = vec![0u8; 9 + m.chunk_size as usize];
     progress(Progress {
         sent: sent_before,
         total: sent_before + total,
@@ -577,21 +577,20 @@ fn drive_chain(
                 v.insert(File::open(&p).map_err(io(format!("open {}", p.display())))?)
             }
         };
-        buf.clear();
-        buf.push(Kind::Data as u8);
-        buf.extend_from_slice(&((c.len + 4) as u32).to_le_bytes());
-        buf.extend_from_slice(&(i as u32).to_le_bytes());
-        buf.resize(9 + c.len as usize, 0);
+        let frame = &mut buf[..9 + c.len as usize];
+        frame[0] = Kind::Data as u8;
+        frame[1..5].copy_from_slice(&((c.len + 4) as u32).to_le_bytes());
+        frame[5..9].copy_from_slice(&(i as u32).to_le_bytes());
         let p = src.join(&m.files[c.file].path);
-        f.read_exact_at(&mut buf[9..], c.offset)
+        f.read_exact_at(&mut frame[9..], c.offset)
             .map_err(io(format!("read {}", p.display())))?;
-        if Hash::of(&buf[9..]) != m.files[c.file].chunks[(c.offset / m.chunk_size) as usize] {
+        if Hash::of(&frame[9..]) != m.files[c.file].chunks[(c.offset / m.chunk_size) as usize] {
             return Err(LaunchError::Usage(format!(
                 "{} changed while it was being synced; run again",
                 p.display()
             )));
         }
-        if let Err(e) = w.write_all(&buf) {
+        if let Err(e) = w.write_all(frame) {
             broken = Some(wire::peer_err(&peer, "send data", e));
             break;
         }
@@ -728,7 +727,7 @@ struct Node {
 
 impl Node {
     fn run(up: TcpStream, dest: &Path, timeout: Duration) -> Result<(), LaunchError> {
-        let mut up_r = BufReader::with_capacity(1 << 20, up.try_clone().map_err(io("clone"))?);
+        let mut up_r = BufReader::with_capacity(64 << 10, up.try_clone().map_err(io("clone"))?);
         let (kind, len) = wire::read_header(&mut up_r, "upstream")?;
         expect(kind, Kind::Hello, "upstream")?;
         let hello: Hello = wire::read_json(&mut up_r, len, "upstream")?;
@@ -897,27 +896,31 @@ impl Node {
                             }
                         }
                         let mine = need.chunks.get(idx);
+                        // A chunk we keep is read straight into its buffer and forwarded
+                        // from there; one we only pass on goes through `piece`.
                         let mut keep = if mine {
-                            Vec::with_capacity(clen as usize)
+                            vec![0u8; clen as usize]
                         } else {
                             Vec::new()
                         };
-                        let mut left = clen as usize;
-                        while left > 0 {
-                            let k = left.min(PIECE);
-                            up_r.read_exact(&mut piece[..k])
+                        let mut off = 0usize;
+                        while off < clen as usize {
+                            let k = (clen as usize - off).min(PIECE);
+                            let buf: &mut [u8] = if mine {
+                                &mut keep[off..off + k]
+                            } else {
+                                &mut piece[..k]
+                            };
+                            up_r.read_exact(buf)
                                 .map_err(|e| wire::peer_err("upstream", "read", e))?;
                             if let Some((n, w)) = &mut down
                                 && fwd
-                                && let Err(e) = w.write_all(&piece[..k])
+                                && let Err(e) = w.write_all(buf)
                             {
                                 down_err = Some((n.clone(), format!("send data: {e}")));
                                 down = None;
                             }
-                            if mine {
-                                keep.extend_from_slice(&piece[..k]);
-                            }
-                            left -= k;
+                            off += k;
                         }
                         if let Some((n, w)) = &mut down
                             && fwd

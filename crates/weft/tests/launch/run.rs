@@ -59,10 +59,21 @@ sys.exit(0 if ok else 4)
 
 #[test]
 fn torchrun_ddp_over_gloo_on_the_data_network_failures_interrupts_and_version_skew() {
+    // The python3 on this PATH with torch (cargo xtask deps installs it from PyPI); the
+    // hosts' sessions get the same one by absolute path.
+    let o = std::process::Command::new("python3")
+        .args(["-c", "import sys, torch; print(sys.executable)"])
+        .output()
+        .expect("python3 runs");
     assert!(
-        std::path::Path::new("/usr/bin/torchrun").exists(),
-        "this test needs PyTorch for /usr/bin/python3 (Debian: python3-torch; cargo xtask deps)"
+        o.status.success(),
+        "this test needs PyTorch for python3 (cargo xtask deps: pip install torch): {}",
+        String::from_utf8_lossy(&o.stderr)
     );
+    let python = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let torchrun = std::path::Path::new(&python).with_file_name("torchrun");
+    assert!(torchrun.exists(), "{} missing", torchrun.display());
+    let torchrun = torchrun.display().to_string();
     let shim = tempfile::tempdir().unwrap();
     let shim_s = shim.path().display().to_string();
     let env2 = vec![("PYTHONPATH".to_string(), shim_s.clone())];

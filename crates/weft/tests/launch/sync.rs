@@ -214,3 +214,157 @@ fn sync_to_four_hosts_resumes_finds_changes_and_routes_around_a_dead_host() {
     }
     assert!(processes_with(&["sync-serve", &marker]).is_empty());
 }
+
+/// Kills a child by its pid when dropped.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The benchmark of docs/benchmarks.md: `weft sync` to 4 hosts against one copy to one host,
+/// rsync to the 4 hosts one after another and rsync to all 4 at once from the source (rsync
+/// daemons on the hosts' data addresses, so that no SSH cipher is in rsync's way), every
+/// data link limited to 1 Gbit/s, in the same run. Size: WEFT_SYNC_BENCH_MIB (default 256).
+#[test]
+#[ignore = "benchmark: a few minutes of wall time; run by hand (docs/benchmarks.md)"]
+fn sync_benchmark_against_rsync() {
+    need_netns();
+    assert!(
+        Path::new("/usr/bin/rsync").exists(),
+        "install rsync (cargo xtask deps)"
+    );
+    let mib: usize = std::env::var("WEFT_SYNC_BENCH_MIB")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256);
+    let c = Cluster::create(&ClusterSpec::new(5, 1)).expect("cluster");
+    for i in 0..5 {
+        c.shape(i, "data0", &Shape::rate("1gbit")).expect("tc");
+    }
+    let names: Vec<String> = c.hosts().iter().map(|h| h.name.clone()).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let total = make_source(&src, mib.saturating_sub(7).max(1));
+    let src_s = src.display().to_string();
+    let weft_sync = |hosts: &[String], tag: &str| -> f64 {
+        let dest = format!("{}/{tag}/{{host}}", tmp.path().display());
+        let hs = hosts.join(",");
+        let t0 = Instant::now();
+        let o = weft_in(
+            &names[0],
+            &[
+                "sync",
+                &src_s,
+                "--hosts",
+                &hs,
+                "--via",
+                "netns",
+                "--dest",
+                &dest,
+                "--data-if",
+                "=data0",
+                "--mgmt-if",
+                "=mgmt0",
+                "--json",
+            ],
+        );
+        let t = t0.elapsed().as_secs_f64();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v = json(&o);
+        eprintln!(
+            "weft sync {tag}: {t:.2} s wall, data phase {} s",
+            v["transfer_s"]
+        );
+        t
+    };
+    // rsync daemons on hosts 1..=4, on their data addresses.
+    let mut daemons = Vec::new();
+    for i in 1..5 {
+        let d = tmp.path().join(format!("rsyncd-{i}"));
+        std::fs::create_dir_all(d.join("dst")).unwrap();
+        let conf = d.join("rsyncd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "pid file = {p}/pid\nuse chroot = false\n[m]\n  path = {p}/dst\n  read only = false\n  uid = root\n  gid = root\n",
+                p = d.display()
+            ),
+        )
+        .unwrap();
+        let addr = c.host(i).data_ifs[0].1.to_string();
+        let conf_s = conf.display().to_string();
+        daemons.push(Daemon(
+            c.spawn(
+                i,
+                "rsync",
+                &[
+                    "--daemon",
+                    "--no-detach",
+                    "--config",
+                    &conf_s,
+                    "--address",
+                    &addr,
+                    "--port",
+                    "8730",
+                ],
+                &[],
+            )
+            .unwrap(),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let rsync_to = |i: usize| {
+        let url = format!("rsync://{}:8730/m/", c.host(i).data_ifs[0].1);
+        let o = c
+            .exec(
+                0,
+                "rsync",
+                &["-a", &format!("{src_s}/"), &url],
+                Duration::from_secs(600),
+            )
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let clear_rsync = || {
+        for i in 1..5 {
+            let d = tmp.path().join(format!("rsyncd-{i}/dst"));
+            std::fs::remove_dir_all(&d).unwrap();
+            std::fs::create_dir_all(&d).unwrap();
+        }
+    };
+
+    let one = weft_sync(&names[1..2], "one");
+    let four = weft_sync(&names[1..], "four");
+    let t0 = Instant::now();
+    for i in 1..5 {
+        rsync_to(i);
+    }
+    let seq = t0.elapsed().as_secs_f64();
+    clear_rsync();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for i in 1..5 {
+            s.spawn(move || rsync_to(i));
+        }
+    });
+    let par = t0.elapsed().as_secs_f64();
+    let wire = total as f64 * 8.0 / 1e9;
+    eprintln!(
+        "BENCH {} MiB, 1 Gbit/s links (one copy on the wire: {wire:.2} s): weft one host {one:.2} s; \
+         weft 4 hosts {four:.2} s ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); \
+         rsync all at once {par:.2} s ({:.2}x weft)",
+        total >> 20,
+        four / one,
+        seq / four,
+        par / four
+    );
+    assert!(
+        four / one <= 1.25,
+        "weft to 4 hosts took {:.2}x one copy",
+        four / one
+    );
+}
