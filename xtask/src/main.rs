@@ -33,13 +33,17 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   demo    start a simulated InfiniBand fabric with a primary and a standby OpenSM,
-          apply weft's partition plan, verify it on every port, move a node, fail over
+          apply weft's partition plan, verify it on every port, move a node, fail over;
+          then weft mesh, sync and run across namespace hosts (`demo launch`: only those)
   test    install what the tests need, then run fmt, clippy and the whole test suite
   deps    only install the Debian packages the tests need";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("demo") if args.get(1).is_some_and(|a| a == "launch") => {
+            ensure_packages().and_then(|()| demo::launch_tour())
+        }
         Some("demo") => ensure_packages().and_then(|()| demo::run()),
         Some("test") => ensure_packages()
             .and_then(|()| ensure_torch())

@@ -87,6 +87,27 @@ pub struct MeshReport {
     pub ok: bool,
 }
 
+/// `f(i, host)` for every host at once, results in host order.
+fn par<T: Send>(
+    hosts_: &[Box<dyn HostRunner>],
+    f: impl Fn(usize, &dyn HostRunner) -> Result<T, LaunchError> + Sync,
+) -> Result<Vec<T>, LaunchError> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = hosts_
+            .iter()
+            .enumerate()
+            .map(|(i, h)| s.spawn(move || f(i, h.as_ref())))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(LaunchError::Usage("mesh thread panicked".into())))
+            })
+            .collect()
+    })
+}
+
 /// Where `ssh` goes for `name` with `opts`: (address, port), from `ssh -G`.
 pub fn resolve(name: &str, opts: &[String]) -> Result<(String, u16), LaunchError> {
     let mut c = std::process::Command::new("ssh");
@@ -195,8 +216,7 @@ pub fn collect_keys(
     hosts_: &[Box<dyn HostRunner>],
     timeout: Duration,
 ) -> Result<Vec<HostKey>, LaunchError> {
-    let mut keys = Vec::new();
-    for h in hosts_ {
+    par(hosts_, |_, h| {
         let opts = h.ssh_options().ok_or_else(|| {
             LaunchError::Usage(format!(
                 "{}: weft mesh works on hosts reached over SSH (--via ssh)",
@@ -234,15 +254,14 @@ pub fn collect_keys(
                 ),
             })?;
         let w: Vec<&str> = line.split_whitespace().collect();
-        keys.push(HostKey {
+        Ok(HostKey {
             host: h.name().into(),
             known_as: known_as(&addr, port),
             key_type: w[1].into(),
             key: w[2].into(),
             fingerprint: fingerprint(w[2])?,
-        });
-    }
-    Ok(keys)
+        })
+    })
 }
 
 /// Checks `keys` against the operator's expected fingerprints; the first that is not there
@@ -274,26 +293,44 @@ pub fn confirm(keys: &[HostKey], expect: &[(String, String)]) -> Result<(), Laun
     Ok(())
 }
 
-/// The key lines a node's known_hosts file holds for `known_as` (`ssh-keygen -F`).
+/// The key lines a node's known_hosts file holds for each of `names` (`ssh-keygen -F`), in
+/// one session.
 fn known_lines(
     h: &dyn HostRunner,
     file: &str,
-    name: &str,
+    names: &[String],
     bound: Duration,
-) -> Result<Vec<(String, String)>, LaunchError> {
+) -> Result<Vec<Vec<(String, String)>>, LaunchError> {
     let script = format!(
-        "f={f}; [ -f \"$f\" ] || exit 0; ssh-keygen -F \"$1\" -f \"$f\" 2>/dev/null || true",
+        "f={f}; for n in \"$@\"; do echo \"@@ $n\"; [ -f \"$f\" ] && ssh-keygen -F \"$n\" -f \"$f\" 2>/dev/null; done; true",
         f = sh_path(file)
     );
-    let out = hosts::sh(h, "read known_hosts", &script, &[name.to_string()], bound)?;
-    Ok(out
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w.len() >= 3).then(|| (w[1].to_string(), w[2].to_string()))
-        })
-        .collect())
+    let out = hosts::sh(h, "read known_hosts", &script, names, bound)?;
+    let mut v: Vec<Vec<(String, String)>> = Vec::new();
+    for l in out.lines() {
+        if l.starts_with("@@ ") {
+            v.push(Vec::new());
+            continue;
+        }
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if !l.starts_with('#')
+            && w.len() >= 3
+            && let Some(cur) = v.last_mut()
+        {
+            cur.push((w[1].to_string(), w[2].to_string()));
+        }
+    }
+    if v.len() != names.len() {
+        return Err(LaunchError::Host {
+            host: h.name().into(),
+            msg: format!(
+                "read known_hosts: {} answers for {} names",
+                v.len(),
+                names.len()
+            ),
+        });
+    }
+    Ok(v)
 }
 
 /// Runs the mesh. See the module docs.
@@ -310,24 +347,24 @@ pub fn mesh(
             None => {}
         }
     }
-    // The operator reaches every node (strictly): nothing below runs on a host it cannot.
-    for h in hosts_ {
-        hosts::sh(h.as_ref(), "reach", "true", &[], b)?;
-    }
-    // Changed host keys anywhere: refuse before writing.
+    // The operator reaches every node (strictly, the first call to each): nothing below
+    // runs on a host it cannot. Changed host keys anywhere: refuse before writing.
+    let names: Vec<String> = keys.iter().map(|k| k.known_as.clone()).collect();
+    let found = par(hosts_, |_, h| {
+        known_lines(h, &hosts::per_host(&o.known_hosts, h.name()), &names, b)
+    })?;
     let mut changed = Vec::new();
     let mut missing_known: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, h) in hosts_.iter().enumerate() {
-        let file = hosts::per_host(&o.known_hosts, h.name());
         for (j, k) in keys.iter().enumerate() {
             if i == j {
                 continue;
             }
-            let lines = known_lines(h.as_ref(), &file, &k.known_as, b)?;
+            let lines = &found[i][j];
             let same = lines
                 .iter()
                 .any(|(t, key)| t == &k.key_type && key == &k.key);
-            for (t, key) in &lines {
+            for (t, key) in lines {
                 if t == &k.key_type && key != &k.key {
                     changed.push(Changed {
                         host: k.host.clone(),
@@ -357,16 +394,12 @@ pub fn mesh(
     }
     if !o.check {
         // Node keys.
-        let mut pubs: Vec<String> = Vec::with_capacity(n);
-        for h in hosts_ {
+        let got = par(hosts_, |_, h| {
             let id = sh_path(&hosts::per_host(&o.identity, h.name()));
             let script = format!(
                 "id={id}; if [ ! -f \"$id\" ]; then mkdir -p \"$(dirname \"$id\")\" && ssh-keygen -q -t ed25519 -N '' -C \"weft-mesh@$1\" -f \"$id\" </dev/null && echo generated; fi; cat \"$id.pub\""
             );
-            let out = hosts::sh(h.as_ref(), "node key", &script, &[h.name().to_string()], b)?;
-            if out.lines().next() == Some("generated") {
-                report.generated.push(h.name().into());
-            }
+            let out = hosts::sh(h, "node key", &script, &[h.name().to_string()], b)?;
             let key = out
                 .lines()
                 .rev()
@@ -375,7 +408,17 @@ pub fn mesh(
                     host: h.name().into(),
                     msg: "no public key printed".into(),
                 })?;
-            pubs.push(key.trim().to_string());
+            Ok((
+                out.lines().next() == Some("generated"),
+                key.trim().to_string(),
+            ))
+        })?;
+        let mut pubs: Vec<String> = Vec::with_capacity(n);
+        for (h, (generated, key)) in hosts_.iter().zip(got) {
+            if generated {
+                report.generated.push(h.name().into());
+            }
+            pubs.push(key);
         }
         // authorized_keys and known_hosts, each line once.
         let add = |path: &str| {
@@ -384,23 +427,30 @@ pub fn mesh(
                 sh_path(path)
             )
         };
-        for (i, h) in hosts_.iter().enumerate() {
+        let added = par(hosts_, |i, h| {
             let auth = hosts::per_host(&o.authorized_keys, h.name());
             let args: Vec<String> = (0..n)
                 .filter(|&j| j != i)
                 .map(|j| pubs[j].clone())
                 .collect();
-            let out = hosts::sh(h.as_ref(), "authorized_keys", &add(&auth), &args, b)?;
-            report.authorized_added += out.trim().parse::<usize>().unwrap_or(0);
+            let a = hosts::sh(h, "authorized_keys", &add(&auth), &args, b)?;
+            let mut k = String::from("0");
             if let Some(js) = missing_known.get(&i) {
                 let kh = hosts::per_host(&o.known_hosts, h.name());
                 let args: Vec<String> = js
                     .iter()
                     .map(|&j| format!("{} {} {}", keys[j].known_as, keys[j].key_type, keys[j].key))
                     .collect();
-                let out = hosts::sh(h.as_ref(), "known_hosts", &add(&kh), &args, b)?;
-                report.known_added += out.trim().parse::<usize>().unwrap_or(0);
+                k = hosts::sh(h, "known_hosts", &add(&kh), &args, b)?;
             }
+            Ok((
+                a.trim().parse::<usize>().unwrap_or(0),
+                k.trim().parse::<usize>().unwrap_or(0),
+            ))
+        })?;
+        for (a, k) in added {
+            report.authorized_added += a;
+            report.known_added += k;
         }
         report.missing = 0;
     }

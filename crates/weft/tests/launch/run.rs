@@ -92,10 +92,12 @@ fn torchrun_ddp_over_gloo_on_the_data_network_failures_interrupts_and_version_sk
             "3".into(),
             "--nccl".into(),
             "socket".into(),
+            "--python".into(),
+            python.clone(),
         ]);
         a.extend([
             "--".into(),
-            "torchrun".into(),
+            torchrun.clone(),
             script_s.clone(),
             mode.into(),
             marker_s.clone(),
@@ -197,4 +199,46 @@ fn torchrun_ddp_over_gloo_on_the_data_network_failures_interrupts_and_version_sk
     assert!(t.contains("nothing launched"), "{t}");
     assert!((0..3).all(|r| !marker.join(format!("ready.{r}")).exists()));
     assert!(processes_with(&[&script_s]).is_empty());
+
+    // A hang: rank 1 stops printing after its NCCL line while the others go on; it is named
+    // with that line, and everything is stopped.
+    shim.close().unwrap();
+    let mut a = vec!["run".to_string()];
+    a.extend(sc.host_args(&sc.names));
+    a.extend(
+        [
+            "--no-version-check",
+            "--stall-timeout",
+            "3",
+            "--grace-s",
+            "2",
+            "--",
+            "sh",
+            "-c",
+        ]
+        .map(String::from),
+    );
+    a.push(format!(
+        "echo 'NCCL INFO comm 0x1 rank '$RANK' init'; if [ $RANK = 1 ]; then sleep 100 # {marker_s}\nfi; while :; do echo tick; sleep 0.5; done # {marker_s}"
+    ));
+    let o = sc.weft(&a).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains(&format!(
+            "STALL node 1 ({}): nothing printed for 3 s; last line: NCCL INFO comm 0x1 rank 1 init",
+            sc.names[1]
+        )),
+        "{t}"
+    );
+    assert!(!t.contains("STALL node 0"), "{t}");
+    let t0 = Instant::now();
+    while !processes_with(&[&marker_s]).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            processes_with(&[&marker_s])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -228,7 +228,8 @@ impl Drop for Daemon {
 /// The benchmark of docs/benchmarks.md: `weft sync` to 4 hosts against one copy to one host,
 /// rsync to the 4 hosts one after another and rsync to all 4 at once from the source (rsync
 /// daemons on the hosts' data addresses, so that no SSH cipher is in rsync's way), every
-/// data link limited to 1 Gbit/s, in the same run. Size: WEFT_SYNC_BENCH_MIB (default 256).
+/// data link limited to 1 Gbit/s (WEFT_SYNC_BENCH_RATE, tc syntax), in the same run. Size:
+/// WEFT_SYNC_BENCH_MIB (default 256).
 #[test]
 #[ignore = "benchmark: a few minutes of wall time; run by hand (docs/benchmarks.md)"]
 fn sync_benchmark_against_rsync() {
@@ -241,9 +242,10 @@ fn sync_benchmark_against_rsync() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(256);
+    let rate = std::env::var("WEFT_SYNC_BENCH_RATE").unwrap_or_else(|_| "1gbit".into());
     let c = Cluster::create(&ClusterSpec::new(5, 1)).expect("cluster");
     for i in 0..5 {
-        c.shape(i, "data0", &Shape::rate("1gbit")).expect("tc");
+        c.shape(i, "data0", &Shape::rate(&rate)).expect("tc");
     }
     let names: Vec<String> = c.hosts().iter().map(|h| h.name.clone()).collect();
     let tmp = tempfile::tempdir().unwrap();
@@ -352,9 +354,8 @@ fn sync_benchmark_against_rsync() {
         }
     });
     let par = t0.elapsed().as_secs_f64();
-    let wire = total as f64 * 8.0 / 1e9;
     eprintln!(
-        "BENCH {} MiB, 1 Gbit/s links (one copy on the wire: {wire:.2} s): weft one host {one:.2} s; \
+        "BENCH {} MiB, {rate} links: weft one host {one:.2} s; \
          weft 4 hosts {four:.2} s ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); \
          rsync all at once {par:.2} s ({:.2}x weft)",
         total >> 20,
