@@ -384,7 +384,7 @@ impl Bits {
                 .map_err(|e| LaunchError::Usage(format!("chunk set: {e}")))?;
             words.push(w);
         }
-        if len % 64 != 0 && n > 0 && words[n - 1] >> (len % 64) != 0 {
+        if !len.is_multiple_of(64) && n > 0 && words[n - 1] >> (len % 64) != 0 {
             return Err(LaunchError::Usage("chunk set: bits past the end".into()));
         }
         Ok(Bits { len, words })

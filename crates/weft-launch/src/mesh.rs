@@ -341,11 +341,10 @@ pub fn mesh(
 ) -> Result<MeshReport, LaunchError> {
     let n = hosts_.len();
     let b = o.bound;
-    if !o.check {
-        match &o.expect {
-            Some(e) => confirm(keys, e)?,
-            None => {}
-        }
+    if !o.check
+        && let Some(e) = &o.expect
+    {
+        confirm(keys, e)?;
     }
     // The operator reaches every node (strictly, the first call to each): nothing below
     // runs on a host it cannot. Changed host keys anywhere: refuse before writing.

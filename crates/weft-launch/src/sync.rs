@@ -445,6 +445,7 @@ struct ChainResult {
 
 /// Connects to the first reachable hop of `hops`; the stream, its index, and the ones
 /// skipped.
+#[allow(clippy::type_complexity)]
 fn connect_first(
     hops: &[Hop],
     timeout: Duration,
@@ -810,10 +811,12 @@ impl Node {
                 Ok(Event::Report(_)) => {}
                 Err(_) => {}
             }
-            if down.is_some() && down_need.is_none() && last_down.elapsed() > timeout {
-                if let Some((n, _)) = down.take() {
-                    lost.push((n, format!("no answer within {timeout:?}")));
-                }
+            if down.is_some()
+                && down_need.is_none()
+                && last_down.elapsed() > timeout
+                && let Some((n, _)) = down.take()
+            {
+                lost.push((n, format!("no answer within {timeout:?}")));
             }
             if last_beat.elapsed() >= HEARTBEAT {
                 node.beat()?;
@@ -852,7 +855,7 @@ impl Node {
             nodes.extend(n.nodes.iter().cloned());
             all_skipped.extend(n.skipped.iter().cloned());
         }
-        all_skipped.extend(lost.drain(..));
+        all_skipped.append(&mut lost);
         wire::write_json(
             &mut node.up_w,
             Kind::Need,

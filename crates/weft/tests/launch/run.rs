@@ -92,7 +92,11 @@ fn torchrun_ddp_over_gloo_on_the_data_network_failures_interrupts_and_version_sk
         if mode == "fail" || mode == "sleep-unchecked" {
             a.push("--no-version-check".into());
         }
-        let mode = if mode == "sleep-unchecked" { "sleep" } else { mode };
+        let mode = if mode == "sleep-unchecked" {
+            "sleep"
+        } else {
+            mode
+        };
         a.extend([
             "--grace-s".into(),
             "3".into(),
