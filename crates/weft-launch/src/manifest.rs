@@ -592,7 +592,7 @@ mod tests {
                 size: 4,
             },
         ]);
-        assert!(bits.is_empty());
+        assert_eq!(bits, [0, 1, 2]);
         assert_eq!(files, [0]);
         assert_eq!(changed, [0]);
     }
