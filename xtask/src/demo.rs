@@ -335,7 +335,7 @@ pub fn launch_tour() -> Result<()> {
     a.extend([
         "sh",
         "-c",
-        "echo rank $RANK of $WORLD_SIZE, master $MASTER_ADDR:$MASTER_PORT, gloo on $GLOO_SOCKET_IFNAME ($VLLM_HOST_IP), NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN WEFT_DATA_IFNAME=$WEFT_DATA_IFNAME",
+        "echo \"rank $RANK of $WORLD_SIZE, master $MASTER_ADDR:$MASTER_PORT, gloo on $GLOO_SOCKET_IFNAME ($VLLM_HOST_IP), NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN WEFT_DATA_IFNAME=$WEFT_DATA_IFNAME\"",
     ]);
     expect_ok(as_operator(&a)?, "weft run")?;
     drop(sshds);
