@@ -61,6 +61,16 @@ pub fn kill_group(child: &Child) {
     weft_bench::runner::kill_group(child);
 }
 
+/// Runs `cmd` on this machine in its own process group, killed after `timeout`.
+pub fn run_local(cmd: std::process::Command, timeout: Duration) -> Result<Output, String> {
+    weft_bench::runner::run_bounded(cmd, timeout)
+}
+
+/// The doctor's facts of this host (or namespace).
+pub fn local_facts() -> Result<HostFacts, LaunchError> {
+    Ok(weft_bench::facts::gather(std::path::Path::new("/"))?)
+}
+
 /// Every host of `list` (`a,b`, `netns:ns1`, `ssh:node1`), reached `via`, with `ssh_extra`
 /// on every SSH host.
 pub fn parse(

@@ -112,11 +112,9 @@ fn par<T: Send>(
 pub fn resolve(name: &str, opts: &[String]) -> Result<(String, u16), LaunchError> {
     let mut c = std::process::Command::new("ssh");
     c.arg("-G").args(opts).arg(name);
-    let o = weft_bench::runner::run_bounded(c, Duration::from_secs(10)).map_err(|e| {
-        LaunchError::Host {
-            host: name.into(),
-            msg: format!("ssh -G: {e}"),
-        }
+    let o = crate::hosts::run_local(c, Duration::from_secs(10)).map_err(|e| LaunchError::Host {
+        host: name.into(),
+        msg: format!("ssh -G: {e}"),
     })?;
     let text = String::from_utf8_lossy(&o.stdout);
     let mut host = None;
@@ -234,13 +232,12 @@ pub fn collect_keys(
             &port.to_string(),
             &addr,
         ]);
-        let o =
-            weft_bench::runner::run_bounded(c, timeout + Duration::from_secs(5)).map_err(|e| {
-                LaunchError::Host {
-                    host: h.name().into(),
-                    msg: format!("ssh-keyscan: {e}"),
-                }
-            })?;
+        let o = crate::hosts::run_local(c, timeout + Duration::from_secs(5)).map_err(|e| {
+            LaunchError::Host {
+                host: h.name().into(),
+                msg: format!("ssh-keyscan: {e}"),
+            }
+        })?;
         let text = String::from_utf8_lossy(&o.stdout);
         let line = text
             .lines()

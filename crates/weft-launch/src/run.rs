@@ -420,7 +420,7 @@ pub fn probe(python: &str, modules: &[String], model: Option<&std::path::Path>) 
     let mut v = Versions::new();
     let mut c = std::process::Command::new(python);
     c.args(["-c", PY_PROBE, &modules.join(",")]);
-    match weft_bench::runner::run_bounded(c, Duration::from_secs(120)) {
+    match crate::hosts::run_local(c, Duration::from_secs(120)) {
         Ok(o) if o.status.success() => {
             if let Ok(m) = serde_json::from_slice::<BTreeMap<String, String>>(&o.stdout) {
                 v.extend(m);

@@ -659,7 +659,7 @@ pub struct ServeOptions {
 
 /// The address to listen on: the first data interface's IPv4 address, by the doctor's rules.
 pub fn data_address(data_if: Option<&str>, mgmt_if: Option<&str>) -> Result<IpAddr, LaunchError> {
-    let facts = weft_bench::facts::gather(Path::new("/"))?;
+    let facts = hosts::local_facts()?;
     let mgmt = hosts::mgmt_if(&facts, mgmt_if);
     let data = hosts::data_ifs(&facts, data_if, mgmt.as_deref());
     data.iter()
