@@ -204,10 +204,10 @@ pub fn run() -> Result<()> {
         weft(&bin, &dir, &["fabric", "verify", "plan.toml"])?,
         "verify",
     )?;
-    println!(
-        "\ndemo done: the fabric in {} is torn down now",
-        dir.display()
-    );
+    println!("\nthe fabric in {} is torn down now", dir.display());
+    drop(fabric);
+    launch_tour()?;
+    println!("\ndemo done");
     Ok(())
 }
 
@@ -236,6 +236,161 @@ fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
         "32768",
     ];
     expect_ok(weft(bin, dir, &args)?, "plan")
+}
+
+/// `weft mesh`, `weft sync` and `weft run` across 4 namespace hosts, each with a real sshd
+/// on its management address: the SSH mesh from nothing, a directory replicated as a chain
+/// over the data links (then a re-run that sends nothing), and one command on every host
+/// with its rank and interfaces. Needs root (namespaces).
+pub fn launch_tour() -> Result<()> {
+    use weft_testbed::{Sshd, SshdOptions};
+    let bin = weft_binary()?;
+    step("four hosts in network namespaces, an sshd on each; you reach them, they not each other");
+    weft_netns::available().map_err(|e| anyhow::anyhow!("network namespaces: {e}"))?;
+    let c = weft_netns::Cluster::create(&weft_netns::ClusterSpec::new(4, 1))?;
+    let names: Vec<String> = c.hosts().iter().map(|h| h.name.clone()).collect();
+    let mut sshds: Vec<Sshd> = Vec::new();
+    for h in c.hosts() {
+        let o = SshdOptions {
+            netns: Some(h.name.clone()),
+            listen: Some(h.mgmt_addr.into()),
+            port: None,
+            authorized_keys: sshds
+                .first()
+                .map(|s| vec![s.user_public_key().to_string()])
+                .unwrap_or_default(),
+            set_env: vec![("WEFT_SSH_FROM".into(), h.name.clone())],
+        };
+        sshds.push(Sshd::start_with(&o)?);
+    }
+    let tmp = tempfile_dir()?;
+    let d = tmp.as_path();
+    std::fs::copy(sshds[0].identity_file(), d.join("id.operator"))?;
+    let mut cfg = String::new();
+    for h in c.hosts() {
+        cfg.push_str(&format!("Host {}\n    HostName {}\n", h.name, h.mgmt_addr));
+    }
+    cfg.push_str(&format!(
+        "Host *\n    User {}\n    IdentityFile {d}/id.${{WEFT_SSH_FROM}}\n    IdentitiesOnly yes\n    UserKnownHostsFile {d}/known_hosts.${{WEFT_SSH_FROM}}\n    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    BatchMode yes\n    LogLevel ERROR\n",
+        sshds[0].user(),
+        d = d.display()
+    ));
+    std::fs::write(d.join("ssh_config"), cfg)?;
+    let known: String = sshds.iter().map(Sshd::known_hosts_line).collect();
+    std::fs::write(d.join("known_hosts.operator"), known)?;
+    let mut expect = String::new();
+    for (s, n) in sshds.iter().zip(&names) {
+        let f = d.join(format!("hk.{n}.pub"));
+        std::fs::write(&f, format!("{}\n", s.host_public_key()))?;
+        let o = Command::new("ssh-keygen").arg("-lf").arg(&f).output()?;
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let fp = out.split_whitespace().nth(1).unwrap_or("");
+        expect.push_str(&format!("{n} {fp}\n"));
+        std::os::unix::fs::symlink(s.dir().join("authorized_keys"), d.join(format!("auth.{n}")))?;
+    }
+    std::fs::write(d.join("expect"), expect)?;
+    let ds = d.display().to_string();
+    let hosts = names.join(",");
+    let cfg_s = format!("{ds}/ssh_config");
+    let exe = bin.display().to_string();
+    let as_operator = |args: &[&str]| -> Result<i32> {
+        println!("$ weft {}", args.join(" "));
+        let st = Command::new("ip")
+            .args(["netns", "exec", &names[0], &exe])
+            .args(args)
+            .env("WEFT_SSH_FROM", "operator")
+            .env_remove("WEFT_CONFIG")
+            .status()?;
+        Ok(st.code().unwrap_or(-1))
+    };
+    let ssh_hosts = [
+        "--hosts",
+        &hosts,
+        "--via",
+        "ssh",
+        "--ssh-config",
+        &cfg_s,
+        "--remote-weft",
+        &exe,
+        "--mgmt-if",
+        "=mgmt0",
+        "--data-if",
+        "=data0",
+    ];
+    let id = format!("{ds}/id.{{host}}");
+    let kh = format!("{ds}/known_hosts.{{host}}");
+    let ak = format!("{ds}/auth.{{host}}");
+    let expect_s = format!("{ds}/expect");
+    step("weft mesh: host keys confirmed by fingerprint, a key per host, all 12 pairs proven");
+    let mut a = vec!["mesh"];
+    a.extend(ssh_hosts);
+    a.extend([
+        "--identity",
+        &id,
+        "--known-hosts",
+        &kh,
+        "--authorized-keys",
+        &ak,
+    ]);
+    a.extend(["--yes", "--expect-fingerprints", &expect_s]);
+    expect_ok(as_operator(&a)?, "weft mesh")?;
+
+    step("weft sync: a 64 MiB directory from host 0 to hosts 1-3 as a chain over the data links");
+    let src = d.join("model");
+    std::fs::create_dir_all(&src)?;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut big = vec![0u8; 64 << 20];
+    for w in big.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+    }
+    std::fs::write(src.join("model.safetensors"), &big)?;
+    std::fs::write(src.join("config.json"), "{\"hidden_size\": 4096}\n")?;
+    let src_s = src.display().to_string();
+    let dest = format!("{ds}/dest/{{host}}");
+    let targets = names[1..].join(",");
+    let sync = [
+        "sync",
+        &src_s,
+        "--hosts",
+        &targets,
+        "--via",
+        "netns",
+        "--dest",
+        &dest,
+        "--data-if",
+        "=data0",
+        "--mgmt-if",
+        "=mgmt0",
+    ];
+    expect_ok(as_operator(&sync)?, "weft sync")?;
+    step("weft sync again: every hash compared, nothing sent");
+    expect_ok(as_operator(&sync)?, "weft sync")?;
+
+    step("weft run: one command on every host with its rank and interfaces");
+    let mut a = vec!["run"];
+    a.extend(ssh_hosts);
+    a.extend(["--no-version-check", "--nccl", "weft", "--"]);
+    a.extend([
+        "sh",
+        "-c",
+        "echo \"rank $RANK of $WORLD_SIZE, master $MASTER_ADDR:$MASTER_PORT, gloo on $GLOO_SOCKET_IFNAME ($VLLM_HOST_IP), NCCL_NET_PLUGIN=$NCCL_NET_PLUGIN WEFT_DATA_IFNAME=$WEFT_DATA_IFNAME\"",
+    ]);
+    expect_ok(as_operator(&a)?, "weft run")?;
+    drop(sshds);
+    drop(c);
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// A fresh scratch directory under the system temp dir.
+fn tempfile_dir() -> Result<PathBuf> {
+    let p = std::env::temp_dir().join(format!("weft-demo-launch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p)?;
+    Ok(p)
 }
 
 fn nix_kill() -> weft_testbed::Signal {

@@ -29,13 +29,16 @@ const PACKAGES: &[(&str, &str)] = &[
     ("libfabric-bin", "/usr/bin/fi_pingpong"),
     // the C headers, so that the libfabric struct-layout test runs instead of failing
     ("libfabric-dev", "/usr/include/rdma/fabric.h"),
+    // `weft sync`'s benchmark compares against rsync.
+    ("rsync", "/usr/bin/rsync"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   demo    start a simulated InfiniBand fabric with a primary and a standby OpenSM,
-          apply weft's partition plan, verify it on every port, move a node, fail over
+          apply weft's partition plan, verify it on every port, move a node, fail over;
+          then weft mesh, sync and run across namespace hosts (`demo launch`: only those)
   test    install what the tests need, then run fmt, tidy, clippy and the whole test suite
   tidy    check the rules of ARCHITECTURE.md that a machine can check
   deb     build the Debian package (release build) into target/deb/
@@ -45,9 +48,14 @@ commands:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("demo") if args.get(1).is_some_and(|a| a == "launch") => {
+            ensure_packages().and_then(|()| demo::launch_tour())
+        }
         Some("demo") => ensure_packages().and_then(|()| demo::run()),
-        Some("test") => ensure_packages().and_then(|()| test(&args[1..])),
-        Some("deps") => ensure_packages(),
+        Some("test") => ensure_packages()
+            .and_then(|()| ensure_torch())
+            .and_then(|()| test(&args[1..])),
+        Some("deps") => ensure_packages().and_then(|()| ensure_torch()),
         Some("tidy") => workspace_root().and_then(|root| tidy::run(&root)),
         Some("deb") => {
             workspace_root().and_then(|root| deb::build(&root, deb::Build::Release).map(drop))
@@ -125,6 +133,22 @@ fn ensure(list: &[(&str, &str)]) -> Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// PyTorch for `python3`, for `weft run torchrun`'s test (a DDP job on CPU, gloo), from PyPI
+/// when `import torch` fails. PyPI's Linux wheel pulls in the CUDA stack (cuDNN, cuBLAS,
+/// NCCL, ...: about 4 GB); the CPU-only index is not reachable from here. Debian's
+/// python3-torch (1.13) is no substitute: its torchrun fails on Python 3.11 (`Std.from_str`).
+fn ensure_torch() -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have {
+        return Ok(());
+    }
+    eprintln!("xtask: installing torch from PyPI (python3 -m pip install torch)");
+    run(Command::new("python3").args(["-m", "pip", "install", "-q", "torch"]))
 }
 
 fn cargo() -> Command {

@@ -22,6 +22,9 @@
 //!
 //! A PostgreSQL store would implement the same trait with the same transactions.
 
+// tidy: long-file: the Store trait, its SQLite implementation and the schema still share
+// this file; splitting them by concern is issue 20's work.
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;

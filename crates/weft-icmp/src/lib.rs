@@ -5,6 +5,8 @@
 //! It is not a `ping(8)`: one request, one bounded wait for the matching reply, no
 //! statistics, IPv4 only.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::io;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU16, Ordering};

@@ -71,6 +71,8 @@
 //! // `c` drops here: namespaces, veths and bridges are gone.
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod cmd;
 mod ping;
 pub mod require;

@@ -38,6 +38,9 @@
 //! assert_eq!(p.ranks[0].kv_bytes_per_token, 131_072 / 2);
 //! ```
 
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod arch;
 pub mod plan;
 pub mod rules;

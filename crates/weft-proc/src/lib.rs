@@ -11,6 +11,8 @@
 //! supervisor: long-lived children are the caller's, with [`kill_group`] and [`wait_until`]
 //! to end them.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;

@@ -8,8 +8,11 @@ mod cluster;
 mod config;
 mod doctor;
 mod fabric;
+mod mesh;
 mod output;
 mod plan;
+mod run;
+mod sync;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,6 +78,18 @@ enum Command {
     },
     /// Will a model fit, and what will each GPU hold: weights, KV cache, layouts ranked.
     Plan(Box<plan::PlanArgs>),
+    /// Replicates a directory (a model) to every host as a pipelined chain, hashes checked.
+    Sync(Box<sync::SyncArgs>),
+    #[command(hide = true)]
+    SyncServe(sync::ServeArgs),
+    /// Runs a command on every host with the job's environment (torchrun, vLLM, Ray recipes).
+    Run(Box<run::RunArgs>),
+    #[command(hide = true)]
+    RunNode(run::NodeArgs),
+    #[command(hide = true)]
+    RunProbe(run::ProbeArgs),
+    /// SSH between every pair of hosts: keys, known_hosts (fingerprints confirmed), proven.
+    Mesh(Box<mesh::MeshArgs>),
 }
 
 fn main() -> ExitCode {
@@ -131,6 +146,12 @@ fn main() -> ExitCode {
         Command::Doctor(a) => doctor::run(*a, cli.json),
         Command::Completions { .. } | Command::Manpages { .. } => Ok(EXIT_OK),
         Command::Plan(a) => plan::run(*a, cli.json),
+        Command::Sync(a) => sync::run(*a, cli.json),
+        Command::SyncServe(a) => sync::serve(a),
+        Command::Run(a) => run::run(*a, cli.json),
+        Command::RunNode(a) => run::node(a),
+        Command::RunProbe(a) => run::probe(a),
+        Command::Mesh(a) => mesh::run(*a, cli.json),
     });
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod doctor;
 mod import;
+mod launch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

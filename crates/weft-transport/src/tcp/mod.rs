@@ -12,6 +12,9 @@
 //! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
 //! `Listener::accept`, `test`), except chunk I/O, which helper threads do when `nthreads > 0`.
 
+// tidy: long-file: backend-neutral types (RequestId, Device, PendingSock) still live here
+// beside the TCP engine; moving them to the crate root is issue 20's work.
+
 mod ctrl;
 mod engine;
 mod share;

@@ -1,0 +1,260 @@
+//! `weft run`: a command on every node with the job's environment; `weft run-node` and
+//! `weft run-probe` (hidden): the supervisor and the version probe run on each node.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use weft_launch::hosts;
+use weft_launch::run::{self, LaunchOptions, Nccl, Recipe};
+
+use crate::bench::HostArgs;
+use crate::{EXIT_CHECK_FAILED, EXIT_OK};
+
+#[derive(Args)]
+#[command(
+    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long.\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    hosts: HostArgs,
+    /// How NCCL moves data: weft (the plugin), ib (NCCL's IB/RoCE), socket.
+    #[arg(long, default_value = "ib")]
+    nccl: Nccl,
+    /// MASTER_PORT (Ray: the head's port).
+    #[arg(long, default_value_t = 29500)]
+    master_port: u16,
+    /// Processes per node, for WORLD_SIZE and RANK of plain commands (torchrun sets its own).
+    #[arg(long, default_value_t = 1)]
+    nproc_per_node: usize,
+    /// Stop and report when a node prints nothing for this many seconds.
+    #[arg(long)]
+    stall_timeout: Option<f64>,
+    /// Seconds between SIGTERM and SIGKILL when nodes are stopped.
+    #[arg(long, default_value_t = 10.0)]
+    grace_s: f64,
+    /// A model directory whose hash must be equal on every node.
+    #[arg(long)]
+    model: Option<String>,
+    /// The Python whose packages are compared.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Skip the version comparison.
+    #[arg(long)]
+    no_version_check: bool,
+    /// The command (after --).
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn catch_interrupts() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let sa = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let _ = sigaction(s, &sa);
+        }
+    }
+}
+
+pub fn run(a: RunArgs, json: bool) -> Result<u8> {
+    if !(a.grace_s > 0.0 && a.grace_s <= 600.0) {
+        bail!("--grace-s must be in (0, 600]");
+    }
+    if a.nproc_per_node == 0 {
+        bail!("--nproc-per-node must be at least 1");
+    }
+    let (hs, remote) = a.hosts.runners()?;
+    let recipe = Recipe::of(&a.cmd);
+    // Every node's network, from its own facts.
+    let mut nets = Vec::with_capacity(hs.len());
+    for (h, f) in hs.iter().zip(hosts::facts_all(&hs, &remote)) {
+        let f = f?;
+        nets.push(run::node_net(
+            h.name(),
+            &f,
+            a.hosts.mgmt_if.as_deref(),
+            a.hosts.data_if.as_deref(),
+        )?);
+    }
+    let mut argvs = Vec::with_capacity(hs.len());
+    let mut envs = Vec::with_capacity(hs.len());
+    for i in 0..hs.len() {
+        argvs.push(run::node_argv(recipe, &a.cmd, &nets, i, a.master_port)?);
+        envs.push(run::job_env(
+            &nets,
+            i,
+            a.nproc_per_node,
+            a.master_port,
+            a.nccl,
+        ));
+    }
+    if !a.no_version_check {
+        let mut args = vec![
+            remote.exe.clone(),
+            "run-probe".to_string(),
+            "--python".into(),
+            a.python.clone(),
+            "--modules".into(),
+            recipe.modules().join(","),
+        ];
+        if let Some(m) = &a.model {
+            args.extend(["--model".into(), m.clone()]);
+        }
+        let got: Vec<Result<run::Versions, weft_launch::LaunchError>> = std::thread::scope(|s| {
+            let hs_ref = &hs;
+            let args = &args;
+            let js: Vec<_> = (0..hs.len())
+                .map(|i| {
+                    s.spawn(move || {
+                        let h = hs_ref[i].as_ref();
+                        let o = hosts::run(h, args, &[], Duration::from_secs(180))?;
+                        serde_json::from_slice::<run::Versions>(&o.stdout).map_err(|e| {
+                            weft_launch::LaunchError::Host {
+                                host: h.name().into(),
+                                msg: format!(
+                                    "the version probe printed no JSON ({e}): {}",
+                                    String::from_utf8_lossy(&o.stderr).trim()
+                                ),
+                            }
+                        })
+                    })
+                })
+                .collect();
+            js.into_iter()
+                .map(|j| {
+                    j.join().unwrap_or_else(|_| {
+                        Err(weft_launch::LaunchError::Usage(
+                            "probe thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let mut vs = Vec::new();
+        for (h, g) in hs.iter().zip(got) {
+            vs.push((h.name().to_string(), g?));
+        }
+        let diffs = run::version_diffs(&vs);
+        if !diffs.is_empty() {
+            if json {
+                crate::output::json(&serde_json::json!({
+                    "ok": false, "launched": false, "version_diffs": diffs, "versions": vs,
+                }))?;
+            } else {
+                for d in &diffs {
+                    for (h, v) in &d.differing {
+                        println!(
+                            "FAIL {h} [versions]: {} {v}, the other nodes {} {}",
+                            d.what, d.what, d.expected
+                        );
+                    }
+                }
+                println!("\nnothing launched: make the versions equal on every node first");
+            }
+            return Ok(EXIT_CHECK_FAILED);
+        }
+    }
+    catch_interrupts();
+    let o = LaunchOptions {
+        remote_exe: remote.exe.clone(),
+        recipe,
+        grace: Duration::from_secs_f64(a.grace_s),
+        stall: a.stall_timeout.map(Duration::from_secs_f64),
+        tail: 20,
+    };
+    let r = run::launch(&hs, &argvs, &envs, &o, &INTERRUPTED, &mut |line| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    })?;
+    if json {
+        crate::output::json(&r)?;
+    } else {
+        if let Some(f) = &r.first_failure {
+            println!(
+                "\nFAIL node {} ({}) {} first{}; its last lines:",
+                f.node_rank,
+                f.host,
+                f.how,
+                f.code.map(|c| format!(" with {c}")).unwrap_or_default()
+            );
+            for l in &f.last_lines {
+                println!("  {l}");
+            }
+        }
+        for s in &r.stalled {
+            println!(
+                "\nSTALL node {} ({}): nothing printed for {:.0} s; last line: {}; last NCCL line: {}",
+                s.node_rank,
+                s.host,
+                s.silent_s,
+                s.last_line.as_deref().unwrap_or("-"),
+                s.last_nccl_line.as_deref().unwrap_or("-")
+            );
+        }
+        if r.interrupted {
+            println!("\ninterrupted: every node stopped");
+        }
+        if let Some(t) = r.stop_s {
+            println!("stopped all nodes in {t:.1} s");
+        }
+        if r.ok {
+            println!(
+                "\nall {} nodes exited 0 in {:.1} s",
+                r.nodes.len(),
+                r.elapsed_s
+            );
+        }
+    }
+    Ok(if r.ok { EXIT_OK } else { EXIT_CHECK_FAILED })
+}
+
+#[derive(Args)]
+pub struct NodeArgs {
+    #[arg(long, default_value_t = 10_000)]
+    grace_ms: u64,
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+pub fn node(a: NodeArgs) -> Result<u8> {
+    let code = run::supervise(&a.cmd, Duration::from_millis(a.grace_ms))?;
+    Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+#[derive(Args)]
+pub struct ProbeArgs {
+    #[arg(long, default_value = "python3")]
+    python: String,
+    #[arg(long, default_value = "torch")]
+    modules: String,
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+}
+
+pub fn probe(a: ProbeArgs) -> Result<u8> {
+    let mods: Vec<String> = a
+        .modules
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let v = run::probe(&a.python, &mods, a.model.as_deref());
+    println!("{}", serde_json::to_string(&v)?);
+    Ok(EXIT_OK)
+}
