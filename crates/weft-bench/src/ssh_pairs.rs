@@ -266,7 +266,7 @@ mod tests {
             .output()
             .is_err()
         {
-            eprintln!("skipping: no ssh client");
+            weft_netns::require::skip("a_refused_connection_is_a_failed_pair", "no ssh client");
             return;
         }
         // A port nobody listens on: bind, read the port, close.

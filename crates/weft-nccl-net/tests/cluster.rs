@@ -784,7 +784,7 @@ fn main() {
         return;
     }
     if let Err(why) = weft_netns::available() {
-        println!("skipping the namespace cluster tests: {why}");
+        weft_netns::require::skip("the namespace cluster tests", &why);
         println!("\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
         return;
     }

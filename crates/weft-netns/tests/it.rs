@@ -11,7 +11,7 @@ use weft_netns::{Cluster, ClusterSpec, NetnsError, Shape};
 macro_rules! require_netns {
     () => {
         if let Err(why) = weft_netns::available() {
-            eprintln!("skipping: {why}");
+            weft_netns::require::skip(module_path!(), &why);
             return;
         }
     };

@@ -935,7 +935,7 @@ fn each_multirail(cq4: bool, f: impl Fn(&str, &Transport)) {
                 !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
                 "libfabric is installed but {p} [{d}] is unusable: {note}"
             );
-            eprintln!("skipped: {note}");
+            weft_netns::require::skip(p, &note);
             return;
         }
         assert_eq!(t.backend(), format!("ofi {p}/{}", d.replace(',', "+")));

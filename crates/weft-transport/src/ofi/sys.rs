@@ -718,7 +718,10 @@ mod tests {
     #[test]
     fn layout_matches_c_headers() {
         if !std::path::Path::new("/usr/include/rdma/fabric.h").exists() {
-            eprintln!("skipped: /usr/include/rdma/fabric.h absent (package libfabric-dev)");
+            weft_netns::require::skip(
+                "layout_matches_c_headers",
+                "/usr/include/rdma/fabric.h absent (package libfabric-dev)",
+            );
             return;
         }
         let dir = std::env::temp_dir().join(format!("weft-ofi-layout-{}", std::process::id()));
@@ -749,7 +752,10 @@ mod tests {
         {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("skipped: no C compiler (cc: {e})");
+                weft_netns::require::skip(
+                    "layout_matches_c_headers",
+                    &format!("no C compiler (cc: {e})"),
+                );
                 return;
             }
         };

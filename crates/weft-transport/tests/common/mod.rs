@@ -31,7 +31,7 @@ pub fn ofi_transport(c: Config, what: &str) -> Option<Transport> {
             !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libfabric.so.1").exists(),
             "libfabric is installed but {what} is unusable: {note}"
         );
-        eprintln!("skipped: {note}");
+        weft_netns::require::skip(what, &note);
         return None;
     }
     Some(t)

@@ -89,7 +89,7 @@ fn bad_flags_are_usage_errors_and_help_has_an_example() {
 #[ignore = "benchmark of docs/benchmarks.md: it measures, it does not check; run with --ignored --nocapture"]
 fn allreduce_vs_links() {
     if let Err(why) = weft_netns::available() {
-        eprintln!("skipping: {why}");
+        weft_netns::require::skip("allreduce_vs_links", &why);
         return;
     }
     let c = weft_netns::Cluster::create(&weft_netns::ClusterSpec::new(4, 1)).unwrap();

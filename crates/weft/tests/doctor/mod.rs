@@ -33,7 +33,7 @@ fn text(o: &Output) -> String {
 /// The cluster of the issue, or `None` (with a note) where namespaces are not available.
 fn cluster() -> Option<Cluster> {
     if let Err(why) = weft_netns::available() {
-        eprintln!("skipping: {why}");
+        weft_netns::require::skip("the doctor cluster tests", &why);
         return None;
     }
     let c = Cluster::create(&ClusterSpec::new(4, 1)).expect("cluster");

@@ -77,7 +77,7 @@ fn set(v: &[(&str, &str, &str)]) -> BTreeSet<(String, String, String)> {
 #[test]
 fn doctor_over_ssh_checks_every_pair_and_names_exactly_the_broken_ones() {
     if let Some(why) = unavailable() {
-        eprintln!("skipping: {why}");
+        weft_netns::require::skip("doctor over ssh", &why);
         return;
     }
     let c = Cluster::create(&ClusterSpec::new(3, 1)).expect("cluster");
@@ -98,7 +98,7 @@ fn doctor_over_ssh_checks_every_pair_and_names_exactly_the_broken_ones() {
         match Sshd::start_with(&o) {
             Ok(s) => sshds.push(s),
             Err(weft_testbed::TestbedError::Missing(m)) if i == 0 => {
-                eprintln!("skipping: {m}");
+                weft_netns::require::skip("doctor over ssh", &m);
                 return;
             }
             Err(e) => panic!("sshd in {}: {e}", h.name),
