@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod prompt;
 pub mod report;
 pub mod runner;
+pub mod scripted;
 pub mod sse;
 
 /// Everything that can go wrong, each naming what it was about.

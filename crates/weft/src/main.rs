@@ -2,6 +2,7 @@
 //! formatting only; every decision is made in the library crates.
 
 mod bench;
+mod bench_llm;
 mod cluster;
 mod config;
 mod doctor;
