@@ -488,8 +488,7 @@ mod plot {
     pub fn speedup(c: &Comparison, path: &Path) -> Result<(), LlmError> {
         let mut nodes: Vec<u32> = c.runs.iter().map(|r| r.nodes).collect();
         nodes.dedup();
-        let root =
-            BitMapBackend::new(path, ((PW + 200) as u32, (PH + 120) as u32)).into_drawing_area();
+        let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(|x| err(path)(x.to_string()))?;
         let mut series: Vec<Series> = Vec::new();
         let base = nodes.first().copied().unwrap_or(1);

@@ -1,0 +1,1 @@
+//! Real llama.cpp server tests: see main.rs.
