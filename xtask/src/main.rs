@@ -59,7 +59,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// PyPI packages weft-llmbench's tests need (a real llama.cpp server, the GGUF writer, the
+/// tokenizer trainer and llama-benchy), each with a Python module that shows it is installed.
+const PIP_PACKAGES: &[(&str, &str)] = &[
+    ("llama-cpp-python[server]", "llama_cpp.server"),
+    ("gguf", "gguf"),
+    ("tokenizers", "tokenizers"),
+    ("llama-benchy", "llama_benchy"),
+];
+
+/// Installs the missing PyPI packages with pip (llama-cpp-python compiles llama.cpp: minutes).
+fn ensure_pip_packages() -> Result<()> {
+    let missing: Vec<&str> = PIP_PACKAGES
+        .iter()
+        .filter(|(_, module)| {
+            !Command::new("python3")
+                .args(["-c", &format!("import importlib.util,sys; sys.exit(importlib.util.find_spec('{}'.split('.')[0]) is None)", module)])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: pip installing {}", missing.join(" "));
+    run(Command::new("python3")
+        .args(["-m", "pip", "install", "-q"])
+        .args(&missing)
+        .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF"))
+}
+
 fn ensure_packages() -> Result<()> {
+    ensure_pip_packages()?;
     let missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(_, file)| !std::path::Path::new(file).exists())

@@ -319,6 +319,58 @@ impl Client {
         serde_json::Value::Object(b)
     }
 
+    /// The server's usage for a prompt, from a request without streaming (for servers such as
+    /// llama-cpp-python that send no usage in a stream).
+    pub async fn usage_of(&self, p: &Prompt, max_tokens: u64) -> Result<Option<Usage>, LlmError> {
+        let url = self.endpoint.url(self.endpoint.api.path());
+        let mut body = self.body(p, max_tokens);
+        body["stream"] = false.into();
+        if let Some(m) = body.as_object_mut() {
+            m.remove("stream_options");
+        }
+        let fut = async {
+            let r = self.authed(self.http.post(&url)).json(&body).send().await?;
+            let st = r.status().as_u16();
+            Ok::<_, reqwest::Error>((st, r.text().await?))
+        };
+        let (st, text) = match tokio::time::timeout(self.limits.first_byte, fut).await {
+            Err(_) => {
+                return Err(LlmError::Timeout {
+                    url,
+                    what: "an answer",
+                    after: self.limits.first_byte,
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(LlmError::Connect {
+                    url,
+                    reason: error_chain(&e),
+                });
+            }
+            Ok(Ok(x)) => x,
+        };
+        if st != 200 {
+            return Err(LlmError::Status {
+                url,
+                status: st,
+                body: clip(&text),
+                attempts: 1,
+            });
+        }
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let u = &v["usage"];
+        Ok(
+            match (u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64()) {
+                (Some(p), Some(c)) => Some(Usage {
+                    prompt_tokens: p,
+                    completion_tokens: c,
+                    cached_tokens: u["prompt_tokens_details"]["cached_tokens"].as_u64(),
+                }),
+                _ => None,
+            },
+        )
+    }
+
     /// Sends one streaming request and times it. Refused requests are tried again within
     /// [`Limits::retries`]; a stream that breaks off is [`LlmError::Stream`] with what arrived.
     pub async fn stream(&self, p: &Prompt, max_tokens: u64) -> Result<Trace, LlmError> {

@@ -313,10 +313,16 @@ pub async fn run(
                 let reqs: Vec<Request> = batch
                     .iter()
                     .map(|tr| {
+                        let expected = match phase {
+                            Phase::Cold => d + p,
+                            Phase::Context => d,
+                            Phase::FollowUp => p,
+                        };
                         reduce(
                             tr,
                             phase,
                             d,
+                            expected,
                             counter.map(|c| &**c),
                             &mut counting,
                             &mut warnings,
@@ -342,7 +348,8 @@ pub async fn run(
         total,
         test: "done",
     });
-    warnings.dedup();
+    let mut seen_w = std::collections::BTreeSet::new();
+    warnings.retain(|w| seen_w.insert(w.clone()));
     report.warnings = warnings;
     report.context.counting = counting.describe();
     Ok(report)
@@ -411,6 +418,7 @@ fn reduce(
     tr: &Trace,
     phase: Phase,
     depth: u64,
+    expected_prompt: u64,
     counter: Option<&Counter>,
     seen: &mut CountingSeen,
     warnings: &mut Vec<String>,
@@ -475,7 +483,10 @@ fn reduce(
             (Phase::FollowUp, None) => u.prompt_tokens.saturating_sub(depth),
             _ => u.prompt_tokens,
         },
-        None => 0,
+        None => {
+            warnings.push("the server sent no usage in its streams: prompt tokens are those weft built (exact with --tokenizer), generated tokens counted locally".into());
+            expected_prompt
+        }
     };
     Ok(Request {
         prompt_tokens,
@@ -501,6 +512,20 @@ fn spread_like(weights: &[u64], total: u64) -> Vec<u64> {
     spread(total, &refs)
 }
 
+/// The server's prompt-token count for `p`: from a one-token stream's usage, else from the
+/// same request without streaming.
+async fn prompt_tokens(client: &Client, p: Prompt, what: &str) -> Result<i64, LlmError> {
+    if let Some(u) = client.stream(&p, 1).await?.usage {
+        return Ok(u.prompt_tokens as i64);
+    }
+    match client.usage_of(&p, 1).await? {
+        Some(u) => Ok(u.prompt_tokens as i64),
+        None => Err(LlmError::Counting(format!(
+            "the warm-up request ({what}) came back without usage, streamed or not; the chat-template overhead cannot be measured"
+        ))),
+    }
+}
+
 /// Latency, template overhead and tokens per word, measured with one-token requests.
 async fn warm_up(
     client: &Client,
@@ -510,13 +535,6 @@ async fn warm_up(
     rng: &mut Rng,
 ) -> Result<Warm, LlmError> {
     let one = |ctx: String, text: String| Prompt { context: ctx, text };
-    let prompt_tokens = |t: &Trace, what: &str| {
-        t.usage.map(|u| u.prompt_tokens as i64).ok_or_else(|| {
-            LlmError::Counting(format!(
-                "the warm-up request ({what}) came back without usage; the server must honour stream_options.include_usage"
-            ))
-        })
-    };
     // A first request loads whatever the engine loads lazily; it is not measured.
     client
         .stream(&one(String::new(), "Hello.".into()), 1)
@@ -525,21 +543,17 @@ async fn warm_up(
     let b_words = 180;
     let a = corpus.text(rng, a_words);
     let b = corpus.text(rng, b_words);
-    let pa = prompt_tokens(
-        &client.stream(&one(String::new(), a.clone()), 1).await?,
-        "user message",
-    )?;
-    let pb = prompt_tokens(
-        &client.stream(&one(String::new(), b.clone()), 1).await?,
-        "user message",
-    )?;
+    let pa = prompt_tokens(client, one(String::new(), a.clone()), "user message").await?;
+    let pb = prompt_tokens(client, one(String::new(), b.clone()), "user message").await?;
     let (tokens_per_word, user_over, sys_over) = match counter {
         Some(c) => {
             let (la, lb) = (c.count(&a)? as i64, c.count(&b)? as i64);
             let ps = prompt_tokens(
-                &client.stream(&one(a.clone(), b.clone()), 1).await?,
+                client,
+                one(a.clone(), b.clone()),
                 "system and user messages",
-            )?;
+            )
+            .await?;
             let tpw = lb as f64 / b_words as f64;
             (tpw, pa - la, ps - la - lb)
         }
@@ -547,9 +561,11 @@ async fn warm_up(
             let tpw = (pb - pa) as f64 / (b_words - a_words) as f64;
             let user_over = pa - (tpw * a_words as f64).round() as i64;
             let ps = prompt_tokens(
-                &client.stream(&one(a.clone(), b.clone()), 1).await?,
+                client,
+                one(a.clone(), b.clone()),
                 "system and user messages",
-            )?;
+            )
+            .await?;
             (
                 tpw,
                 user_over,
