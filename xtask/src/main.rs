@@ -79,19 +79,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// PyPI packages the tests run, with the program each one provides: schemathesis (`st`)
-/// fuzzes the controller's live API from its OpenAPI document.
-const PIP_PACKAGES: &[(&str, &str)] = &[("schemathesis==4.32.5", "st")];
+/// PyPI packages the tests need, each with a Python module that shows it is installed:
+/// schemathesis fuzzes the controller's live API from its OpenAPI document; weft-llmbench's
+/// tests need a real llama.cpp server, the GGUF writer, the tokenizer trainer and llama-benchy.
+const PIP_PACKAGES: &[(&str, &str)] = &[
+    ("schemathesis==4.32.5", "schemathesis"),
+    ("llama-cpp-python[server]", "llama_cpp.server"),
+    ("gguf", "gguf"),
+    ("tokenizers", "tokenizers"),
+    ("llama-benchy", "llama_benchy"),
+];
 
-/// Installs the PyPI packages whose program is not on PATH (idempotent).
+/// Installs the missing PyPI packages with pip (llama-cpp-python compiles llama.cpp: minutes).
 fn ensure_pip_packages() -> Result<()> {
-    let on_path = |prog: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
-    };
     let missing: Vec<&str> = PIP_PACKAGES
         .iter()
-        .filter(|(_, prog)| !on_path(prog))
+        .filter(|(_, module)| {
+            !Command::new("python3")
+                .args(["-c", &format!("import importlib.util,sys; sys.exit(importlib.util.find_spec('{}'.split('.')[0]) is None)", module)])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
         .map(|(pkg, _)| *pkg)
         .collect();
     if missing.is_empty() {
@@ -100,7 +108,8 @@ fn ensure_pip_packages() -> Result<()> {
     eprintln!("xtask: pip installing {}", missing.join(" "));
     run(Command::new("python3")
         .args(["-m", "pip", "install", "--quiet", "--break-system-packages"])
-        .args(&missing))
+        .args(&missing)
+        .env("CMAKE_ARGS", "-DGGML_NATIVE=OFF"))
 }
 
 fn ensure_packages() -> Result<()> {

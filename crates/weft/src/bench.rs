@@ -28,6 +28,9 @@ pub enum BenchCommand {
         after_help = "Examples:\n  weft bench p2p --hosts node1,node2,node3,node4 --heatmap p2p.png\n  weft bench p2p --hosts ns1,ns2,ns3 --via netns --data-if =data0 --json\n\nEach pair: --streams TCP streams for --duration (bytes counted by the receiver), then an\n8-byte ping-pong (median round trip). Pairs below --threshold x the median are called out;\na host is blamed when every pair from it (or to it) is slow, or every connection with it\nhas a small TCP MSS (a smaller MTU). Exit code 1 when a pair is slow or failed."
     )]
     P2p(P2pArgs),
+    /// Prompt and generation speed of an OpenAI-compatible LLM server at context depths; `compare` across node counts.
+    #[command(after_help = crate::bench_llm::AFTER_HELP)]
+    Llm(Box<crate::bench_llm::LlmArgs>),
     /// Internal: host facts as JSON.
     #[command(hide = true)]
     HostFacts,
@@ -339,6 +342,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             None => launch(&a, json),
         },
         BenchCommand::P2p(a) => p2p(&a, json),
+        BenchCommand::Llm(a) => crate::bench_llm::run(*a, json),
         BenchCommand::HostFacts => {
             let f = facts::gather(std::path::Path::new("/"))?;
             println!("{}", serde_json::to_string(&f)?);

@@ -4,6 +4,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod bench;
+mod bench_llm;
 mod cluster;
 mod config;
 mod doctor;

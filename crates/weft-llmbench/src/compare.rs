@@ -1,0 +1,547 @@
+//! The scaling report: runs of the same tests on different node counts (or layouts) side by
+//! side, with the speed-up over the smallest run and the efficiency per node, as a table and
+//! as PNG plots (t/s against depth, one line per run; speed-up against nodes).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::LlmError;
+use crate::metrics::Stat;
+use crate::report::{Phase, RunReport};
+
+/// One input run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunId {
+    pub file: String,
+    pub nodes: u32,
+    pub layout: Option<String>,
+    pub label: Option<String>,
+    pub model: String,
+    pub nccl_transport: Option<String>,
+}
+
+impl RunId {
+    /// `2 nodes tp2pp1`.
+    pub fn name(&self) -> String {
+        let mut s = format!(
+            "{} node{}",
+            self.nodes,
+            if self.nodes == 1 { "" } else { "s" }
+        );
+        if let Some(l) = &self.layout {
+            s.push(' ');
+            s.push_str(l);
+        }
+        s
+    }
+}
+
+/// One test in one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Point {
+    /// Index into [`Comparison::runs`].
+    pub run: usize,
+    pub tps: Stat,
+    /// Over the same test in the first run (the fewest nodes).
+    pub speedup: Option<f64>,
+    /// Speed-up divided by the ratio of node counts.
+    pub efficiency: Option<f64>,
+}
+
+/// One test across runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Row {
+    /// `pp2048 @ d4096`, `tg32 (c4)`.
+    pub test: String,
+    /// `pp` or `tg`.
+    pub kind: String,
+    /// The pp or tg size.
+    pub size: u64,
+    pub depth: u64,
+    pub concurrency: u32,
+    pub points: Vec<Point>,
+}
+
+/// The scaling report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Comparison {
+    /// Sorted by node count, then layout.
+    pub runs: Vec<RunId>,
+    pub rows: Vec<Row>,
+    pub warnings: Vec<String>,
+}
+
+/// Builds the report. Every run must name its node count (`--nodes`); none is assumed.
+/// Under concurrency above 1 the figure compared is the total t/s of all requests, else the
+/// per-request t/s.
+pub fn compare(inputs: &[(PathBuf, RunReport)]) -> Result<Comparison, LlmError> {
+    if inputs.is_empty() {
+        return Err(LlmError::Input(
+            "compare needs at least one RUN.json".into(),
+        ));
+    }
+    let mut runs = Vec::new();
+    for (path, r) in inputs {
+        let Some(nodes) = r.context.nodes else {
+            return Err(LlmError::BadRun {
+                path: path.clone(),
+                reason: "the run records no node count; measure it with `weft bench llm --nodes N`"
+                    .into(),
+            });
+        };
+        if nodes == 0 {
+            return Err(LlmError::BadRun {
+                path: path.clone(),
+                reason: "the run records 0 nodes".into(),
+            });
+        }
+        runs.push((
+            RunId {
+                file: path.display().to_string(),
+                nodes,
+                layout: r.context.layout.clone(),
+                label: r.context.label.clone(),
+                model: r.context.model.clone(),
+                nccl_transport: r.context.nccl_transport.clone(),
+            },
+            r,
+        ));
+    }
+    runs.sort_by(|a, b| (a.0.nodes, &a.0.layout).cmp(&(b.0.nodes, &b.0.layout)));
+    let mut warnings = Vec::new();
+    let models: std::collections::BTreeSet<&str> =
+        runs.iter().map(|r| r.0.model.as_str()).collect();
+    if models.len() > 1 {
+        warnings.push(format!(
+            "the runs measured different models ({}); speed-ups compare unlike things",
+            models.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    for (id, r) in &runs {
+        if r.failure.is_some() {
+            warnings.push(format!(
+                "{} stopped early; only its finished tests are compared",
+                id.file
+            ));
+        }
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for (k, (_, r)) in runs.iter().enumerate() {
+        for t in &r.results {
+            if t.phase == Phase::Context {
+                continue;
+            }
+            let multi = t.concurrency > 1;
+            for (kind, name, size, st, total) in [
+                ("pp", &t.pp_name, t.pp, t.pp_tps, t.pp_tps_total),
+                ("tg", &t.tg_name, t.tg, t.tg_tps, t.tg_tps_total),
+            ] {
+                let Some(tps) = (if multi { total } else { st }) else {
+                    continue;
+                };
+                let row = match rows.iter_mut().find(|x| x.test == *name) {
+                    Some(x) => x,
+                    None => {
+                        rows.push(Row {
+                            test: name.clone(),
+                            kind: kind.into(),
+                            size,
+                            depth: t.depth,
+                            concurrency: t.concurrency,
+                            points: Vec::new(),
+                        });
+                        let n = rows.len() - 1;
+                        &mut rows[n]
+                    }
+                };
+                row.points.push(Point {
+                    run: k,
+                    tps,
+                    speedup: None,
+                    efficiency: None,
+                });
+            }
+        }
+    }
+    let ids: Vec<RunId> = runs.into_iter().map(|r| r.0).collect();
+    for row in &mut rows {
+        let Some(base) = row.points.first().map(|p| (p.tps.mean, ids[p.run].nodes)) else {
+            continue;
+        };
+        for p in &mut row.points {
+            if base.0 > 0.0 {
+                let s = p.tps.mean / base.0;
+                p.speedup = Some(s);
+                p.efficiency = Some(s * f64::from(base.1) / f64::from(ids[p.run].nodes));
+            }
+        }
+    }
+    rows.sort_by(|a, b| {
+        (&a.kind, a.size, a.concurrency, a.depth).cmp(&(&b.kind, b.size, b.concurrency, b.depth))
+    });
+    Ok(Comparison {
+        runs: ids,
+        rows,
+        warnings,
+    })
+}
+
+impl Comparison {
+    /// | test | run | t/s | speed-up | efficiency |.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(
+            "| test | run | t/s | speed-up | efficiency per node |\n|:-----|:----|----:|--------:|--------------------:|\n",
+        );
+        for r in &self.rows {
+            for p in &r.points {
+                out.push_str(&format!(
+                    "| {} | {} | {:.2} ± {:.2} | {} | {} |\n",
+                    r.test,
+                    self.runs[p.run].name(),
+                    p.tps.mean,
+                    p.tps.sd,
+                    p.speedup.map_or(String::new(), |s| format!("{s:.2}x")),
+                    p.efficiency
+                        .map_or(String::new(), |e| format!("{:.0} %", e * 100.0)),
+                ));
+            }
+        }
+        for w in &self.warnings {
+            out.push_str(&format!("\nwarning: {w}"));
+        }
+        out
+    }
+
+    /// Writes `PREFIX-depth.png` (t/s against depth, one panel per pp or tg size and
+    /// concurrency, one line per run) and `PREFIX-speedup.png` (speed-up against nodes, one
+    /// line per test, with the ideal line); returns their paths.
+    pub fn plots(&self, prefix: &Path) -> Result<Vec<PathBuf>, LlmError> {
+        let depth = PathBuf::from(format!("{}-depth.png", prefix.display()));
+        let speed = PathBuf::from(format!("{}-speedup.png", prefix.display()));
+        plot::depth(self, &depth)?;
+        plot::speedup(self, &speed)?;
+        Ok(vec![depth, speed])
+    }
+}
+
+mod plot {
+    use super::*;
+    use plotters::prelude::*;
+    use weft_bench::glyphs::{GLYPH_H, draw_text, text_size};
+
+    const PALETTE: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    const S: i32 = 2; // font scale
+    const PW: i32 = 520; // panel width
+    const PH: i32 = 360; // panel height
+
+    pub struct Series {
+        pub name: String,
+        pub colour: RGBColor,
+        pub dashed: bool,
+        /// (x index, y)
+        pub points: Vec<(usize, f64)>,
+    }
+
+    fn e<E: std::fmt::Display>(x: E) -> String {
+        x.to_string()
+    }
+
+    type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+    fn err(path: &Path) -> impl Fn(String) -> LlmError + '_ {
+        move |reason| LlmError::Plot {
+            path: path.to_path_buf(),
+            reason,
+        }
+    }
+
+    /// A value with 3 significant digits: `8521`, `73.2`, `0.95`.
+    fn num(v: f64) -> String {
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else if v >= 10.0 {
+            format!("{v:.1}")
+        } else {
+            format!("{v:.2}")
+        }
+    }
+
+    fn nice_max(v: f64) -> f64 {
+        if v <= 0.0 {
+            return 1.0;
+        }
+        let e = 10f64.powf(v.log10().floor());
+        for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+            if m * e >= v {
+                return m * e;
+            }
+        }
+        10.0 * e
+    }
+
+    /// One line chart at `(ox, oy)` of size PW x PH.
+    #[allow(clippy::too_many_arguments)]
+    pub fn panel(
+        root: &Area<'_>,
+        (ox, oy): (i32, i32),
+        title: &str,
+        xlabels: &[String],
+        xname: &str,
+        yname: &str,
+        series: &[Series],
+        ymax: Option<f64>,
+    ) -> Result<(), String> {
+        let (l, r, t, b) = (ox + 70, ox + PW - 20, oy + 40, oy + PH - 60);
+        draw_text(root, title, (ox + 10, oy + 10), S, false, &BLACK)?;
+        let top = nice_max(
+            ymax.unwrap_or(0.0).max(
+                series
+                    .iter()
+                    .flat_map(|s| s.points.iter().map(|p| p.1))
+                    .fold(0.0, f64::max),
+            ) * 1.05,
+        );
+        let nx = xlabels.len().max(1);
+        let px = |i: usize| {
+            if nx == 1 {
+                (l + r) / 2
+            } else {
+                l + 10 + (i as i32) * (r - l - 20) / (nx as i32 - 1)
+            }
+        };
+        let py = |y: f64| b - ((y / top) * f64::from(b - t)) as i32;
+        // Grid and y ticks.
+        for k in 0..=4 {
+            let y = top * f64::from(k) / 4.0;
+            let yy = py(y);
+            root.draw(&PathElement::new(
+                vec![(l, yy), (r, yy)],
+                RGBColor(225, 225, 225),
+            ))
+            .map_err(e)?;
+            let s = num(y);
+            let (w, _) = text_size(&s);
+            draw_text(
+                root,
+                &s,
+                (l - 6 - w * S, yy - GLYPH_H * S / 2),
+                S,
+                false,
+                &BLACK,
+            )?;
+        }
+        root.draw(&PathElement::new(vec![(l, t), (l, b), (r, b)], BLACK))
+            .map_err(e)?;
+        for (i, s) in xlabels.iter().enumerate() {
+            let (w, _) = text_size(s);
+            draw_text(root, s, (px(i) - w * S / 2, b + 8), S, false, &BLACK)?;
+            root.draw(&PathElement::new(vec![(px(i), b), (px(i), b + 4)], BLACK))
+                .map_err(e)?;
+        }
+        let (w, _) = text_size(xname);
+        draw_text(
+            root,
+            xname,
+            ((l + r) / 2 - w * S / 2, b + 28),
+            S,
+            false,
+            &BLACK,
+        )?;
+        let (w, _) = text_size(yname);
+        draw_text(
+            root,
+            yname,
+            (ox + 4, (t + b) / 2 - w * S / 2),
+            S,
+            true,
+            &BLACK,
+        )?;
+        // Lines, points and the legend.
+        for (k, s) in series.iter().enumerate() {
+            let pts: Vec<(i32, i32)> = s.points.iter().map(|&(i, y)| (px(i), py(y))).collect();
+            if s.dashed {
+                for w in pts.windows(2) {
+                    let (a, c) = (w[0], w[1]);
+                    let n = 12;
+                    for j in (0..n).step_by(2) {
+                        let f = |q: i32| (a.0 + (c.0 - a.0) * q / n, a.1 + (c.1 - a.1) * q / n);
+                        root.draw(&PathElement::new(
+                            vec![f(j), f(j + 1)],
+                            s.colour.stroke_width(2),
+                        ))
+                        .map_err(e)?;
+                    }
+                }
+            } else {
+                root.draw(&PathElement::new(pts.clone(), s.colour.stroke_width(3)))
+                    .map_err(e)?;
+                for p in &pts {
+                    root.draw(&Circle::new(*p, 4, s.colour.filled()))
+                        .map_err(e)?;
+                }
+            }
+            let ly = t + 4 + k as i32 * (GLYPH_H * S + 6);
+            let lx = l + 12;
+            root.draw(&Rectangle::new(
+                [(lx, ly), (lx + 14, ly + GLYPH_H * S)],
+                s.colour.filled(),
+            ))
+            .map_err(e)?;
+            draw_text(root, &s.name, (lx + 20, ly), S, false, &BLACK)?;
+        }
+        Ok(())
+    }
+
+    fn grid(n: usize) -> (i32, i32) {
+        let cols = n.clamp(1, 2) as i32;
+        let rows = n.div_ceil(2).max(1) as i32;
+        (cols, rows)
+    }
+
+    /// t/s against depth: one panel per (kind, size, concurrency), one line per run.
+    pub fn depth(c: &Comparison, path: &Path) -> Result<(), LlmError> {
+        let mut keys: Vec<(String, u64, u32)> = Vec::new();
+        for r in &c.rows {
+            let k = (r.kind.clone(), r.size, r.concurrency);
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        let (cols, rows) = grid(keys.len());
+        let size = ((cols * PW) as u32, (rows * PH) as u32);
+        let root = BitMapBackend::new(path, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|x| err(path)(x.to_string()))?;
+        for (n, (kind, sz, cc)) in keys.iter().enumerate() {
+            let mut depths: Vec<u64> = c
+                .rows
+                .iter()
+                .filter(|r| (&r.kind, r.size, r.concurrency) == (kind, *sz, *cc))
+                .map(|r| r.depth)
+                .collect();
+            depths.sort();
+            depths.dedup();
+            let series: Vec<Series> = c
+                .runs
+                .iter()
+                .enumerate()
+                .map(|(k, id)| Series {
+                    name: id.name(),
+                    colour: PALETTE[k % PALETTE.len()],
+                    dashed: false,
+                    points: depths
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, d)| {
+                            c.rows
+                                .iter()
+                                .find(|r| {
+                                    (&r.kind, r.size, r.concurrency, r.depth)
+                                        == (kind, *sz, *cc, *d)
+                                })
+                                .and_then(|r| r.points.iter().find(|p| p.run == k))
+                                .map(|p| (i, p.tps.mean))
+                        })
+                        .collect(),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            let title = format!(
+                "{kind}{sz}{} t/s vs depth",
+                if *cc > 1 {
+                    format!(" (c{cc}, total)")
+                } else {
+                    String::new()
+                }
+            );
+            let xl: Vec<String> = depths.iter().map(|d| format!("d{d}")).collect();
+            let o = ((n as i32 % cols) * PW, (n as i32 / cols) * PH);
+            panel(
+                &root,
+                o,
+                &title,
+                &xl,
+                "context depth (tokens)",
+                "t/s",
+                &series,
+                None,
+            )
+            .map_err(err(path))?;
+        }
+        root.present().map_err(|x| err(path)(x.to_string()))
+    }
+
+    /// Speed-up against node count: one line per test (at most 8), and the ideal.
+    pub fn speedup(c: &Comparison, path: &Path) -> Result<(), LlmError> {
+        let mut nodes: Vec<u32> = c.runs.iter().map(|r| r.nodes).collect();
+        nodes.dedup();
+        let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(|x| err(path)(x.to_string()))?;
+        let mut series: Vec<Series> = Vec::new();
+        let base = nodes.first().copied().unwrap_or(1);
+        series.push(Series {
+            name: "ideal".into(),
+            colour: RGBColor(150, 150, 150),
+            dashed: true,
+            points: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (i, f64::from(*n) / f64::from(base)))
+                .collect(),
+        });
+        for (k, r) in c.rows.iter().take(8).enumerate() {
+            series.push(Series {
+                name: r.test.clone(),
+                colour: PALETTE[k % PALETTE.len()],
+                dashed: false,
+                points: r
+                    .points
+                    .iter()
+                    .filter_map(|p| {
+                        let i = nodes.iter().position(|n| *n == c.runs[p.run].nodes)?;
+                        p.speedup.map(|s| (i, s))
+                    })
+                    .collect(),
+            });
+        }
+        let xl: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        // A wider panel so the legend of test names fits.
+        let wide = root.margin(0, 0, 0, 0);
+        panel(
+            &wide,
+            (0, 0),
+            "speed-up over the fewest nodes",
+            &xl,
+            "nodes",
+            "speed-up",
+            &series,
+            Some(1.0),
+        )
+        .map_err(err(path))?;
+        if c.rows.len() > 8 {
+            draw_text(
+                &root,
+                &format!("(first 8 of {} tests)", c.rows.len()),
+                (10, PH + 20),
+                S,
+                false,
+                &BLACK,
+            )
+            .map_err(err(path))?;
+        }
+        root.present().map_err(|x| err(path)(x.to_string()))
+    }
+}

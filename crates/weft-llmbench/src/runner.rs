@@ -1,0 +1,683 @@
+//! A whole `weft bench llm` run: probe the server, warm up (latency, chat-template overhead,
+//! tokens per word), then every (depth, pp, tg, concurrency) `runs` times, in llama-benchy's
+//! order (depth, then pp, then tg, then concurrency).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use crate::LlmError;
+use crate::client::{Api, Client, Prompt, Trace};
+use crate::count::{Counter, spread};
+use crate::metrics::{Request, run_figures};
+use crate::prompt::{Builder, Corpus, Rng, unique_tag};
+use crate::report::{Context, Failure, Overhead, Phase, RunReport, SCHEMA, TestResult, rfc3339};
+
+/// How the request latency subtracted from the time to first byte is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyMode {
+    /// Time to the answer of `GET /v1/models` (llama-benchy's default).
+    Api,
+    /// Time to first byte of a one-token generation with a tiny prompt.
+    Generation,
+    None,
+}
+
+impl std::str::FromStr for LatencyMode {
+    type Err = LlmError;
+    fn from_str(s: &str) -> Result<Self, LlmError> {
+        match s {
+            "api" => Ok(LatencyMode::Api),
+            "generation" => Ok(LatencyMode::Generation),
+            "none" => Ok(LatencyMode::None),
+            o => Err(LlmError::Input(format!(
+                "--latency-mode {o:?}: expected api, generation or none"
+            ))),
+        }
+    }
+}
+
+impl LatencyMode {
+    fn name(self) -> &'static str {
+        match self {
+            LatencyMode::Api => "api",
+            LatencyMode::Generation => "generation",
+            LatencyMode::None => "none",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub pp: Vec<u64>,
+    pub tg: Vec<u64>,
+    pub depth: Vec<u64>,
+    pub concurrency: Vec<u32>,
+    pub runs: u32,
+    pub prefix_cache: bool,
+    pub latency_mode: LatencyMode,
+    /// Fit the prompt to the measured chat-template overhead so `pp2048` is 2,048 tokens.
+    pub adapt_prompt: bool,
+    pub seed: u64,
+}
+
+impl Plan {
+    /// Refuses empty or zero axes.
+    pub fn check(&self) -> Result<(), LlmError> {
+        let bad = |flag: &str, what: &str| Err(LlmError::Input(format!("{flag}: {what}")));
+        if self.pp.is_empty() || self.tg.is_empty() || self.depth.is_empty() {
+            return bad("--pp/--tg/--depth", "each needs at least one value");
+        }
+        if self.tg.contains(&0) {
+            return bad("--tg", "0 tokens cannot be timed; the smallest is 1");
+        }
+        if self.concurrency.is_empty() || self.concurrency.contains(&0) {
+            return bad("--concurrency", "values must be 1 or more");
+        }
+        if self.runs == 0 {
+            return bad("--runs", "must be 1 or more");
+        }
+        if self.prefix_cache && self.depth.iter().all(|d| *d == 0) {
+            return bad(
+                "--prefix-cache",
+                "needs a --depth above 0 (the context to cache)",
+            );
+        }
+        Ok(())
+    }
+
+    /// Tests in the order they run.
+    pub fn tests(&self) -> Vec<(u64, u64, u64, u32)> {
+        let mut v = Vec::new();
+        for &d in &self.depth {
+            for &p in &self.pp {
+                for &t in &self.tg {
+                    for &c in &self.concurrency {
+                        v.push((d, p, t, c));
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Requests the whole run sends (not counting the warm-up).
+    pub fn requests(&self) -> u64 {
+        let per_test: u64 = self.concurrency.iter().map(|&c| u64::from(c)).sum();
+        let steps = if self.prefix_cache { 2 } else { 1 };
+        (self.depth.len() * self.pp.len() * self.tg.len()) as u64
+            * per_test
+            * u64::from(self.runs)
+            * steps
+    }
+}
+
+/// Labels recorded with the results.
+#[derive(Debug, Clone, Default)]
+pub struct Labels {
+    pub nodes: Option<u32>,
+    pub layout: Option<String>,
+    pub label: Option<String>,
+    pub engine_log: Option<PathBuf>,
+    pub weft_version: String,
+}
+
+/// Progress of a run, for a progress bar.
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    pub done: u64,
+    pub total: u64,
+    pub test: &'a str,
+}
+
+/// The NCCL network named in an engine log: the last of `NET/weft`, `NET/IB`, `NET/Socket`
+/// (NCCL prints `via NET/IB/0` per channel and `Using network IB` once).
+pub fn nccl_transport(log: &str) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for (pat, name) in [
+        ("NET/weft", "NET/weft"),
+        ("Using network weft", "NET/weft"),
+        ("NET/IB", "NET/IB"),
+        ("Using network IB", "NET/IB"),
+        ("NET/Socket", "NET/Socket"),
+        ("Using network Socket", "NET/Socket"),
+    ] {
+        if let Some(i) = log.rfind(pat)
+            && best.as_ref().is_none_or(|(j, _)| i > *j)
+        {
+            best = Some((i, name.to_string()));
+        }
+    }
+    best.map(|b| b.1)
+}
+
+struct Warm {
+    latency: Duration,
+    overhead: Overhead,
+    builder: Builder,
+}
+
+/// Runs the plan. A failing test stops the run: the report then holds the tests before it and
+/// a [`Failure`] naming it. Errors before the first test (the server cannot be reached, the
+/// model is not served) are returned as errors.
+pub async fn run(
+    client: &Client,
+    plan: &Plan,
+    corpus: Corpus,
+    counter: Option<&std::sync::Arc<Counter>>,
+    labels: &Labels,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+) -> Result<RunReport, LlmError> {
+    plan.check()?;
+    let date = rfc3339(std::time::SystemTime::now());
+    let server = client.probe().await?;
+    let nccl = match &labels.engine_log {
+        Some(p) => {
+            let text = std::fs::read(p).map_err(|e| LlmError::Io {
+                path: p.clone(),
+                reason: e.to_string(),
+            })?;
+            let t = nccl_transport(&String::from_utf8_lossy(&text));
+            if t.is_none() {
+                tracing::warn!(path = %p.display(), "the engine log names no NCCL network (NET/IB, NET/Socket, NET/weft); is NCCL_DEBUG=INFO set?");
+            }
+            t
+        }
+        None => None,
+    };
+    let mut rng = Rng::new(plan.seed);
+    let mut warnings = Vec::new();
+    let warm = warm_up(client, plan, corpus, counter.map(|c| &**c), &mut rng).await?;
+    let mut report = RunReport {
+        schema: SCHEMA,
+        context: Context {
+            endpoint: client.endpoint.base_url.clone(),
+            api: client.endpoint.api,
+            model: client.endpoint.model.clone(),
+            server,
+            date,
+            weft_version: labels.weft_version.clone(),
+            nodes: labels.nodes,
+            layout: labels.layout.clone(),
+            label: labels.label.clone(),
+            nccl_transport: nccl,
+            latency_mode: plan.latency_mode.name().into(),
+            latency_ms: warm.latency.as_secs_f64() * 1e3,
+            template_overhead: warm.overhead,
+            counting: String::new(),
+            tokenizer: counter.map(|c| c.path.display().to_string()),
+            text: warm.builder.corpus.source.clone(),
+            prefix_cache: plan.prefix_cache,
+            runs: plan.runs,
+        },
+        results: Vec::new(),
+        warnings: Vec::new(),
+        failure: None,
+    };
+    let total = plan.requests();
+    let mut done = 0u64;
+    let mut counting = CountingSeen::default();
+    for (d, p, t, c) in plan.tests() {
+        let phases: &[Phase] = if plan.prefix_cache && d > 0 {
+            &[Phase::Context, Phase::FollowUp]
+        } else {
+            &[Phase::Cold]
+        };
+        let mut per_phase: Vec<Vec<crate::metrics::RunFigures>> = vec![Vec::new(); phases.len()];
+        let name = crate::report::test_names(p, t, d, c, Phase::Cold).0;
+        for _run in 0..plan.runs {
+            // One context per run and request slot: the follow-up reuses it, nothing else does.
+            let contexts: Vec<String> = (0..c)
+                .map(|_| {
+                    let tag = unique_tag(&mut rng);
+                    if d == 0 {
+                        Ok(String::new())
+                    } else {
+                        warm.builder.build(&mut rng, &tag, d, counter.map(|c| &**c))
+                    }
+                })
+                .collect::<Result<_, _>>()?;
+            for (k, &phase) in phases.iter().enumerate() {
+                let user_tokens =
+                    |over: i64| (p as i64 - if plan.adapt_prompt { over } else { 0 }).max(1) as u64;
+                let prompts: Vec<Prompt> = contexts
+                    .iter()
+                    .map(|ctx| {
+                        let tag = unique_tag(&mut rng);
+                        let (text, context) = match (phase, client.endpoint.api) {
+                            (Phase::Context, _) => (String::from("Hi."), ctx.clone()),
+                            (_, Api::Chat) if d == 0 => (
+                                warm.builder.build(
+                                    &mut rng,
+                                    &tag,
+                                    user_tokens(warm.overhead.user),
+                                    counter.map(|c| &**c),
+                                )?,
+                                String::new(),
+                            ),
+                            (_, Api::Chat) => (
+                                warm.builder.build(
+                                    &mut rng,
+                                    &tag,
+                                    user_tokens(warm.overhead.system_user),
+                                    counter.map(|c| &**c),
+                                )?,
+                                ctx.clone(),
+                            ),
+                            (_, Api::Completions) => (
+                                warm.builder.build(
+                                    &mut rng,
+                                    &tag,
+                                    user_tokens(if d == 0 { warm.overhead.user } else { 0 }),
+                                    counter.map(|c| &**c),
+                                )?,
+                                ctx.clone(),
+                            ),
+                        };
+                        Ok::<_, LlmError>(Prompt { context, text })
+                    })
+                    .collect::<Result<_, _>>()?;
+                progress(Progress {
+                    done,
+                    total,
+                    test: &name,
+                });
+                let batch = match send_batch(client, prompts, t).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Keep what finished: the tests before, and the runs of this one.
+                        for (k2, &ph) in phases.iter().enumerate() {
+                            if !per_phase[k2].is_empty() {
+                                report.results.push(TestResult::new(
+                                    p,
+                                    t,
+                                    d,
+                                    c,
+                                    ph,
+                                    std::mem::take(&mut per_phase[k2]),
+                                ));
+                            }
+                        }
+                        report.failure = Some(Failure {
+                            test: crate::report::test_names(p, t, d, c, phase).0,
+                            error: e.to_string(),
+                        });
+                        report.warnings = warnings;
+                        report.context.counting = counting.describe();
+                        return Ok(report);
+                    }
+                };
+                done += u64::from(c);
+                let reqs: Vec<Request> = batch
+                    .iter()
+                    .map(|tr| {
+                        let expected = match phase {
+                            Phase::Cold => d + p,
+                            Phase::Context => d,
+                            Phase::FollowUp => p,
+                        };
+                        reduce(
+                            tr,
+                            phase,
+                            d,
+                            expected,
+                            counter.map(|c| &**c),
+                            &mut counting,
+                            &mut warnings,
+                        )
+                    })
+                    .collect::<Result<_, _>>()?;
+                per_phase[k].push(run_figures(&reqs, warm.latency));
+            }
+        }
+        for (k, &ph) in phases.iter().enumerate() {
+            report.results.push(TestResult::new(
+                p,
+                t,
+                d,
+                c,
+                ph,
+                std::mem::take(&mut per_phase[k]),
+            ));
+        }
+    }
+    progress(Progress {
+        done,
+        total,
+        test: "done",
+    });
+    let mut seen_w = std::collections::BTreeSet::new();
+    warnings.retain(|w| seen_w.insert(w.clone()));
+    report.warnings = warnings;
+    report.context.counting = counting.describe();
+    Ok(report)
+}
+
+#[derive(Default)]
+struct CountingSeen {
+    ids: bool,
+    usage: bool,
+    tokenizer: bool,
+    chunks_by: std::collections::BTreeSet<&'static str>,
+}
+
+impl CountingSeen {
+    fn describe(&self) -> String {
+        let total = if self.ids {
+            "token-ids"
+        } else if self.usage {
+            "usage"
+        } else if self.tokenizer {
+            "tokenizer"
+        } else {
+            "none"
+        };
+        let by: Vec<&str> = self.chunks_by.iter().copied().collect();
+        format!("{total} (tokens per chunk: {})", by.join(", "))
+    }
+}
+
+/// Sends `prompts` together; all must finish.
+async fn send_batch(
+    client: &Client,
+    prompts: Vec<Prompt>,
+    max_tokens: u64,
+) -> Result<Vec<Trace>, LlmError> {
+    let mut set = JoinSet::new();
+    for (i, p) in prompts.into_iter().enumerate() {
+        let c = client.clone();
+        set.spawn(async move { (i, c.stream(&p, max_tokens).await) });
+    }
+    let mut out: Vec<Option<Trace>> = vec![None; set.len()];
+    let mut first_err = None;
+    while let Some(j) = set.join_next().await {
+        match j {
+            Ok((i, Ok(t))) => out[i] = Some(t),
+            Ok((_, Err(e))) => {
+                if first_err.is_none() {
+                    first_err = Some(e);
+                    set.abort_all();
+                }
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                first_err.get_or_insert(LlmError::Input(format!("a request task failed: {e}")));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// Counts the tokens of one trace and reduces it.
+fn reduce(
+    tr: &Trace,
+    phase: Phase,
+    depth: u64,
+    expected_prompt: u64,
+    counter: Option<&Counter>,
+    seen: &mut CountingSeen,
+    warnings: &mut Vec<String>,
+) -> Result<Request, LlmError> {
+    let texts: Vec<&str> = tr.chunks.iter().map(|c| c.text.as_str()).collect();
+    let ids = tr.token_ids();
+    let local = match counter {
+        Some(c) => Some(c.per_chunk(&texts)?),
+        None => None,
+    };
+    let gen_total = if let Some(ids) = &ids {
+        seen.ids = true;
+        ids.len() as u64
+    } else if let Some(u) = tr.usage {
+        seen.usage = true;
+        u.completion_tokens
+    } else if let Some(l) = &local {
+        seen.tokenizer = true;
+        l.iter().sum()
+    } else {
+        return Err(LlmError::Counting(
+            "the server sent neither usage (stream_options.include_usage) nor token ids; give --tokenizer to count locally".into(),
+        ));
+    };
+    if let (Some(l), Some(u)) = (&local, tr.usage) {
+        let l: u64 = l.iter().sum();
+        let diff =
+            (l as f64 - u.completion_tokens as f64).abs() / (u.completion_tokens.max(1) as f64);
+        if diff > 0.02 {
+            warnings.push(format!(
+                "generated tokens: the server's usage says {} and the local tokenizer {} ({:.1} % apart); is --tokenizer the model's?",
+                u.completion_tokens,
+                l,
+                diff * 100.0
+            ));
+        }
+    }
+    let per_chunk: Vec<u64> = if let Some(_ids) = &ids {
+        seen.chunks_by.insert("token ids");
+        tr.chunks
+            .iter()
+            .map(|c| c.token_ids.as_ref().map_or(0, |v| v.len() as u64))
+            .collect()
+    } else if let Some(l) = local {
+        seen.chunks_by.insert("tokenizer on the whole text");
+        // Scale to the server's total when both exist, so the sum matches what it reports.
+        let s: u64 = l.iter().sum();
+        if s == gen_total {
+            l
+        } else {
+            spread_like(&l, gen_total)
+        }
+    } else {
+        seen.chunks_by.insert("estimated from bytes");
+        spread(gen_total, &texts)
+    };
+    let prompt_tokens = match tr.usage {
+        // A follow-up's context was cached by the step before: the server's cached count when
+        // it gives one, else the depth the context was built to.
+        Some(u) => match (phase, u.cached_tokens) {
+            (_, Some(c)) => u.prompt_tokens.saturating_sub(c),
+            (Phase::FollowUp, None) => u.prompt_tokens.saturating_sub(depth),
+            _ => u.prompt_tokens,
+        },
+        None => {
+            warnings.push("the server sent no usage in its streams: prompt tokens are those weft built (exact with --tokenizer), generated tokens counted locally".into());
+            expected_prompt
+        }
+    };
+    Ok(Request {
+        prompt_tokens,
+        gen_tokens: gen_total,
+        ttfr: tr.ttfr.unwrap_or(tr.e2e),
+        ttft: tr.first_content.unwrap_or(tr.e2e),
+        e2e: tr.e2e,
+        chunks: tr
+            .chunks
+            .iter()
+            .zip(per_chunk)
+            .map(|(c, k)| (c.at, k))
+            .collect(),
+    })
+}
+
+fn spread_like(weights: &[u64], total: u64) -> Vec<u64> {
+    let strs: Vec<String> = weights
+        .iter()
+        .map(|w| "x".repeat((*w).max(1) as usize))
+        .collect();
+    let refs: Vec<&str> = strs.iter().map(String::as_str).collect();
+    spread(total, &refs)
+}
+
+/// The server's prompt-token count for `p`: from a one-token stream's usage, else from the
+/// same request without streaming.
+async fn prompt_tokens(client: &Client, p: Prompt, what: &str) -> Result<i64, LlmError> {
+    if let Some(u) = client.stream(&p, 1).await?.usage {
+        return Ok(u.prompt_tokens as i64);
+    }
+    match client.usage_of(&p, 1).await? {
+        Some(u) => Ok(u.prompt_tokens as i64),
+        None => Err(LlmError::Counting(format!(
+            "the warm-up request ({what}) came back without usage, streamed or not; the chat-template overhead cannot be measured"
+        ))),
+    }
+}
+
+/// Latency, template overhead and tokens per word, measured with one-token requests.
+async fn warm_up(
+    client: &Client,
+    plan: &Plan,
+    corpus: Corpus,
+    counter: Option<&Counter>,
+    rng: &mut Rng,
+) -> Result<Warm, LlmError> {
+    let one = |ctx: String, text: String| Prompt { context: ctx, text };
+    // A first request loads whatever the engine loads lazily; it is not measured.
+    client
+        .stream(&one(String::new(), "Hello.".into()), 1)
+        .await?;
+    let a_words = 60;
+    let b_words = 180;
+    let a = corpus.text(rng, a_words);
+    let b = corpus.text(rng, b_words);
+    let pa = prompt_tokens(client, one(String::new(), a.clone()), "user message").await?;
+    let pb = prompt_tokens(client, one(String::new(), b.clone()), "user message").await?;
+    let (tokens_per_word, user_over, sys_over) = match counter {
+        Some(c) => {
+            let (la, lb) = (c.count(&a)? as i64, c.count(&b)? as i64);
+            let ps = prompt_tokens(
+                client,
+                one(a.clone(), b.clone()),
+                "system and user messages",
+            )
+            .await?;
+            let tpw = lb as f64 / b_words as f64;
+            (tpw, pa - la, ps - la - lb)
+        }
+        None => {
+            let tpw = (pb - pa) as f64 / (b_words - a_words) as f64;
+            let user_over = pa - (tpw * a_words as f64).round() as i64;
+            let ps = prompt_tokens(
+                client,
+                one(a.clone(), b.clone()),
+                "system and user messages",
+            )
+            .await?;
+            (
+                tpw,
+                user_over,
+                ps - pb - (tpw * a_words as f64).round() as i64,
+            )
+        }
+    };
+    if !(0.05..=20.0).contains(&tokens_per_word) {
+        return Err(LlmError::Counting(format!(
+            "the warm-up measured {tokens_per_word:.2} tokens per word, which no tokenizer gives; does the server count prompt tokens?"
+        )));
+    }
+    let latency = match plan.latency_mode {
+        LatencyMode::None => Duration::ZERO,
+        LatencyMode::Api => {
+            let mut v = Vec::new();
+            for _ in 0..3 {
+                v.push(client.api_latency().await?);
+            }
+            v.sort();
+            v[1]
+        }
+        LatencyMode::Generation => {
+            let mut v = Vec::new();
+            for _ in 0..3 {
+                let t = client.stream(&one(String::new(), "Hi.".into()), 1).await?;
+                v.push(t.ttfr.unwrap_or(t.e2e));
+            }
+            v.sort();
+            v[1]
+        }
+    };
+    Ok(Warm {
+        latency,
+        overhead: Overhead {
+            user: user_over.max(0),
+            system_user: sys_over.max(0),
+        },
+        builder: Builder {
+            corpus,
+            tokens_per_word,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_network_named_in_the_log_wins() {
+        assert_eq!(
+            nccl_transport("NCCL INFO Using network IB\n... via NET/IB/0"),
+            Some("NET/IB".into())
+        );
+        assert_eq!(
+            nccl_transport("NET/IB failed\nNCCL INFO Using network Socket"),
+            Some("NET/Socket".into())
+        );
+        assert_eq!(
+            nccl_transport("NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/weft/0"),
+            Some("NET/weft".into())
+        );
+        assert_eq!(nccl_transport("nothing here"), None);
+    }
+
+    #[test]
+    fn plans_refuse_empty_or_zero_axes() {
+        let ok = Plan {
+            pp: vec![512],
+            tg: vec![32],
+            depth: vec![0],
+            concurrency: vec![1, 4],
+            runs: 3,
+            prefix_cache: false,
+            latency_mode: LatencyMode::Api,
+            adapt_prompt: true,
+            seed: 1,
+        };
+        assert!(ok.check().is_ok());
+        assert_eq!(ok.requests(), 15);
+        assert!(
+            Plan {
+                tg: vec![0],
+                ..ok.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Plan {
+                runs: 0,
+                ..ok.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Plan {
+                prefix_cache: true,
+                ..ok.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Plan {
+                concurrency: vec![],
+                ..ok
+            }
+            .check()
+            .is_err()
+        );
+    }
+}

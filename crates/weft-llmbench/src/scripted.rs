@@ -1,0 +1,258 @@
+//! A scripted stand-in for an OpenAI-compatible server: it emits tokens on a fixed schedule
+//! (first chunk `ttft` after the request arrived, then one chunk every `itl`), or misbehaves on
+//! purpose (answers 429/500, dies mid-stream, speaks HTML). It exists to measure weft itself
+//! (the client's own overhead against a known schedule) and its error paths; it is not an
+//! engine and never stands in for one where a user meets a real server.
+//!
+//! Its "tokenizer" is one token per whitespace-separated word of the prompt; each generated
+//! token is the text `tok ` (token id 7).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// What the server does.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub model: String,
+    /// From the end of the request to the first content chunk.
+    pub ttft: Duration,
+    /// Between content chunks.
+    pub itl: Duration,
+    /// Tokens in each content chunk (above 1: as speculative decoding sends them).
+    pub tokens_per_chunk: u32,
+    /// Send `token_ids` with each chunk.
+    pub token_ids: bool,
+    /// Send a role-only chunk right away (as vLLM does) before the first token.
+    pub role_chunk: bool,
+    pub fault: Fault,
+}
+
+impl Default for Script {
+    fn default() -> Script {
+        Script {
+            model: "scripted".into(),
+            ttft: Duration::from_millis(50),
+            itl: Duration::from_millis(10),
+            tokens_per_chunk: 1,
+            token_ids: false,
+            role_chunk: false,
+            fault: Fault::None,
+        }
+    }
+}
+
+/// A deliberate misbehaviour.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    None,
+    /// The first `times` completion requests are answered with `status`, then all is well.
+    Status {
+        status: u16,
+        times: u64,
+    },
+    /// Completion requests after the first `after_requests` close the connection after
+    /// `chunks` content chunks.
+    DieAfter {
+        after_requests: u64,
+        chunks: u64,
+    },
+    /// Every path answers 200 with an HTML page.
+    Html,
+}
+
+/// A running scripted server; dropped, it stops.
+pub struct ScriptedServer {
+    pub addr: std::net::SocketAddr,
+    /// Completion requests received.
+    pub requests: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ScriptedServer {
+    /// `http://ADDR/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for ScriptedServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the server on 127.0.0.1 (a free port) in the current tokio runtime.
+pub async fn start(script: Script) -> std::io::Result<ScriptedServer> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let requests = Arc::new(AtomicU64::new(0));
+    let n = requests.clone();
+    let script = Arc::new(script);
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = s.set_nodelay(true);
+            let (sc, n) = (script.clone(), n.clone());
+            tokio::spawn(async move {
+                let _ = serve(s, &sc, &n).await;
+            });
+        }
+    });
+    Ok(ScriptedServer {
+        addr,
+        requests,
+        task,
+    })
+}
+
+async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<(String, String)>> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    let line = head.lines().next().unwrap_or("").to_string();
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
+    Ok(Some((line, body)))
+}
+
+async fn respond(s: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
+    let r = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(r.as_bytes()).await
+}
+
+async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<()> {
+    let Some((line, body)) = read_request(&mut s).await? else {
+        return Ok(());
+    };
+    let arrived = Instant::now();
+    if sc.fault == Fault::Html {
+        return respond(
+            &mut s,
+            200,
+            "text/html",
+            "<html><body>It works!</body></html>",
+        )
+        .await;
+    }
+    if line.starts_with("GET ") {
+        if line.contains("/v1/models") {
+            let b = serde_json::json!({"object": "list", "data": [{"id": sc.model, "object": "model", "owned_by": "weft-scripted"}]});
+            return respond(&mut s, 200, "application/json", &b.to_string()).await;
+        }
+        return respond(&mut s, 404, "text/plain", "not found").await;
+    }
+    if !line.contains("/v1/chat/completions") && !line.contains("/v1/completions") {
+        return respond(&mut s, 404, "text/plain", "not found").await;
+    }
+    let k = n.fetch_add(1, Ordering::SeqCst);
+    if let Fault::Status { status, times } = sc.fault
+        && k < times
+    {
+        let b = serde_json::json!({"error": {"message": format!("scripted {status}")}});
+        return respond(&mut s, status, "application/json", &b.to_string()).await;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let chat = v.get("messages").is_some();
+    if v.get("model").and_then(|m| m.as_str()) != Some(sc.model.as_str()) {
+        let b = serde_json::json!({"error": {"message": "model not found"}});
+        return respond(&mut s, 404, "application/json", &b.to_string()).await;
+    }
+    let prompt_tokens: u64 = if chat {
+        v["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|x| {
+                        x["content"]
+                            .as_str()
+                            .unwrap_or("")
+                            .split_whitespace()
+                            .count() as u64
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        v["prompt"]
+            .as_str()
+            .unwrap_or("")
+            .split_whitespace()
+            .count() as u64
+    };
+    let max_tokens = v["max_tokens"].as_u64().unwrap_or(16);
+    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")
+        .await?;
+    let chunk = |text: &str, k: u32| {
+        let mut c = if chat {
+            serde_json::json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+        } else {
+            serde_json::json!({"choices": [{"index": 0, "text": text, "finish_reason": null}]})
+        };
+        if sc.token_ids {
+            c["choices"][0]["token_ids"] = serde_json::json!(vec![7; k as usize]);
+        }
+        format!("data: {c}\n\n")
+    };
+    if sc.role_chunk && chat {
+        s.write_all(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n")
+            .await?;
+    }
+    let die = match sc.fault {
+        Fault::DieAfter {
+            after_requests,
+            chunks,
+        } if k >= after_requests => Some(chunks),
+        _ => None,
+    };
+    let mut sent = 0u64;
+    let mut i = 0u32;
+    while sent < max_tokens {
+        if die == Some(u64::from(i)) {
+            return s.shutdown().await;
+        }
+        let at = arrived + sc.ttft + sc.itl * i;
+        tokio::time::sleep_until(at).await;
+        let kk = (sc.tokens_per_chunk.max(1) as u64).min(max_tokens - sent) as u32;
+        s.write_all(chunk(&"tok ".repeat(kk as usize), kk).as_bytes())
+            .await?;
+        sent += u64::from(kk);
+        i += 1;
+    }
+    let fin =
+        serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]});
+    let usage = serde_json::json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}});
+    s.write_all(format!("data: {fin}\n\ndata: {usage}\n\ndata: [DONE]\n\n").as_bytes())
+        .await?;
+    s.shutdown().await
+}
