@@ -108,6 +108,9 @@ pub fn warn(msg: &str) {
 
 /// How long a repeated warning stays quiet after it was logged.
 pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+/// Identical warnings logged in one [`REPEAT_WINDOW`] before the rest are only counted (a
+/// few real, separate failures still each get their line; a spinning caller gets 16 a second).
+pub const REPEAT_BURST: u32 = 16;
 /// Most distinct messages the limiter remembers (it forgets them all beyond: bounded memory).
 const LIMITER_MAX: usize = 1024;
 
@@ -117,18 +120,23 @@ static WARNED: std::sync::Mutex<Option<Limiter>> = std::sync::Mutex::new(None);
 /// per [`REPEAT_WINDOW`], saying how many identical ones were left out since.
 #[derive(Debug, Default)]
 pub struct Limiter {
-    seen: std::collections::HashMap<String, (std::time::Instant, u64)>,
+    seen: std::collections::HashMap<String, (std::time::Instant, u64, u32)>,
 }
 
 impl Limiter {
     /// The line to log for `msg` at `now`, or None to leave it out (it is counted).
     pub fn admit(&mut self, msg: &str, now: std::time::Instant) -> Option<String> {
-        if let Some((last, left_out)) = self.seen.get_mut(msg) {
+        if let Some((last, left_out, burst)) = self.seen.get_mut(msg) {
             if now.duration_since(*last) < REPEAT_WINDOW {
+                if *burst < REPEAT_BURST {
+                    *burst += 1;
+                    return Some(msg.to_string());
+                }
                 *left_out += 1;
                 return None;
             }
             let n = std::mem::take(left_out);
+            *burst = 1;
             *last = now;
             return Some(if n == 0 {
                 msg.to_string()
@@ -139,7 +147,7 @@ impl Limiter {
         if self.seen.len() >= LIMITER_MAX {
             self.seen.clear();
         }
-        self.seen.insert(msg.to_string(), (now, 0));
+        self.seen.insert(msg.to_string(), (now, 0, 1));
         Some(msg.to_string())
     }
 }
@@ -233,6 +241,13 @@ mod tests {
             l.admit("isend failed: x", t0).as_deref(),
             Some("isend failed: x")
         );
+        for i in 1..REPEAT_BURST {
+            assert_eq!(
+                l.admit("isend failed: x", t0 + Duration::from_micros(u64::from(i)))
+                    .as_deref(),
+                Some("isend failed: x")
+            );
+        }
         for i in 0..1000u32 {
             assert_eq!(
                 l.admit("isend failed: x", t0 + Duration::from_micros(u64::from(i))),
@@ -248,6 +263,9 @@ mod tests {
             later,
             "isend failed: x (and 1000 more times since the last such line)"
         );
+        for _ in 1..REPEAT_BURST {
+            assert!(l.admit("isend failed: x", t0 + REPEAT_WINDOW).is_some());
+        }
         assert_eq!(l.admit("isend failed: x", t0 + REPEAT_WINDOW), None);
         let quiet = t0 + 3 * REPEAT_WINDOW;
         assert_eq!(
