@@ -112,6 +112,10 @@ fn main() -> ExitCode {
             } else {
                 EXIT_OK
             };
+            if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
+                // A script that asked for JSON gets JSON, even for a usage error.
+                print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+            }
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -122,6 +126,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person: a log file, a pipe or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match &cli.command {
         Command::Completions { shell } => {
@@ -140,9 +146,16 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let outcome = config::Config::load(cli.config.as_deref()).and_then(|cfg| match cli.command {
-        Command::Fabric(cmd) => fabric::run(cmd, &cfg, cli.json),
-        Command::Cluster(cmd) => cluster::run(cmd, &cfg, cli.json),
+    // Only the commands that use weft.toml read it, so that a broken file does not stop
+    // `weft bench` or `weft plan`.
+    let config = config::Config::load;
+    let outcome = match cli.command {
+        Command::Fabric(cmd) => {
+            config(cli.config.as_deref()).and_then(|cfg| fabric::run(cmd, &cfg, cli.json))
+        }
+        Command::Cluster(cmd) => {
+            config(cli.config.as_deref()).and_then(|cfg| cluster::run(cmd, &cfg, cli.json))
+        }
         Command::Bench(cmd) => bench::run(cmd, cli.json),
         Command::Doctor(a) => doctor::run(*a, cli.json),
         Command::Completions { .. } | Command::Manpages { .. } => Ok(EXIT_OK),
@@ -153,14 +166,25 @@ fn main() -> ExitCode {
         Command::RunNode(a) => run::node(a),
         Command::RunProbe(a) => run::probe(a),
         Command::Mesh(a) => mesh::run(*a, cli.json),
-    });
+    };
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
+            if cli.json {
+                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+                print_json_error(&e.to_string(), &causes);
+            }
             eprintln!("weft: error: {e:#}");
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// An error for a script that asked for `--json`, on stdout where it reads the result:
+/// `{"error": "...", "causes": ["...", ...]}` (the source chain, outermost first).
+fn print_json_error(error: &str, causes: &[String]) {
+    let v = serde_json::json!({ "error": error, "causes": causes });
+    println!("{v}");
 }
 
 /// One man page per command: `weft.1`, `weft-fabric.1`, `weft-fabric-apply.1`, ...

@@ -74,6 +74,46 @@ fn a_missing_file_or_bad_config_is_an_environment_error() {
 }
 
 #[test]
+fn errors_under_json_are_json_with_their_causes() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["--json", "fabric", "check", "nothere.toml"][..],
+        &["--json", "fabric", "frobnicate"][..],
+        &["--json", "plan", "no/such/model"][..],
+    ] {
+        let o = weft(dir.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not JSON ({e}): {}", text(&o)));
+        assert!(v["error"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+        assert!(v["causes"].is_array(), "{v}");
+    }
+    let o = weft(dir.path(), &["--json", "fabric", "check", "nothere.toml"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v.to_string().contains("nothere.toml"), "{v}");
+}
+
+#[test]
+fn a_broken_weft_toml_stops_only_the_commands_that_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("weft.toml"), "[fabric\nnot toml").unwrap();
+    // `weft plan` reads no configuration: a broken file does not stop it.
+    let o = weft(dir.path(), &["plan", "--help"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = weft(dir.path(), &["plan", "no/such/model"]);
+    assert!(!text(&o).contains("weft.toml"), "{}", text(&o));
+    // `weft fabric` does, and names the file.
+    std::fs::write(
+        dir.path().join("plan.toml"),
+        "[default]\npolicy = \"isolate\"\n",
+    )
+    .unwrap();
+    let o = weft(dir.path(), &["fabric", "check", "plan.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("weft.toml"), "{}", text(&o));
+}
+
+#[test]
 fn import_refuses_what_opensm_would_silently_misread() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
