@@ -87,16 +87,17 @@ unsafe extern "C" fn logger(
     }
     // SAFETY: the plugin passes a NUL-terminated message as the "%s" argument.
     let m = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
-    match level {
+    // Called from C: a panic (a tracing layer's, say) must not unwind into the plugin.
+    let _ = std::panic::catch_unwind(|| match level {
         0..=2 => {
             tracing::warn!(target: "plugin", "{m}");
             if let Ok(mut w) = LAST_WARN.lock() {
-                *w = Some(m.into_owned());
+                *w = Some(m.clone().into_owned());
             }
         }
         3 => tracing::debug!(target: "plugin", "{m}"),
         _ => tracing::trace!(target: "plugin", "{m}"),
-    }
+    });
 }
 
 /// The plugin's last WARN, attached to the error of the call that failed.
@@ -409,6 +410,120 @@ impl Plugin {
             if spins > 64 {
                 std::thread::sleep(Duration::from_micros(50));
             }
+        }
+    }
+}
+
+/// This crate drives the plugin through its own copy of the v8 ABI (it loads the `.so` like
+/// NCCL does, so it must not link the plugin's types). The copy is checked here against the
+/// plugin's `ffi.rs`, which `scripts/abi/check_ncclnet_abi.sh` checks against NCCL's headers.
+#[cfg(test)]
+mod abi_tests {
+    use std::mem::{offset_of, size_of};
+
+    use nccl_net_weft::ffi as p;
+
+    use super::*;
+
+    #[test]
+    fn the_v8_copy_matches_the_plugin_field_for_field() {
+        assert_eq!(HANDLE_SIZE, p::NCCL_NET_HANDLE_MAXSIZE);
+        assert_eq!(size_of::<NetV8>(), size_of::<p::ncclNet_v8_t>());
+        let pairs = [
+            (offset_of!(NetV8, name), offset_of!(p::ncclNet_v8_t, name)),
+            (offset_of!(NetV8, init), offset_of!(p::ncclNet_v8_t, init)),
+            (
+                offset_of!(NetV8, devices),
+                offset_of!(p::ncclNet_v8_t, devices),
+            ),
+            (
+                offset_of!(NetV8, get_properties),
+                offset_of!(p::ncclNet_v8_t, getProperties),
+            ),
+            (
+                offset_of!(NetV8, listen),
+                offset_of!(p::ncclNet_v8_t, listen),
+            ),
+            (
+                offset_of!(NetV8, connect),
+                offset_of!(p::ncclNet_v8_t, connect),
+            ),
+            (
+                offset_of!(NetV8, accept),
+                offset_of!(p::ncclNet_v8_t, accept),
+            ),
+            (
+                offset_of!(NetV8, reg_mr),
+                offset_of!(p::ncclNet_v8_t, regMr),
+            ),
+            (
+                offset_of!(NetV8, reg_mr_dma_buf),
+                offset_of!(p::ncclNet_v8_t, regMrDmaBuf),
+            ),
+            (
+                offset_of!(NetV8, dereg_mr),
+                offset_of!(p::ncclNet_v8_t, deregMr),
+            ),
+            (offset_of!(NetV8, isend), offset_of!(p::ncclNet_v8_t, isend)),
+            (offset_of!(NetV8, irecv), offset_of!(p::ncclNet_v8_t, irecv)),
+            (
+                offset_of!(NetV8, iflush),
+                offset_of!(p::ncclNet_v8_t, iflush),
+            ),
+            (offset_of!(NetV8, test), offset_of!(p::ncclNet_v8_t, test)),
+            (
+                offset_of!(NetV8, close_send),
+                offset_of!(p::ncclNet_v8_t, closeSend),
+            ),
+            (
+                offset_of!(NetV8, close_recv),
+                offset_of!(p::ncclNet_v8_t, closeRecv),
+            ),
+            (
+                offset_of!(NetV8, close_listen),
+                offset_of!(p::ncclNet_v8_t, closeListen),
+            ),
+            (
+                offset_of!(NetV8, get_device_mr),
+                offset_of!(p::ncclNet_v8_t, getDeviceMr),
+            ),
+            (
+                offset_of!(NetV8, irecv_consumed),
+                offset_of!(p::ncclNet_v8_t, irecvConsumed),
+            ),
+        ];
+        for (i, (ours, theirs)) in pairs.iter().enumerate() {
+            assert_eq!(ours, theirs, "field {i} of ncclNet_v8_t");
+        }
+        assert_eq!(size_of::<PropsV8>(), size_of::<p::ncclNetProperties_v8_t>());
+        let props = [
+            (
+                offset_of!(PropsV8, guid),
+                offset_of!(p::ncclNetProperties_v8_t, guid),
+            ),
+            (
+                offset_of!(PropsV8, speed),
+                offset_of!(p::ncclNetProperties_v8_t, speed),
+            ),
+            (
+                offset_of!(PropsV8, latency),
+                offset_of!(p::ncclNetProperties_v8_t, latency),
+            ),
+            (
+                offset_of!(PropsV8, max_comms),
+                offset_of!(p::ncclNetProperties_v8_t, maxComms),
+            ),
+            (
+                offset_of!(PropsV8, max_recvs),
+                offset_of!(p::ncclNetProperties_v8_t, maxRecvs),
+            ),
+            (
+                offset_of!(PropsV8, net_device_version),
+                offset_of!(p::ncclNetProperties_v8_t, netDeviceVersion),
+            ),
+        ];
+        for (i, (ours, theirs)) in props.iter().enumerate() {
+            assert_eq!(ours, theirs, "field {i} of ncclNetProperties_v8_t");
         }
     }
 }

@@ -19,6 +19,9 @@ pub const ncclInvalidUsage: ncclResult_t = 5;
 pub const ncclRemoteError: ncclResult_t = 6;
 
 pub const NCCL_NET_HANDLE_MAXSIZE: usize = 128;
+// The transport encodes its listen handle into exactly the buffer NCCL gives us: the SAFETY
+// arguments of `plugin::listen`/`connect` rely on the two sizes being one.
+const _: () = assert!(NCCL_NET_HANDLE_MAXSIZE == weft_transport::proto::HANDLE_SIZE);
 pub const NCCL_PTR_HOST: c_int = 1;
 pub const NCCL_PTR_CUDA: c_int = 2;
 pub const NCCL_NET_DEVICE_HOST: c_int = 0;
