@@ -85,7 +85,9 @@ fn expect_ok(code: i32, what: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn run() -> Result<()> {
+/// `keep`: after the fabric part, leave the simulated fabric and its two OpenSMs running and
+/// print how to point `weft` at it, until Ctrl-C (or SIGTERM) tears it down.
+pub fn run(keep: bool) -> Result<()> {
     let bin = weft_binary()?;
     step("a simulated fabric: two-level fat tree, 32 HCAs, every 4th with two ports");
     let topology = Topology::fat_tree(4, 2, 32, 4);
@@ -204,6 +206,29 @@ pub fn run() -> Result<()> {
         weft(&bin, &dir, &["fabric", "verify", "plan.toml"])?,
         "verify",
     )?;
+    if keep {
+        let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
+        let bin_dir = bin.parent().map_or_else(|| bin.clone(), Path::to_path_buf);
+        println!(
+            "\n\x1b[1m== the simulated fabric stays up (--keep)\x1b[0m\n\
+             point weft at it from another terminal:\n\
+             \n  export WEFT_CONFIG={cfg}\n  export PATH={bin}:$PATH\n  cd {dir}\n\
+             \n  weft fabric status\n  weft fabric verify plan.toml\n  \
+             $EDITOR plan.toml && weft fabric diff plan.toml && weft fabric apply plan.toml\n\
+             \nits OpenSM logs are in {dir}; stop it all with Ctrl-C here (or kill -TERM {pid})",
+            cfg = dir.join("weft.toml").display(),
+            bin = bin_dir.display(),
+            dir = dir.display(),
+            pid = std::process::id(),
+        );
+        wait_for_stop_signal();
+        println!(
+            "\nstopping: the fabric in {} is torn down now",
+            dir.display()
+        );
+        drop(fabric);
+        return Ok(());
+    }
     println!("\nthe fabric in {} is torn down now", dir.display());
     drop(fabric);
     launch_tour()?;
@@ -386,6 +411,23 @@ pub fn launch_tour() -> Result<()> {
 }
 
 /// A fresh scratch directory under the system temp dir.
+/// Blocks until SIGINT or SIGTERM arrives, so that the caller's destructors (the simulated
+/// fabric's) run instead of the default action killing the process mid-way.
+fn wait_for_stop_signal() {
+    // SAFETY: the sigset is initialised by sigemptyset before use; blocking SIGINT and
+    // SIGTERM in this thread and then waiting for them with sigwait is the documented way to
+    // take them synchronously; no handler is installed, so nothing runs in signal context.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let mut sig: libc::c_int = 0;
+        libc::sigwait(&set, &mut sig);
+    }
+}
+
 fn tempfile_dir() -> Result<PathBuf> {
     let p = std::env::temp_dir().join(format!("weft-demo-launch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);

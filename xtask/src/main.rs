@@ -38,7 +38,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   demo    start a simulated InfiniBand fabric with a primary and a standby OpenSM,
           apply weft's partition plan, verify it on every port, move a node, fail over;
-          then weft mesh, sync and run across namespace hosts (`demo launch`: only those)
+          then weft mesh, sync and run across namespace hosts (`demo launch`: only those;
+          `demo --keep`: leave the simulated fabric running to explore, until Ctrl-C)
   test    install what the tests need, then run fmt, tidy, clippy and the whole test suite
   tidy    check the rules of ARCHITECTURE.md that a machine can check
   deb     build the Debian package (release build) into target/deb/
@@ -51,7 +52,10 @@ fn main() -> ExitCode {
         Some("demo") if args.get(1).is_some_and(|a| a == "launch") => {
             ensure_packages().and_then(|()| demo::launch_tour())
         }
-        Some("demo") => ensure_packages().and_then(|()| demo::run()),
+        Some("demo") if args.get(1).is_some_and(|a| a == "--keep") => {
+            ensure_packages().and_then(|()| demo::run(true))
+        }
+        Some("demo") => ensure_packages().and_then(|()| demo::run(false)),
         Some("test") => ensure_packages()
             .and_then(|()| ensure_torch())
             .and_then(|()| test(&args[1..])),
