@@ -31,6 +31,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("libfabric-dev", "/usr/include/rdma/fabric.h"),
     // `weft sync`'s benchmark compares against rsync.
     ("rsync", "/usr/bin/rsync"),
+    // `promtool check metrics` checks what the controller's and agent's /metrics serve.
+    ("prometheus", "/usr/bin/promtool"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -7,6 +7,54 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// Content type of the OpenMetrics text that `prometheus_client` writes.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of Prometheus' classic text format (what `curl` and `promtool` read).
+pub const TEXT_0_0_4: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The body and content type for a scrape with `accept` (the request's `Accept` header):
+/// OpenMetrics when the scraper asks for it (Prometheus does), else the classic text format,
+/// so that the content type always says what the body is.
+pub fn exposition(openmetrics: String, accept: Option<&str>) -> (&'static str, String) {
+    if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
+        (OPENMETRICS, openmetrics)
+    } else {
+        (TEXT_0_0_4, to_text_0_0_4(&openmetrics))
+    }
+}
+
+/// OpenMetrics text as Prometheus' text format 0.0.4: a counter's family is named with its
+/// `_total` suffix (OpenMetrics names the family without it), and `# UNIT` and `# EOF` go.
+pub fn to_text_0_0_4(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{prefix}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Labels of one API request.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Request {
@@ -124,7 +172,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The text exposition format.
+    /// The OpenMetrics text exposition (see [`exposition`] for what a scrape gets).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -200,7 +248,7 @@ impl AgentMetrics {
         }
     }
 
-    /// The text exposition format.
+    /// The OpenMetrics text exposition (see [`exposition`] for what a scrape gets).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -212,9 +260,15 @@ impl AgentMetrics {
     pub fn app(self: std::sync::Arc<Self>) -> axum::Router {
         axum::Router::new().route(
             "/metrics",
-            axum::routing::get(move || {
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
                 let m = self.clone();
-                async move { m.encode() }
+                async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok());
+                    let (ty, body) = exposition(m.encode(), accept);
+                    ([(axum::http::header::CONTENT_TYPE, ty)], body)
+                }
             }),
         )
     }
@@ -225,5 +279,39 @@ impl AgentMetrics {
         listener: tokio::net::TcpListener,
     ) -> std::io::Result<()> {
         axum::serve(listener, self.app()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counter_families_with_total_and_drops_eof() {
+        let m = Metrics::default();
+        m.reports.inc();
+        let om = m.encode();
+        assert!(om.contains("# TYPE weft_agent_reports counter"), "{om}");
+        let (ty, text) = exposition(om.clone(), Some("text/plain"));
+        assert_eq!(ty, TEXT_0_0_4);
+        assert!(
+            text.contains("# TYPE weft_agent_reports_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP weft_agent_reports_total Agent reports accepted"),
+            "{text}"
+        );
+        assert!(text.contains("weft_agent_reports_total 1\n"), "{text}");
+        assert!(
+            text.contains("# TYPE weft_operations_pending gauge\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        let (ty, same) = exposition(
+            om.clone(),
+            Some("application/openmetrics-text;version=1.0.0"),
+        );
+        assert_eq!((ty, same), (OPENMETRICS, om));
     }
 }

@@ -240,9 +240,13 @@ impl Controller {
         let state = self.state.clone();
         Router::new().route(
             "/metrics",
-            get(move || {
+            get(move |headers: axum::http::HeaderMap| {
                 let state = state.clone();
                 async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
                     let s = state.store.clone();
                     let stale = state.stale_after_s;
                     let counts = tokio::task::spawn_blocking(move || {
@@ -263,13 +267,9 @@ impl Controller {
                                 .set(i64::try_from(n).unwrap_or(i64::MAX));
                         }
                     }
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        state.metrics.encode(),
-                    )
+                    let (ty, body) =
+                        crate::metrics::exposition(state.metrics.encode(), accept.as_deref());
+                    ([(axum::http::header::CONTENT_TYPE, ty)], body)
                 }
             }),
         )

@@ -275,6 +275,58 @@ async fn an_agent_that_stops_reporting_is_shown_stale() {
         "{metrics}"
     );
     assert!(metrics.contains("weft_agent_reports_total"), "{metrics}");
+    promtool_accepts(&ctl.metrics).await;
+}
+
+/// A scrape of `url` says what it is: the classic text format by default, which
+/// `promtool check metrics` passes, and OpenMetrics (ending in `# EOF`) when asked for.
+async fn promtool_accepts(url: &str) {
+    let r = reqwest::get(url).await.unwrap();
+    let ty = r.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ty.starts_with("text/plain; version=0.0.4"), "{ty}");
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("# EOF"), "{body}");
+    if !std::path::Path::new("/usr/bin/promtool").exists() {
+        weft_netns::require::skip(
+            "promtool_accepts",
+            "promtool (Debian package prometheus) is not installed",
+        );
+        return;
+    }
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let om = reqwest::Client::new()
+        .get(url)
+        .header("accept", "application/openmetrics-text; version=1.0.0")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        om.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    assert!(om.text().await.unwrap().ends_with("# EOF\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,6 +738,7 @@ async fn an_agent_exposes_its_requests_and_ports_as_metrics() {
         "{text}"
     );
     assert!(text.contains("weft_agent_rdma_ports 2"), "{text}");
+    promtool_accepts(&url).await;
     // An agent whose controller cannot be reached counts its failed enrollments.
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let nowhere = format!("http://{}", local(&closed));
