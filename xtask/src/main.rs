@@ -86,10 +86,12 @@ fn main() -> ExitCode {
 }
 
 /// PyPI packages the tests need, each with a Python module that shows it is installed:
-/// schemathesis fuzzes the controller's live API from its OpenAPI document; weft-llmbench's
+/// schemathesis fuzzes the controller's live API from its OpenAPI document, which
+/// openapi-spec-validator checks; weft-llmbench's
 /// tests need a real llama.cpp server, the GGUF writer, the tokenizer trainer and llama-benchy.
 const PIP_PACKAGES: &[(&str, &str)] = &[
     ("schemathesis==4.32.5", "schemathesis"),
+    ("openapi-spec-validator", "openapi_spec_validator"),
     ("llama-cpp-python[server]", "llama_cpp.server"),
     ("gguf", "gguf"),
     ("tokenizers", "tokenizers"),
