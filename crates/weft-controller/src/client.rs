@@ -91,19 +91,19 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// from `source()`, so look inside those too).
 fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
+    let mut depth = 0;
     while let Some(c) = cur {
-        if c.downcast_ref::<rustls::Error>().is_some() {
-            return true;
+        if c.downcast_ref::<rustls::Error>().is_some() || depth > 16 {
+            return depth <= 16;
         }
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-            {
-                return true;
-            }
-        }
-        cur = c.source();
+        depth += 1;
+        cur = match c.downcast_ref::<std::io::Error>() {
+            Some(io) => match io.get_ref() {
+                Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+                None => None,
+            },
+            None => c.source(),
+        };
     }
     false
 }

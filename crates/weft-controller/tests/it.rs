@@ -1255,7 +1255,10 @@ async fn tls_with_a_pin_or_a_ca_file_works_end_to_end_and_a_wrong_pin_is_refused
 
 /// A fast-checking controller on a recording fabric whose "master's file" is `held`.
 async fn ctl_on(held: Option<&str>, adopt: bool, repair: bool) -> (Ctl, Arc<RecordingFabric>) {
-    let fabric = Arc::new(RecordingFabric::default());
+    let fabric = Arc::new(RecordingFabric {
+        plays_sm: true,
+        ..RecordingFabric::default()
+    });
     *fabric.held.lock().unwrap() = held.map(String::from);
     let config = ControllerConfig {
         admin_token: Some(Secret::new(ADMIN)),
