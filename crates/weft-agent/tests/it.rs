@@ -284,15 +284,28 @@ fn a_report_with_an_unknown_field_is_refused_naming_it() {
         port["rdma"][0]["ports"][0]["pkeys_extra"] = serde_json::json!([]);
         let mut netdev = v.clone();
         netdev["netdevs"][0]["mtuu"] = serde_json::json!(9000);
-        vec![(top, "hostnme"), (dev, "node_gud"), (port, "pkeys_extra"), (netdev, "mtuu")]
+        vec![
+            (top, "hostnme"),
+            (dev, "node_gud"),
+            (port, "pkeys_extra"),
+            (netdev, "mtuu"),
+        ]
     };
     for (bad, field) in cases {
-        let e = serde_json::from_value::<HostReport>(bad).unwrap_err().to_string();
-        assert!(e.contains("unknown field") && e.contains(field), "{field}: {e}");
+        let e = serde_json::from_value::<HostReport>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown field") && e.contains(field),
+            "{field}: {e}"
+        );
     }
     // The report itself still reads.
     v["hostname"] = serde_json::json!("spark1");
-    assert_eq!(serde_json::from_value::<HostReport>(v).unwrap().hostname, "spark1");
+    assert_eq!(
+        serde_json::from_value::<HostReport>(v).unwrap().hostname,
+        "spark1"
+    );
 }
 
 /// A small host written with `write_host`, to corrupt one file at a time.

@@ -108,7 +108,11 @@ pub fn prepare(
     if let Some(adopted) = &ctx.adopted {
         let a = conf::parse(adopted).map_err(|e| format!("the adopted partitions: {e}"))?;
         for p in a.partitions {
-            if compiled.partitions.iter().any(|c| c.pkey == p.pkey || c.name == p.name) {
+            if compiled
+                .partitions
+                .iter()
+                .any(|c| c.pkey == p.pkey || c.name == p.name)
+            {
                 return Err(format!(
                     "adopted partition `{}` collides with a group's name or P_Key",
                     p.name
@@ -200,7 +204,9 @@ impl Fabric for OpenSmFabric {
             .sms
             .iter()
             .find(|s| s.port_guid() == master)
-            .ok_or_else(|| format!("the master SM's port {master} is none of the configured SMs"))?;
+            .ok_or_else(|| {
+                format!("the master SM's port {master} is none of the configured SMs")
+            })?;
         Ok(sm
             .read_partitions()
             .map_err(|e| e.to_string())?
@@ -459,7 +465,9 @@ pub async fn run(
                     }
                     let found = check_drift(&store, &fabric, &metrics, &drift, ports).await;
                     if found && cfg.repair {
-                        tracing::warn!("drift found; delivering the applied state again to repair it");
+                        tracing::warn!(
+                            "drift found; delivering the applied state again to repair it"
+                        );
                         resync = true;
                         repair = true;
                         next_check = Instant::now();
@@ -658,10 +666,19 @@ async fn check_drift(
             let mut lines = after.files.clone();
             lines.extend(after.ports.iter().cloned());
             tracing::warn!(findings = %lines.join("; "), "drift: the fabric differs from what the controller applied");
-            ("drift", format!("the fabric differs from the applied file: {}", lines.join("; ")))
+            (
+                "drift",
+                format!(
+                    "the fabric differs from the applied file: {}",
+                    lines.join("; ")
+                ),
+            )
         } else {
             tracing::info!("drift gone: the fabric holds the applied file again");
-            ("in-sync", "the SMs' files and the ports checked hold the applied file again".to_string())
+            (
+                "in-sync",
+                "the SMs' files and the ports checked hold the applied file again".to_string(),
+            )
         };
         let s = store.clone();
         let _ = tokio::task::spawn_blocking(move || {
@@ -875,14 +892,30 @@ async fn reconcile_once(
                     format!("removes:\n{}", d.removed.join("\n"))
                 };
                 let s2 = store.clone();
-                let line = format!("generation {generation} written over the master's file; it {removed}");
+                let line =
+                    format!("generation {generation} written over the master's file; it {removed}");
                 let _ = tokio::task::spawn_blocking(move || {
-                    s2.audit_with_diff("controller", "deliver", &format!("generation {generation}"), &diff, "written", &line, now())
+                    s2.audit_with_diff(
+                        "controller",
+                        "deliver",
+                        &format!("generation {generation}"),
+                        &diff,
+                        "written",
+                        &line,
+                        now(),
+                    )
                 })
                 .await;
             }
             let r = tokio::task::spawn_blocking(move || {
-                s.mark_applied(generation, &d.checksum, &d.conf, &detail, warning.as_deref(), now())
+                s.mark_applied(
+                    generation,
+                    &d.checksum,
+                    &d.conf,
+                    &detail,
+                    warning.as_deref(),
+                    now(),
+                )
             })
             .await;
             if !matches!(r, Ok(Ok(_))) {

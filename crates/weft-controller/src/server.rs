@@ -353,12 +353,9 @@ pub async fn serve_tls(
             .await
         }
         None => {
-            axum::serve(
-                api,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(stop)
-            .await
+            axum::serve(api, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(stop)
+                .await
         }
     };
     if let Some(t) = metrics_task {

@@ -34,8 +34,8 @@ use weft_fabric::Guid;
 
 use crate::auth::{Principal, Role, token_id};
 use crate::model::{
-    AuditEntry, ClaimView, GroupView, Liveness, OpState, OperationView, PortView, ReportAck,
-    DriftView, ServerView, StatusView, TenantView, TokenRole, TokenView,
+    AuditEntry, ClaimView, DriftView, GroupView, Liveness, OpState, OperationView, PortView,
+    ReportAck, ServerView, StatusView, TenantView, TokenRole, TokenView,
 };
 use crate::render::{self, Desired, DesiredGroup};
 
@@ -271,8 +271,14 @@ pub trait Store: Send + Sync + 'static {
     fn adopted(&self) -> Result<Option<String>>;
     /// Records `conf` (statements) as the adopted partitions, their P_Keys and names kept
     /// off groups, with an audit line.
-    fn adopt(&self, conf: &str, pkeys: &[u16], names: &[String], detail: &str, now: u64)
-    -> Result<()>;
+    fn adopt(
+        &self,
+        conf: &str,
+        pkeys: &[u16],
+        names: &[String],
+        detail: &str,
+        now: u64,
+    ) -> Result<()>;
     /// The newest `limit` audit lines, oldest first.
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>>;
     /// Desired against observed.
@@ -577,8 +583,7 @@ fn apply_change(tx: &Transaction, change: &Change, now: u64) -> Result<()> {
             if exists(tx, "SELECT 1 FROM groups WHERE name = ?1", name)? {
                 return Err(StoreError::Conflict(format!("group `{name}` exists")));
             }
-            if meta(tx, "adopted_names")?
-                .is_some_and(|n| n.split(',').any(|n| n == name.as_str()))
+            if meta(tx, "adopted_names")?.is_some_and(|n| n.split(',').any(|n| n == name.as_str()))
             {
                 return Err(StoreError::Conflict(format!(
                     "`{name}` is a partition the controller adopted from the SMs"
@@ -723,7 +728,8 @@ fn op_row(r: &rusqlite::Row) -> rusqlite::Result<OperationView> {
     })
 }
 
-const OP_COLS: &str = "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning";
+const OP_COLS: &str =
+    "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning";
 
 fn read_operation(tx: &Transaction, id: i64) -> Result<OperationView> {
     tx.query_row(
@@ -1413,7 +1419,10 @@ impl Store for SqliteStore {
             let digest = sha2::Sha256::digest(seed.as_bytes());
             let id = format!(
                 "controller {}",
-                digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()
+                digest[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
             );
             set_meta(tx, "controller_id", &id)?;
             Ok(id)
@@ -1452,7 +1461,16 @@ impl Store for SqliteStore {
             set_meta(tx, "adopted_pkeys", &keys.join(","))?;
             set_meta(tx, "adopted_names", &names.join(","))?;
             let diff: String = conf.lines().map(|l| format!("+{l}\n")).collect();
-            audit(tx, now, "controller", "adopt", "fabric", &diff, "adopted", detail)
+            audit(
+                tx,
+                now,
+                "controller",
+                "adopt",
+                "fabric",
+                &diff,
+                "adopted",
+                detail,
+            )
         })
     }
 

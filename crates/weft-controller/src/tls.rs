@@ -385,7 +385,10 @@ impl ServerCertVerifier for PinVerifier {
             Err(rustls::Error::General(format!(
                 "the controller's certificate is {}, not the pinned one (sha256:{}); refusing to send a token to it",
                 fingerprint(end_entity.as_ref()),
-                self.pin.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                self.pin
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
             )))
         }
     }
@@ -435,7 +438,13 @@ mod tests {
         assert_eq!(parse_pin(&format!("sha256:{hex}")).unwrap(), [0xab; 32]);
         let colons = vec!["AB"; 32].join(":");
         assert_eq!(parse_pin(&format!("SHA256:{colons}")).unwrap(), [0xab; 32]);
-        for bad in ["", "ab", &hex, &format!("sha256:{}", &hex[2..]), "sha256:zz"] {
+        for bad in [
+            "",
+            "ab",
+            &hex,
+            &format!("sha256:{}", &hex[2..]),
+            "sha256:zz",
+        ] {
             let e = parse_pin(bad).unwrap_err().to_string();
             assert!(e.contains("64 hex digits"), "{bad}: {e}");
         }

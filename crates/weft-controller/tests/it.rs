@@ -67,7 +67,11 @@ impl Ctl {
     }
 
     /// A controller with this configuration (its admin token must be [`ADMIN`]).
-    async fn start_config(fabric: Arc<dyn Fabric>, config: ControllerConfig, with_tls: bool) -> Ctl {
+    async fn start_config(
+        fabric: Arc<dyn Fabric>,
+        config: ControllerConfig,
+        with_tls: bool,
+    ) -> Ctl {
         let dir = tempfile::tempdir().unwrap();
         let tls = with_tls.then(|| {
             ServerTls::self_signed(
@@ -1186,18 +1190,24 @@ async fn tls_with_a_pin_or_a_ca_file_works_end_to_end_and_a_wrong_pin_is_refused
         pin: Some(wrong.clone()),
         ..ClientTls::default()
     };
-    let e = Client::with_tls(&ctl.base, Some(Secret::new(ADMIN)), Duration::from_secs(5), &bad)
-        .unwrap()
-        .servers()
-        .await
-        .unwrap_err();
+    let e = Client::with_tls(
+        &ctl.base,
+        Some(Secret::new(ADMIN)),
+        Duration::from_secs(5),
+        &bad,
+    )
+    .unwrap()
+    .servers()
+    .await
+    .unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(e, weft_controller::client::ClientError::Untrusted { .. }),
         "{e:?}"
     );
     assert!(
-        text.contains(ctl.trust.pin.as_deref().unwrap()) && text.contains(&wrong["sha256:".len()..]),
+        text.contains(ctl.trust.pin.as_deref().unwrap())
+            && text.contains(&wrong["sha256:".len()..]),
         "{text}"
     );
     // An agent with the wrong pin stops at once instead of retrying, having sent nothing
@@ -1269,10 +1279,14 @@ async fn ctl_on(held: Option<&str>, adopt: bool, repair: bool) -> (Ctl, Arc<Reco
         repair_drift: repair,
         ..ControllerConfig::default()
     };
-    (Ctl::start_config(fabric.clone(), config, false).await, fabric)
+    (
+        Ctl::start_config(fabric.clone(), config, false).await,
+        fabric,
+    )
 }
 
-const HAND_WRITTEN: &str = "Default=0x7fff, ipoib : ALL=full ;\nlegacy=0x0a01, ipoib : 0x0002c90300000101=full ;\n";
+const HAND_WRITTEN: &str =
+    "Default=0x7fff, ipoib : ALL=full ;\nlegacy=0x0a01, ipoib : 0x0002c90300000101=full ;\n";
 
 /// One owner: a controller does not remove a partition it did not write (the delivery
 /// fails naming it and `--adopt`); with `--adopt` it keeps it in every file, keeps its
@@ -1282,35 +1296,79 @@ const HAND_WRITTEN: &str = "Default=0x7fff, ipoib : ALL=full ;\nlegacy=0x0a01, i
 async fn a_controller_adopts_a_hand_written_file_only_when_told_and_audits_removals() {
     let (ctl, fabric) = ctl_on(Some(HAND_WRITTEN), false, false).await;
     ctl.admin.create_tenant("alice").await.unwrap();
-    let op = ctl.admin.create_group("a", "alice").await.unwrap().operation.unwrap();
-    let failed = until("the delivery to be refused", Duration::from_secs(10), || async {
-        let o = ctl.admin.operation(op.id).await.ok()?;
-        o.last_error.filter(|e| e.contains("legacy"))
-    })
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let failed = until(
+        "the delivery to be refused",
+        Duration::from_secs(10),
+        || async {
+            let o = ctl.admin.operation(op.id).await.ok()?;
+            o.last_error.filter(|e| e.contains("legacy"))
+        },
+    )
     .await;
-    assert!(failed.contains("--adopt") && failed.contains("0x0a01"), "{failed}");
-    assert_eq!(fabric.held.lock().unwrap().as_deref(), Some(HAND_WRITTEN), "nothing written");
+    assert!(
+        failed.contains("--adopt") && failed.contains("0x0a01"),
+        "{failed}"
+    );
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(HAND_WRITTEN),
+        "nothing written"
+    );
     drop(ctl);
 
     let (ctl, fabric) = ctl_on(Some(HAND_WRITTEN), true, false).await;
     ctl.admin.create_tenant("alice").await.unwrap();
-    let op = ctl.admin.create_group("a", "alice").await.unwrap().operation.unwrap();
-    ctl.admin.wait_applied(op.id, Duration::from_secs(10)).await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
     let file = fabric.held.lock().unwrap().clone().unwrap();
     assert!(file.starts_with("# weft-owner: controller "), "{file}");
-    assert!(file.contains("legacy=0x0a01"), "the adopted partition is kept: {file}");
+    assert!(
+        file.contains("legacy=0x0a01"),
+        "the adopted partition is kept: {file}"
+    );
     // The group got the next free key, not the adopted one.
     assert!(file.contains("a=0x0a02"), "{file}");
     assert_eq!(ctl.admin.groups().await.unwrap()[0].pkey, "0x0a02");
     let e = ctl.admin.create_group("legacy", "alice").await.unwrap_err();
     assert_eq!(e.status(), Some(409), "{e}");
     let audit = ctl.admin.audit(100).await.unwrap();
-    let adopt = audit.iter().find(|a| a.action == "adopt").expect("an adopt line");
-    assert!(adopt.detail.contains("`legacy` (0x0a01)") && adopt.diff.contains("+legacy"), "{adopt:?}");
-    let deliver = audit.iter().find(|a| a.action == "deliver").expect("a deliver line");
-    assert!(deliver.diff.contains("-Default=0x7fff, ipoib : ALL=full ;"), "{deliver:?}");
+    let adopt = audit
+        .iter()
+        .find(|a| a.action == "adopt")
+        .expect("an adopt line");
+    assert!(
+        adopt.detail.contains("`legacy` (0x0a01)") && adopt.diff.contains("+legacy"),
+        "{adopt:?}"
+    );
+    let deliver = audit
+        .iter()
+        .find(|a| a.action == "deliver")
+        .expect("a deliver line");
+    assert!(
+        deliver.diff.contains("-Default=0x7fff, ipoib : ALL=full ;"),
+        "{deliver:?}"
+    );
     assert!(deliver.diff.contains("+a=0x0a02"), "{deliver:?}");
-    assert!(deliver.detail.contains("removes:") && deliver.detail.contains("ALL"), "{deliver:?}");
+    assert!(
+        deliver.detail.contains("removes:") && deliver.detail.contains("ALL"),
+        "{deliver:?}"
+    );
 }
 
 /// Drift: editing the master's file behind the controller's back shows as a state in the
@@ -1321,8 +1379,17 @@ async fn an_edited_master_file_is_drift_reported_and_repaired_when_configured() 
     use weft_controller::model::DriftState;
     let (ctl, fabric) = ctl_on(None, false, false).await;
     ctl.admin.create_tenant("alice").await.unwrap();
-    let op = ctl.admin.create_group("a", "alice").await.unwrap().operation.unwrap();
-    ctl.admin.wait_applied(op.id, Duration::from_secs(10)).await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
     let applied = fabric.held.lock().unwrap().clone().unwrap();
     until("in sync", Duration::from_secs(10), || async {
         (ctl.admin.status().await.ok()?.drift.state == DriftState::InSync).then_some(())
@@ -1336,24 +1403,48 @@ async fn an_edited_master_file_is_drift_reported_and_repaired_when_configured() 
     })
     .await;
     assert!(st.drift.files[0].contains("SM `master`"), "{:?}", st.drift);
-    let metrics = reqwest::get(&ctl.metrics).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("weft_fabric_drift{kind=\"files\"} 1"), "{metrics}");
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_fabric_drift{kind=\"files\"} 1"),
+        "{metrics}"
+    );
     // Not repaired: the edit stays.
-    assert_eq!(fabric.held.lock().unwrap().as_deref(), Some(edited.as_str()));
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(edited.as_str())
+    );
     *fabric.held.lock().unwrap() = Some(applied.clone());
     until("in sync again", Duration::from_secs(10), || async {
         (ctl.admin.status().await.ok()?.drift.state == DriftState::InSync).then_some(())
     })
     .await;
     let audit = ctl.admin.audit(100).await.unwrap();
-    let drift: Vec<_> = audit.iter().filter(|a| a.action == "drift").map(|a| a.outcome.as_str()).collect();
+    let drift: Vec<_> = audit
+        .iter()
+        .filter(|a| a.action == "drift")
+        .map(|a| a.outcome.as_str())
+        .collect();
     assert_eq!(drift, ["drift", "in-sync"], "{audit:?}");
     drop(ctl);
 
     let (ctl, fabric) = ctl_on(None, false, true).await;
     ctl.admin.create_tenant("alice").await.unwrap();
-    let op = ctl.admin.create_group("a", "alice").await.unwrap().operation.unwrap();
-    ctl.admin.wait_applied(op.id, Duration::from_secs(10)).await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
     let applied = fabric.held.lock().unwrap().clone().unwrap();
     *fabric.held.lock().unwrap() = Some(format!("{applied}intruder=0x0b0b : ALL=full ;\n"));
     let st = until("a repair", Duration::from_secs(10), || async {
@@ -1361,10 +1452,16 @@ async fn an_edited_master_file_is_drift_reported_and_repaired_when_configured() 
         (st.drift.repairs >= 1).then_some(st)
     })
     .await;
-    assert_eq!(fabric.held.lock().unwrap().as_deref(), Some(applied.as_str()), "{st:?}");
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(applied.as_str()),
+        "{st:?}"
+    );
     let audit = ctl.admin.audit(100).await.unwrap();
     assert!(
-        audit.iter().any(|a| a.action == "deliver" && a.detail.contains("intruder")),
+        audit
+            .iter()
+            .any(|a| a.action == "deliver" && a.detail.contains("intruder")),
         "the repair lists what it removed: {audit:?}"
     );
 }

@@ -86,7 +86,10 @@ mod tests {
             Some("controller abc"),
             "Default=0x7fff : ALL=full ;\n".into(),
         );
-        assert_eq!(owner_of(owned.as_bytes()).as_deref(), Some("controller abc"));
+        assert_eq!(
+            owner_of(owned.as_bytes()).as_deref(),
+            Some("controller abc")
+        );
         weft_fabric::conf::parse(&owned).unwrap();
         assert_eq!(owner_of(b"Default=0x7fff : ALL=full ;\n"), None);
         // Only a header counts: the line after a statement is not one.

@@ -482,11 +482,10 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
 /// start, beside the store unless --tls-cert/--tls-key name the files).
 fn server_tls(a: &ControllerArgs) -> Result<Option<ServerTls>> {
     if a.tls_self_signed {
-        let dir = a
-            .db
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let dir =
+            a.db.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), PathBuf::from);
         let cert = a
             .tls_cert
             .clone()

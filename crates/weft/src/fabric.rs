@@ -257,17 +257,28 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                                 file_drift = Some(format!(
                                     "the master's file is not the one {owner} applied (generation {}, checksum {})",
                                     st.applied_generation,
-                                    st.applied_checksum.as_deref().map_or("-", |c| &c[..12.min(c.len())])
+                                    st.applied_checksum
+                                        .as_deref()
+                                        .map_or("-", |c| &c[..12.min(c.len())])
                                 ));
                             }
-                            against = format!("what {owner} applied (generation {})", st.applied_generation);
-                            conf::parse(&text).map_err(|e| anyhow::anyhow!("the controller's applied file: {e}"))?
+                            against = format!(
+                                "what {owner} applied (generation {})",
+                                st.applied_generation
+                            );
+                            conf::parse(&text).map_err(|e| {
+                                anyhow::anyhow!("the controller's applied file: {e}")
+                            })?
                         }
                         (Some(owner), Some(Err(e))) => {
-                            anyhow::bail!("the master's file is managed by {owner}, whose applied file cannot be read: {e}")
+                            anyhow::bail!(
+                                "the master's file is managed by {owner}, whose applied file cannot be read: {e}"
+                            )
                         }
                         (Some(owner), _) => {
-                            against = format!("the master's file (managed by {owner}; set [controller] url or WEFT_CONTROLLER to compare with what it applied)");
+                            against = format!(
+                                "the master's file (managed by {owner}; set [controller] url or WEFT_CONTROLLER to compare with what it applied)"
+                            );
                             master_conf(&a, &snapshot)?
                         }
                         (None, _) => {
@@ -378,7 +389,13 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             let (drift_json, drift_line, drifted) = match &drift {
                 Some(Ok(st)) => {
                     let mut line = format!("controller drift check: {}", st.drift.state.as_str());
-                    for f in st.drift.files.iter().chain(&st.drift.ports).chain(&st.drift.unreadable) {
+                    for f in st
+                        .drift
+                        .files
+                        .iter()
+                        .chain(&st.drift.ports)
+                        .chain(&st.drift.unreadable)
+                    {
                         line.push_str(&format!("\n  {f}"));
                     }
                     (
@@ -389,7 +406,9 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 }
                 Some(Err(e)) => (
                     serde_json::json!({ "error": e.to_string() }),
-                    Some(format!("controller drift check: cannot ask the controller: {e}")),
+                    Some(format!(
+                        "controller drift check: cannot ask the controller: {e}"
+                    )),
                     false,
                 ),
                 None => (serde_json::Value::Null, None, false),
@@ -433,13 +452,16 @@ fn controller_status(
     let c = &cfg.controller;
     let url = env("WEFT_CONTROLLER").or_else(|| c.url.clone())?;
     let tls = weft_controller::tls::ClientTls {
-        ca_file: env("WEFT_CA_FILE").map(PathBuf::from).or_else(|| c.ca_file.clone()),
+        ca_file: env("WEFT_CA_FILE")
+            .map(PathBuf::from)
+            .or_else(|| c.ca_file.clone()),
         pin: env("WEFT_PIN").or_else(|| c.pin.clone()),
         insecure_http: c.insecure_http || env("WEFT_INSECURE_HTTP").is_some_and(|v| v != "false"),
     };
     let token = env("WEFT_TOKEN").map(weft_controller::auth::Secret::new);
     let run = || {
-        let client = weft_controller::client::Client::with_tls(&url, token, Duration::from_secs(10), &tls)?;
+        let client =
+            weft_controller::client::Client::with_tls(&url, token, Duration::from_secs(10), &tls)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
