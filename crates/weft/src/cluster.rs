@@ -498,10 +498,10 @@ fn server_tls(a: &ControllerArgs) -> Result<Option<ServerTls>> {
         if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
             names.push(h.trim().to_string());
         }
-        if let Ok(addr) = a.listen.parse::<std::net::SocketAddr>() {
-            if !addr.ip().is_unspecified() {
-                names.push(addr.ip().to_string());
-            }
+        if let Ok(addr) = a.listen.parse::<std::net::SocketAddr>()
+            && !addr.ip().is_unspecified()
+        {
+            names.push(addr.ip().to_string());
         }
         names.extend(a.tls_name.iter().cloned());
         names.sort();

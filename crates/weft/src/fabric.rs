@@ -165,18 +165,16 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 Ok(c) => c,
                 Err(v) => return report_violations(&v, as_json),
             };
-            if !force {
-                if let Some((sm, owner)) = a.held_owner(&snapshot)? {
-                    let why = format!(
-                        "SM `{sm}`'s partitions file is managed by {owner} (its header says so): change it through the controller; nothing was written (pass --force to replace it anyway, and the controller will report the drift)"
-                    );
-                    if as_json {
-                        json(&serde_json::json!({ "error": why, "owner": owner, "sm": sm }))?;
-                    } else {
-                        eprintln!("weft: {why}");
-                    }
-                    return Ok(EXIT_CHECK_FAILED);
+            if !force && let Some((sm, owner)) = a.held_owner(&snapshot)? {
+                let why = format!(
+                    "SM `{sm}`'s partitions file is managed by {owner} (its header says so): change it through the controller; nothing was written (pass --force to replace it anyway, and the controller will report the drift)"
+                );
+                if as_json {
+                    json(&serde_json::json!({ "error": why, "owner": owner, "sm": sm }))?;
+                } else {
+                    eprintln!("weft: {why}");
                 }
+                return Ok(EXIT_CHECK_FAILED);
             }
             if !allow_removal {
                 let removed = a.removals(&compiled.conf, &snapshot.inventory)?;
