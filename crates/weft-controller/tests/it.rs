@@ -1465,3 +1465,54 @@ async fn an_edited_master_file_is_drift_reported_and_repaired_when_configured() 
         "the repair lists what it removed: {audit:?}"
     );
 }
+
+/// A server whose port is on no fabric (a host cabled elsewhere, a GUID typed wrong): its
+/// group is applied and the other ports verified, but the operation and the audit line
+/// carry a WARN naming the GUID, never "verified" for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_is_not_on_the_fabric_is_a_warning_naming_its_guid() {
+    let topology = weft_testbed::Topology::single_switch(2);
+    let bed = tokio::task::block_in_place(|| fabric::bed(&topology));
+    let ctl = Ctl::start(
+        Arc::new(OpenSmFabric {
+            applier: bed.applier(),
+        }),
+        30,
+    )
+    .await;
+    let node1 = topology.end_nodes().find(|h| h.name == "node1").unwrap();
+    let ports: Vec<u8> = node1.port_guids.iter().map(|(p, _)| *p).collect();
+    let (_s1, _a1) = spawn_agent(ctl.agent("node1", node1.node_guid, &ports).await);
+    let (_s2, _a2) = spawn_agent(ctl.agent("ghost", 0x0002_c903_dead_0000, &[1]).await);
+    servers_with_ports(&ctl.admin, 2).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.add_member("a", "node1").await.unwrap();
+    let op = ctl
+        .admin
+        .add_member("a", "ghost")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let done = ctl
+        .admin
+        .wait_applied(op.id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let warning = done.warning.expect("a warning for the absent port");
+    assert!(
+        warning.contains("0x0002c903dead0001") && warning.contains("not verified"),
+        "{warning}"
+    );
+    let audit = ctl.admin.audit(100).await.unwrap();
+    assert!(
+        audit.iter().any(|a| a.action == "apply"
+            && a.detail.contains("WARN")
+            && a.detail.contains("0x0002c903dead0001")),
+        "{audit:?}"
+    );
+    // node1's port does hold the key: the WARN is about the absent one only.
+    let t = tokio::task::block_in_place(|| bed.verified());
+    assert!(t["node1"].contains(&0x8a01), "{t:x?}");
+}
