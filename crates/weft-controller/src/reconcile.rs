@@ -403,6 +403,7 @@ pub async fn run(
 ) {
     let (recheck, max_backoff, adopt) = (cfg.recheck, cfg.max_backoff, cfg.adopt);
     let mut next_port_check = Instant::now();
+    let mut next_file_check = Instant::now();
     let mut repair = false;
     let mut failures: u32 = 0;
     // Deliver the applied state again even if nothing changed: some SM may hold an
@@ -477,6 +478,17 @@ pub async fn run(
             Err(()) => {
                 failures += 1;
                 next_check = Instant::now() + backoff(failures, max_backoff);
+                // A delivery refused or failing (say, over partitions someone added while
+                // the controller was down) still shows what the fabric holds now; the
+                // SMs' files at most once per `recheck`, the ports on their schedule.
+                if Instant::now() >= next_file_check {
+                    next_file_check = Instant::now() + recheck;
+                    let ports = Instant::now() >= next_port_check;
+                    if ports {
+                        next_port_check = Instant::now() + cfg.port_check;
+                    }
+                    check_drift(&store, &fabric, &metrics, &drift, ports).await;
+                }
             }
         }
     }

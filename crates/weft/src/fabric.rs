@@ -54,7 +54,9 @@ pub enum FabricCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Compare the fabric's P_Key tables with a plan, or with the master SM's current file.
+    /// Compare the fabric's P_Key tables with a plan; without one, with what the controller
+    /// applied when a controller owns the file (and `[controller] url` or WEFT_CONTROLLER
+    /// names it; its file must be the master's too), else with the master SM's file.
     #[command(after_help = "Examples:\n  weft fabric verify plan.toml\n  weft fabric verify")]
     Verify { plan: Option<PathBuf> },
     /// Turn an existing partitions.conf into a plan (TOML on stdout) that means the same
@@ -75,8 +77,11 @@ pub enum FabricCommand {
         #[arg(long)]
         live: bool,
     },
-    /// Show each configured SM: master or standby, and whether their files agree.
-    #[command(after_help = "Example:\n  weft fabric status --json")]
+    /// Show each configured SM: master or standby, whether their files agree, who owns the
+    /// file, and (for a controller's file) what the controller's drift check found.
+    #[command(
+        after_help = "Examples:\n  weft fabric status --json\n  WEFT_CONTROLLER=https://ctl:7100 WEFT_PIN=sha256:... weft fabric status\n\nExit 1 when the SMs differ, none is master, or the controller reports drift."
+    )]
     Status,
 }
 
