@@ -7,6 +7,7 @@ use weft_fabric::Guid;
 
 /// Everything the agent found on one host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HostReport {
     /// The host's name (`/etc/hostname`, or `gethostname(2)` on a live host without one).
     pub hostname: String,
@@ -80,6 +81,7 @@ impl HostReport {
 /// A DGX Spark's ConnectX-7 shows each QSFP port as two devices (`rocep1s0f0` and
 /// `roceP2p1s0f0`, one per PCIe x4 half); they share `sys_image_guid`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RdmaDevice {
     /// Device name, for example `mlx5_0` or `rocep1s0f0`.
     pub name: String,
@@ -101,6 +103,7 @@ pub struct RdmaDevice {
 
 /// One port of an RDMA device (`ports/<num>/`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RdmaPort {
     /// Port number, from 1.
     pub num: u32,
@@ -134,6 +137,7 @@ pub struct RdmaPort {
 
 /// A network interface (`/sys/class/net/<name>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NetDev {
     /// Interface name.
     pub name: String,
@@ -158,6 +162,7 @@ pub struct NetDev {
 
 /// A GPU NVML reported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Gpu {
     /// NVML device index.
     pub index: u32,

@@ -268,6 +268,46 @@ fn reports_survive_json() {
     assert_eq!(back, report);
 }
 
+/// A report (the agent's request body) with a field weft does not know is refused, at
+/// the top and in every nested part, naming the field: a misspelt field is never
+/// dropped without a word.
+#[test]
+fn a_report_with_an_unknown_field_is_refused_naming_it() {
+    let report = discover(&fixture("dgx-spark")).unwrap();
+    let mut v: serde_json::Value = serde_json::to_value(&report).unwrap();
+    let cases: Vec<(serde_json::Value, &str)> = {
+        let mut top = v.clone();
+        top["hostnme"] = serde_json::json!("x");
+        let mut dev = v.clone();
+        dev["rdma"][0]["node_gud"] = serde_json::json!("0x1");
+        let mut port = v.clone();
+        port["rdma"][0]["ports"][0]["pkeys_extra"] = serde_json::json!([]);
+        let mut netdev = v.clone();
+        netdev["netdevs"][0]["mtuu"] = serde_json::json!(9000);
+        vec![
+            (top, "hostnme"),
+            (dev, "node_gud"),
+            (port, "pkeys_extra"),
+            (netdev, "mtuu"),
+        ]
+    };
+    for (bad, field) in cases {
+        let e = serde_json::from_value::<HostReport>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown field") && e.contains(field),
+            "{field}: {e}"
+        );
+    }
+    // The report itself still reads.
+    v["hostname"] = serde_json::json!("spark1");
+    assert_eq!(
+        serde_json::from_value::<HostReport>(v).unwrap().hostname,
+        "spark1"
+    );
+}
+
 /// A small host written with `write_host`, to corrupt one file at a time.
 fn scratch() -> (tempfile::TempDir, PathBuf) {
     let spec = HostSpec::new("node1")

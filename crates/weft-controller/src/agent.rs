@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::auth::Secret;
 use crate::client::{Client, ClientError};
 use crate::metrics::AgentMetrics;
+use crate::tls::ClientTls;
 
 /// The agent's knobs.
 #[derive(Debug, Clone)]
@@ -39,6 +40,9 @@ pub struct AgentConfig {
     pub max_backoff: Duration,
     /// Where to count requests and discoveries, when the agent exposes `/metrics`.
     pub metrics: Option<Arc<AgentMetrics>>,
+    /// How the controller is trusted (CA file or pinned certificate; plain HTTP only to
+    /// loopback unless allowed).
+    pub tls: ClientTls,
 }
 
 impl AgentConfig {
@@ -55,6 +59,7 @@ impl AgentConfig {
             request_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(30),
             metrics: None,
+            tls: ClientTls::default(),
         }
     }
 }
@@ -68,6 +73,9 @@ pub enum AgentError {
     /// The controller refused the agent's token or secret.
     #[error("the controller refused this agent: {0}")]
     Refused(String),
+    /// The controller's certificate is not the one this agent trusts: nothing was sent.
+    #[error("{0}")]
+    Untrusted(String),
     /// No enrollment token and no saved credentials.
     #[error("not enrolled: give an enrollment token (--enroll-token or WEFT_ENROLL_TOKEN)")]
     NoToken,
@@ -118,8 +126,17 @@ fn count<T>(cfg: &AgentConfig, kind: &str, r: &Result<T, ClientError>) {
     }
 }
 
+fn fatal(e: ClientError) -> AgentError {
+    match e {
+        ClientError::Untrusted { .. } => AgentError::Untrusted(e.to_string()),
+        e => AgentError::Refused(e.to_string()),
+    }
+}
+
+/// A refusal that retrying cannot mend: the agent's credentials, or a controller whose
+/// certificate the agent does not trust (it sends it nothing).
 fn refused(e: &ClientError) -> bool {
-    matches!(e.status(), Some(401 | 403))
+    matches!(e.status(), Some(401 | 403)) || matches!(e, ClientError::Untrusted { .. })
 }
 
 fn load(cfg: &AgentConfig) -> Result<Option<Credentials>, AgentError> {
@@ -168,7 +185,7 @@ where
     loop {
         match f().await {
             Ok(v) => return Ok(Some(v)),
-            Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
+            Err(e) if refused(&e) => return Err(fatal(e)),
             Err(e) => tracing::warn!(error = %e, "{what} failed; retrying in {pause:?}"),
         }
         tokio::select! {
@@ -186,7 +203,7 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), AgentError> {
     let mut report = discover(&cfg).await?;
-    let anonymous = Client::new(&cfg.controller, None, cfg.request_timeout)?;
+    let anonymous = Client::with_tls(&cfg.controller, None, cfg.request_timeout, &cfg.tls)?;
     let creds = match load(&cfg)? {
         Some(c) => c,
         None => {
@@ -251,7 +268,7 @@ pub async fn run(
                 count(&cfg, "heartbeat", &result);
                 match result {
                     Ok(()) => {}
-                    Err(e) if refused(&e) => return Err(AgentError::Refused(e.to_string())),
+                    Err(e) if refused(&e) => return Err(fatal(e)),
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat failed; next one in {:?}", cfg.heartbeat)
                     }

@@ -62,6 +62,8 @@ pub struct AppState {
     pub limiter: Arc<Limiter>,
     /// Whether the fabric delivers to SMs ([`crate::reconcile::Fabric::delivers`]).
     pub delivers: bool,
+    /// The drift check's last findings, written by the reconcile loop.
+    pub drift: Arc<std::sync::Mutex<crate::model::DriftView>>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -757,5 +759,10 @@ async fn status(State(state): State<AppState>, p: Principal) -> ApiResult<Json<S
     let stale = state.stale_after_s;
     let mut view = db(&state, move |s| s.status(now(), stale)).await?;
     view.delivers = state.delivers;
+    view.drift = state
+        .drift
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     Ok(Json(view))
 }

@@ -10,6 +10,7 @@ use weft_agent::HostReport;
 
 use crate::auth::Secret;
 use crate::model::*;
+use crate::tls::{ClientTls, TlsError};
 
 /// Why a call did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,15 @@ pub enum ClientError {
         /// The URL.
         url: String,
         /// Why.
+        reason: String,
+    },
+    /// The TLS handshake failed: the controller's certificate is not the pinned one, not
+    /// signed by the CA, or not for its name; nothing was sent.
+    #[error("refusing the controller at {url}: {reason}")]
+    Untrusted {
+        /// The URL.
+        url: String,
+        /// Why (names the certificate's fingerprint for a pin mismatch).
         reason: String,
     },
     /// The controller answered with a 4xx.
@@ -38,6 +48,9 @@ pub enum ClientError {
         /// The controller's message.
         message: String,
     },
+    /// The client's settings: a URL, a CA file, a pin, plain HTTP off loopback.
+    #[error("{0}")]
+    Config(String),
     /// An answer that is not what the API promises.
     #[error("unexpected answer: {0}")]
     Decode(String),
@@ -51,6 +64,48 @@ pub enum ClientError {
         /// Its last error, if any.
         last_error: String,
     },
+}
+
+impl From<TlsError> for ClientError {
+    fn from(e: TlsError) -> Self {
+        ClientError::Config(e.to_string())
+    }
+}
+
+/// An error and its causes, `: `-joined (reqwest's own message leaves out the TLS
+/// reason, such as a certificate that is not the pinned one).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = c.source();
+    }
+    parts.join(": ")
+}
+
+/// Whether a rustls error is among `e`'s causes (an `io::Error` hides its inner error
+/// from `source()`, so look inside those too).
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    let mut depth = 0;
+    while let Some(c) = cur {
+        if c.downcast_ref::<rustls::Error>().is_some() || depth > 16 {
+            return depth <= 16;
+        }
+        depth += 1;
+        cur = match c.downcast_ref::<std::io::Error>() {
+            Some(io) => match io.get_ref() {
+                Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+                None => None,
+            },
+            None => c.source(),
+        };
+    }
+    false
 }
 
 impl ClientError {
@@ -75,17 +130,39 @@ pub struct Client {
 
 impl Client {
     /// A client for `base` (`http://127.0.0.1:7100`); every request times out after
-    /// `timeout` (connecting after at most 5 s of it).
+    /// `timeout` (connecting after at most 5 s of it). Plain HTTP only to loopback; see
+    /// [`Client::with_tls`] for `https://`.
     pub fn new(
         base: &str,
         token: Option<Secret>,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        let http = reqwest::Client::builder()
+        Client::with_tls(base, token, timeout, &ClientTls::default())
+    }
+
+    /// [`Client::new`], trusting the controller as `tls` says (a CA file or a pinned
+    /// certificate); `http://` off loopback is refused unless `tls.insecure_http`.
+    pub fn with_tls(
+        base: &str,
+        token: Option<Secret>,
+        timeout: Duration,
+        tls: &ClientTls,
+    ) -> Result<Client, ClientError> {
+        crate::tls::check_plain_http(base, tls.insecure_http)?;
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(ClientError::Config(format!(
+                "controller URL `{base}`: expected http://HOST:PORT (loopback) or https://HOST:PORT"
+            )));
+        }
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .connect_timeout(timeout.min(Duration::from_secs(5)));
+        if let Some(config) = tls.rustls_config()? {
+            builder = builder.use_preconfigured_tls(config);
+        }
+        let http = builder
             .build()
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
+            .map_err(|e| ClientError::Config(chain(&e)))?;
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_string(),
@@ -115,9 +192,18 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| ClientError::Unreachable {
-            url: url.clone(),
-            reason: e.to_string(),
+        let resp = req.send().await.map_err(|e| {
+            if is_tls(&e) {
+                ClientError::Untrusted {
+                    url: url.clone(),
+                    reason: chain(&e),
+                }
+            } else {
+                ClientError::Unreachable {
+                    url: url.clone(),
+                    reason: chain(&e),
+                }
+            }
         })?;
         let status = resp.status();
         if status.is_success() {

@@ -39,8 +39,9 @@ pub mod reconcile;
 pub mod render;
 mod server;
 pub mod store;
+pub mod tls;
 
 pub use server::{
     Controller, ControllerConfig, LEASE_S, MIN_ADMIN_TOKEN_CHARS, StartError, check_admin_token,
-    local, serve, shutdown_signal, unix_now,
+    local, serve, serve_tls, shutdown_signal, unix_now,
 };

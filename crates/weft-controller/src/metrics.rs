@@ -106,6 +106,18 @@ pub struct Metrics {
     pub pending: Gauge,
     /// `weft_http_rate_limited_total`: requests without a token refused for their rate.
     pub rate_limited: Counter,
+    /// `weft_fabric_drift` by kind (`files`, `ports`): 1 while that part of the fabric
+    /// differs from what the controller applied, else 0.
+    pub drift: Family<DriftKind, Gauge>,
+    /// `weft_fabric_drift_repairs_total`: deliveries made to repair drift.
+    pub drift_repairs: Counter,
+}
+
+/// Labels of a drift gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftKind {
+    /// `files` (an SM's partitions file) or `ports` (a port's P_Key table).
+    pub kind: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -157,7 +169,21 @@ impl Default for Metrics {
             "Requests without a token refused because their source asked too often",
             rate_limited.clone(),
         );
+        let drift = Family::<DriftKind, Gauge>::default();
+        registry.register(
+            "fabric_drift",
+            "1 while the SMs' files (kind=files) or the ports' tables (kind=ports) differ from what the controller applied",
+            drift.clone(),
+        );
+        let drift_repairs = Counter::default();
+        registry.register(
+            "fabric_drift_repairs",
+            "Deliveries made to repair drift",
+            drift_repairs.clone(),
+        );
         Metrics {
+            drift,
+            drift_repairs,
             rate_limited,
             registry,
             requests,

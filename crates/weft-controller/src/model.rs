@@ -126,6 +126,10 @@ pub struct OperationView {
     pub created: u64,
     /// Unix seconds when it was verified on the fabric.
     pub finished: Option<u64>,
+    /// What the delivery could not verify: ports of its servers that are not on the
+    /// fabric, by GUID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// One line of the audit log.
@@ -183,6 +187,56 @@ pub struct StatusView {
     /// under `weft controller --no-fabric`, where "applied" means recorded only.
     #[serde(default)]
     pub delivers: bool,
+    /// Whether the SMs' files and the ports still hold what was applied.
+    #[serde(default)]
+    pub drift: DriftView,
+    /// The partitions file last verified (what `weft fabric verify` compares against).
+    #[serde(default)]
+    pub applied_conf: Option<String>,
+}
+
+/// Whether the fabric still holds what the controller applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftState {
+    /// Not checked yet (nothing applied, no fabric, or no check done).
+    #[default]
+    Unknown,
+    /// Every SM's file and every port checked hold what was applied.
+    InSync,
+    /// Something differs: see the lists.
+    Drift,
+}
+
+impl DriftState {
+    /// As printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftState::Unknown => "unknown",
+            DriftState::InSync => "in sync",
+            DriftState::Drift => "DRIFT",
+        }
+    }
+}
+
+/// The drift check's last findings (`GET /v1/status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriftView {
+    /// The verdict.
+    pub state: DriftState,
+    /// When the SMs' files were last read (Unix seconds).
+    pub files_checked_at: Option<u64>,
+    /// When the ports' tables were last read (Unix seconds).
+    pub ports_checked_at: Option<u64>,
+    /// SMs whose file is not the applied one.
+    pub files: Vec<String>,
+    /// SMs that could not be read (no verdict on them).
+    pub unreadable: Vec<String>,
+    /// Ports whose tables are not what the applied file programs.
+    pub ports: Vec<String>,
+    /// Repairs delivered since the controller started.
+    pub repairs: u64,
 }
 
 /// `POST /v1/agents/enroll`.

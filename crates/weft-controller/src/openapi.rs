@@ -165,12 +165,12 @@ fn paths_and_schemas() -> Value {
                 "CreateGroup": req(&[("name", "string"), ("tenant", "string")], &["name", "tenant"]),
                 "AddMember": req(&[("server", "string")], &["server"]),
                 "MoveServer": req(&[("server", "string"), ("to", "string")], &["server", "to"]),
-                "Operation": obj(&[("id", "integer"), ("actor", "string"), ("action", "string"), ("generation", "integer"), ("state", "string"), ("attempts", "integer"), ("last_error", "string"), ("diff", "string"), ("created", "integer"), ("finished", "integer")]),
+                "Operation": obj(&[("id", "integer"), ("actor", "string"), ("action", "string"), ("generation", "integer"), ("state", "string"), ("attempts", "integer"), ("last_error", "string"), ("diff", "string"), ("created", "integer"), ("finished", "integer"), ("warning", "string")]),
                 "OperationList": { "type": "array", "items": { "$ref": "#/components/schemas/Operation" } },
                 "Accepted": obj(&[("operation", "Operation")]),
                 "AuditEntry": obj(&[("id", "integer"), ("at", "integer"), ("actor", "string"), ("action", "string"), ("subject", "string"), ("diff", "string"), ("outcome", "string"), ("detail", "string")]),
                 "AuditList": { "type": "array", "items": { "$ref": "#/components/schemas/AuditEntry" } },
-                "Status": obj(&[("desired_generation", "integer"), ("applied_generation", "integer"), ("applied_checksum", "string"), ("pending_operations", "integer"), ("stale_servers", "string[]")])
+                "Status": obj(&[("desired_generation", "integer"), ("applied_generation", "integer"), ("applied_checksum", "string"), ("pending_operations", "integer"), ("stale_servers", "string[]"), ("delivers", "boolean"), ("drift", "object"), ("applied_conf", "string")])
             }
         }
     })

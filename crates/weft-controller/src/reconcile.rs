@@ -27,10 +27,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use weft_fabric::Plan;
+use weft_fabric::conf::{self, Conf};
+use weft_fabric::{Plan, Removal};
 use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
+use crate::model::{DriftState, DriftView};
 use crate::store::Store;
 
 /// Everything that makes the loop look at the desired state.
@@ -58,6 +60,13 @@ pub struct Delivered {
     /// SMs the delivery went on without (a standby whose host could not be reached):
     /// they hold an older file. Empty when every SM holds [`Delivered::conf`].
     pub degraded: Vec<DegradedSm>,
+    /// The master's file before (`None`: none).
+    pub before: Option<String>,
+    /// What the new file removed from it, one line each ([`weft_fabric::Removal`]).
+    pub removed: Vec<String>,
+    /// Port GUIDs of the plan that are not on the fabric: written to the file (a
+    /// powered-off server must not block others), never verified.
+    pub absent: Vec<weft_fabric::Guid>,
 }
 
 /// A standby SM a delivery left out, and why.
@@ -69,11 +78,109 @@ pub struct DegradedSm {
     pub error: String,
 }
 
+/// What a delivery needs besides the plan: who writes the file, what it adopted, what
+/// it last wrote (its own partitions), and whether it may replace what it did not write.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// The owner named in the file's header (`controller <id>`).
+    pub owner: String,
+    /// Partitions adopted from the SMs (statements), kept in every file written.
+    pub adopted: Option<String>,
+    /// The file this controller last applied.
+    pub last_applied: Option<String>,
+    /// Started with `--adopt`: a master's file weft cannot parse may be replaced.
+    pub adopt: bool,
+    /// This delivery repairs drift (`--repair-drift`): it restores the applied state
+    /// even over partitions someone else added (listed as removals in the audit).
+    pub repair: bool,
+}
+
+/// The file to write for `compiled` and what it removes from `held` (the master's file),
+/// one line per removal: the adopted partitions are added, and a removal of anything the
+/// controller did not write itself ([`Context::last_applied`]) is refused, since the
+/// partition belongs to someone else (`--adopt` takes it over instead). The Default
+/// partition is the controller's policy: its changes are listed, never refused.
+pub fn prepare(
+    mut compiled: Conf,
+    held: Option<&str>,
+    ctx: &Context,
+) -> Result<(Conf, Vec<String>), String> {
+    if let Some(adopted) = &ctx.adopted {
+        let a = conf::parse(adopted).map_err(|e| format!("the adopted partitions: {e}"))?;
+        for p in a.partitions {
+            if compiled
+                .partitions
+                .iter()
+                .any(|c| c.pkey == p.pkey || c.name == p.name)
+            {
+                return Err(format!(
+                    "adopted partition `{}` collides with a group's name or P_Key",
+                    p.name
+                ));
+            }
+            compiled.partitions.push(p);
+        }
+    }
+    let Some(held) = held else {
+        return Ok((compiled, Vec::new()));
+    };
+    let Ok(old) = conf::parse(held) else {
+        if ctx.adopt || ctx.repair {
+            return Ok((
+                compiled,
+                vec!["- the master's file, which weft cannot parse, is replaced".into()],
+            ));
+        }
+        return Err("the master SM holds a partitions file weft cannot parse; refusing to replace what the controller did not write (start it with --adopt to take the fabric over)".into());
+    };
+    let removed = weft_fabric::removals(&old, &compiled);
+    let own = ctx
+        .last_applied
+        .as_deref()
+        .and_then(|t| conf::parse(t).ok())
+        .map(|mine| weft_fabric::removals(&mine, &compiled))
+        .unwrap_or_default();
+    let key = |r: &Removal| match r {
+        Removal::Partition { pkey, .. } => (*pkey, None),
+        Removal::Member { pkey, selector, .. } => (*pkey, Some(selector.clone())),
+    };
+    let foreign: Vec<&Removal> = removed
+        .iter()
+        .filter(|r| !own.iter().any(|o| key(o) == key(r)))
+        // The Default partition is always the controller's (its policy isolates);
+        // what it changes there is recorded, not refused.
+        .filter(|r| !key(r).0.is_default())
+        .collect();
+    if !foreign.is_empty() && !ctx.repair {
+        let list: Vec<String> = foreign.iter().map(|r| r.to_string()).collect();
+        return Err(format!(
+            "refusing to remove from the SMs what this controller did not write:\n{}\n(start the controller with --adopt to keep those partitions as its own, or remove them from the SMs first)",
+            list.join("\n")
+        ));
+    }
+    Ok((compiled, removed.iter().map(|r| r.to_string()).collect()))
+}
+
 /// Where the rendered plan goes. The OpenSM driver in production ([`OpenSmFabric`]);
 /// tests and benchmarks can record instead.
 pub trait Fabric: Send + Sync + 'static {
-    /// Compiles `plan` against the fabric, delivers it and verifies it. Blocking.
-    fn deliver(&self, plan: &Plan) -> Result<Delivered, String>;
+    /// Compiles `plan` against the fabric, adds what was adopted, guards removals
+    /// ([`prepare`]), delivers it with the owner header and verifies it. Blocking.
+    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String>;
+    /// The partitions file the master SM holds now (`None`: none). Blocking.
+    fn held(&self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+    /// Every SM's name and file (`Ok(None)`: it has none; `Err`: it cannot be read), for
+    /// the drift check. Blocking.
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+        Vec::new()
+    }
+    /// The ports whose P_Key tables differ from what `conf` programs, one line each;
+    /// `Ok(None)` when this fabric has no ports to read. Blocking.
+    fn port_drift(&self, _conf: &str) -> Result<Option<Vec<String>>, String> {
+        Ok(None)
+    }
     /// Whether a delivery reaches subnet managers and is verified on ports; `false` for a
     /// fabric that only records (`weft controller --no-fabric`), so that no message
     /// claims a verification that did not happen.
@@ -90,7 +197,44 @@ pub struct OpenSmFabric {
 }
 
 impl Fabric for OpenSmFabric {
-    fn deliver(&self, plan: &Plan) -> Result<Delivered, String> {
+    fn held(&self) -> Result<Option<String>, String> {
+        let master = self.applier.diag.master_sm().map_err(|e| e.to_string())?;
+        let sm = self
+            .applier
+            .sms
+            .iter()
+            .find(|s| s.port_guid() == master)
+            .ok_or_else(|| {
+                format!("the master SM's port {master} is none of the configured SMs")
+            })?;
+        Ok(sm
+            .read_partitions()
+            .map_err(|e| e.to_string())?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+        self.applier
+            .sms
+            .iter()
+            .map(|s| {
+                (
+                    s.name().to_string(),
+                    s.read_partitions()
+                        .map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                        .map_err(|e| e.to_string()),
+                )
+            })
+            .collect()
+    }
+
+    fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {
+        let c = conf::parse(text).map_err(|e| format!("the applied file: {e}"))?;
+        let v = self.applier.verify(&c).map_err(|e| e.to_string())?;
+        Ok(Some(v.mismatches.iter().map(|m| m.to_string()).collect()))
+    }
+
+    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
         let before = self.applier.diag.snapshot().map_err(|e| e.to_string())?;
         let compiled = weft_fabric::compile(plan, Some(&before.inventory)).map_err(|v| {
             v.iter()
@@ -98,8 +242,24 @@ impl Fabric for OpenSmFabric {
                 .collect::<Vec<_>>()
                 .join("; ")
         })?;
-        let conf = weft_fabric::conf::render(&compiled.conf);
-        match self.applier.apply(&compiled.conf, &before) {
+        let held = self
+            .applier
+            .master_file(&before)
+            .map_err(|e| e.to_string())?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let on_fabric: std::collections::BTreeSet<weft_fabric::Guid> =
+            before.inventory.ports.iter().map(|p| p.port_guid).collect();
+        let mut absent: Vec<weft_fabric::Guid> = plan
+            .partitions
+            .iter()
+            .flat_map(|p| p.members.iter().filter_map(|m| m.guid))
+            .filter(|g| !on_fabric.contains(g))
+            .collect();
+        absent.sort();
+        absent.dedup();
+        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
+        let conf = weft_opensm::with_owner(Some(&ctx.owner), conf::render(&full));
+        match self.applier.apply_owned(&full, &before, &ctx.owner) {
             Ok(r) => Ok(Delivered {
                 degraded: r
                     .degraded
@@ -118,6 +278,9 @@ impl Fabric for OpenSmFabric {
                 conf,
                 ports_verified: r.ports_verified,
                 total_ms: r.total_ms,
+                before: held,
+                removed,
+                absent,
             }),
             Err(e @ ApplyError::RolledBack { .. }) => Err(e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -127,11 +290,18 @@ impl Fabric for OpenSmFabric {
 
 /// A fabric that renders and remembers each plan (API tests and the report benchmark).
 /// `fail_next` makes the next deliveries fail, to exercise retries; `degrade_next` makes
-/// the next ones succeed with a standby named `standby` left out.
+/// the next ones succeed with a standby named `standby` left out. `held` plays the
+/// master's file: what the last delivery wrote, or what a test put there.
 #[derive(Debug, Default)]
 pub struct RecordingFabric {
     /// Files delivered, in order.
     pub delivered: Mutex<Vec<String>>,
+    /// The "master's file".
+    pub held: Mutex<Option<String>>,
+    /// Offer `held` to the drift check as the file of an SM named `master` (tests of
+    /// drift); off, the drift check has nothing to read (`--no-fabric`), so it never
+    /// says "in sync".
+    pub plays_sm: bool,
     /// Deliveries left to fail.
     pub fail_next: Mutex<u32>,
     /// Deliveries left to report degraded.
@@ -143,9 +313,23 @@ impl Fabric for RecordingFabric {
         false
     }
 
-    fn deliver(&self, plan: &Plan) -> Result<Delivered, String> {
+    fn held(&self) -> Result<Option<String>, String> {
+        Ok(self.held.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+        if self.plays_sm {
+            vec![("master".into(), self.held())]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
         let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
-        let conf = weft_fabric::conf::render(&compiled.conf);
+        let held = self.held()?;
+        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
+        let conf = weft_opensm::with_owner(Some(&ctx.owner), conf::render(&full));
         {
             let mut fail = self.fail_next.lock().unwrap_or_else(|p| p.into_inner());
             if *fail > 0 {
@@ -157,6 +341,7 @@ impl Fabric for RecordingFabric {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(conf.clone());
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = Some(conf.clone());
         let degraded = {
             let mut n = self.degrade_next.lock().unwrap_or_else(|p| p.into_inner());
             if *n > 0 {
@@ -175,6 +360,9 @@ impl Fabric for RecordingFabric {
             ports_verified: 0,
             total_ms: 0.0,
             degraded,
+            before: held,
+            removed,
+            absent: Vec::new(),
         })
     }
 }
@@ -189,15 +377,34 @@ fn now() -> u64 {
     crate::server::unix_now()
 }
 
-/// Runs the loop until `events` closes. `recheck` is how often it looks without an event.
+/// The loop's knobs.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// How often it looks without an event; the SMs' files are read for drift as often.
+    pub recheck: Duration,
+    /// The longest wait between retries.
+    pub max_backoff: Duration,
+    /// Adopt the SMs' partitions at start ([`Context::adopt`]).
+    pub adopt: bool,
+    /// How often the ports' tables are read for drift (each read costs an SMP per port).
+    pub port_check: Duration,
+    /// Deliver the applied state again when drift is found.
+    pub repair: bool,
+}
+
+/// Runs the loop until `events` closes, writing the drift check's findings to `drift`.
 pub async fn run(
     store: Arc<dyn Store>,
     fabric: Arc<dyn Fabric>,
     metrics: Arc<Metrics>,
     mut events: mpsc::Receiver<Event>,
-    recheck: Duration,
-    max_backoff: Duration,
+    cfg: LoopConfig,
+    drift: Arc<Mutex<DriftView>>,
 ) {
+    let (recheck, max_backoff, adopt) = (cfg.recheck, cfg.max_backoff, cfg.adopt);
+    let mut next_port_check = Instant::now();
+    let mut next_file_check = Instant::now();
+    let mut repair = false;
     let mut failures: u32 = 0;
     // Deliver the applied state again even if nothing changed: some SM may hold an
     // older file (left out of the last delivery, or unknown after a start).
@@ -214,6 +421,9 @@ pub async fn run(
         };
         if event == Event::Started {
             note_interrupted(&store).await;
+            if adopt {
+                adopt_held(&store, &fabric).await;
+            }
             resync = true;
         }
         // While backing off, a change does not bypass the wait (the cause is likely the
@@ -221,9 +431,16 @@ pub async fn run(
         if failures > 0 && event == Event::Changed && Instant::now() < next_check {
             continue;
         }
-        match reconcile_once(&store, &fabric, &metrics, resync).await {
+        match reconcile_once(&store, &fabric, &metrics, resync, adopt, repair).await {
             Ok(Pass::Delivered(generation, degraded)) => {
                 failures = 0;
+                if repair {
+                    repair = false;
+                    metrics.drift_repairs.inc();
+                    drift.lock().unwrap_or_else(|p| p.into_inner()).repairs += 1;
+                }
+                // What was just written and verified is in sync; the next check says.
+                next_port_check = next_port_check.min(Instant::now() + recheck);
                 note_left_out(&store, &mut left_out, generation, &degraded).await;
                 if degraded.is_empty() {
                     resync = false;
@@ -242,13 +459,250 @@ pub async fn run(
                 failures = 0;
                 resync = false;
                 next_check = Instant::now() + recheck;
+                {
+                    let ports = Instant::now() >= next_port_check;
+                    if ports {
+                        next_port_check = Instant::now() + cfg.port_check;
+                    }
+                    let found = check_drift(&store, &fabric, &metrics, &drift, ports).await;
+                    if found && cfg.repair {
+                        tracing::warn!(
+                            "drift found; delivering the applied state again to repair it"
+                        );
+                        resync = true;
+                        repair = true;
+                        next_check = Instant::now();
+                    }
+                }
             }
             Err(()) => {
                 failures += 1;
                 next_check = Instant::now() + backoff(failures, max_backoff);
+                // A delivery refused or failing (say, over partitions someone added while
+                // the controller was down) still shows what the fabric holds now; the
+                // SMs' files at most once per `recheck`, the ports on their schedule.
+                if Instant::now() >= next_file_check {
+                    next_file_check = Instant::now() + recheck;
+                    let ports = Instant::now() >= next_port_check;
+                    if ports {
+                        next_port_check = Instant::now() + cfg.port_check;
+                    }
+                    check_drift(&store, &fabric, &metrics, &drift, ports).await;
+                }
             }
         }
     }
+}
+
+/// `--adopt`: takes over the partitions the master's file holds that this controller did
+/// not write (every one but Default, and those of its last applied file), so that its
+/// deliveries keep them; audited. A file this controller wrote, or none, adopts nothing.
+async fn adopt_held(store: &Arc<dyn Store>, fabric: &Arc<dyn Fabric>) {
+    let (s, f) = (store.clone(), fabric.clone());
+    let outcome = tokio::task::spawn_blocking(move || -> Result<String, String> {
+        let Some(held) = f.held()? else {
+            return Ok("the master holds no partitions file: nothing to adopt".into());
+        };
+        let me = s.controller_id().map_err(|e| e.to_string())?;
+        if weft_opensm::owner_of(held.as_bytes()).as_deref() == Some(me.as_str()) {
+            return Ok(format!("the master's file is this controller's ({me}): nothing to adopt"));
+        }
+        let held_conf = conf::parse(&held)
+            .map_err(|e| format!("cannot adopt the master's file: {e}"))?;
+        let applied = s.applied().map_err(|e| e.to_string())?;
+        let mine: Vec<String> = applied
+            .conf
+            .as_deref()
+            .and_then(|t| conf::parse(t).ok())
+            .map(|c| c.partitions.into_iter().map(|p| p.name).collect())
+            .unwrap_or_default();
+        let groups: Vec<String> = s
+            .desired()
+            .map_err(|e| e.to_string())?
+            .groups
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        let mut adopted = s
+            .adopted()
+            .map_err(|e| e.to_string())?
+            .map(|t| conf::parse(&t).map_err(|e| format!("the adopted partitions: {e}")))
+            .transpose()?
+            .unwrap_or_default();
+        let keys = held_conf.effective_pkeys();
+        let mut taken = Vec::new();
+        for (mut p, key) in held_conf.partitions.into_iter().zip(keys) {
+            let Some(key) = key else { continue };
+            if key.is_default()
+                || mine.contains(&p.name)
+                || groups.contains(&p.name)
+                || adopted.partitions.iter().any(|a| a.name == p.name)
+            {
+                continue;
+            }
+            // Pinned, so that a fresh standby computes the same key.
+            p.pkey = Some(key);
+            taken.push(format!("`{}` ({key})", p.name));
+            adopted.partitions.push(p);
+        }
+        if taken.is_empty() {
+            return Ok("the master's file holds no partition to adopt".into());
+        }
+        let text = conf::render(&adopted);
+        let pkeys: Vec<u16> = adopted
+            .partitions
+            .iter()
+            .filter_map(|p| p.pkey.map(|k| k.base()))
+            .collect();
+        let names: Vec<String> = adopted.partitions.iter().map(|p| p.name.clone()).collect();
+        let detail = format!(
+            "adopted from the master's file (owner: {}): {}; kept in every file this controller writes",
+            weft_opensm::owner_of(held.as_bytes()).unwrap_or_else(|| "none named".into()),
+            taken.join(", ")
+        );
+        s.adopt(&text, &pkeys, &names, &detail, now())
+            .map_err(|e| e.to_string())?;
+        Ok(detail)
+    })
+    .await;
+    match outcome {
+        Ok(Ok(d)) => tracing::info!("adopt: {d}"),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "adopt failed");
+            let s = store.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                s.audit_append("controller", "adopt", "fabric", "failed", &e, now())
+            })
+            .await;
+        }
+        Err(e) => tracing::error!(error = %e, "adopt task failed"),
+    }
+}
+
+/// Reads every SM's file (and, with `ports`, every port's table) and compares them with
+/// the applied file; the findings go to `view`, the gauges, and (when the verdict
+/// changes) the audit log. Returns whether there is drift.
+async fn check_drift(
+    store: &Arc<dyn Store>,
+    fabric: &Arc<dyn Fabric>,
+    metrics: &Arc<Metrics>,
+    view: &Arc<Mutex<DriftView>>,
+    ports: bool,
+) -> bool {
+    let (s, f) = (store.clone(), fabric.clone());
+    let found = tokio::task::spawn_blocking(move || {
+        let applied = s.applied().map_err(|e| e.to_string())?;
+        let Some(conf_text) = applied.conf.filter(|_| applied.generation > 0) else {
+            return Ok(None);
+        };
+        let want = weft_opensm::checksum(conf_text.as_bytes());
+        let (mut files, mut unreadable) = (Vec::new(), Vec::new());
+        let sms = f.sm_files();
+        let any_sm = !sms.is_empty();
+        for (name, file) in sms {
+            match file {
+                Ok(Some(t)) if weft_opensm::checksum(t.as_bytes()) == want => {}
+                Ok(Some(t)) => {
+                    let diff = crate::render::diff(&conf_text, &t);
+                    let changed = diff.lines().count();
+                    files.push(format!(
+                        "SM `{name}` holds checksum {} instead of the applied {} ({changed} line(s) differ)",
+                        short(&weft_opensm::checksum(t.as_bytes())),
+                        short(&want)
+                    ));
+                }
+                Ok(None) => files.push(format!("SM `{name}` has no partitions file")),
+                Err(e) => unreadable.push(format!("SM `{name}`: {e}")),
+            }
+        }
+        let port_lines = if ports {
+            match f.port_drift(&conf_text) {
+                Ok(p) => p,
+                Err(e) => {
+                    unreadable.push(format!("ports: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if !any_sm && port_lines.is_none() && unreadable.is_empty() {
+            // Nothing to read (no fabric): no verdict.
+            return Ok(None);
+        }
+        Ok::<_, String>(Some((files, unreadable, port_lines)))
+    })
+    .await;
+    let (files, unreadable, port_lines) = match found {
+        Ok(Ok(Some(v))) => v,
+        Ok(Ok(None)) => return false,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "drift check failed");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "drift check task failed");
+            return false;
+        }
+    };
+    let (before, after) = {
+        let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
+        let before = v.clone();
+        v.files_checked_at = Some(now());
+        v.files = files;
+        v.unreadable = unreadable;
+        if let Some(p) = port_lines {
+            v.ports_checked_at = Some(now());
+            v.ports = p;
+        }
+        v.state = if !v.files.is_empty() || !v.ports.is_empty() {
+            DriftState::Drift
+        } else if v.unreadable.is_empty() {
+            DriftState::InSync
+        } else {
+            DriftState::Unknown
+        };
+        (before, v.clone())
+    };
+    for (kind, n) in [("files", after.files.len()), ("ports", after.ports.len())] {
+        metrics
+            .drift
+            .get_or_create(&crate::metrics::DriftKind { kind: kind.into() })
+            .set(i64::from(n > 0));
+    }
+    let drifted = after.state == DriftState::Drift;
+    let changed = before.state != after.state
+        || (drifted && (before.files != after.files || before.ports != after.ports));
+    if changed && (drifted || before.state == DriftState::Drift) {
+        let (outcome, detail) = if drifted {
+            let mut lines = after.files.clone();
+            lines.extend(after.ports.iter().cloned());
+            tracing::warn!(findings = %lines.join("; "), "drift: the fabric differs from what the controller applied");
+            (
+                "drift",
+                format!(
+                    "the fabric differs from the applied file: {}",
+                    lines.join("; ")
+                ),
+            )
+        } else {
+            tracing::info!("drift gone: the fabric holds the applied file again");
+            (
+                "in-sync",
+                "the SMs' files and the ports checked hold the applied file again".to_string(),
+            )
+        };
+        let s = store.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            s.audit_append("controller", "drift", "fabric", outcome, &detail, now())
+        })
+        .await;
+    }
+    drifted
+}
+
+fn short(checksum: &str) -> &str {
+    &checksum[..12.min(checksum.len())]
 }
 
 async fn note_interrupted(store: &Arc<dyn Store>) {
@@ -340,13 +794,20 @@ async fn reconcile_once(
     fabric: &Arc<dyn Fabric>,
     metrics: &Arc<Metrics>,
     resync: bool,
+    adopt: bool,
+    repair: bool,
 ) -> Result<Pass, ()> {
     let s = store.clone();
     let state = tokio::task::spawn_blocking(move || {
-        Ok::<_, crate::store::StoreError>((s.desired()?, s.applied()?))
+        Ok::<_, crate::store::StoreError>((
+            s.desired()?,
+            s.applied()?,
+            s.controller_id()?,
+            s.adopted()?,
+        ))
     })
     .await;
-    let (desired, applied) = match state {
+    let (desired, applied, owner, adopted) = match state {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             tracing::error!(error = %e, "reconcile cannot read the store");
@@ -369,9 +830,16 @@ async fn reconcile_once(
             return Err(());
         }
     };
+    let ctx = Context {
+        owner,
+        adopted,
+        last_applied: applied.conf.clone(),
+        adopt,
+        repair,
+    };
     let f = fabric.clone();
     let started = Instant::now();
-    let outcome = tokio::task::spawn_blocking(move || f.deliver(&plan)).await;
+    let outcome = tokio::task::spawn_blocking(move || f.deliver(&plan, &ctx)).await;
     metrics
         .apply_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -410,10 +878,56 @@ async fn reconcile_once(
                     names.join(", ")
                 ));
             }
+            let warning = (!d.absent.is_empty()).then(|| {
+                let guids: Vec<String> = d.absent.iter().map(|g| g.to_string()).collect();
+                format!(
+                    "WARN: {} port(s) not on the fabric, written to the file but not verified: {}",
+                    guids.len(),
+                    guids.join(", ")
+                )
+            });
+            if let Some(w) = &warning {
+                tracing::warn!(generation, "{w}");
+                detail.push_str("; ");
+                detail.push_str(w);
+            }
             let degraded = d.degraded.clone();
             tracing::info!(generation, %detail, "applied");
+            // What the file did to the master's: the line diff, removals included, and
+            // the removals in words (none when the file was already there).
+            let before = d.before.clone().unwrap_or_default();
+            if before != d.conf {
+                let diff = crate::render::diff(&before, &d.conf);
+                let removed = if d.removed.is_empty() {
+                    "removes nothing".to_string()
+                } else {
+                    format!("removes:\n{}", d.removed.join("\n"))
+                };
+                let s2 = store.clone();
+                let line =
+                    format!("generation {generation} written over the master's file; it {removed}");
+                let _ = tokio::task::spawn_blocking(move || {
+                    s2.audit_with_diff(
+                        "controller",
+                        "deliver",
+                        &format!("generation {generation}"),
+                        &diff,
+                        "written",
+                        &line,
+                        now(),
+                    )
+                })
+                .await;
+            }
             let r = tokio::task::spawn_blocking(move || {
-                s.mark_applied(generation, &d.checksum, &d.conf, &detail, now())
+                s.mark_applied(
+                    generation,
+                    &d.checksum,
+                    &d.conf,
+                    &detail,
+                    warning.as_deref(),
+                    now(),
+                )
             })
             .await;
             if !matches!(r, Ok(Ok(_))) {

@@ -16,6 +16,7 @@ use crate::metrics::{LivenessLabel, Metrics};
 use crate::model::Liveness;
 use crate::reconcile::{self, Event, Fabric};
 use crate::store::{Store, StoreError};
+use crate::tls::{ServerTls, TlsListener};
 
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
@@ -132,6 +133,14 @@ pub struct ControllerConfig {
     pub max_backoff: Duration,
     /// The per-source rate limit of the endpoints that answer without a token.
     pub rate_limit: RateLimit,
+    /// Take over the partitions the SMs hold that this controller did not write, instead
+    /// of refusing to remove them (`weft controller --adopt`).
+    pub adopt: bool,
+    /// How often the drift check reads the ports' tables (the SMs' files are read every
+    /// `recheck`).
+    pub port_check: Duration,
+    /// Deliver the applied state again when drift is found (`--repair-drift`).
+    pub repair_drift: bool,
 }
 
 impl Default for ControllerConfig {
@@ -142,6 +151,9 @@ impl Default for ControllerConfig {
             recheck: Duration::from_secs(30),
             max_backoff: Duration::from_secs(30),
             rate_limit: RateLimit::default(),
+            adopt: false,
+            port_check: Duration::from_secs(300),
+            repair_drift: false,
         }
     }
 }
@@ -209,13 +221,20 @@ impl Controller {
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Started);
         let delivers = fabric.delivers();
+        let drift = Arc::new(std::sync::Mutex::new(crate::model::DriftView::default()));
         tokio::spawn(reconcile::run(
             store.clone(),
             fabric,
             metrics.clone(),
             rx,
-            config.recheck,
-            config.max_backoff,
+            reconcile::LoopConfig {
+                recheck: config.recheck,
+                max_backoff: config.max_backoff,
+                adopt: config.adopt,
+                port_check: config.port_check,
+                repair: config.repair_drift,
+            },
+            drift.clone(),
         ));
         Ok(Controller {
             state: AppState {
@@ -225,6 +244,7 @@ impl Controller {
                 stale_after_s: config.stale_after_s,
                 limiter: Arc::new(Limiter::new(config.rate_limit)),
                 delivers,
+                drift,
             },
             _lease: lease,
         })
@@ -277,35 +297,67 @@ impl Controller {
 }
 
 /// Serves the API on `api` and the metrics on `metrics` until `shutdown` resolves, then
-/// drains in-flight requests. Returns the bound addresses through `bound` first.
+/// drains in-flight requests. Plain HTTP: for loopback (see [`serve_tls`]).
 pub async fn serve(
     controller: Controller,
     api: tokio::net::TcpListener,
     metrics: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_tls(controller, api, metrics, None, shutdown).await
+}
+
+/// [`serve`], with both listeners speaking TLS when `tls` is given.
+pub async fn serve_tls(
+    controller: Controller,
+    api: tokio::net::TcpListener,
+    metrics: Option<tokio::net::TcpListener>,
+    tls: Option<ServerTls>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = metrics.map(|l| {
         let app = controller.metrics_app();
         let mut rx = stop_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await;
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            let _ = match tls {
+                Some(t) => {
+                    axum::serve(TlsListener::new(l, &t), app)
+                        .with_graceful_shutdown(stop)
+                        .await
+                }
+                None => axum::serve(l, app).with_graceful_shutdown(stop).await,
+            };
         })
     });
     // The peer address reaches the handlers, for the per-source rate limit.
-    let app = controller
-        .app()
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let result = axum::serve(api, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await;
+    let app = controller.app();
+    let stop = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let result = match tls {
+        Some(t) => {
+            // `tap_io` gives the TLS listener the `SocketAddr` connect info.
+            let listener = TlsListener::new(api, &t).tap_io(|_| ());
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(stop)
+            .await
+        }
+        None => {
+            axum::serve(api, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    };
     if let Some(t) = metrics_task {
         let _ = t.await;
     }

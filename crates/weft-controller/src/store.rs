@@ -34,8 +34,8 @@ use weft_fabric::Guid;
 
 use crate::auth::{Principal, Role, token_id};
 use crate::model::{
-    AuditEntry, ClaimView, GroupView, Liveness, OpState, OperationView, PortView, ReportAck,
-    ServerView, StatusView, TenantView, TokenRole, TokenView,
+    AuditEntry, ClaimView, DriftView, GroupView, Liveness, OpState, OperationView, PortView,
+    ReportAck, ServerView, StatusView, TenantView, TokenRole, TokenView,
 };
 use crate::render::{self, Desired, DesiredGroup};
 
@@ -223,12 +223,16 @@ pub trait Store: Send + Sync + 'static {
     /// What was last delivered and verified.
     fn applied(&self) -> Result<Applied>;
     /// Marks `generation` delivered and verified: operations up to it are applied.
+    /// `warning` is what the delivery could not verify (ports not on the fabric); it is
+    /// kept on each operation.
+    #[allow(clippy::too_many_arguments)]
     fn mark_applied(
         &self,
         generation: i64,
         checksum: &str,
         conf: &str,
         detail: &str,
+        warning: Option<&str>,
         now: u64,
     ) -> Result<Vec<i64>>;
     /// Records a failed delivery of `generation` (operations stay pending; retried).
@@ -244,6 +248,34 @@ pub trait Store: Send + Sync + 'static {
         action: &str,
         subject: &str,
         outcome: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<()>;
+    /// Appends one audit line with a diff (a delivery: what the SM held against what
+    /// was written, removals included).
+    #[allow(clippy::too_many_arguments)]
+    fn audit_with_diff(
+        &self,
+        actor: &str,
+        action: &str,
+        subject: &str,
+        diff: &str,
+        outcome: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<()>;
+    /// This controller's name as the owner header of the files it writes: `controller`
+    /// and a random id made once per store.
+    fn controller_id(&self) -> Result<String>;
+    /// Partitions adopted from the SMs (partitions.conf statements), kept in every file.
+    fn adopted(&self) -> Result<Option<String>>;
+    /// Records `conf` (statements) as the adopted partitions, their P_Keys and names kept
+    /// off groups, with an audit line.
+    fn adopt(
+        &self,
+        conf: &str,
+        pkeys: &[u16],
+        names: &[String],
         detail: &str,
         now: u64,
     ) -> Result<()>;
@@ -343,6 +375,10 @@ ALTER TABLE api_tokens ADD COLUMN revoked INTEGER;
 ALTER TABLE api_tokens ADD COLUMN source TEXT NOT NULL DEFAULT 'api';
 UPDATE api_tokens SET source = 'bootstrap' WHERE role = 'admin';
 CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires INTEGER NOT NULL);
+"#,
+    // An applied operation says what it could not verify (ports not on the fabric).
+    r#"
+ALTER TABLE operations ADD COLUMN warning TEXT;
 "#,
 ];
 
@@ -547,10 +583,23 @@ fn apply_change(tx: &Transaction, change: &Change, now: u64) -> Result<()> {
             if exists(tx, "SELECT 1 FROM groups WHERE name = ?1", name)? {
                 return Err(StoreError::Conflict(format!("group `{name}` exists")));
             }
-            let used: Vec<i64> = tx
+            if meta(tx, "adopted_names")?.is_some_and(|n| n.split(',').any(|n| n == name.as_str()))
+            {
+                return Err(StoreError::Conflict(format!(
+                    "`{name}` is a partition the controller adopted from the SMs"
+                )));
+            }
+            let mut used: Vec<i64> = tx
                 .prepare("SELECT pkey FROM groups ORDER BY pkey")?
                 .query_map([], |r| r.get(0))?
                 .collect::<Result<_, _>>()?;
+            // Keys of adopted partitions are taken too.
+            used.extend(
+                meta(tx, "adopted_pkeys")?
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|k| k.parse::<i64>().ok()),
+            );
             let pkey = (i64::from(FIRST_GROUP_PKEY)..0x7fff)
                 .find(|k| !used.contains(k))
                 .ok_or_else(|| StoreError::Conflict("no free P_Key".into()))?;
@@ -675,11 +724,12 @@ fn op_row(r: &rusqlite::Row) -> rusqlite::Result<OperationView> {
         diff: r.get(7)?,
         created: u(r.get(8)?),
         finished: r.get::<_, Option<i64>>(9)?.map(u),
+        warning: r.get(10)?,
     })
 }
 
 const OP_COLS: &str =
-    "id, actor, action, generation, attempts, state, last_error, diff, created, finished";
+    "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning";
 
 fn read_operation(tx: &Transaction, id: i64) -> Result<OperationView> {
     tx.query_row(
@@ -1275,6 +1325,7 @@ impl Store for SqliteStore {
         checksum: &str,
         conf: &str,
         detail: &str,
+        warning: Option<&str>,
         now: u64,
     ) -> Result<Vec<i64>> {
         self.tx(|tx| {
@@ -1288,7 +1339,7 @@ impl Store for SqliteStore {
                 .query_map([generation], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
             for (id, attempts) in &ids {
-                tx.execute("UPDATE operations SET state = 'applied', finished = ?2 WHERE id = ?1", params![id, now as i64])?;
+                tx.execute("UPDATE operations SET state = 'applied', finished = ?2, warning = ?3 WHERE id = ?1", params![id, now as i64, warning])?;
                 let retried = if *attempts > 0 { format!(" after {attempts} failed attempt(s)") } else { String::new() };
                 audit(tx, now, "controller", "apply", &format!("operation {id}"), "", "applied", &format!("generation {generation}{retried}: {detail}"))?;
             }
@@ -1342,6 +1393,87 @@ impl Store for SqliteStore {
         self.tx(|tx| audit(tx, now, actor, action, subject, "", outcome, detail))
     }
 
+    fn audit_with_diff(
+        &self,
+        actor: &str,
+        action: &str,
+        subject: &str,
+        diff: &str,
+        outcome: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| audit(tx, now, actor, action, subject, diff, outcome, detail))
+    }
+
+    fn controller_id(&self) -> Result<String> {
+        self.tx(|tx| {
+            if let Some(id) = meta(tx, "controller_id")? {
+                return Ok(id);
+            }
+            use sha2::Digest;
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let seed = format!("{nanos} {} {:p}", std::process::id(), &nanos);
+            let digest = sha2::Sha256::digest(seed.as_bytes());
+            let id = format!(
+                "controller {}",
+                digest[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            );
+            set_meta(tx, "controller_id", &id)?;
+            Ok(id)
+        })
+    }
+
+    fn adopted(&self) -> Result<Option<String>> {
+        self.tx(|tx| meta(tx, "adopted_conf"))
+    }
+
+    fn adopt(
+        &self,
+        conf: &str,
+        pkeys: &[u16],
+        names: &[String],
+        detail: &str,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| {
+            for k in pkeys {
+                if exists(tx, "SELECT 1 FROM groups WHERE pkey = ?1", &i64::from(*k))? {
+                    return Err(StoreError::Conflict(format!(
+                        "P_Key {k:#06x} of an adopted partition is a group's"
+                    )));
+                }
+            }
+            for n in names {
+                if exists(tx, "SELECT 1 FROM groups WHERE name = ?1", n)? {
+                    return Err(StoreError::Conflict(format!(
+                        "adopted partition `{n}` has a group's name"
+                    )));
+                }
+            }
+            let keys: Vec<String> = pkeys.iter().map(u16::to_string).collect();
+            set_meta(tx, "adopted_conf", conf)?;
+            set_meta(tx, "adopted_pkeys", &keys.join(","))?;
+            set_meta(tx, "adopted_names", &names.join(","))?;
+            let diff: String = conf.lines().map(|l| format!("+{l}\n")).collect();
+            audit(
+                tx,
+                now,
+                "controller",
+                "adopt",
+                "fabric",
+                &diff,
+                "adopted",
+                detail,
+            )
+        })
+    }
+
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
         self.tx(|tx| {
             let mut v: Vec<AuditEntry> = tx
@@ -1383,6 +1515,8 @@ impl Store for SqliteStore {
                 )?,
                 stale_servers,
                 delivers: false,
+                drift: DriftView::default(),
+                applied_conf: meta(tx, "applied_conf")?,
             })
         })
     }

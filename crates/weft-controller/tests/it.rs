@@ -14,7 +14,8 @@ use weft_controller::client::Client;
 use weft_controller::model::{Liveness, OpState};
 use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
 use weft_controller::store::SqliteStore;
-use weft_controller::{Controller, ControllerConfig, StartError, local, serve};
+use weft_controller::tls::{ClientTls, ServerTls};
+use weft_controller::{Controller, ControllerConfig, StartError, local, serve, serve_tls};
 use weft_fabric::Guid;
 
 const ADMIN: &str = "wfa_test-admin-token-0123456789abcdef";
@@ -25,6 +26,8 @@ struct Ctl {
     admin: Client,
     dir: tempfile::TempDir,
     stop: watch::Sender<bool>,
+    /// How the clients trust it (a pin when it speaks TLS).
+    trust: ClientTls,
 }
 
 impl Ctl {
@@ -37,36 +40,82 @@ impl Ctl {
         stale_after_s: u64,
         rate_limit: weft_controller::input::RateLimit,
     ) -> Ctl {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("controller.db")).unwrap();
+        Ctl::start_with(fabric, stale_after_s, rate_limit, false).await
+    }
+
+    /// A controller with a self-signed certificate (in its directory), its clients
+    /// pinning it.
+    async fn start_tls(fabric: Arc<dyn Fabric>) -> Ctl {
+        Ctl::start_with(fabric, 30, Default::default(), true).await
+    }
+
+    async fn start_with(
+        fabric: Arc<dyn Fabric>,
+        stale_after_s: u64,
+        rate_limit: weft_controller::input::RateLimit,
+        with_tls: bool,
+    ) -> Ctl {
         let config = ControllerConfig {
             admin_token: Some(Secret::new(ADMIN)),
             stale_after_s,
             recheck: Duration::from_secs(5),
             max_backoff: Duration::from_millis(500),
             rate_limit,
+            ..ControllerConfig::default()
         };
+        Ctl::start_config(fabric, config, with_tls).await
+    }
+
+    /// A controller with this configuration (its admin token must be [`ADMIN`]).
+    async fn start_config(
+        fabric: Arc<dyn Fabric>,
+        config: ControllerConfig,
+        with_tls: bool,
+    ) -> Ctl {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = with_tls.then(|| {
+            ServerTls::self_signed(
+                &dir.path().join("ctl.crt"),
+                &dir.path().join("ctl.key"),
+                &["localhost".into(), "127.0.0.1".into()],
+            )
+            .unwrap()
+            .0
+        });
+        let trust = ClientTls {
+            pin: tls.as_ref().map(|t| t.fingerprint().to_string()),
+            ..ClientTls::default()
+        };
+        let store = SqliteStore::open(&dir.path().join("controller.db")).unwrap();
         let controller = Controller::start(Arc::new(store), fabric, config).unwrap();
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", local(&api));
-        let metrics_url = format!("http://{}/metrics", local(&metrics));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let base = format!("{scheme}://{}", local(&api));
+        let metrics_url = format!("{scheme}://{}/metrics", local(&metrics));
         let (stop, mut rx) = watch::channel(false);
-        tokio::spawn(serve(controller, api, Some(metrics), async move {
+        tokio::spawn(serve_tls(controller, api, Some(metrics), tls, async move {
             let _ = rx.wait_for(|s| *s).await;
         }));
-        let admin = Client::new(&base, Some(Secret::new(ADMIN)), Duration::from_secs(10)).unwrap();
+        let admin = Client::with_tls(
+            &base,
+            Some(Secret::new(ADMIN)),
+            Duration::from_secs(10),
+            &trust,
+        )
+        .unwrap();
         Ctl {
             base,
             metrics: metrics_url,
             admin,
             dir,
             stop,
+            trust,
         }
     }
 
     fn client(&self, token: Option<Secret>) -> Client {
-        Client::new(&self.base, token, Duration::from_secs(10)).unwrap()
+        Client::with_tls(&self.base, token, Duration::from_secs(10), &self.trust).unwrap()
     }
 
     /// Writes a fixture host whose one HCA has `ports` InfiniBand ports (GUID = node
@@ -81,6 +130,7 @@ impl Ctl {
             root,
         );
         cfg.enroll_token = Some(token);
+        cfg.tls = self.trust.clone();
         cfg.heartbeat = Duration::from_millis(300);
         cfg.rescan = Duration::from_millis(300);
         cfg.request_timeout = Duration::from_secs(3);
@@ -1180,4 +1230,364 @@ async fn schemathesis_finds_no_server_error_in_the_live_api() {
         text.contains("passed") && !text.contains("Schema Error"),
         "{text}"
     );
+}
+
+/// TLS end to end: the admin client and an agent (enroll, report) speak https to a
+/// controller with a self-signed certificate that they pin; the same certificate as a CA
+/// file works too; a wrong pin is refused with both fingerprints named and nothing sent,
+/// and an agent with it stops instead of retrying; plain HTTP to a TLS listener gets no
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_pin_or_a_ca_file_works_end_to_end_and_a_wrong_pin_is_refused() {
+    let ctl = Ctl::start_tls(Arc::new(RecordingFabric::default())).await;
+    assert!(ctl.base.starts_with("https://127.0.0.1:"), "{}", ctl.base);
+    let cfg = ctl.agent("node1", 0x0002_c903_0000_0100, &[1]).await;
+    let (_stop, task) = spawn_agent(cfg);
+    servers_with_ports(&ctl.admin, 1).await;
+    assert!(!task.is_finished());
+
+    // The certificate as a CA file: its names (127.0.0.1) are checked and match.
+    let as_ca = Client::with_tls(
+        &ctl.base,
+        Some(Secret::new(ADMIN)),
+        Duration::from_secs(5),
+        &ClientTls {
+            ca_file: Some(ctl.dir.path().join("ctl.crt")),
+            ..ClientTls::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(as_ca.servers().await.unwrap().len(), 1);
+
+    // A wrong pin: refused before any request, naming both fingerprints.
+    let wrong = format!("sha256:{}", "00".repeat(32));
+    let bad = ClientTls {
+        pin: Some(wrong.clone()),
+        ..ClientTls::default()
+    };
+    let e = Client::with_tls(
+        &ctl.base,
+        Some(Secret::new(ADMIN)),
+        Duration::from_secs(5),
+        &bad,
+    )
+    .unwrap()
+    .servers()
+    .await
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, weft_controller::client::ClientError::Untrusted { .. }),
+        "{e:?}"
+    );
+    assert!(
+        text.contains(ctl.trust.pin.as_deref().unwrap())
+            && text.contains(&wrong["sha256:".len()..]),
+        "{text}"
+    );
+    // An agent with the wrong pin stops at once instead of retrying, having sent nothing
+    // (no second server appears).
+    let mut cfg = ctl.agent("node2", 0x0002_c903_0000_0200, &[1]).await;
+    cfg.tls = bad;
+    let (_stop2, task2) = spawn_agent(cfg);
+    let err = tokio::time::timeout(Duration::from_secs(10), task2)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Untrusted(_)), "{err}");
+    assert_eq!(ctl.admin.servers().await.unwrap().len(), 1);
+
+    // A CA file that did not sign it: refused as untrusted.
+    let other = ServerTls::self_signed(
+        &ctl.dir.path().join("other.crt"),
+        &ctl.dir.path().join("other.key"),
+        &["127.0.0.1".into()],
+    )
+    .unwrap();
+    drop(other);
+    let e = Client::with_tls(
+        &ctl.base,
+        None,
+        Duration::from_secs(5),
+        &ClientTls {
+            ca_file: Some(ctl.dir.path().join("other.crt")),
+            ..ClientTls::default()
+        },
+    )
+    .unwrap()
+    .status()
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(e, weft_controller::client::ClientError::Untrusted { .. }),
+        "{e:?}"
+    );
+
+    // Plain HTTP to the TLS port gets no API answer.
+    let plain = ctl.base.replace("https://", "http://");
+    let e = Client::new(&plain, None, Duration::from_secs(3))
+        .unwrap()
+        .status()
+        .await
+        .unwrap_err();
+    assert!(e.status().is_none(), "{e:?}");
+
+    // A client refuses plain HTTP off loopback before it sends anything.
+    let e = Client::new("http://192.0.2.1:7100", None, Duration::from_secs(1)).unwrap_err();
+    assert!(e.to_string().contains("--insecure-http"), "{e}");
+}
+
+/// A fast-checking controller on a recording fabric whose "master's file" is `held`.
+async fn ctl_on(held: Option<&str>, adopt: bool, repair: bool) -> (Ctl, Arc<RecordingFabric>) {
+    let fabric = Arc::new(RecordingFabric {
+        plays_sm: true,
+        ..RecordingFabric::default()
+    });
+    *fabric.held.lock().unwrap() = held.map(String::from);
+    let config = ControllerConfig {
+        admin_token: Some(Secret::new(ADMIN)),
+        recheck: Duration::from_millis(200),
+        max_backoff: Duration::from_millis(300),
+        adopt,
+        port_check: Duration::from_millis(200),
+        repair_drift: repair,
+        ..ControllerConfig::default()
+    };
+    (
+        Ctl::start_config(fabric.clone(), config, false).await,
+        fabric,
+    )
+}
+
+const HAND_WRITTEN: &str =
+    "Default=0x7fff, ipoib : ALL=full ;\nlegacy=0x0a01, ipoib : 0x0002c90300000101=full ;\n";
+
+/// One owner: a controller does not remove a partition it did not write (the delivery
+/// fails naming it and `--adopt`); with `--adopt` it keeps it in every file, keeps its
+/// P_Key off its groups, writes its owner header, and audits the adoption and each
+/// delivery's diff with the removals (Default's `ALL=full` lowered) spelt out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_adopts_a_hand_written_file_only_when_told_and_audits_removals() {
+    let (ctl, fabric) = ctl_on(Some(HAND_WRITTEN), false, false).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let failed = until(
+        "the delivery to be refused",
+        Duration::from_secs(10),
+        || async {
+            let o = ctl.admin.operation(op.id).await.ok()?;
+            o.last_error.filter(|e| e.contains("legacy"))
+        },
+    )
+    .await;
+    assert!(
+        failed.contains("--adopt") && failed.contains("0x0a01"),
+        "{failed}"
+    );
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(HAND_WRITTEN),
+        "nothing written"
+    );
+    drop(ctl);
+
+    let (ctl, fabric) = ctl_on(Some(HAND_WRITTEN), true, false).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let file = fabric.held.lock().unwrap().clone().unwrap();
+    assert!(file.starts_with("# weft-owner: controller "), "{file}");
+    assert!(
+        file.contains("legacy=0x0a01"),
+        "the adopted partition is kept: {file}"
+    );
+    // The group got the next free key, not the adopted one.
+    assert!(file.contains("a=0x0a02"), "{file}");
+    assert_eq!(ctl.admin.groups().await.unwrap()[0].pkey, "0x0a02");
+    let e = ctl.admin.create_group("legacy", "alice").await.unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    let audit = ctl.admin.audit(100).await.unwrap();
+    let adopt = audit
+        .iter()
+        .find(|a| a.action == "adopt")
+        .expect("an adopt line");
+    assert!(
+        adopt.detail.contains("`legacy` (0x0a01)") && adopt.diff.contains("+legacy"),
+        "{adopt:?}"
+    );
+    let deliver = audit
+        .iter()
+        .find(|a| a.action == "deliver")
+        .expect("a deliver line");
+    assert!(
+        deliver.diff.contains("-Default=0x7fff, ipoib : ALL=full ;"),
+        "{deliver:?}"
+    );
+    assert!(deliver.diff.contains("+a=0x0a02"), "{deliver:?}");
+    assert!(
+        deliver.detail.contains("removes:") && deliver.detail.contains("ALL"),
+        "{deliver:?}"
+    );
+}
+
+/// Drift: editing the master's file behind the controller's back shows as a state in the
+/// API, a metric and an audit line, and clears when the file is back; with repair on,
+/// the controller writes its file again (counted), even over a partition someone added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_master_file_is_drift_reported_and_repaired_when_configured() {
+    use weft_controller::model::DriftState;
+    let (ctl, fabric) = ctl_on(None, false, false).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let applied = fabric.held.lock().unwrap().clone().unwrap();
+    until("in sync", Duration::from_secs(10), || async {
+        (ctl.admin.status().await.ok()?.drift.state == DriftState::InSync).then_some(())
+    })
+    .await;
+    let edited = format!("{applied}intruder=0x0b0b : ALL=full ;\n");
+    *fabric.held.lock().unwrap() = Some(edited.clone());
+    let st = until("drift", Duration::from_secs(10), || async {
+        let st = ctl.admin.status().await.ok()?;
+        (st.drift.state == DriftState::Drift).then_some(st)
+    })
+    .await;
+    assert!(st.drift.files[0].contains("SM `master`"), "{:?}", st.drift);
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_fabric_drift{kind=\"files\"} 1"),
+        "{metrics}"
+    );
+    // Not repaired: the edit stays.
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(edited.as_str())
+    );
+    *fabric.held.lock().unwrap() = Some(applied.clone());
+    until("in sync again", Duration::from_secs(10), || async {
+        (ctl.admin.status().await.ok()?.drift.state == DriftState::InSync).then_some(())
+    })
+    .await;
+    let audit = ctl.admin.audit(100).await.unwrap();
+    let drift: Vec<_> = audit
+        .iter()
+        .filter(|a| a.action == "drift")
+        .map(|a| a.outcome.as_str())
+        .collect();
+    assert_eq!(drift, ["drift", "in-sync"], "{audit:?}");
+    drop(ctl);
+
+    let (ctl, fabric) = ctl_on(None, false, true).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    let op = ctl
+        .admin
+        .create_group("a", "alice")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    ctl.admin
+        .wait_applied(op.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let applied = fabric.held.lock().unwrap().clone().unwrap();
+    *fabric.held.lock().unwrap() = Some(format!("{applied}intruder=0x0b0b : ALL=full ;\n"));
+    let st = until("a repair", Duration::from_secs(10), || async {
+        let st = ctl.admin.status().await.ok()?;
+        (st.drift.repairs >= 1).then_some(st)
+    })
+    .await;
+    assert_eq!(
+        fabric.held.lock().unwrap().as_deref(),
+        Some(applied.as_str()),
+        "{st:?}"
+    );
+    let audit = ctl.admin.audit(100).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "deliver" && a.detail.contains("intruder")),
+        "the repair lists what it removed: {audit:?}"
+    );
+}
+
+/// A server whose port is on no fabric (a host cabled elsewhere, a GUID typed wrong): its
+/// group is applied and the other ports verified, but the operation and the audit line
+/// carry a WARN naming the GUID, never "verified" for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_is_not_on_the_fabric_is_a_warning_naming_its_guid() {
+    let topology = weft_testbed::Topology::single_switch(2);
+    let bed = tokio::task::block_in_place(|| fabric::bed(&topology));
+    let ctl = Ctl::start(
+        Arc::new(OpenSmFabric {
+            applier: bed.applier(),
+        }),
+        30,
+    )
+    .await;
+    let node1 = topology.end_nodes().find(|h| h.name == "node1").unwrap();
+    let ports: Vec<u8> = node1.port_guids.iter().map(|(p, _)| *p).collect();
+    let (_s1, _a1) = spawn_agent(ctl.agent("node1", node1.node_guid, &ports).await);
+    let (_s2, _a2) = spawn_agent(ctl.agent("ghost", 0x0002_c903_dead_0000, &[1]).await);
+    servers_with_ports(&ctl.admin, 2).await;
+    ctl.admin.create_tenant("alice").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.add_member("a", "node1").await.unwrap();
+    let op = ctl
+        .admin
+        .add_member("a", "ghost")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    let done = ctl
+        .admin
+        .wait_applied(op.id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let warning = done.warning.expect("a warning for the absent port");
+    assert!(
+        warning.contains("0x0002c903dead0001") && warning.contains("not verified"),
+        "{warning}"
+    );
+    let audit = ctl.admin.audit(100).await.unwrap();
+    assert!(
+        audit.iter().any(|a| a.action == "apply"
+            && a.detail.contains("WARN")
+            && a.detail.contains("0x0002c903dead0001")),
+        "{audit:?}"
+    );
+    // node1's port does hold the key: the WARN is about the absent one only.
+    let t = tokio::task::block_in_place(|| bed.verified());
+    assert!(t["node1"].contains(&0x8a01), "{t:x?}");
 }

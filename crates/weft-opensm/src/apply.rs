@@ -131,6 +131,10 @@ impl Applier {
         }
     }
 
+    pub(crate) fn master_of(&self, inventory: &Inventory) -> Result<usize, ApplyError> {
+        self.master_index(inventory)
+    }
+
     fn master_index(&self, inventory: &Inventory) -> Result<usize, ApplyError> {
         let master = inventory.sm_port_guid.unwrap_or(Guid(0));
         self.sms
@@ -367,8 +371,18 @@ impl Applier {
     /// [`ApplyReport::degraded`]. An unreachable master fails the apply (after rolling
     /// back whatever was written).
     pub fn apply(&self, conf: &Conf, before: &FabricSnapshot) -> Result<ApplyReport, ApplyError> {
+        self.apply_as(conf, before, None)
+    }
+
+    /// [`Applier::apply`], with `owner`'s header in the file (see `owner.rs`).
+    pub(crate) fn apply_as(
+        &self,
+        conf: &Conf,
+        before: &FabricSnapshot,
+        owner: Option<&str>,
+    ) -> Result<ApplyReport, ApplyError> {
         let start = Instant::now();
-        let text = Self::render_checked(conf)?;
+        let text = crate::owner::with_owner(owner, Self::render_checked(conf)?);
         let inventory = &before.inventory;
         let master = self.master_index(inventory)?;
         let ports = self.ports_to_verify(conf, before);

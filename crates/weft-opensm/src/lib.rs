@@ -31,6 +31,7 @@
 
 mod apply;
 mod diag;
+mod owner;
 mod process;
 mod sm;
 mod ssh;
@@ -39,6 +40,7 @@ pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification, VerifyS
 pub use diag::{
     DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
 };
+pub use owner::{OWNER_PREFIX, owner_of, with_owner};
 pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
 pub use sm::{LocalSm, SmError, SmHost, SmLock, checksum, lock_file_name, write_atomically};
 pub use ssh::{RemotePaths, SshConfig, SshSm, shell_quote};

@@ -14,24 +14,61 @@ use weft_controller::client::{Client, ClientError};
 use weft_controller::model::{Accepted, OpState, OperationView};
 use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
 use weft_controller::store::SqliteStore;
+use weft_controller::tls::{ClientTls, ServerTls};
 use weft_controller::{Controller, ControllerConfig};
 
-use crate::config::Config;
+use crate::config::{Config, ControllerClientConfig};
 use crate::output;
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
 /// Where the controller is and who is asking.
 #[derive(Args)]
 pub struct Remote {
-    /// The controller's API.
-    #[arg(long, env = "WEFT_CONTROLLER", default_value = "http://127.0.0.1:7100")]
-    controller: String,
+    #[command(flatten)]
+    trust: Trust,
     /// API token (admin, or a tenant's).
     #[arg(long, env = "WEFT_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Timeout of each request, seconds.
     #[arg(long, default_value_t = 10)]
     timeout_s: u64,
+}
+
+/// The controller's URL and how it is trusted (flags, then `WEFT_*`, then `[controller]`
+/// in weft.toml).
+#[derive(Args)]
+pub struct Trust {
+    /// The controller's API: https://HOST:PORT, or http:// on loopback [default:
+    /// `[controller] url` of weft.toml, else http://127.0.0.1:7100].
+    #[arg(long, env = "WEFT_CONTROLLER")]
+    controller: Option<String>,
+    /// PEM CA certificate(s) to verify the controller's certificate and name against.
+    #[arg(long, env = "WEFT_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Trust exactly the certificate with this fingerprint (`sha256:<hex>`, as
+    /// `weft controller --tls-self-signed` prints it).
+    #[arg(long, env = "WEFT_PIN")]
+    pin: Option<String>,
+    /// Allow plain http:// to a controller off loopback (tokens cross the network in clear).
+    #[arg(long, env = "WEFT_INSECURE_HTTP")]
+    insecure_http: bool,
+}
+
+impl Trust {
+    /// The URL and the TLS settings, the flags over the config file.
+    fn resolve(&self, file: &ControllerClientConfig) -> (String, ClientTls) {
+        let url = self
+            .controller
+            .clone()
+            .or_else(|| file.url.clone())
+            .unwrap_or_else(|| "http://127.0.0.1:7100".into());
+        let tls = ClientTls {
+            ca_file: self.ca_file.clone().or_else(|| file.ca_file.clone()),
+            pin: self.pin.clone().or_else(|| file.pin.clone()),
+            insecure_http: self.insecure_http || file.insecure_http,
+        };
+        (url, tls)
+    }
 }
 
 /// How long a change waits to be verified on the fabric.
@@ -49,12 +86,12 @@ pub struct Wait {
 pub enum ClusterCommand {
     /// Run the fabric controller: API, store, reconcile loop, metrics.
     #[command(
-        after_help = "Example:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db\n\nThe subnet managers are the [[fabric.sm]] entries of the config file."
+        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
     )]
     Controller(ControllerArgs),
     /// Run the agent of this server: discover its ports and report them to the controller.
     #[command(
-        after_help = "Example:\n  WEFT_ENROLL_TOKEN=wfe_... weft agent --controller http://10.0.0.1:7100 --state-file /var/lib/weft/agent.json"
+        after_help = "Example:\n  WEFT_ENROLL_TOKEN=wfe_... weft agent --controller https://10.0.0.1:7100 --pin sha256:... --state-file /var/lib/weft/agent.json\n\nThe agent verifies the controller (--ca-file or --pin) before it sends a token or a report."
     )]
     Agent(AgentArgs),
     /// Servers, their ports and whether their agents report; enrollment and GUID claims.
@@ -122,13 +159,43 @@ pub struct ControllerArgs {
     /// Deliver to no subnet manager (render and record only): for trying the API.
     #[arg(long)]
     no_fabric: bool,
+    /// The PEM certificate chain the API (and metrics) listener presents.
+    #[arg(long, env = "WEFT_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "WEFT_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Make a self-signed certificate on first start (kept in --tls-cert/--tls-key, default
+    /// beside --db) and print its fingerprint for clients' --pin.
+    #[arg(long)]
+    tls_self_signed: bool,
+    /// Extra names (host names, IP addresses) for the self-signed certificate.
+    #[arg(long, value_delimiter = ',')]
+    tls_name: Vec<String>,
+    /// Take over the partitions the SMs hold that this controller did not write (a file
+    /// `weft fabric apply` wrote): they are kept in every file it writes. Without it, a
+    /// delivery that would remove them is refused.
+    #[arg(long)]
+    adopt: bool,
+    /// Seconds between drift checks of the SMs' files (and reconcile passes).
+    #[arg(long, default_value_t = 30)]
+    recheck_s: u64,
+    /// Seconds between drift checks of every port's P_Key table.
+    #[arg(long, default_value_t = 300)]
+    port_check_s: u64,
+    /// Deliver the applied state again when drift is found (else it is only reported:
+    /// metric, audit line, `weft fabric status`).
+    #[arg(long)]
+    repair_drift: bool,
+    /// Serve plain HTTP on an address that is not loopback (tokens in clear).
+    #[arg(long, env = "WEFT_INSECURE_HTTP")]
+    insecure_http: bool,
 }
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// The controller's API.
-    #[arg(long, env = "WEFT_CONTROLLER", default_value = "http://127.0.0.1:7100")]
-    controller: String,
+    #[command(flatten)]
+    trust: Trust,
     /// One-time enrollment token (`weft nodes enroll`); needed until the agent enrolled.
     #[arg(long, env = "WEFT_ENROLL_TOKEN", hide_env_values = true)]
     enroll_token: Option<String>,
@@ -310,11 +377,13 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn client(r: &Remote) -> Result<Client> {
-    Ok(Client::new(
-        &r.controller,
+fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
+    let (url, tls) = r.trust.resolve(file);
+    Ok(Client::with_tls(
+        &url,
         r.token.clone().map(Secret::new),
         Duration::from_secs(r.timeout_s.max(1)),
+        &tls,
     )?)
 }
 
@@ -333,8 +402,8 @@ fn failed(e: ClientError) -> Result<u8> {
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
         ClusterCommand::Controller(a) => controller(a, cfg),
-        ClusterCommand::Agent(a) => agent(a),
-        other => runtime()?.block_on(client_command(other, json)),
+        ClusterCommand::Agent(a) => agent(a, &cfg.controller),
+        other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
 
@@ -362,12 +431,17 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         (None, Ok(t)) if !t.trim().is_empty() => Some(Secret::new(t.trim())),
         _ => None,
     };
+    let tls = server_tls(&a)?;
     let store = SqliteStore::open(&a.db)
         .with_context(|| format!("cannot open the store {}", a.db.display()))?;
     runtime()?.block_on(async move {
         let config = ControllerConfig {
             admin_token,
             stale_after_s: a.stale_after_s,
+            adopt: a.adopt,
+            recheck: Duration::from_secs(a.recheck_s.max(1)),
+            port_check: Duration::from_secs(a.port_check_s.max(1)),
+            repair_drift: a.repair_drift,
             ..ControllerConfig::default()
         };
         let ctl = Controller::start(Arc::new(store), fabric, config)?;
@@ -377,18 +451,87 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         let metrics = tokio::net::TcpListener::bind(&a.metrics_listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.metrics_listen))?;
-        println!(
-            "weft controller: api http://{} metrics http://{}/metrics",
+        let (api_addr, metrics_addr) = (
             weft_controller::local(&api),
-            weft_controller::local(&metrics)
+            weft_controller::local(&metrics),
         );
-        weft_controller::serve(ctl, api, Some(metrics), weft_controller::shutdown_signal()).await?;
+        if tls.is_none() {
+            weft_controller::tls::check_plain_listen(api_addr, a.insecure_http)?;
+            weft_controller::tls::check_plain_listen(metrics_addr, a.insecure_http)?;
+        }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!(
+            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics"
+        );
+        if let Some(t) = &tls {
+            println!("weft controller: TLS certificate {}", t.fingerprint());
+        }
+        weft_controller::serve_tls(
+            ctl,
+            api,
+            Some(metrics),
+            tls,
+            weft_controller::shutdown_signal(),
+        )
+        .await?;
         Ok(EXIT_OK)
     })
 }
 
-fn agent(a: AgentArgs) -> Result<u8> {
-    let mut cfg = AgentConfig::new(&a.controller, a.state_file, a.sysfs_root);
+/// The controller's certificate: the given files, or a self-signed pair (made on first
+/// start, beside the store unless --tls-cert/--tls-key name the files).
+fn server_tls(a: &ControllerArgs) -> Result<Option<ServerTls>> {
+    if a.tls_self_signed {
+        let dir =
+            a.db.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let cert = a
+            .tls_cert
+            .clone()
+            .unwrap_or_else(|| dir.join("weft-controller.crt"));
+        let key = a
+            .tls_key
+            .clone()
+            .unwrap_or_else(|| dir.join("weft-controller.key"));
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+        if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            names.push(h.trim().to_string());
+        }
+        if let Ok(addr) = a.listen.parse::<std::net::SocketAddr>()
+            && !addr.ip().is_unspecified()
+        {
+            names.push(addr.ip().to_string());
+        }
+        names.extend(a.tls_name.iter().cloned());
+        names.sort();
+        names.dedup();
+        let (tls, made) = ServerTls::self_signed(&cert, &key, &names)?;
+        if made {
+            eprintln!(
+                "weft controller: made a self-signed certificate {} (key {}) for {}",
+                cert.display(),
+                key.display(),
+                names.join(", ")
+            );
+        }
+        eprintln!(
+            "weft controller: clients trust it with --pin {} (or --ca-file {})",
+            tls.fingerprint(),
+            cert.display()
+        );
+        return Ok(Some(tls));
+    }
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Ok(Some(ServerTls::from_files(c, k)?)),
+        _ => Ok(None),
+    }
+}
+
+fn agent(a: AgentArgs, file: &ControllerClientConfig) -> Result<u8> {
+    let (url, tls) = a.trust.resolve(file);
+    let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
+    cfg.tls = tls;
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
     cfg.rescan = Duration::from_secs_f64(a.rescan_s.max(0.05));
@@ -413,7 +556,7 @@ fn agent(a: AgentArgs) -> Result<u8> {
         });
         match weft_controller::agent::run(cfg, rx).await {
             Ok(()) => Ok(EXIT_OK),
-            Err(e @ (AgentError::Refused(_) | AgentError::NoToken)) => {
+            Err(e @ (AgentError::Refused(_) | AgentError::NoToken | AgentError::Untrusted(_))) => {
                 eprintln!("weft agent: {e}");
                 Ok(EXIT_ENVIRONMENT)
             }
@@ -457,6 +600,9 @@ fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()
         return output::json(op);
     }
     let state = match (op.state, delivers) {
+        (OpState::Applied, Some(true)) if op.warning.is_some() => {
+            "applied; verified on the ports that are on the fabric, not on the others"
+        }
         (OpState::Applied, Some(true)) => "applied and verified",
         (OpState::Applied, Some(false)) => {
             "recorded, no fabric: the controller runs with --no-fabric; nothing was delivered or verified"
@@ -465,6 +611,9 @@ fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()
         (OpState::Pending, _) => "pending",
     };
     println!("operation {}: {} ({state})", op.id, op.action);
+    if let Some(w) = &op.warning {
+        println!("  {}", output::clean(w));
+    }
     for line in op.diff.lines() {
         println!("  {line}");
     }
@@ -544,7 +693,11 @@ fn done(json: bool, message: &str) {
     }
 }
 
-async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
+async fn client_command(
+    cmd: ClusterCommand,
+    file: &ControllerClientConfig,
+    json: bool,
+) -> Result<u8> {
     macro_rules! try_api {
         ($e:expr) => {
             match $e.await {
@@ -558,7 +711,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
         ClusterCommand::Nodes(NodesArgs { remote, command }) => {
             match command.unwrap_or(NodesCommand::List { remote }) {
                 NodesCommand::List { remote } => {
-                    let servers = try_api!(client(&remote)?.servers());
+                    let servers = try_api!(client(&remote, file)?.servers());
                     if json {
                         output::json(&servers)?;
                     } else {
@@ -603,7 +756,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                     Ok(EXIT_OK)
                 }
                 NodesCommand::Enroll { server, remote } => {
-                    let t = try_api!(client(&remote)?.create_enrollment(server.as_deref()));
+                    let t = try_api!(client(&remote, file)?.create_enrollment(server.as_deref()));
                     if json {
                         println!(
                             "{}",
@@ -616,7 +769,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                     Ok(EXIT_OK)
                 }
                 NodesCommand::Remove { server, remote } => {
-                    try_api!(client(&remote)?.remove_server(&server));
+                    try_api!(client(&remote, file)?.remove_server(&server));
                     done(
                         json,
                         &format!("server `{server}` removed; its agent secret no longer works"),
@@ -624,7 +777,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                     Ok(EXIT_OK)
                 }
                 NodesCommand::Claims { remote } => {
-                    let claims = try_api!(client(&remote)?.claims());
+                    let claims = try_api!(client(&remote, file)?.claims());
                     if json {
                         output::json(&claims)?;
                     } else {
@@ -646,7 +799,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                     Ok(EXIT_OK)
                 }
                 NodesCommand::Approve { id, remote, wait } => {
-                    let c = client(&remote)?;
+                    let c = client(&remote, file)?;
                     let accepted = try_api!(c.approve_claim(id));
                     finish(&c, accepted, &wait, json).await
                 }
@@ -659,7 +812,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 remote,
                 wait,
             } => {
-                let c = client(&remote)?;
+                let c = client(&remote, file)?;
                 let accepted = try_api!(c.create_group(&name, &tenant));
                 finish(&c, accepted, &wait, json).await
             }
@@ -669,7 +822,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 remote,
                 wait,
             } => {
-                let c = client(&remote)?;
+                let c = client(&remote, file)?;
                 let mut code = EXIT_OK;
                 for s in servers {
                     let accepted = try_api!(c.add_member(&group, &s));
@@ -683,7 +836,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 remote,
                 wait,
             } => {
-                let c = client(&remote)?;
+                let c = client(&remote, file)?;
                 let accepted = try_api!(c.move_server(&server, &to));
                 finish(&c, accepted, &wait, json).await
             }
@@ -693,7 +846,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 remote,
                 wait,
             } => {
-                let c = client(&remote)?;
+                let c = client(&remote, file)?;
                 let accepted = match server {
                     Some(s) => try_api!(c.remove_member(&group, &s)),
                     None => try_api!(c.delete_group(&group)),
@@ -701,7 +854,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 finish(&c, accepted, &wait, json).await
             }
             GroupCommand::List { remote } => {
-                let groups = try_api!(client(&remote)?.groups());
+                let groups = try_api!(client(&remote, file)?.groups());
                 if json {
                     output::json(&groups)?;
                 } else {
@@ -728,7 +881,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
         },
         ClusterCommand::Tenant(t) => match t {
             TenantCommand::Create { name, remote } => {
-                let created = try_api!(client(&remote)?.create_tenant(&name));
+                let created = try_api!(client(&remote, file)?.create_tenant(&name));
                 if json {
                     println!(
                         "{}",
@@ -743,7 +896,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 Ok(EXIT_OK)
             }
             TenantCommand::List { remote } => {
-                let tenants = try_api!(client(&remote)?.tenants());
+                let tenants = try_api!(client(&remote, file)?.tenants());
                 if json {
                     output::json(&tenants)?;
                 } else {
@@ -769,12 +922,12 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 ttl_s,
                 remote,
             } => {
-                let t = try_api!(client(&remote)?.create_token(Some(&name), ttl_s));
+                let t = try_api!(client(&remote, file)?.create_token(Some(&name), ttl_s));
                 print_token(&t, json);
                 Ok(EXIT_OK)
             }
             TenantCommand::Delete { name, remote } => {
-                try_api!(client(&remote)?.delete_tenant(&name));
+                try_api!(client(&remote, file)?.delete_tenant(&name));
                 done(
                     json,
                     &format!("tenant `{name}` deleted; its tokens no longer work"),
@@ -784,7 +937,7 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
         },
         ClusterCommand::Token(t) => match t {
             TokenCommand::List { remote } => {
-                let tokens = try_api!(client(&remote)?.tokens());
+                let tokens = try_api!(client(&remote, file)?.tokens());
                 if json {
                     return output::json(&tokens).map(|_| EXIT_OK);
                 }
@@ -808,18 +961,18 @@ async fn client_command(cmd: ClusterCommand, json: bool) -> Result<u8> {
                 Ok(EXIT_OK)
             }
             TokenCommand::Admin { ttl_s, remote } => {
-                let t = try_api!(client(&remote)?.create_token(None, ttl_s));
+                let t = try_api!(client(&remote, file)?.create_token(None, ttl_s));
                 print_token(&t, json);
                 Ok(EXIT_OK)
             }
             TokenCommand::Revoke { id, remote } => {
-                try_api!(client(&remote)?.revoke_token(&id));
+                try_api!(client(&remote, file)?.revoke_token(&id));
                 done(json, &format!("token {id} revoked"));
                 Ok(EXIT_OK)
             }
         },
         ClusterCommand::Audit(a) => {
-            let entries = try_api!(client(&a.remote)?.audit(a.limit));
+            let entries = try_api!(client(&a.remote, file)?.audit(a.limit));
             if json {
                 return output::json(&entries).map(|_| EXIT_OK);
             }

@@ -19,6 +19,25 @@ use weft_opensm::{
 pub struct Config {
     #[serde(default)]
     pub fabric: FabricConfig,
+    /// Where the controller is and how clients (the CLI, `weft agent`) trust it.
+    #[serde(default)]
+    pub controller: ControllerClientConfig,
+}
+
+/// `[controller]`: defaults for `--controller`, `--ca-file`, `--pin` and
+/// `--insecure-http` (flags and `WEFT_*` variables win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerClientConfig {
+    /// The controller's API, e.g. `https://ctl:7100`.
+    pub url: Option<String>,
+    /// PEM CA certificates to verify the controller against.
+    pub ca_file: Option<PathBuf>,
+    /// The controller certificate's `sha256:` fingerprint.
+    pub pin: Option<String>,
+    /// Allow `http://` off loopback (tokens in clear).
+    #[serde(default)]
+    pub insecure_http: bool,
 }
 
 #[derive(Debug, Deserialize)]

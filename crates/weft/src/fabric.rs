@@ -49,8 +49,14 @@ pub enum FabricCommand {
         /// Allow a plan with no partition (it removes every tenant's partition).
         #[arg(long)]
         allow_empty: bool,
+        /// Replace a file that a weft controller manages (its header names the owner);
+        /// the controller then sees the change as drift.
+        #[arg(long)]
+        force: bool,
     },
-    /// Compare the fabric's P_Key tables with a plan, or with the master SM's current file.
+    /// Compare the fabric's P_Key tables with a plan; without one, with what the controller
+    /// applied when a controller owns the file (and `[controller] url` or WEFT_CONTROLLER
+    /// names it; its file must be the master's too), else with the master SM's file.
     #[command(after_help = "Examples:\n  weft fabric verify plan.toml\n  weft fabric verify")]
     Verify { plan: Option<PathBuf> },
     /// Turn an existing partitions.conf into a plan (TOML on stdout) that means the same
@@ -71,8 +77,11 @@ pub enum FabricCommand {
         #[arg(long)]
         live: bool,
     },
-    /// Show each configured SM: master or standby, and whether their files agree.
-    #[command(after_help = "Example:\n  weft fabric status --json")]
+    /// Show each configured SM: master or standby, whether their files agree, who owns the
+    /// file, and (for a controller's file) what the controller's drift check found.
+    #[command(
+        after_help = "Examples:\n  weft fabric status --json\n  WEFT_CONTROLLER=https://ctl:7100 WEFT_PIN=sha256:... weft fabric status\n\nExit 1 when the SMs differ, none is master, or the controller reports drift."
+    )]
     Status,
 }
 
@@ -144,6 +153,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             timeouts,
             allow_removal,
             allow_empty,
+            force,
         } => {
             let start = std::time::Instant::now();
             let plan = plan_or_exit!(&plan, as_json);
@@ -160,6 +170,17 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 Ok(c) => c,
                 Err(v) => return report_violations(&v, as_json),
             };
+            if !force && let Some((sm, owner)) = a.held_owner(&snapshot)? {
+                let why = format!(
+                    "SM `{sm}`'s partitions file is managed by {owner} (its header says so): change it through the controller; nothing was written (pass --force to replace it anyway, and the controller will report the drift)"
+                );
+                if as_json {
+                    json(&serde_json::json!({ "error": why, "owner": owner, "sm": sm }))?;
+                } else {
+                    eprintln!("weft: {why}");
+                }
+                return Ok(EXIT_CHECK_FAILED);
+            }
             if !allow_removal {
                 let removed = a.removals(&compiled.conf, &snapshot.inventory)?;
                 if removed.as_ref().is_none_or(|r| !r.is_empty()) {
@@ -220,29 +241,82 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
         FabricCommand::Verify { plan } => {
             let a = applier(fc, None)?;
             let snapshot = a.diag.snapshot()?;
+            // Without a plan: what the controller applied when a controller owns the
+            // file (and is configured), else the master's file, the last one applied.
+            let mut against = "the plan".to_string();
+            let mut file_drift: Option<String> = None;
             let conf = match plan {
                 Some(p) => match compile(&plan_or_exit!(&p, as_json), Some(&snapshot.inventory)) {
                     Ok(c) => c.conf,
                     Err(v) => return report_violations(&v, as_json),
                 },
-                None => master_conf(&a, &snapshot)?,
+                None => {
+                    let held = a.master_file(&snapshot)?;
+                    let owner = held.as_deref().and_then(weft_opensm::owner_of);
+                    match (owner, controller_status(cfg)) {
+                        (Some(owner), Some(Ok(st))) if st.applied_conf.is_some() => {
+                            let text = st.applied_conf.unwrap_or_default();
+                            if held.as_deref() != Some(text.as_bytes()) {
+                                file_drift = Some(format!(
+                                    "the master's file is not the one {owner} applied (generation {}, checksum {})",
+                                    st.applied_generation,
+                                    st.applied_checksum
+                                        .as_deref()
+                                        .map_or("-", |c| &c[..12.min(c.len())])
+                                ));
+                            }
+                            against = format!(
+                                "what {owner} applied (generation {})",
+                                st.applied_generation
+                            );
+                            conf::parse(&text).map_err(|e| {
+                                anyhow::anyhow!("the controller's applied file: {e}")
+                            })?
+                        }
+                        (Some(owner), Some(Err(e))) => {
+                            anyhow::bail!(
+                                "the master's file is managed by {owner}, whose applied file cannot be read: {e}"
+                            )
+                        }
+                        (Some(owner), _) => {
+                            against = format!(
+                                "the master's file (managed by {owner}; set [controller] url or WEFT_CONTROLLER to compare with what it applied)"
+                            );
+                            master_conf(&a, &snapshot)?
+                        }
+                        (None, _) => {
+                            against = "the master's file (the last one applied)".into();
+                            master_conf(&a, &snapshot)?
+                        }
+                    }
+                }
             };
             let v = a.compare(&conf, &snapshot);
+            let ok = v.mismatches.is_empty() && file_drift.is_none();
             if as_json {
-                json(&v)?;
-            } else if v.mismatches.is_empty() {
-                println!(
-                    "verified: all {} ports hold the planned P_Keys (master SM port {})",
-                    v.ports_checked, v.master
-                );
+                json(&serde_json::json!({
+                    "master": v.master,
+                    "ports_checked": v.ports_checked,
+                    "mismatches": v.mismatches,
+                    "against": against,
+                    "file_drift": file_drift,
+                    "ok": ok,
+                }))?;
             } else {
-                print_port_changes(&v.mismatches, &snapshot, "wrong");
+                if let Some(d) = &file_drift {
+                    println!("DRIFT: {d}");
+                }
+                if v.mismatches.is_empty() {
+                    println!(
+                        "verified: all {} ports hold the P_Keys of {against} (master SM port {})",
+                        v.ports_checked, v.master
+                    );
+                } else {
+                    println!("compared with {against}:");
+                    print_port_changes(&v.mismatches, &snapshot, "wrong");
+                }
             }
-            Ok(if v.mismatches.is_empty() {
-                EXIT_OK
-            } else {
-                EXIT_CHECK_FAILED
-            })
+            Ok(if ok { EXIT_OK } else { EXIT_CHECK_FAILED })
         }
         FabricCommand::Import {
             file,
@@ -309,20 +383,95 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 ("in_sync", "in sync".to_string(), EXIT_OK)
             };
             let in_sync = state == "in_sync";
+            // Who owns the file, and (when a controller is configured) what its drift
+            // check last found.
+            let owner = master_index
+                .and_then(|i| a.sms[i].read_partitions().ok().flatten())
+                .and_then(|b| weft_opensm::owner_of(&b));
+            let drift = owner.as_ref().and_then(|_| controller_status(cfg));
+            let (drift_json, drift_line, drifted) = match &drift {
+                Some(Ok(st)) => {
+                    let mut line = format!("controller drift check: {}", st.drift.state.as_str());
+                    for f in st
+                        .drift
+                        .files
+                        .iter()
+                        .chain(&st.drift.ports)
+                        .chain(&st.drift.unreadable)
+                    {
+                        line.push_str(&format!("\n  {f}"));
+                    }
+                    (
+                        serde_json::to_value(&st.drift).unwrap_or_default(),
+                        Some(line),
+                        st.drift.state == weft_controller::model::DriftState::Drift,
+                    )
+                }
+                Some(Err(e)) => (
+                    serde_json::json!({ "error": e.to_string() }),
+                    Some(format!(
+                        "controller drift check: cannot ask the controller: {e}"
+                    )),
+                    false,
+                ),
+                None => (serde_json::Value::Null, None, false),
+            };
+            let code = if code == EXIT_OK && drifted {
+                EXIT_CHECK_FAILED
+            } else {
+                code
+            };
             if as_json {
                 json(&serde_json::json!({
                     "sms": states,
                     "in_sync": in_sync,
                     "state": state,
                     "message": message,
+                    "owner": owner,
+                    "drift": drift_json,
                 }))?;
             } else {
                 print_sm_states(&states);
                 println!("{}", crate::output::clean(&message));
+                if let Some(o) = &owner {
+                    println!("owner: {}", crate::output::clean(o));
+                }
+                if let Some(l) = drift_line {
+                    println!("{}", crate::output::clean(&l));
+                }
             }
             Ok(code)
         }
     }
+}
+
+/// The controller's status (drift, applied file) when one is configured (`[controller]
+/// url` or `WEFT_CONTROLLER`, token from `WEFT_TOKEN`, trust from `[controller]`,
+/// `WEFT_CA_FILE`, `WEFT_PIN`); `None` when none is.
+fn controller_status(
+    cfg: &Config,
+) -> Option<Result<weft_controller::model::StatusView, weft_controller::client::ClientError>> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let c = &cfg.controller;
+    let url = env("WEFT_CONTROLLER").or_else(|| c.url.clone())?;
+    let tls = weft_controller::tls::ClientTls {
+        ca_file: env("WEFT_CA_FILE")
+            .map(PathBuf::from)
+            .or_else(|| c.ca_file.clone()),
+        pin: env("WEFT_PIN").or_else(|| c.pin.clone()),
+        insecure_http: c.insecure_http || env("WEFT_INSECURE_HTTP").is_some_and(|v| v != "false"),
+    };
+    let token = env("WEFT_TOKEN").map(weft_controller::auth::Secret::new);
+    let run = || {
+        let client =
+            weft_controller::client::Client::with_tls(&url, token, Duration::from_secs(10), &tls)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| weft_controller::client::ClientError::Config(e.to_string()))?;
+        rt.block_on(client.status())
+    };
+    Some(run())
 }
 
 /// `weft fabric import`.

@@ -823,3 +823,357 @@ fn the_cli_never_claims_a_verification_that_did_not_happen() {
     assert!(text(&o).contains("stays pending"), "{}", text(&o));
     assert!(!text(&o).contains("applied and verified"), "{}", text(&o));
 }
+
+/// Starts `weft controller` with `args` (after `--config weft.toml controller`) and
+/// returns it with its stdout lines so far (up to the one that says where it listens).
+fn start_controller_args(dir: &Path, args: &[&str]) -> (Proc, String) {
+    let mut all = vec!["--config", "weft.toml", "controller"];
+    all.extend_from_slice(args);
+    let mut child = weft_cmd(dir, &all)
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("weft controller starts");
+    let stdout = child.stdout.take().unwrap();
+    // Killed (by pid) on drop, also when the wait below fails.
+    let child = Proc(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut text = String::new();
+        // The listen line, and with TLS the certificate's line after it.
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            text.push_str(&line);
+            if line.contains("TLS certificate") || line.contains("api http://") {
+                break;
+            }
+        }
+        let _ = tx.send(text);
+        // Keep draining so the controller never blocks on a full pipe.
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+    });
+    let text = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the controller says where it listens");
+    (child, text)
+}
+
+/// TLS through the binary: plain HTTP off loopback is refused (controller and client)
+/// unless `--insecure-http`; `--tls-self-signed` prints the fingerprint, keeps it across
+/// restarts, and the CLI and an agent process speak https with `--pin` (or the
+/// certificate as `--ca-file`); a wrong pin exits 2 naming both fingerprints.
+#[test]
+fn tls_end_to_end_through_the_cli_and_an_agent_and_plain_http_only_on_loopback() {
+    let scratch = tempfile::tempdir().unwrap();
+    let d = scratch.path();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let port = free_port();
+    let wildcard = format!("0.0.0.0:{port}");
+    let base = [
+        "--no-fabric",
+        "--db",
+        "controller.db",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--listen",
+    ];
+    // Plain HTTP on every address: refused, naming the flag.
+    let o = weft_cmd(
+        d,
+        &[
+            &["--config", "weft.toml", "controller"][..],
+            &base,
+            &[&wildcard],
+        ]
+        .concat(),
+    )
+    .env("WEFT_ADMIN_TOKEN", ADMIN)
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--insecure-http") && text(&o).contains(&wildcard),
+        "{}",
+        text(&o)
+    );
+    // A client refuses http:// off loopback before sending its token.
+    let o = weft(
+        d,
+        &[("WEFT_CONTROLLER", "http://192.0.2.1:7100")],
+        &["nodes"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--insecure-http"), "{}", text(&o));
+
+    let fingerprint = {
+        let (_ctl, out) =
+            start_controller_args(d, &[&base[..], &[&wildcard, "--tls-self-signed"]].concat());
+        assert!(out.contains(&format!("api https://{wildcard}")), "{out}");
+        let fp = out
+            .split_whitespace()
+            .find(|w| w.starts_with("sha256:"))
+            .unwrap_or_else(|| panic!("a fingerprint in {out}"))
+            .to_string();
+        let url = format!("https://127.0.0.1:{port}");
+        let env = [("WEFT_CONTROLLER", url.as_str()), ("WEFT_PIN", fp.as_str())];
+        ok(weft(d, &env, &["tenant", "create", "alice"]));
+        // The certificate as a CA file works too (its names include 127.0.0.1).
+        let o = weft(
+            d,
+            &[("WEFT_CONTROLLER", url.as_str())],
+            &["tenant", "list", "--ca-file", "weft-controller.crt"],
+        );
+        assert!(ok(o).contains("alice"));
+        // An agent process over https with the pin.
+        write_host(
+            &d.join("host-x"),
+            &HostSpec::new("nodex").with_hca(
+                HcaSpec::new("mlx5_0", Guid(0x77_0000), "0000:01:00.0")
+                    .with_port(PortSpec::infiniband(1)),
+            ),
+        )
+        .unwrap();
+        let token = ok(weft(d, &env, &["nodes", "enroll", "--server", "nodex"]))
+            .trim()
+            .to_string();
+        let _agent = Proc(
+            weft_cmd(
+                d,
+                &[
+                    "agent",
+                    "--state-file",
+                    "x.json",
+                    "--sysfs-root",
+                    "host-x",
+                    "--pin",
+                    &fp,
+                ],
+            )
+            .env("WEFT_CONTROLLER", &url)
+            .env("WEFT_ENROLL_TOKEN", &token)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+        );
+        until(
+            "the agent to report over https",
+            Duration::from_secs(20),
+            || {
+                let v: serde_json::Value =
+                    serde_json::from_str(&ok(weft(d, &env, &["--json", "nodes"]))).ok()?;
+                (v.as_array()?.len() == 1 && v[0]["liveness"] == "ok").then_some(())
+            },
+        );
+        // A wrong pin: exit 2, both fingerprints named, for the CLI and for an agent.
+        let wrong = format!("sha256:{}", "ab".repeat(32));
+        let o = weft(
+            d,
+            &[
+                ("WEFT_CONTROLLER", url.as_str()),
+                ("WEFT_PIN", wrong.as_str()),
+            ],
+            &["nodes"],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains(&fp) && text(&o).contains("not the pinned one"),
+            "{}",
+            text(&o)
+        );
+        let o = weft_cmd(
+            d,
+            &[
+                "agent",
+                "--state-file",
+                "y.json",
+                "--sysfs-root",
+                "host-x",
+                "--pin",
+                &wrong,
+            ],
+        )
+        .env("WEFT_CONTROLLER", &url)
+        .env("WEFT_ENROLL_TOKEN", &token)
+        .output()
+        .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("not the pinned one"), "{}", text(&o));
+        fp
+    };
+    // A restart keeps the certificate, so the pin still holds; the plain listener on
+    // loopback needs no flag, and --insecure-http allows the wildcard.
+    let (_ctl, out) =
+        start_controller_args(d, &[&base[..], &[&wildcard, "--tls-self-signed"]].concat());
+    assert!(out.contains(&fingerprint), "{out}");
+}
+
+/// One owner and drift, through the binary with the real OpenSM: a file written by
+/// `weft fabric apply` is adopted by `weft controller --adopt` (its partition kept on the
+/// ports); `weft fabric apply` then refuses the owned file without `--force`; editing the
+/// master's file and changing the ports behind weft's back (another file, SIGHUP, the
+/// applied file put back) are each drift in `weft fabric status`, `weft fabric verify`
+/// (no plan: against what the controller applied) and the audit log.
+#[test]
+fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() {
+    let topology = Topology::single_switch(4);
+    let bed = bed(&topology);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    std::fs::write(
+        d.join("weft.toml"),
+        format!("{}[controller]\nurl = \"{url}\"\n", bed.config_toml()),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("plan.toml"),
+        "[default]\npolicy = \"isolate\"\n[[partition]]\nname = \"legacy\"\ntenant = \"ops\"\npkey = \"0x0b0b\"\nmembers = [{ node = \"node1\" }, { node = \"node2\" }]\n",
+    )
+    .unwrap();
+    let apply = [
+        "--config",
+        "weft.toml",
+        "fabric",
+        "apply",
+        "plan.toml",
+        "--allow-removal",
+    ];
+    ok(weft(d, &[], &apply));
+    let (_ctl, _) = start_controller_args(
+        d,
+        &[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--db",
+            "controller.db",
+            "--adopt",
+            "--recheck-s",
+            "1",
+            "--port-check-s",
+            "1",
+        ],
+    );
+    let cfg = ["--config", "weft.toml"];
+    ok(weft(
+        d,
+        &[],
+        &[&cfg[..], &["tenant", "create", "alice"]].concat(),
+    ));
+    let out = ok(weft(
+        d,
+        &[],
+        &[&cfg[..], &["group", "create", "a", "--tenant", "alice"]].concat(),
+    ));
+    assert!(out.contains("applied and verified"), "{out}");
+    let primary = std::fs::read_to_string(&bed.sms[0].1).unwrap();
+    assert!(
+        primary.starts_with("# weft-owner: controller "),
+        "{primary}"
+    );
+    assert!(primary.contains("legacy=0x0b0b"), "adopted: {primary}");
+    let t = bed.verified();
+    assert!(
+        t[0].contains(&0x8b0b) && t[1].contains(&0x8b0b) && !t[2].contains(&0x8b0b),
+        "{t:x?}"
+    );
+
+    // The owned file: `weft fabric apply` refuses it, naming the owner; nothing written.
+    let o = weft(d, &[], &apply);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("managed by controller ") && text(&o).contains("--force"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&bed.sms[0].1).unwrap(), primary);
+    let status = [&cfg[..], &["fabric", "status"]].concat();
+    until("status in sync", Duration::from_secs(20), || {
+        let o = weft(d, &[], &status);
+        (o.status.code() == Some(0) && text(&o).contains("controller drift check: in sync"))
+            .then_some(())
+    });
+
+    // Drift 1: the master's file edited behind the controller's back.
+    let edited = format!("{primary}intruder=0x0c0c : ALL=full ;\n");
+    std::fs::write(&bed.sms[0].1, &edited).unwrap();
+    let o = until(
+        "status to show the file drift",
+        Duration::from_secs(20),
+        || {
+            let o = weft(d, &[], &status);
+            text(&o).contains("DRIFT").then_some(o)
+        },
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("SM `primary` holds checksum"),
+        "{}",
+        text(&o)
+    );
+    let o = weft(d, &[], &[&cfg[..], &["fabric", "verify"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not the one controller "), "{}", text(&o));
+    std::fs::write(&bed.sms[0].1, &primary).unwrap();
+    until("in sync again", Duration::from_secs(20), || {
+        text(&weft(d, &[], &status))
+            .contains("controller drift check: in sync")
+            .then_some(())
+    });
+
+    // Drift 2: the ports changed behind weft's back. Another file is read by the master
+    // (SIGHUP), then the applied file is put back without a reread: the files agree
+    // with the controller, the ports do not.
+    let stolen = primary.replace("legacy=0x0b0b", "legacy=0x0b0c");
+    std::fs::write(&bed.sms[0].1, &stolen).unwrap();
+    let a = bed.applier();
+    let cursor = a.sms[0].log_cursor().unwrap();
+    a.sms[0].request_reread().unwrap();
+    a.sms[0]
+        .wait_for_sweep(cursor, Duration::from_secs(10))
+        .unwrap();
+    std::fs::write(&bed.sms[0].1, &primary).unwrap();
+    let o = until(
+        "status to show the port drift",
+        Duration::from_secs(30),
+        || {
+            let o = weft(d, &[], &status);
+            (text(&o).contains("DRIFT") && text(&o).contains("0x8b0b")).then_some(o)
+        },
+    );
+    assert!(
+        !text(&o).contains("holds checksum"),
+        "the files agree: {}",
+        text(&o)
+    );
+    let o = weft(d, &[], &[&cfg[..], &["fabric", "verify"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("what controller "), "{}", text(&o));
+    let audit = ok(weft(
+        d,
+        &[],
+        &[&cfg[..], &["--json", "audit", "--limit", "200"]].concat(),
+    ));
+    let v: serde_json::Value = serde_json::from_str(&audit).unwrap();
+    let drift: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "drift")
+        .map(|e| e["outcome"].as_str().unwrap())
+        .collect();
+    assert!(
+        drift.len() >= 3 && drift[0] == "drift" && drift[1] == "in-sync",
+        "{drift:?}"
+    );
+    // --force replaces the owned file.
+    let o = weft(d, &[], &[&apply[..], &["--force"]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
