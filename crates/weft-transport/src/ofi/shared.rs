@@ -161,8 +161,15 @@ struct Routes {
 
 /// An endpoint, its receive buffers and the routing of what it reads.
 pub struct SharedEp {
-    /// Declared first: closed before the pool's memory goes.
+    /// Declared first: closed before the pool's memory goes, and before the registrations
+    /// kept in `graves`.
     ep: Endpoint,
+    /// Registrations of receives whose connection closed while its sender might still write
+    /// into them (it had not said it stopped): a write that reaches a closed registration
+    /// ends the provider's connection to that peer (with `tcp`), which every connection
+    /// between the two processes shares. Each is kept until its instant, or until the
+    /// endpoint closes.
+    graves: Mutex<Vec<(std::time::Instant, Vec<Arc<Mr>>)>>,
     /// One connection only (4-byte remote CQ data): every remote write is its own.
     private: bool,
     routes: Mutex<(Routes, RxPool)>,
@@ -213,6 +220,7 @@ impl SharedEp {
             ep,
             private,
             routes: Mutex::new((Routes::default(), pool)),
+            graves: Mutex::new(Vec::new()),
             returned: Mutex::new(Vec::new()),
             held: AtomicUsize::new(0),
             held_max: slots / 2,
@@ -369,6 +377,18 @@ impl Port {
     /// Connections on the endpoint, this one included.
     pub fn users(&self) -> usize {
         self.shared.users()
+    }
+
+    /// Keeps `mrs` registered for `keep` (or until the endpoint closes, if sooner): the
+    /// memory of receives that a sender may still write into after their connection closed.
+    /// Those kept longer than their time are released now.
+    pub fn bury(&self, mrs: Vec<Arc<Mr>>, keep: std::time::Duration) {
+        let now = std::time::Instant::now();
+        let mut g = self.shared.graves.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|(until, _)| *until > now);
+        if !mrs.is_empty() {
+            g.push((now + keep, mrs));
+        }
     }
 
     /// The endpoint's address (fi_getname).
