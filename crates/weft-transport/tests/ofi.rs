@@ -1675,13 +1675,14 @@ fn close_in_flight(
 
 /// Rings of 3 to 8 rank processes on each provider (`tcp;ofi_rxm` over loopback, `shm`):
 /// every rank sends to the next and receives from the previous one at once, eager and RMA
-/// sizes up to 1 MiB, 12 rounds, each ring size 4 times (`WEFT_TEST_ROUNDS` repeats more).
+/// sizes up to 1 MiB, 12 rounds, each ring size once per provider (`WEFT_TEST_ROUNDS` repeats
+/// more).
 #[test]
 fn rings_of_3_to_8_processes() {
     let reps = std::env::var("WEFT_TEST_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+        .unwrap_or(1);
     each_provider(|p, t| {
         let domain = t.config().ofi_domain.clone().unwrap_or_default();
         let mut env = vec![
@@ -1699,4 +1700,87 @@ fn rings_of_3_to_8_processes() {
             }
         }
     });
+}
+
+/// A frozen sender (SIGSTOP: alive to TCP, never calling in) is an error after the timeout,
+/// and a live sender that is merely busy elsewhere is not: on each provider, with a 1 s
+/// timeout, a sender process sends two messages of 300,000 bytes and then stays for 4 s
+/// without calling in while the receiver waits with a third receive posted (its CTS left):
+/// no error in 3 s. A second sender process is stopped after its two messages: the waiting
+/// receive fails between 1 and 5 s later.
+#[test]
+fn a_frozen_sender_is_an_error_and_a_busy_one_is_not() {
+    each_provider(|p, t| {
+        let domain = t.config().ofi_domain.clone().unwrap_or_default();
+        let mut env = vec![
+            ("WEFT_MGMT_IFNAME", "=lo"),
+            ("WEFT_TIMEOUT_MS", "1000"),
+            ("WEFT_BACKEND", "ofi"),
+            ("WEFT_OFI_PROVIDER", p),
+            ("WEFT_TEST_HOLD_MS", "4000"),
+        ];
+        if !domain.is_empty() {
+            env.push(("WEFT_OFI_DOMAIN", &domain));
+        }
+        let quick = transport_with_timeout(p, &domain, Duration::from_secs(1));
+        for frozen in [false, true] {
+            let mut l = quick.listen(0).unwrap();
+            let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-send-and-exit"))
+                .args([hex.as_str(), "2", "300000"])
+                .envs(env.iter().copied())
+                .spawn()
+                .unwrap();
+            let mut rx = l.wait().unwrap();
+            let mut buf = vec![0u8; 300_000];
+            for k in 0..2 {
+                assert_eq!(rx.recv(&mut buf, k).unwrap(), 300_000, "{p}: message {k}");
+            }
+            if frozen {
+                // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+                assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+            }
+            let rb = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+                tag: 2,
+            };
+            // SAFETY: `buf` outlives `rx`, dropped below before it.
+            let id = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+            let start = Instant::now();
+            let limit = Duration::from_secs(if frozen { 5 } else { 3 });
+            let mut failed = None;
+            while start.elapsed() < limit {
+                match rx.test(id) {
+                    Ok(None) => thread::sleep(Duration::from_millis(1)),
+                    Ok(Some(_)) => panic!("{p}: a message that was never sent arrived"),
+                    Err(e) => {
+                        failed = Some((start.elapsed(), e));
+                        break;
+                    }
+                }
+            }
+            if frozen {
+                let (after, e) = failed.unwrap_or_else(|| panic!("{p}: frozen sender unnoticed"));
+                eprintln!("{p}: frozen sender: {e} after {after:?}");
+                assert!(after >= Duration::from_secs(1), "{p}: {e} after {after:?}");
+                assert!(matches!(e, Error::Timeout { .. }), "{p}: {e}");
+            } else {
+                assert!(failed.is_none(), "{p}: a busy sender failed: {failed:?}");
+            }
+            drop(rx);
+            // SAFETY: as above.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    });
+}
+
+/// The transport for `provider` with every bound `timeout`.
+fn transport_with_timeout(provider: &str, domain: &str, timeout: Duration) -> Transport {
+    let c = Config {
+        timeout,
+        ..cfg(provider, domain)
+    };
+    Transport::new(c).unwrap()
 }

@@ -1007,7 +1007,7 @@ fn a_sender_that_exits_right_after_completion_loses_nothing() {
 
 /// Rings of 3 to 8 rank processes on the TCP backend over loopback: every rank sends to the
 /// next and receives from the previous one at once, inline and chunked sizes up to 1 MiB,
-/// 12 rounds, each ring size 4 times (`WEFT_TEST_ROUNDS` repeats more).
+/// 12 rounds, each ring size twice (`WEFT_TEST_ROUNDS` repeats more).
 #[test]
 fn rings_of_3_to_8_processes() {
     let env = [
@@ -1018,7 +1018,7 @@ fn rings_of_3_to_8_processes() {
     let reps = std::env::var("WEFT_TEST_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+        .unwrap_or(2);
     for _ in 0..reps {
         for n in 3..=8 {
             common::ring(n, &env, 12, 1 << 20);
