@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{ofi_cfg, ofi_transport};
 
 use weft_transport::{
-    BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, SendConn, Transport,
+    BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, RequestId, SendConn, Transport,
 };
 
 const PROVIDERS: &[(&str, &str)] = &[("tcp;ofi_rxm", "lo"), ("shm", "")];
@@ -1783,4 +1783,99 @@ fn transport_with_timeout(provider: &str, domain: &str, timeout: Duration) -> Tr
         ..cfg(provider, domain)
     };
     Transport::new(c).unwrap()
+}
+
+/// Out-of-step tags on a known receive (NCCL's InfiniBand semantics): the receiver posts a
+/// group of two buffers (tags 1 and 2, large, so its CTS leaves at once); the sender's first
+/// tag-1 message lands, and a second tag-1 message is "not yet" (`isend` gives no request,
+/// the connection lives) until the tag-2 message has filled the group and the next group is
+/// posted; then it lands there. On each provider, 20 rounds.
+#[test]
+fn out_of_step_tags_on_a_known_receive_are_not_yet() {
+    each_provider(|p, t| {
+        let (mut tx, mut rx) = pair_on(t);
+        let n = 100_000;
+        let msgs: Vec<Vec<u8>> = (0..4).map(|k| pattern(n, k as u8)).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; n]).collect();
+        let wait =
+            |tx: &mut SendConn, rx: &mut RecvConn, s: Option<RequestId>, r: Option<RequestId>| {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let (mut sd, mut rd) = (s.is_none(), r.is_none());
+                while !sd || !rd {
+                    assert!(Instant::now() < deadline, "{p}: stuck");
+                    if let Some(s) = s.filter(|_| !sd) {
+                        sd = tx.test(s).unwrap().is_some();
+                    }
+                    if let Some(r) = r.filter(|_| !rd) {
+                        rd = rx.test(r).unwrap().is_some();
+                    }
+                }
+            };
+        for round in 0..20 {
+            let (g0, g1) = bufs.split_at_mut(2);
+            let group = |b: &mut [Vec<u8>]| {
+                let (a, c) = b.split_at_mut(1);
+                [
+                    RecvBuf {
+                        ptr: a[0].as_mut_ptr(),
+                        len: n,
+                        tag: 1,
+                    },
+                    RecvBuf {
+                        ptr: c[0].as_mut_ptr(),
+                        len: n,
+                        tag: 2,
+                    },
+                ]
+            };
+            // SAFETY: `bufs` and `msgs` outlive the requests, tested to completion.
+            let r0 = unsafe { rx.irecv(&group(g0)) }.unwrap().unwrap();
+            let a = unsafe { tx.isend(msgs[0].as_ptr(), n, 1) }
+                .unwrap()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while tx.test(a).unwrap().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{p}: round {round}: first message"
+                );
+                assert!(rx.test(r0).unwrap().is_none(), "{p}: round {round}");
+            }
+            // The group's tag-1 buffer is taken: a second tag-1 message is for a later one.
+            for _ in 0..50 {
+                // SAFETY: as above.
+                let b = unsafe { tx.isend(msgs[1].as_ptr(), n, 1) }.unwrap();
+                assert!(
+                    b.is_none(),
+                    "{p}: round {round}: an out-of-step send was taken"
+                );
+                assert!(rx.test(r0).unwrap().is_none(), "{p}: round {round}");
+            }
+            // SAFETY: as above.
+            let c = unsafe { tx.isend(msgs[2].as_ptr(), n, 2) }
+                .unwrap()
+                .unwrap();
+            wait(&mut tx, &mut rx, Some(c), Some(r0));
+            // SAFETY: as above.
+            let r1 = unsafe { rx.irecv(&group(g1)) }.unwrap().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let b = loop {
+                assert!(Instant::now() < deadline, "{p}: round {round}: never taken");
+                // SAFETY: as above.
+                if let Some(b) = unsafe { tx.isend(msgs[1].as_ptr(), n, 1) }.unwrap() {
+                    break b;
+                }
+                let _ = rx.test(r1).unwrap();
+            };
+            // SAFETY: as above.
+            let d = unsafe { tx.isend(msgs[3].as_ptr(), n, 2) }
+                .unwrap()
+                .unwrap();
+            wait(&mut tx, &mut rx, Some(d), Some(r1));
+            wait(&mut tx, &mut rx, Some(b), None);
+            for (k, want) in [0, 2, 1, 3].into_iter().enumerate() {
+                assert!(bufs[k] == msgs[want], "{p}: round {round}: buffer {k}");
+            }
+        }
+    });
 }
