@@ -1830,6 +1830,7 @@ fn out_of_step_tags_on_a_known_receive_are_not_yet() {
             };
             // SAFETY: `bufs` and `msgs` outlive the requests, tested to completion.
             let r0 = unsafe { rx.irecv(&group(g0)) }.unwrap().unwrap();
+            // SAFETY: as above.
             let a = unsafe { tx.isend(msgs[0].as_ptr(), n, 1) }
                 .unwrap()
                 .unwrap();

@@ -3172,6 +3172,17 @@ impl Drop for SendConn {
 /// acknowledged (`SIOCOUTQ` summed over `/proc/self/fd`): the provider's sockets are not ours
 /// to name, so every one counts. 0 when `/proc` is unreadable (nothing to wait for then).
 fn tcp_unacked_bytes() -> usize {
+    tcp_queued(libc::TIOCOUTQ)
+}
+
+/// Bytes that have arrived on this process's TCP sockets and are not read yet (`SIOCINQ`
+/// summed as in [`tcp_unacked_bytes`]): what a provider still has to take in.
+pub(crate) fn tcp_unread_bytes() -> usize {
+    tcp_queued(libc::FIONREAD)
+}
+
+/// `SIOCOUTQ` or `SIOCINQ` summed over this process's connected TCP sockets.
+fn tcp_queued(req: libc::Ioctl) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return 0;
     };
@@ -3219,8 +3230,9 @@ fn tcp_unacked_bytes() -> usize {
             continue;
         }
         let mut n: libc::c_int = 0;
-        // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
-        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+        // SAFETY: TIOCOUTQ (= SIOCOUTQ) and FIONREAD (= SIOCINQ) write one int through the
+        // pointer to a live c_int.
+        let r = unsafe { libc::ioctl(fd, req, &mut n) };
         if r != 0 || n == 0 {
             continue;
         }

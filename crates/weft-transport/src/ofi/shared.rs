@@ -288,6 +288,33 @@ impl SharedEp {
     }
 }
 
+/// How long the last user of an endpoint lets it take in what is still arriving before it
+/// closes it.
+const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Drop for SharedEp {
+    /// Before the endpoint closes, its queue is read (what it reads is discarded: every
+    /// connection of it is gone) until nothing more arrives on the process's TCP sockets,
+    /// bounded: libfabric 1.17's `tcp;ofi_rxm` closes an endpoint that is in the middle of
+    /// receiving a message (a peer that went away mid-write, or one still writing) with a
+    /// SIGSEGV in `fi_close`; once the provider has read the rest, or the peer's close, it
+    /// closes cleanly.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + CLOSE_DRAIN;
+        let mut ents = [sys::fi_cq_data_entry::default(); 16];
+        let mut quiet = 0;
+        while quiet < 3 && std::time::Instant::now() < deadline {
+            // An error completion is something that arrived too.
+            let got = self.ep.read_cq(&mut ents).unwrap_or(1);
+            if got == 0 && super::tcp_unread_bytes() == 0 {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+        }
+    }
+}
+
 /// A connection's use of a (shared or private) endpoint: its key, its slot (remote writes to
 /// it), and its peer.
 pub struct Port {
