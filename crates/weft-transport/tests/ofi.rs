@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{ofi_cfg, ofi_transport};
 
 use weft_transport::{
-    BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, SendConn, Transport,
+    BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, RequestId, SendConn, Transport,
 };
 
 const PROVIDERS: &[(&str, &str)] = &[("tcp;ofi_rxm", "lo"), ("shm", "")];
@@ -1515,5 +1515,368 @@ fn a_sender_that_exits_right_after_completion_loses_nothing() {
         }
         common::sender_exits_right_after_completion(t, &env, 30, 32, 5000);
         common::sender_exits_right_after_completion(t, &env, 10, 8, 300_000);
+    });
+}
+
+/// Rounds of [`closing_in_flight_leaves_the_busy_connections_alone`] per provider
+/// (`WEFT_TEST_ROUNDS` overrides): enough to catch a 1-in-20 failure.
+fn in_flight_rounds() -> usize {
+    std::env::var("WEFT_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
+/// Closing connections with requests in flight never harms the other connections of the
+/// process, and the last one out closes the endpoint cleanly: on each provider, a busy pair
+/// in its own thread moves messages of 1 B to 1 MiB (checked) the whole time, while the main
+/// thread, 100 rounds, opens a pair on the same endpoint, posts receives (their CTS leave) and
+/// sends of 64 B to 1 MiB (eager and RMA), tests them a varying number of times and closes
+/// both sides in a varying order (receiver first with writes coming, sender first with writes
+/// queued, or from another thread), with nothing completed. The busy pair sees no error.
+#[test]
+fn closing_in_flight_leaves_the_busy_connections_alone() {
+    each_provider(closing_in_flight_leaves_the_busy_connections_alone_on);
+}
+
+fn closing_in_flight_leaves_the_busy_connections_alone_on(p: &str, t: &Transport) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const SIZES: [usize; 5] = [64, 5000, 16384, 200_000, 1 << 20];
+    // A second transport has endpoints of its own: between the two, as between two
+    // processes, every connection shares one provider connection.
+    let u = transport(p, &t.config().ofi_domain.clone().unwrap_or_default()).unwrap();
+    let (mut btx, mut brx) = pair_between(t, &u);
+    let stop = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicUsize::new(0));
+    let busy = {
+        let (stop, moved, p) = (stop.clone(), moved.clone(), p.to_string());
+        thread::spawn(move || {
+            let mut dst = vec![0u8; 1 << 20];
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let n = [1, 4000, 16384, 100_000, 1 << 20][i % 5];
+                let src = pattern(n, i as u8);
+                let got = transfer_mr(&mut btx, &mut brx, &src, &mut dst, (None, None), i as i32);
+                assert_eq!(got, n, "{p}: busy message {i}");
+                assert!(dst[..n] == src[..], "{p}: busy message {i} differs");
+                i += 1;
+                moved.store(i, Ordering::Relaxed);
+            }
+            (btx, brx)
+        })
+    };
+    // Receive buffers stay valid past the closes: a write already on its way may still land.
+    let mut dst: Vec<Vec<u8>> = SIZES.iter().map(|&n| vec![0u8; n]).collect();
+    let src: Vec<Vec<u8>> = SIZES.iter().map(|&n| pattern(n, 7)).collect();
+    let mut x: u64 = 0x2545_f491;
+    let start = Instant::now();
+    for round in 0..in_flight_rounds() {
+        assert!(
+            !busy.is_finished(),
+            "{p}: round {round}: the busy pair failed"
+        );
+        let (a, b) = if round % 2 == 0 { (t, &u) } else { (&u, t) };
+        close_in_flight(a, b, round / 2, &mut x, &mut dst, &src);
+    }
+    let before = moved.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while moved.load(Ordering::Relaxed) < before + 5 && !busy.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: the busy pair stopped moving"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (btx, brx) = busy
+        .join()
+        .unwrap_or_else(|_| panic!("{p}: the busy pair failed (see its panic above)"));
+    eprintln!(
+        "{p}: {} rounds in {:?}, {} busy messages",
+        in_flight_rounds(),
+        start.elapsed(),
+        moved.load(Ordering::Relaxed)
+    );
+    drop((btx, brx));
+    // The pair closed in flight is now the endpoint's only user: its close is the last one
+    // out, which closes the endpoint under whatever was still on its way.
+    // (With `shm`, within one transport: libfabric 1.17's `shm` progress reads the region of
+    // a peer endpoint of the same process that closed, SIGSEGV, which two processes never see.)
+    let v = if p == "shm" { t } else { &u };
+    for round in 0..in_flight_rounds() / 4 {
+        close_in_flight(t, v, round, &mut x, &mut dst, &src);
+    }
+    let (mut tx, mut rx) = pair_between(t, &u);
+    let got = transfer_mr(&mut tx, &mut rx, &src[4], &mut dst[4], (None, None), 1);
+    assert_eq!(got, src[4].len(), "{p}: a pair after the last close");
+}
+
+/// A connection from `a` to a listener of `b`.
+fn pair_between(a: &Transport, b: &Transport) -> (SendConn, RecvConn) {
+    let mut l = b.listen(0).unwrap();
+    let mut c = a.connect(0, &l.handle()).unwrap();
+    let (mut tx, mut rx) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tx.is_none() || rx.is_none() {
+        assert!(Instant::now() < deadline, "connect between transports");
+        if tx.is_none() {
+            tx = c.poll().unwrap();
+        }
+        if rx.is_none() {
+            rx = l.accept().unwrap();
+        }
+    }
+    (tx.unwrap(), rx.unwrap())
+}
+
+/// One round of [`closing_in_flight_leaves_the_busy_connections_alone`]: a pair with five
+/// receives and five sends posted, tested `x % 6` times, then closed in the order `round`
+/// picks.
+fn close_in_flight(
+    a: &Transport,
+    b: &Transport,
+    round: usize,
+    x: &mut u64,
+    dst: &mut [Vec<u8>],
+    src: &[Vec<u8>],
+) {
+    let (mut tx, mut rx) = pair_between(a, b);
+    let mut rids = Vec::new();
+    for (k, d) in dst.iter_mut().enumerate() {
+        let rb = RecvBuf {
+            ptr: d.as_mut_ptr(),
+            len: d.len(),
+            tag: k as i32,
+        };
+        // SAFETY: `dst` outlives the connection and any write still on its way (the caller's).
+        rids.push(unsafe { rx.irecv(&[rb]) }.unwrap().unwrap());
+    }
+    let mut sids = Vec::new();
+    for (k, s) in src.iter().enumerate() {
+        // SAFETY: `src` outlives the connection.
+        sids.push(unsafe { tx.isend(s.as_ptr(), s.len(), k as i32) }.unwrap());
+    }
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    for _ in 0..(*x % 6) {
+        let _ = rx.test(rids[0]);
+        if let Some(Some(s)) = sids.last() {
+            let _ = tx.test(*s);
+        }
+    }
+    match round % 3 {
+        0 => drop((rx, tx)),
+        1 => drop((tx, rx)),
+        _ => thread::spawn(move || drop((rx, tx))).join().unwrap(),
+    }
+}
+
+/// Rings of 3 to 8 rank processes on each provider (`tcp;ofi_rxm` over loopback, `shm`):
+/// every rank sends to the next and receives from the previous one at once, eager and RMA
+/// sizes up to 1 MiB, 12 rounds, each ring size once per provider (`WEFT_TEST_ROUNDS` repeats
+/// more).
+#[test]
+fn rings_of_3_to_8_processes() {
+    let reps = std::env::var("WEFT_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    each_provider(|p, t| {
+        let domain = t.config().ofi_domain.clone().unwrap_or_default();
+        let mut env = vec![
+            ("WEFT_MGMT_IFNAME", "=lo"),
+            ("WEFT_TIMEOUT_MS", "20000"),
+            ("WEFT_BACKEND", "ofi"),
+            ("WEFT_OFI_PROVIDER", p),
+        ];
+        if !domain.is_empty() {
+            env.push(("WEFT_OFI_DOMAIN", &domain));
+        }
+        for _ in 0..reps {
+            for n in 3..=8 {
+                common::ring(n, &env, 12, 1 << 20);
+            }
+        }
+    });
+}
+
+/// A frozen sender (SIGSTOP: alive to TCP, never calling in) is an error after the timeout,
+/// and a live sender that is merely busy elsewhere is not: on each provider, with a 1 s
+/// timeout, a sender process sends two messages of 300,000 bytes and then stays for 4 s
+/// without calling in while the receiver waits with a third receive posted (its CTS left):
+/// no error in 3 s. A second sender process is stopped after its two messages: the waiting
+/// receive fails between 1 and 5 s later.
+#[test]
+fn a_frozen_sender_is_an_error_and_a_busy_one_is_not() {
+    each_provider(|p, t| {
+        let domain = t.config().ofi_domain.clone().unwrap_or_default();
+        let mut env = vec![
+            ("WEFT_MGMT_IFNAME", "=lo"),
+            ("WEFT_TIMEOUT_MS", "1000"),
+            ("WEFT_BACKEND", "ofi"),
+            ("WEFT_OFI_PROVIDER", p),
+            ("WEFT_TEST_HOLD_MS", "4000"),
+        ];
+        if !domain.is_empty() {
+            env.push(("WEFT_OFI_DOMAIN", &domain));
+        }
+        let quick = transport_with_timeout(p, &domain, Duration::from_secs(1));
+        for frozen in [false, true] {
+            let mut l = quick.listen(0).unwrap();
+            let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-send-and-exit"))
+                .args([hex.as_str(), "2", "300000"])
+                .envs(env.iter().copied())
+                .spawn()
+                .unwrap();
+            let mut rx = l.wait().unwrap();
+            let mut buf = vec![0u8; 300_000];
+            for k in 0..2 {
+                assert_eq!(rx.recv(&mut buf, k).unwrap(), 300_000, "{p}: message {k}");
+            }
+            if frozen {
+                // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+                assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+            }
+            let rb = RecvBuf {
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+                tag: 2,
+            };
+            // SAFETY: `buf` outlives `rx`, dropped below before it.
+            let id = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+            let start = Instant::now();
+            let limit = Duration::from_secs(if frozen { 5 } else { 3 });
+            let mut failed = None;
+            while start.elapsed() < limit {
+                match rx.test(id) {
+                    Ok(None) => thread::sleep(Duration::from_millis(1)),
+                    Ok(Some(_)) => panic!("{p}: a message that was never sent arrived"),
+                    Err(e) => {
+                        failed = Some((start.elapsed(), e));
+                        break;
+                    }
+                }
+            }
+            if frozen {
+                let (after, e) = failed.unwrap_or_else(|| panic!("{p}: frozen sender unnoticed"));
+                eprintln!("{p}: frozen sender: {e} after {after:?}");
+                assert!(after >= Duration::from_secs(1), "{p}: {e} after {after:?}");
+                assert!(matches!(e, Error::Timeout { .. }), "{p}: {e}");
+            } else {
+                assert!(failed.is_none(), "{p}: a busy sender failed: {failed:?}");
+            }
+            drop(rx);
+            // SAFETY: as above.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    });
+}
+
+/// The transport for `provider` with every bound `timeout`.
+fn transport_with_timeout(provider: &str, domain: &str, timeout: Duration) -> Transport {
+    let c = Config {
+        timeout,
+        ..cfg(provider, domain)
+    };
+    Transport::new(c).unwrap()
+}
+
+/// Out-of-step tags on a known receive (NCCL's InfiniBand semantics): the receiver posts a
+/// group of two buffers (tags 1 and 2, large, so its CTS leaves at once); the sender's first
+/// tag-1 message lands, and a second tag-1 message is "not yet" (`isend` gives no request,
+/// the connection lives) until the tag-2 message has filled the group and the next group is
+/// posted; then it lands there. On each provider, 20 rounds.
+#[test]
+fn out_of_step_tags_on_a_known_receive_are_not_yet() {
+    each_provider(|p, t| {
+        let (mut tx, mut rx) = pair_on(t);
+        let n = 100_000;
+        let msgs: Vec<Vec<u8>> = (0..4).map(|k| pattern(n, k as u8)).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; n]).collect();
+        let wait =
+            |tx: &mut SendConn, rx: &mut RecvConn, s: Option<RequestId>, r: Option<RequestId>| {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let (mut sd, mut rd) = (s.is_none(), r.is_none());
+                while !sd || !rd {
+                    assert!(Instant::now() < deadline, "{p}: stuck");
+                    if let Some(s) = s.filter(|_| !sd) {
+                        sd = tx.test(s).unwrap().is_some();
+                    }
+                    if let Some(r) = r.filter(|_| !rd) {
+                        rd = rx.test(r).unwrap().is_some();
+                    }
+                }
+            };
+        for round in 0..20 {
+            let (g0, g1) = bufs.split_at_mut(2);
+            let group = |b: &mut [Vec<u8>]| {
+                let (a, c) = b.split_at_mut(1);
+                [
+                    RecvBuf {
+                        ptr: a[0].as_mut_ptr(),
+                        len: n,
+                        tag: 1,
+                    },
+                    RecvBuf {
+                        ptr: c[0].as_mut_ptr(),
+                        len: n,
+                        tag: 2,
+                    },
+                ]
+            };
+            // SAFETY: `bufs` and `msgs` outlive the requests, tested to completion.
+            let r0 = unsafe { rx.irecv(&group(g0)) }.unwrap().unwrap();
+            // SAFETY: as above.
+            let a = unsafe { tx.isend(msgs[0].as_ptr(), n, 1) }
+                .unwrap()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while tx.test(a).unwrap().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{p}: round {round}: first message"
+                );
+                assert!(rx.test(r0).unwrap().is_none(), "{p}: round {round}");
+            }
+            // The group's tag-1 buffer is taken: a second tag-1 message is for a later one.
+            for _ in 0..50 {
+                // SAFETY: as above.
+                let b = unsafe { tx.isend(msgs[1].as_ptr(), n, 1) }.unwrap();
+                assert!(
+                    b.is_none(),
+                    "{p}: round {round}: an out-of-step send was taken"
+                );
+                assert!(rx.test(r0).unwrap().is_none(), "{p}: round {round}");
+            }
+            // SAFETY: as above.
+            let c = unsafe { tx.isend(msgs[2].as_ptr(), n, 2) }
+                .unwrap()
+                .unwrap();
+            wait(&mut tx, &mut rx, Some(c), Some(r0));
+            // SAFETY: as above.
+            let r1 = unsafe { rx.irecv(&group(g1)) }.unwrap().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let b = loop {
+                assert!(Instant::now() < deadline, "{p}: round {round}: never taken");
+                // SAFETY: as above.
+                if let Some(b) = unsafe { tx.isend(msgs[1].as_ptr(), n, 1) }.unwrap() {
+                    break b;
+                }
+                let _ = rx.test(r1).unwrap();
+            };
+            // SAFETY: as above.
+            let d = unsafe { tx.isend(msgs[3].as_ptr(), n, 2) }
+                .unwrap()
+                .unwrap();
+            wait(&mut tx, &mut rx, Some(d), Some(r1));
+            wait(&mut tx, &mut rx, Some(b), None);
+            for (k, want) in [0, 2, 1, 3].into_iter().enumerate() {
+                assert!(bufs[k] == msgs[want], "{p}: round {round}: buffer {k}");
+            }
+        }
     });
 }

@@ -1004,3 +1004,24 @@ fn a_sender_that_exits_right_after_completion_loses_nothing() {
     common::sender_exits_right_after_completion(&t, &env, 60, 32, 5000);
     common::sender_exits_right_after_completion(&t, &env, 40, 8, 300_000);
 }
+
+/// Rings of 3 to 8 rank processes on the TCP backend over loopback: every rank sends to the
+/// next and receives from the previous one at once, inline and chunked sizes up to 1 MiB,
+/// 12 rounds, each ring size twice (`WEFT_TEST_ROUNDS` repeats more).
+#[test]
+fn rings_of_3_to_8_processes() {
+    let env = [
+        ("WEFT_MGMT_IFNAME", "=lo"),
+        ("WEFT_TIMEOUT_MS", "20000"),
+        ("WEFT_BACKEND", "tcp"),
+    ];
+    let reps = std::env::var("WEFT_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    for _ in 0..reps {
+        for n in 3..=8 {
+            common::ring(n, &env, 12, 1 << 20);
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //! `argv[1]` (hex), sends `argv[2]` messages of `argv[3]` bytes (message k filled with byte
 //! k, tag k), all in flight at once, waits until every one is reported done, closes the
 //! connection and exits at once. Configuration from the `WEFT_*` environment, as the plugin.
-//! Exit status 0 only when every send was reported done.
+//! Exit status 0 only when every send was reported done. `WEFT_TEST_HOLD_MS`: first stay
+//! that long without calling in (a live process whose application is busy elsewhere).
 
 use weft_transport::{Config, Transport};
 
@@ -51,6 +52,12 @@ fn run() -> Result<(), String> {
                 *id = None;
             }
         }
+    }
+    if let Some(ms) = std::env::var("WEFT_TEST_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     drop(tx);
     std::process::exit(0);

@@ -187,6 +187,7 @@
 // still share this file; the split into ofi/{wire,handshake,watch,lane,pool,send,recv}.rs is
 // issue 20's work.
 
+mod alive;
 pub mod fabric;
 mod shared;
 pub mod sys;
@@ -279,6 +280,13 @@ const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// message the receiver waits for, and the one its sent CTS cover up to (8 bytes each, little
 /// endian). Peers that predate it ignore it.
 const POSTED_TAG: i32 = 0x4f46_4950; // "OFIP"
+/// Tag of the MSG frame (no payload) a sender sends on the side channel once it has no RMA
+/// write in flight and will post no more (STOPPED): after the receiver's close notice (it shut
+/// its end of the side channel down), and as its own connection closes. A receiver that closes
+/// with receives its CTS announced deregisters their memory only after STOPPED, since a write
+/// that reaches a closed registration ends the provider connection that every connection
+/// between the two processes shares (`tcp`). Peers that predate it ignore it.
+const STOPPED_TAG: i32 = 0x4f46_4953; // "OFIS"
 /// Reject code: the sender is not an ofi sender (TCP backend on the other side).
 const REJECT_NOT_OFI: u16 = 100;
 
@@ -1072,6 +1080,15 @@ fn cts_grace(timeout: Duration) -> Duration {
 /// How long a closing receive connection keeps reading its completion queues.
 const DRAIN: Duration = Duration::from_millis(20);
 
+/// How long a receiver waits for the sender's ALIVE after POSTED before it calls the sender's
+/// process stopped: far longer than the `alive` thread's period plus a round trip.
+fn answer_bound(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// How long a closing receive connection whose sender may still write waits for its STOPPED.
+const CLOSE_WAIT: Duration = Duration::from_millis(200);
+
 /// Handed-over messages a sender remembers the time of (for POSTED).
 const HANDED_LOG: usize = 4 * MAX_SEND_REQUESTS;
 
@@ -1448,6 +1465,17 @@ struct Side {
     waits_for: Option<u64>,
     /// We sent ABORT (and shut our end down).
     aborted: bool,
+    /// We shut our end down as a closing receiver's notice (see [`STOPPED_TAG`]).
+    closing: bool,
+    /// The peer (a sender) said STOPPED: no RMA write of it is in flight or will come.
+    stopped: bool,
+    /// We (a sender) said STOPPED.
+    said_stopped: bool,
+    /// A sender's answers to POSTED while its application is not polling (see `alive`).
+    /// Declared after `sock`: the duplicate it watches closes after ours.
+    answering: Option<alive::Answering>,
+    /// A receiver's latest POSTED that no ALIVE has answered yet: when it went.
+    probed: Option<Instant>,
 }
 
 impl Side {
@@ -1460,7 +1488,50 @@ impl Side {
             posted: 0,
             waits_for: None,
             aborted: false,
+            closing: false,
+            stopped: false,
+            said_stopped: false,
+            answering: None,
+            probed: None,
         }
+    }
+
+    /// A sender's side channel: POSTED is answered with ALIVE, by the application's polls or,
+    /// while it does not poll, by the process's `alive` thread.
+    fn answering(mut self) -> Side {
+        self.answering = alive::Answering::new(&self.sock);
+        self
+    }
+
+    /// Whether the sender's process has not answered our POSTED within `bound` (stopped).
+    fn unanswered(&self, bound: Duration) -> bool {
+        self.probed.is_some_and(|t| t.elapsed() >= bound)
+    }
+
+    /// A closing receiver's notice to its sender: our end of the side channel shut down (the
+    /// sender reads EOF, posts no more writes and answers STOPPED once none is in flight).
+    fn close_notice(&mut self) {
+        if !self.aborted && !self.closing {
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+            self.closing = true;
+        }
+    }
+
+    /// A sender's STOPPED (see [`STOPPED_TAG`]), once.
+    fn send_stopped(&mut self) {
+        if self.aborted || self.said_stopped {
+            return;
+        }
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, STOPPED_TAG, Some(&[]), 0, 0);
+        let _ = (&self.sock).write(&b);
+        self.said_stopped = true;
+    }
+
+    /// Reads the side channel now, whenever it was last read.
+    fn poll_now(&mut self, link: &Link, who: &str) -> Option<Error> {
+        self.next_check = Instant::now();
+        self.poll(link, who)
     }
 
     /// Tells the sender that we wait for message `first` and that our CTS up to sequence
@@ -1477,6 +1548,7 @@ impl Side {
         // A few bytes on a socket that carries nothing else: they fit (or the next stall
         // sends them again).
         let _ = (&self.sock).write(&b);
+        self.probed.get_or_insert_with(Instant::now);
     }
 
     /// At most every millisecond: the peer's ABORT as an error.
@@ -1503,7 +1575,12 @@ impl Side {
                         link.aborted(format!("the {who} gave up: {}", reason.describe(detail))),
                     );
                 }
+                Ok(Some(Frame::Msg(h))) if h.tag == STOPPED_TAG => self.stopped = true,
+                Ok(Some(Frame::Msg(h))) if h.tag == alive::ALIVE_TAG => self.probed = None,
                 Ok(Some(Frame::Msg(h))) if h.tag == POSTED_TAG => {
+                    if self.answering.is_some() && !self.aborted {
+                        let _ = (&self.sock).write(&alive::frame());
+                    }
                     if let Some(p) = h.inline.as_deref().filter(|p| p.len() >= 16) {
                         self.waits_for = Some(get_u64(p, 0));
                         self.posted = self.posted.max(get_u64(p, 8));
@@ -2091,6 +2168,8 @@ pub struct SendConn {
     unassigned: VecDeque<Unassigned>,
     groups: BTreeMap<u64, Group>,
     writes: VecDeque<WriteOp>,
+    /// RMA writes handed to the provider whose completion has not been read.
+    writes_out: usize,
     eager_sent: u64,
     eager_consumed: u64,
     peer_slots: u64,
@@ -2173,7 +2252,7 @@ impl SendConn {
         let s = SendConn {
             eps,
             link,
-            side: Side::new(sock),
+            side: Side::new(sock).answering(),
             ctx,
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
@@ -2185,6 +2264,7 @@ impl SendConn {
             unassigned: VecDeque::new(),
             groups: BTreeMap::new(),
             writes: VecDeque::new(),
+            writes_out: 0,
             events: Vec::new(),
             eager_sent: 0,
             eager_consumed: 0,
@@ -2598,6 +2678,7 @@ impl SendConn {
                 if !ok {
                     break;
                 }
+                self.writes_out += 1;
                 self.writes.pop_front();
                 continue;
             }
@@ -2633,6 +2714,7 @@ impl SendConn {
             if !ok {
                 break;
             }
+            self.writes_out += 1;
             if let Some(r) = self.reqs.get_mut(req) {
                 r.posted = true;
                 // Kept until the write completes.
@@ -2694,18 +2776,28 @@ impl SendConn {
             return Err(e.clone());
         }
         let mut progressed = false;
-        let r = self
-            .poll_cq()
-            .map(|p| progressed = p)
-            .and_then(|()| self.post_eager())
-            .and_then(|()| self.assign())
-            .and_then(|()| self.post_writes())
-            .and_then(|()| self.flush_lane());
-        if let Err(e) = r {
+        if let Err(e) = self.poll_cq().map(|p| progressed = p) {
             return Err(self.fail(e));
         }
+        // The side channel before anything is posted: a receiver that closed (EOF) gets no
+        // more writes, which would reach registrations it is about to close (see
+        // [`STOPPED_TAG`]); once none of ours is in flight, it is told so.
         if let Some(e) = self.side.poll(&self.link, "receiver") {
             return Err(self.fail(e));
+        }
+        if self.side.eof {
+            if self.writes_out == 0 {
+                self.side.send_stopped();
+            }
+        } else {
+            let r = self
+                .post_eager()
+                .and_then(|()| self.assign())
+                .and_then(|()| self.post_writes())
+                .and_then(|()| self.flush_lane());
+            if let Err(e) = r {
+                return Err(self.fail(e));
+            }
         }
         // After reading the completion queues: what completed while nobody polled counts.
         let waiting = self.timed_work();
@@ -2800,6 +2892,22 @@ impl SendConn {
             .range(..=seq)
             .next_back()
             .is_some_and(|(_, g)| seq < g.first + g.n as u64);
+        // Out of step (NCCL's InfiniBand semantics): when the receive this message reaches is
+        // known and none of its free buffers takes the tag, the message is for a later
+        // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
+        if cts_known {
+            if let Err(e) = self.assign() {
+                return Err(self.fail(e));
+            }
+            let fits = self.groups.range(..=seq).next_back().is_none_or(|(_, g)| {
+                let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
+                proto::select_slot(&tags, &g.filled[..g.n], tag).is_some()
+            });
+            if !fits {
+                self.progress()?;
+                return Ok(None);
+            }
+        }
         let early = !cts_known
             && self.unassigned.iter().all(|u| u.eager)
             && self.eager_sent - self.eager_consumed < self.peer_slots;
@@ -2980,6 +3088,7 @@ impl RailEvents for SendConn {
                 }
             }
             C_WRITE => {
+                self.writes_out = self.writes_out.saturating_sub(1);
                 if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
                     r.writes_left = r.writes_left.saturating_sub(1);
                     if r.writes_left == 0 {
@@ -3004,20 +3113,35 @@ impl Drop for SendConn {
     /// complete reach the receiver, then closes the endpoint before its buffers go.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(2);
+        // Writes in flight finish (no new ones are posted), and so do eager sends and the
+        // lane, unless the receiver closed (EOF): then only the writes, which may still reach
+        // its registrations, which it keeps until it hears STOPPED.
         while self.error.is_none()
-            && (self.eager_busy > 0
-                || self.reqs.values().any(|r| r.posted && !r.done)
-                || self.lane.as_ref().is_some_and(LaneTx::pending))
+            && (self.writes_out > 0
+                || (!self.side.eof
+                    && (self.eager_busy > 0 || self.lane.as_ref().is_some_and(LaneTx::pending))))
             && Instant::now() < deadline
         {
             if self
                 .flush_lane()
                 .and_then(|()| self.poll_cq())
-                .and_then(|_| self.post_eager())
+                .and_then(|_| {
+                    if self.side.eof {
+                        Ok(())
+                    } else {
+                        self.post_eager()
+                    }
+                })
                 .is_err()
             {
                 break;
             }
+            if self.side.poll(&self.link, "receiver").is_some() {
+                break;
+            }
+        }
+        if self.writes_out == 0 {
+            self.side.send_stopped();
         }
         // A completed send may still sit unacknowledged in a kernel socket of the provider
         // (tcp;ofi_rxm): if this process exits now, closing that socket with bytes unread (the
@@ -3030,7 +3154,7 @@ impl Drop for SendConn {
         // The endpoint stays with the other connections: if the sends above did not finish,
         // leak what the provider may still use, registrations of the caller's buffers (eager
         // messages and writes go from them) included.
-        let idle = self.eager_busy == 0 && !self.reqs.values().any(|r| r.posted && !r.done);
+        let idle = self.eager_busy == 0 && self.writes_out == 0;
         if !idle && !self.eps[0].is_private() {
             std::mem::forget(std::mem::take(&mut self.ctx));
             self.eager.leak();
@@ -3048,6 +3172,17 @@ impl Drop for SendConn {
 /// acknowledged (`SIOCOUTQ` summed over `/proc/self/fd`): the provider's sockets are not ours
 /// to name, so every one counts. 0 when `/proc` is unreadable (nothing to wait for then).
 fn tcp_unacked_bytes() -> usize {
+    tcp_queued(libc::TIOCOUTQ)
+}
+
+/// Bytes that have arrived on this process's TCP sockets and are not read yet (`SIOCINQ`
+/// summed as in [`tcp_unacked_bytes`]): what a provider still has to take in.
+pub(crate) fn tcp_unread_bytes() -> usize {
+    tcp_queued(libc::FIONREAD)
+}
+
+/// `SIOCOUTQ` or `SIOCINQ` summed over this process's connected TCP sockets.
+fn tcp_queued(req: libc::Ioctl) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return 0;
     };
@@ -3095,8 +3230,25 @@ fn tcp_unacked_bytes() -> usize {
             continue;
         }
         let mut n: libc::c_int = 0;
-        // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through the pointer to a live c_int.
-        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+        // SAFETY: TIOCOUTQ (= SIOCOUTQ) and FIONREAD (= SIOCINQ) write one int through the
+        // pointer to a live c_int.
+        let r = unsafe { libc::ioctl(fd, req, &mut n) };
+        if r != 0 || n == 0 {
+            continue;
+        }
+        // Only a connected socket's bytes can still be acknowledged: one that is not (reset,
+        // or closed by its peer and shut down) keeps its count for good.
+        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+        let mut pa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut palen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getpeername writes at most `palen` bytes into the live sockaddr_storage.
+        let r = unsafe {
+            libc::getpeername(
+                fd,
+                (&mut pa as *mut libc::sockaddr_storage).cast(),
+                &mut palen,
+            )
+        };
         if r == 0 {
             total += usize::try_from(n).unwrap_or(0);
         }
@@ -3673,6 +3825,14 @@ impl RecvConn {
                 .filter(|r| r.first < cts_done && r.nfilled < r.bufs.len())
                 .map(|r| r.first + r.nfilled as u64)
         });
+        // A sender whose process answers POSTED neither from its polls nor from its `alive`
+        // thread is stopped (SIGSTOP), not late.
+        if progressed || first.is_none() {
+            self.side.probed = None;
+        } else if self.side.unanswered(answer_bound(self.quiet.timeout)) {
+            let e = self.link.timeout(Stage::Data, self.quiet.timeout);
+            return Err(self.fail(e));
+        }
         if self.quiet.check(progressed, first.is_some()) {
             self.side.send_posted(first.unwrap_or(0), cts_done);
             // Again every quarter of the timeout while it lasts: the sender may have handed
@@ -3952,6 +4112,36 @@ impl Drop for RecvConn {
         {
             if self.poll_cq().is_err() {
                 break;
+            }
+        }
+        // Receives whose CTS left (or may have) and that are incomplete: their sender may be
+        // writing into them. Tell it (our end of the side channel shut down: it posts no more
+        // writes) and keep their memory registered, reading the queues (which lands what is
+        // on its way), until it says STOPPED (none in flight), goes away, or `CLOSE_WAIT`
+        // passes; without STOPPED, the registrations outlive the connection on the endpoint
+        // (see `STOPPED_TAG`).
+        let exposed = self
+            .order
+            .iter()
+            .any(|id| !self.deferred.iter().any(|d| d.0 == *id));
+        if exposed {
+            self.side.close_notice();
+            let deadline = Instant::now() + CLOSE_WAIT;
+            while !self.side.stopped && !self.side.eof && Instant::now() < deadline {
+                if self.poll_cq().is_err() || self.side.poll_now(&self.link, "sender").is_some() {
+                    break;
+                }
+            }
+            if !self.side.stopped {
+                let mrs: Vec<Arc<Mr>> = self
+                    .reqs
+                    .values_mut()
+                    .flat_map(|r| std::mem::take(&mut r._mrs))
+                    .collect();
+                self.eps[0].bury(mrs, self.stall.timeout * 2);
+                if let Some(t) = &mut self.table {
+                    t.leak();
+                }
             }
         }
         // With a receive pending, a sender that went away mid-write may have left the provider

@@ -161,8 +161,15 @@ struct Routes {
 
 /// An endpoint, its receive buffers and the routing of what it reads.
 pub struct SharedEp {
-    /// Declared first: closed before the pool's memory goes.
+    /// Declared first: closed before the pool's memory goes, and before the registrations
+    /// kept in `graves`.
     ep: Endpoint,
+    /// Registrations of receives whose connection closed while its sender might still write
+    /// into them (it had not said it stopped): a write that reaches a closed registration
+    /// ends the provider's connection to that peer (with `tcp`), which every connection
+    /// between the two processes shares. Each is kept until its instant, or until the
+    /// endpoint closes.
+    graves: Mutex<Vec<(std::time::Instant, Vec<Arc<Mr>>)>>,
     /// One connection only (4-byte remote CQ data): every remote write is its own.
     private: bool,
     routes: Mutex<(Routes, RxPool)>,
@@ -213,6 +220,7 @@ impl SharedEp {
             ep,
             private,
             routes: Mutex::new((Routes::default(), pool)),
+            graves: Mutex::new(Vec::new()),
             returned: Mutex::new(Vec::new()),
             held: AtomicUsize::new(0),
             held_max: slots / 2,
@@ -277,6 +285,33 @@ impl SharedEp {
         // is read (the pool's live with the endpoint; a connection that closes waits for its
         // operations, or leaks their memory).
         Some(unsafe { (*e.op_context.cast::<Ctx>()).owner })
+    }
+}
+
+/// How long the last user of an endpoint lets it take in what is still arriving before it
+/// closes it.
+const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Drop for SharedEp {
+    /// Before the endpoint closes, its queue is read (what it reads is discarded: every
+    /// connection of it is gone) until nothing more arrives on the process's TCP sockets,
+    /// bounded: libfabric 1.17's `tcp;ofi_rxm` closes an endpoint that is in the middle of
+    /// receiving a message (a peer that went away mid-write, or one still writing) with a
+    /// SIGSEGV in `fi_close`; once the provider has read the rest, or the peer's close, it
+    /// closes cleanly.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + CLOSE_DRAIN;
+        let mut ents = [sys::fi_cq_data_entry::default(); 16];
+        let mut quiet = 0;
+        while quiet < 3 && std::time::Instant::now() < deadline {
+            // An error completion is something that arrived too.
+            let got = self.ep.read_cq(&mut ents).unwrap_or(1);
+            if got == 0 && super::tcp_unread_bytes() == 0 {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+        }
     }
 }
 
@@ -369,6 +404,18 @@ impl Port {
     /// Connections on the endpoint, this one included.
     pub fn users(&self) -> usize {
         self.shared.users()
+    }
+
+    /// Keeps `mrs` registered for `keep` (or until the endpoint closes, if sooner): the
+    /// memory of receives that a sender may still write into after their connection closed.
+    /// Those kept longer than their time are released now.
+    pub fn bury(&self, mrs: Vec<Arc<Mr>>, keep: std::time::Duration) {
+        let now = std::time::Instant::now();
+        let mut g = self.shared.graves.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|(until, _)| *until > now);
+        if !mrs.is_empty() {
+            g.push((now + keep, mrs));
+        }
     }
 
     /// The endpoint's address (fi_getname).

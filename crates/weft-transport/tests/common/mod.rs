@@ -172,3 +172,79 @@ pub fn sender_exits_right_after_completion(
         assert!(st.success(), "round {round}: sender {st}");
     }
 }
+
+/// A ring of `n` rank processes (the `weft-ring-rank` binary of this crate, configured by
+/// `env`): each connects to the next while accepting from the previous one, then passes
+/// `rounds` messages of up to `max` bytes around the ring (every rank sending and receiving at
+/// once, checked on arrival), closes and exits. Every rank must report `OK` within 60 s.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn ring(n: usize, env: &[(&str, &str)], rounds: usize, max: usize) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+    let exe = env!("CARGO_BIN_EXE_weft-ring-rank");
+    let mut kids = Vec::new();
+    let mut outs = Vec::new();
+    let mut handles = Vec::new();
+    for rank in 0..n {
+        let mut c = Command::new(exe)
+            .args([
+                rank.to_string(),
+                n.to_string(),
+                rounds.to_string(),
+                max.to_string(),
+            ])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn weft-ring-rank");
+        let mut out = BufReader::new(c.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("rank's handle");
+        let hex = line
+            .trim()
+            .strip_prefix("HANDLE ")
+            .unwrap_or_else(|| panic!("ring of {n}: rank {rank} printed {line:?}"))
+            .to_string();
+        handles.push(hex);
+        outs.push(out);
+        kids.push(c);
+    }
+    for (rank, c) in kids.iter_mut().enumerate() {
+        let mut stdin = c.stdin.take().expect("stdin");
+        writeln!(stdin, "{}", handles[(rank + 1) % n]).expect("next handle");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut fault = None;
+    for rank in 0..n {
+        let st = loop {
+            if let Some(st) = kids[rank].try_wait().expect("wait") {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut rest = String::new();
+        if st.is_some() {
+            let _ = outs[rank].read_to_string(&mut rest);
+        }
+        match st {
+            Some(st) if st.success() && rest.trim() == "OK" => {}
+            Some(st) => fault = Some(format!("rank {rank} {st}, printed {rest:?}")),
+            None => fault = Some(format!("rank {rank} did not finish in 60 s")),
+        }
+        if fault.is_some() {
+            break;
+        }
+    }
+    if let Some(f) = fault {
+        for c in &mut kids {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        panic!("ring of {n}: {f}");
+    }
+}
