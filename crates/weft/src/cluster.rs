@@ -141,21 +141,23 @@ pub enum TokenCommand {
 
 #[derive(Args)]
 pub struct ControllerArgs {
-    /// API listen address (port 0 picks one; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    listen: String,
-    /// Metrics listen address (`/metrics`).
-    #[arg(long, default_value = "127.0.0.1:7101")]
-    metrics_listen: String,
-    /// The SQLite database.
-    #[arg(long, default_value = "weft-controller.db")]
-    db: PathBuf,
+    /// API listen address (port 0 picks one; the address is printed) [default: `[controller]
+    /// listen` of weft.toml, else 127.0.0.1:7100].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Metrics listen address (`/metrics`) [default: `[controller] metrics_listen`, else
+    /// 127.0.0.1:7101].
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// The SQLite database [default: `[controller] db`, else /var/lib/weft/controller.db].
+    #[arg(long)]
+    db: Option<PathBuf>,
     /// A file holding an admin API token to accept.
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
-    /// Seconds of silence after which an agent is shown stale.
-    #[arg(long, default_value_t = 30)]
-    stale_after_s: u64,
+    /// Seconds of silence after which an agent is shown stale [default: 30].
+    #[arg(long)]
+    stale_after_s: Option<u64>,
     /// Deliver to no subnet manager (render and record only): for trying the API.
     #[arg(long)]
     no_fabric: bool,
@@ -177,12 +179,12 @@ pub struct ControllerArgs {
     /// delivery that would remove them is refused.
     #[arg(long)]
     adopt: bool,
-    /// Seconds between drift checks of the SMs' files (and reconcile passes).
-    #[arg(long, default_value_t = 30)]
-    recheck_s: u64,
-    /// Seconds between drift checks of every port's P_Key table.
-    #[arg(long, default_value_t = 300)]
-    port_check_s: u64,
+    /// Seconds between drift checks of the SMs' files (and reconcile passes) [default: 30].
+    #[arg(long)]
+    recheck_s: Option<u64>,
+    /// Seconds between drift checks of every port's P_Key table [default: 300].
+    #[arg(long)]
+    port_check_s: Option<u64>,
     /// Deliver the applied state again when drift is found (else it is only reported:
     /// metric, audit line, `weft fabric status`).
     #[arg(long)]
@@ -199,21 +201,120 @@ pub struct AgentArgs {
     /// One-time enrollment token (`weft nodes enroll`); needed until the agent enrolled.
     #[arg(long, env = "WEFT_ENROLL_TOKEN", hide_env_values = true)]
     enroll_token: Option<String>,
-    /// Where the agent keeps its credentials.
-    #[arg(long, default_value = "weft-agent.json")]
-    state_file: PathBuf,
-    /// Root of the sysfs tree to discover.
-    #[arg(long, default_value = "/")]
-    sysfs_root: PathBuf,
-    /// Heartbeat period, seconds.
-    #[arg(long, default_value_t = 10.0)]
-    heartbeat_s: f64,
-    /// Rediscovery period, seconds.
-    #[arg(long, default_value_t = 30.0)]
-    rescan_s: f64,
+    /// Where the agent keeps its credentials [default: `[agent] state_file` of weft.toml,
+    /// else /var/lib/weft-agent/agent.json].
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// Root of the sysfs tree to discover [default: `[agent] sysfs_root`, else /].
+    #[arg(long)]
+    sysfs_root: Option<PathBuf>,
+    /// Heartbeat period, seconds [default: `[agent] heartbeat_s`, else 10].
+    #[arg(long)]
+    heartbeat_s: Option<f64>,
+    /// Rediscovery period, seconds [default: `[agent] rescan_s`, else 30].
+    #[arg(long)]
+    rescan_s: Option<f64>,
     /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:7102.
     #[arg(long, env = "WEFT_AGENT_METRICS")]
     metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// `weft controller`'s settings once flags, environment and `[controller]` of weft.toml
+/// are merged (in that order of precedence), with the service defaults filled in.
+struct ControllerRun {
+    listen: String,
+    metrics_listen: String,
+    db: PathBuf,
+    admin_token_file: Option<PathBuf>,
+    stale_after_s: u64,
+    no_fabric: bool,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_self_signed: bool,
+    tls_name: Vec<String>,
+    adopt: bool,
+    recheck_s: u64,
+    port_check_s: u64,
+    repair_drift: bool,
+    insecure_http: bool,
+}
+
+impl ControllerArgs {
+    fn with_file(self, f: &ControllerClientConfig) -> Result<ControllerRun> {
+        // The pair comes from one place: the flags (clap makes them come together), else
+        // the file.
+        let (tls_cert, tls_key) = if self.tls_cert.is_some() || self.tls_key.is_some() {
+            (self.tls_cert, self.tls_key)
+        } else {
+            (f.tls_cert.clone(), f.tls_key.clone())
+        };
+        if tls_cert.is_some() != tls_key.is_some() {
+            return Err(anyhow!(
+                "config: [controller] tls_cert and tls_key go together: set both or neither"
+            ));
+        }
+        Ok(ControllerRun {
+            listen: self
+                .listen
+                .or_else(|| f.listen.clone())
+                .unwrap_or_else(|| "127.0.0.1:7100".into()),
+            metrics_listen: self
+                .metrics_listen
+                .or_else(|| f.metrics_listen.clone())
+                .unwrap_or_else(|| "127.0.0.1:7101".into()),
+            db: self
+                .db
+                .or_else(|| f.db.clone())
+                .unwrap_or_else(|| "/var/lib/weft/controller.db".into()),
+            admin_token_file: self.admin_token_file.or_else(|| f.admin_token_file.clone()),
+            stale_after_s: self.stale_after_s.or(f.stale_after_s).unwrap_or(30),
+            no_fabric: self.no_fabric,
+            tls_cert,
+            tls_key,
+            tls_self_signed: self.tls_self_signed || f.tls_self_signed,
+            tls_name: if self.tls_name.is_empty() {
+                f.tls_names.clone()
+            } else {
+                self.tls_name
+            },
+            adopt: self.adopt || f.adopt,
+            recheck_s: self.recheck_s.or(f.recheck_s).unwrap_or(30),
+            port_check_s: self.port_check_s.or(f.port_check_s).unwrap_or(300),
+            repair_drift: self.repair_drift || f.repair_drift,
+            insecure_http: self.insecure_http || f.insecure_http,
+        })
+    }
+}
+
+/// `weft agent`'s settings once flags, environment and `[agent]` of weft.toml are merged.
+struct AgentRun {
+    trust: Trust,
+    enroll_token: Option<String>,
+    state_file: PathBuf,
+    sysfs_root: PathBuf,
+    heartbeat_s: f64,
+    rescan_s: f64,
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl AgentArgs {
+    fn with_file(self, f: &crate::config::AgentFileConfig) -> AgentRun {
+        AgentRun {
+            trust: self.trust,
+            enroll_token: self.enroll_token,
+            state_file: self
+                .state_file
+                .or_else(|| f.state_file.clone())
+                .unwrap_or_else(|| "/var/lib/weft-agent/agent.json".into()),
+            sysfs_root: self
+                .sysfs_root
+                .or_else(|| f.sysfs_root.clone())
+                .unwrap_or_else(|| "/".into()),
+            heartbeat_s: self.heartbeat_s.or(f.heartbeat_s).unwrap_or(10.0),
+            rescan_s: self.rescan_s.or(f.rescan_s).unwrap_or(30.0),
+            metrics_listen: self.metrics_listen.or(f.metrics_listen),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -402,12 +503,13 @@ fn failed(e: ClientError) -> Result<u8> {
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
         ClusterCommand::Controller(a) => controller(a, cfg),
-        ClusterCommand::Agent(a) => agent(a, &cfg.controller),
+        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
 
 fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
+    let a = a.with_file(&cfg.controller)?;
     let fabric: Arc<dyn Fabric> = if a.no_fabric {
         Arc::new(RecordingFabric::default())
     } else {
@@ -480,7 +582,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
 
 /// The controller's certificate: the given files, or a self-signed pair (made on first
 /// start, beside the store unless --tls-cert/--tls-key name the files).
-fn server_tls(a: &ControllerArgs) -> Result<Option<ServerTls>> {
+fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
     if a.tls_self_signed {
         let dir =
             a.db.parent()
@@ -528,7 +630,7 @@ fn server_tls(a: &ControllerArgs) -> Result<Option<ServerTls>> {
     }
 }
 
-fn agent(a: AgentArgs, file: &ControllerClientConfig) -> Result<u8> {
+fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
     let (url, tls) = a.trust.resolve(file);
     let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
     cfg.tls = tls;

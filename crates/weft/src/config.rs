@@ -19,13 +19,18 @@ use weft_opensm::{
 pub struct Config {
     #[serde(default)]
     pub fabric: FabricConfig,
-    /// Where the controller is and how clients (the CLI, `weft agent`) trust it.
+    /// Where the controller is and how clients (the CLI, `weft agent`) trust it; and how
+    /// `weft controller` itself runs.
     #[serde(default)]
     pub controller: ControllerClientConfig,
+    /// How `weft agent` runs.
+    #[serde(default)]
+    pub agent: AgentFileConfig,
 }
 
 /// `[controller]`: defaults for `--controller`, `--ca-file`, `--pin` and
-/// `--insecure-http` (flags and `WEFT_*` variables win).
+/// `--insecure-http` (flags and `WEFT_*` variables win), and for the flags of
+/// `weft controller` (`listen`, `db`, ...: the same names as the flags).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerClientConfig {
@@ -35,9 +40,55 @@ pub struct ControllerClientConfig {
     pub ca_file: Option<PathBuf>,
     /// The controller certificate's `sha256:` fingerprint.
     pub pin: Option<String>,
-    /// Allow `http://` off loopback (tokens in clear).
+    /// Allow `http://` off loopback (tokens in clear): for clients and for the controller.
     #[serde(default)]
     pub insecure_http: bool,
+    /// `weft controller`: API listen address (default 127.0.0.1:7100).
+    pub listen: Option<String>,
+    /// `weft controller`: metrics listen address (default 127.0.0.1:7101).
+    pub metrics_listen: Option<String>,
+    /// `weft controller`: the SQLite database (default /var/lib/weft/controller.db).
+    pub db: Option<PathBuf>,
+    /// `weft controller`: a file holding an admin API token to accept.
+    pub admin_token_file: Option<PathBuf>,
+    /// `weft controller`: seconds of silence after which an agent is shown stale (30).
+    pub stale_after_s: Option<u64>,
+    /// `weft controller`: the PEM certificate chain the listeners present.
+    pub tls_cert: Option<PathBuf>,
+    /// `weft controller`: the PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// `weft controller`: make a self-signed certificate on first start.
+    #[serde(default)]
+    pub tls_self_signed: bool,
+    /// `weft controller`: extra names for the self-signed certificate.
+    #[serde(default)]
+    pub tls_names: Vec<String>,
+    /// `weft controller`: take over partitions the SMs hold that it did not write.
+    #[serde(default)]
+    pub adopt: bool,
+    /// `weft controller`: seconds between drift checks of the SMs' files (30).
+    pub recheck_s: Option<u64>,
+    /// `weft controller`: seconds between drift checks of every port's table (300).
+    pub port_check_s: Option<u64>,
+    /// `weft controller`: deliver the applied state again when drift is found.
+    #[serde(default)]
+    pub repair_drift: bool,
+}
+
+/// `[agent]`: defaults for the flags of `weft agent` (the same names as the flags).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentFileConfig {
+    /// Where the agent keeps its credentials (default /var/lib/weft-agent/agent.json).
+    pub state_file: Option<PathBuf>,
+    /// Root of the sysfs tree to discover (default /).
+    pub sysfs_root: Option<PathBuf>,
+    /// Heartbeat period, seconds (10).
+    pub heartbeat_s: Option<f64>,
+    /// Rediscovery period, seconds (30).
+    pub rescan_s: Option<f64>,
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Deserialize)]

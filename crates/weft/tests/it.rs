@@ -115,6 +115,50 @@ fn a_broken_weft_toml_stops_only_the_commands_that_read_it() {
 }
 
 #[test]
+fn the_controller_takes_its_settings_from_weft_toml_and_flags_win() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("weft.toml"),
+        "[controller]\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ndb = \"from-file.db\"\nstale_after_s = 5\n\n[agent]\nheartbeat_s = 2.5\n",
+    )
+    .unwrap();
+    let start = |extra: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .arg("controller")
+            .args(["--no-fabric"])
+            .args(extra)
+            .current_dir(dir.path())
+            .env_remove("WEFT_CONFIG")
+            .env("WEFT_ADMIN_TOKEN", "0123456789abcdef0123456789abcdef")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        line
+    };
+    let line = start(&[]);
+    assert!(
+        line.starts_with("weft controller: api http://127.0.0.1:"),
+        "{line}"
+    );
+    assert!(dir.path().join("from-file.db").exists(), "{line}");
+    start(&["--db", "from-flag.db"]);
+    assert!(dir.path().join("from-flag.db").exists());
+    // A key the section does not have is refused, naming it.
+    std::fs::write(dir.path().join("weft.toml"), "[agent]\nheartbeat = 2\n").unwrap();
+    let o = weft(dir.path(), &["agent", "--controller", "http://127.0.0.1:9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("heartbeat"), "{}", text(&o));
+}
+
+#[test]
 fn import_refuses_what_opensm_would_silently_misread() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
