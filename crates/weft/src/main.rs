@@ -9,6 +9,7 @@ mod cluster;
 mod config;
 mod doctor;
 mod fabric;
+mod group;
 mod mesh;
 mod output;
 mod plan;

@@ -6,6 +6,7 @@ mod cluster;
 mod doctor;
 mod import;
 mod launch;
+mod plan;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
