@@ -363,6 +363,7 @@ async fn report(
         )));
     }
     let ports = reported_ports(&report);
+    let gpus = report.gpus.clone();
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -370,7 +371,12 @@ async fn report(
             .map(|b| format!("{b:02x}"))
             .collect()
     };
-    let outcome = db(&state, move |s| s.report(&server, &ports, &hash, now())).await?;
+    let outcome = db(&state, move |s| {
+        let o = s.report(&server, &ports, &hash, now())?;
+        s.set_gpus(&server, &gpus, now())?;
+        Ok(o)
+    })
+    .await?;
     state.metrics.reports.inc();
     if outcome.desired_changed {
         let _ = state.events.try_send(Event::Changed);
@@ -591,6 +597,7 @@ fn groups() -> Router<AppState> {
     Router::new()
         .route("/v1/groups", get(list_groups).post(create_group))
         .route("/v1/groups/{group}", get(get_group).delete(delete_group))
+        .route("/v1/groups/{group}/nodes", get(group_nodes))
         .route("/v1/groups/{group}/members", post(add_member))
         .route("/v1/groups/{group}/members/{server}", delete(remove_member))
         .route("/v1/moves", post(move_server))
@@ -631,6 +638,38 @@ async fn get_group(
         .find(|g| g.name == group && p.can_read_tenant(&g.tenant))
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no group `{group}`")))
+}
+
+/// The members of a group with their liveness and reported GPUs; visible to whoever may
+/// see the group.
+async fn group_nodes(
+    State(state): State<AppState>,
+    p: Principal,
+    Path(group): Path<String>,
+) -> ApiResult<Json<Vec<NodeView>>> {
+    let stale = state.stale_after_s;
+    let (groups, servers, mut gpus) = db(&state, move |s| {
+        Ok((s.groups()?, s.servers(now(), stale)?, s.gpus()?))
+    })
+    .await?;
+    let g = groups
+        .into_iter()
+        .find(|g| g.name == group && p.can_read_tenant(&g.tenant))
+        .ok_or_else(|| ApiError::NotFound(format!("no group `{group}`")))?;
+    Ok(Json(
+        g.members
+            .iter()
+            .map(|m| {
+                let seen = servers.iter().find(|s| &s.name == m);
+                NodeView {
+                    name: m.clone(),
+                    liveness: seen.map_or(Liveness::Never, |s| s.liveness),
+                    last_seen: seen.and_then(|s| s.last_seen),
+                    gpus: gpus.remove(m).unwrap_or_default(),
+                }
+            })
+            .collect(),
+    ))
 }
 
 async fn create_group(

@@ -258,6 +258,11 @@ impl Client {
         self.get(&format!("/v1/groups/{name}")).await
     }
 
+    /// `GET /v1/groups/{name}/nodes`: members with liveness and reported GPUs.
+    pub async fn group_nodes(&self, name: &str) -> Result<Vec<NodeView>, ClientError> {
+        self.get(&format!("/v1/groups/{name}/nodes")).await
+    }
+
     /// `GET /v1/tenants`.
     pub async fn tenants(&self) -> Result<Vec<TenantView>, ClientError> {
         self.get("/v1/tenants").await

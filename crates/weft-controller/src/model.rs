@@ -396,3 +396,17 @@ pub struct ErrorBody {
     /// What went wrong (for 5xx, only that it did).
     pub error: String,
 }
+
+/// A member of a group as a job sees it: liveness and the GPUs its agent reported
+/// (`GET /v1/groups/{group}/nodes`, for `weft plan --group` and `weft run --group`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The server's name (its host name).
+    pub name: String,
+    /// Whether its agent reports.
+    pub liveness: Liveness,
+    /// Unix seconds of the last report or heartbeat.
+    pub last_seen: Option<u64>,
+    /// The GPUs of its last report; empty when it reported none.
+    pub gpus: Vec<weft_agent::Gpu>,
+}

@@ -83,6 +83,29 @@ pub fn document() -> Value {
 }
 
 fn paths_and_schemas() -> Value {
+    let mut doc = core_paths_and_schemas();
+    // Added beside the macro, which is at its recursion limit.
+    doc["paths"]["/v1/groups/{group}/nodes"] = json!({ "get": op("a group's members with liveness and the GPUs their agents reported", "api", None, "NodeList") });
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["Gpu"] = obj(&[
+        ("index", "integer"),
+        ("name", "string"),
+        ("uuid", "string"),
+        ("memory_total_bytes", "integer"),
+        ("pci", "string"),
+    ]);
+    schemas["Node"] = obj(&[
+        ("name", "string"),
+        ("liveness", "string"),
+        ("last_seen", "integer"),
+        ("gpus", "Gpu[]"),
+    ]);
+    schemas["NodeList"] =
+        json!({ "type": "array", "items": { "$ref": "#/components/schemas/Node" } });
+    doc
+}
+
+fn core_paths_and_schemas() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": { "title": "weft fabric controller", "version": "1" },

@@ -283,6 +283,10 @@ pub trait Store: Send + Sync + 'static {
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>>;
     /// Desired against observed.
     fn status(&self, now: u64, stale_after_s: u64) -> Result<StatusView>;
+    /// Records the GPUs a server's agent reported (its last report wins).
+    fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()>;
+    /// The GPUs every server last reported, by server (servers that reported none are absent).
+    fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>>;
 }
 
 const MIGRATIONS: &[&str] = &[
@@ -379,6 +383,10 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires INTEGE
     // An applied operation says what it could not verify (ports not on the fabric).
     r#"
 ALTER TABLE operations ADD COLUMN warning TEXT;
+"#,
+    // The GPUs each agent reports (weft_agent::Gpu as JSON), for `weft plan --group`.
+    r#"
+CREATE TABLE server_gpus (server TEXT PRIMARY KEY, gpus TEXT NOT NULL, reported INTEGER NOT NULL);
 "#,
 ];
 
@@ -1518,6 +1526,41 @@ impl Store for SqliteStore {
                 drift: DriftView::default(),
                 applied_conf: meta(tx, "applied_conf")?,
             })
+        })
+    }
+
+    fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()> {
+        let json = serde_json::to_string(gpus)
+            .map_err(|e| StoreError::Invalid(format!("GPUs of `{server}`: {e}")))?;
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO server_gpus (server, gpus, reported) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT(server) DO UPDATE SET gpus = ?2, reported = ?3",
+                params![server, json, now as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
+        self.tx(|tx| {
+            // Joined with servers: a removed server's last report is not shown.
+            let mut st = tx.prepare(
+                "SELECT g.server, g.gpus FROM server_gpus g JOIN servers s ON s.name = g.server",
+            )?;
+            let rows =
+                st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let mut out = BTreeMap::new();
+            for row in rows {
+                let (server, json) = row?;
+                // Written by set_gpus from the same type; a row that does not parse (a
+                // downgrade) reads as no GPUs rather than failing every listing.
+                let gpus: Vec<weft_agent::Gpu> = serde_json::from_str(&json).unwrap_or_default();
+                if !gpus.is_empty() {
+                    out.insert(server, gpus);
+                }
+            }
+            Ok(out)
         })
     }
 }

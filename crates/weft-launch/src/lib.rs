@@ -32,6 +32,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod hosts;
+pub mod layout;
 pub mod manifest;
 pub mod mesh;
 pub mod run;

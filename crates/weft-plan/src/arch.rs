@@ -22,6 +22,9 @@ pub enum Family {
     /// Gemma 2 and 3: interleaved sliding-window and global attention layers.
     Gemma,
     GptOss,
+    /// Qwen3-Next and Qwen3.5: Gated DeltaNet linear-attention layers between full
+    /// (gated) attention layers, routed experts with a shared expert, or dense.
+    QwenHybrid,
     /// Not one weft knows: placement follows name rules only.
     Unknown,
 }
@@ -35,6 +38,19 @@ pub enum LayerKind {
     Sliding {
         window: u64,
     },
+    /// Linear attention (Gated DeltaNet): a fixed recurrent state per sequence, no KV
+    /// cache per token.
+    Linear,
+}
+
+/// The Gated DeltaNet linear attention of Qwen3-Next and Qwen3.5 (`linear_*` fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LinearAttn {
+    pub key_heads: u64,
+    pub value_heads: u64,
+    pub key_head_dim: u64,
+    pub value_head_dim: u64,
+    pub conv_kernel: u64,
 }
 
 /// Quantisation of a checkpoint, from `quantization_config`.
@@ -105,6 +121,8 @@ pub struct Arch {
     pub moe_intermediate: u64,
     /// MLA: (kv_lora_rank, qk_rope_head_dim).
     pub mla: Option<(u64, u64)>,
+    /// Gated DeltaNet layers' shape, for hybrid models.
+    pub linear: Option<LinearAttn>,
     pub layer_kinds: Vec<LayerKind>,
     pub max_position: u64,
     /// Bytes per element of the unquantised weights and of an `auto` KV cache.
@@ -220,6 +238,19 @@ pub fn from_config(config: &Value) -> Result<Arch, PlanError> {
             .or_else(|| c.get("quantization_config")),
     );
     let layer_kinds = layer_kinds(c, family, layers)?;
+    let linear = match (
+        field(&["linear_num_key_heads"]),
+        field(&["linear_num_value_heads"]),
+    ) {
+        (Some(k), Some(v)) if k > 0 && v > 0 => Some(LinearAttn {
+            key_heads: k,
+            value_heads: v,
+            key_head_dim: field(&["linear_key_head_dim"]).unwrap_or(128),
+            value_head_dim: field(&["linear_value_head_dim"]).unwrap_or(128),
+            conv_kernel: field(&["linear_conv_kernel_dim"]).unwrap_or(4),
+        }),
+        _ => None,
+    };
     Ok(Arch {
         name,
         family,
@@ -236,6 +267,7 @@ pub fn from_config(config: &Value) -> Result<Arch, PlanError> {
         experts_per_token,
         moe_intermediate,
         mla,
+        linear,
         layer_kinds,
         max_position,
         dtype_bytes,
@@ -250,6 +282,12 @@ fn family_of(name: &str, model_type: &str) -> Family {
     let is = |s: &str| n.starts_with(s) || t == s || t.starts_with(s);
     if is("deepseekv2") || is("deepseekv3") || t == "deepseek_v2" || t == "deepseek_v3" {
         Family::DeepseekMla
+    } else if n.starts_with("qwen3_5")
+        || n.starts_with("qwen3next")
+        || t.starts_with("qwen3_5")
+        || t.starts_with("qwen3_next")
+    {
+        Family::QwenHybrid
     } else if is("gptoss") || t == "gpt_oss" {
         Family::GptOss
     } else if is("mixtral") {
@@ -286,6 +324,7 @@ fn layer_kinds(c: &Value, family: Family, layers: u64) -> Result<Vec<LayerKind>,
             .iter()
             .map(|t| match t.as_str() {
                 Some("full_attention") => Ok(LayerKind::Full),
+                Some("linear_attention") => Ok(LayerKind::Linear),
                 Some("sliding_attention") => match window {
                     Some(w) => Ok(LayerKind::Sliding { window: w }),
                     None => Err(PlanError::Config {
@@ -295,12 +334,32 @@ fn layer_kinds(c: &Value, family: Family, layers: u64) -> Result<Vec<LayerKind>,
                 },
                 other => Err(PlanError::Config {
                     field: "layer_types".into(),
-                    why: format!("{other:?}: weft knows full_attention and sliding_attention"),
+                    why: format!(
+                        "{other:?}: weft knows full_attention, sliding_attention and linear_attention"
+                    ),
                 }),
             })
             .collect();
     }
     let name = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+    // Qwen3-Next / Qwen3.5 without layer_types: every `full_attention_interval`-th layer is
+    // full attention, the others Gated DeltaNet (transformers' Qwen3NextConfig default).
+    if family == Family::QwenHybrid {
+        let every = c
+            .get("full_attention_interval")
+            .and_then(Value::as_u64)
+            .unwrap_or(4)
+            .max(1);
+        return Ok((0..layers)
+            .map(|i| {
+                if (i + 1) % every == 0 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Linear
+                }
+            })
+            .collect());
+    }
     Ok((0..layers)
         .map(|i| match (family, window) {
             // Gemma 2: even layers slide (transformers' Gemma2 `is_sliding = not layer_idx % 2`).
@@ -458,6 +517,7 @@ pub fn from_gguf(h: &GgufHeader) -> Result<Arch, PlanError> {
         experts_per_token: h.get_u64(&key("expert_used_count")).unwrap_or(0),
         moe_intermediate: h.get_u64(&key("expert_feed_forward_length")).unwrap_or(0),
         mla,
+        linear: None,
         layer_kinds,
         max_position: h.get_u64(&key("context_length")).unwrap_or(4096),
         dtype_bytes: 2,

@@ -42,6 +42,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod arch;
+pub mod cluster;
 pub mod plan;
 pub mod rules;
 pub mod source;

@@ -1,13 +1,14 @@
 //! The plan: per-rank weights, KV cache and fit for one layout, and the layouts that fit
 //! a cluster, ranked. Pure: a `Model` and options in, a `Plan` out.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::PlanError;
 use crate::arch::{Arch, Family, LayerKind};
-use crate::rules::{self, Note, Placed, Split, Stage};
+use crate::rules::{self, Expert, Note, Split, Stage};
 use crate::tensor::Tensor;
 
 /// How the tensors are named, which decides the rules that apply.
@@ -297,6 +298,19 @@ pub fn check_layout(
             ));
         }
     }
+    if let Some(la) = arch.linear {
+        for (what, n) in [
+            ("linear_num_key_heads", la.key_heads),
+            ("linear_num_value_heads", la.value_heads),
+        ] {
+            if !n.is_multiple_of(tp) {
+                return Err(refuse(
+                    "Gated DeltaNet heads must divide by tp (vLLM divide() in qwen3_next.py)",
+                    format!("{what} {n}, tp={tp}"),
+                ));
+            }
+        }
+    }
     if pp > arch.layers {
         return Err(refuse(
             "each pipeline stage needs at least one layer",
@@ -349,22 +363,60 @@ pub fn check_layout(
     Ok(())
 }
 
-/// Pattern of a name for grouping flags: numbers in it become `*`.
-fn pattern(name: &str) -> String {
-    name.split('.')
-        .map(|p| if p.parse::<u64>().is_ok() { "*" } else { p })
-        .collect::<Vec<_>>()
-        .join(".")
+/// Flags grouped by why and by name pattern (numbers in a name become `*`), counted.
+/// Built without an allocation per tensor: a pattern or a reason is copied only the first
+/// time it is seen.
+#[derive(Default)]
+struct Flags {
+    by_why: HashMap<Cow<'static, str>, HashMap<String, u64>>,
+    buf: String,
 }
 
-fn add_flag(map: &mut BTreeMap<(String, String), u64>, name: &str, why: &str) {
-    *map.entry((pattern(name), why.to_string())).or_default() += 1;
-}
+impl Flags {
+    // A `&Cow`, not a `&str`: a borrowed reason is kept without a copy.
+    #[allow(clippy::ptr_arg)]
+    fn add(&mut self, name: &str, why: &Cow<'static, str>) {
+        self.buf.clear();
+        for (i, part) in name.split('.').enumerate() {
+            if i > 0 {
+                self.buf.push('.');
+            }
+            let number = part.as_bytes().first().is_some_and(u8::is_ascii_digit)
+                && part.parse::<u64>().is_ok();
+            self.buf.push_str(if number { "*" } else { part });
+        }
+        let bump = |m: &mut HashMap<String, u64>, pat: &str| match m.get_mut(pat) {
+            Some(c) => *c += 1,
+            None => {
+                m.insert(pat.to_string(), 1);
+            }
+        };
+        match self.by_why.get_mut(why.as_ref()) {
+            Some(m) => bump(m, &self.buf),
+            None => {
+                let mut m = HashMap::new();
+                bump(&mut m, &self.buf);
+                self.by_why.insert(why.clone(), m);
+            }
+        }
+    }
 
-fn flags(map: BTreeMap<(String, String), u64>) -> Vec<Flagged> {
-    map.into_iter()
-        .map(|((tensor, why), count)| Flagged { tensor, why, count })
-        .collect()
+    /// Sorted by pattern, then why.
+    fn into_list(self) -> Vec<Flagged> {
+        let mut out: Vec<Flagged> = self
+            .by_why
+            .into_iter()
+            .flat_map(|(why, m)| {
+                m.into_iter().map(move |(tensor, count)| Flagged {
+                    tensor,
+                    why: why.to_string(),
+                    count,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.tensor.cmp(&b.tensor).then_with(|| a.why.cmp(&b.why)));
+        out
+    }
 }
 
 /// Per layer KV bytes per token on one TP rank.
@@ -431,114 +483,195 @@ pub fn plan(
         KvDtype::Bf16 => 2,
     };
     let max_model_len = opts.max_model_len.unwrap_or(arch.max_position);
-
-    // Place every tensor once.
-    let placed: Vec<Placed> = model
-        .tensors
+    let linear_layers = arch
+        .layer_kinds
         .iter()
-        .map(|t| match model.format {
-            Format::Safetensors => rules::place_hf(t, arch, tp, pp),
-            Format::Gguf => rules::place_gguf(t, arch),
+        .filter(|k| **k == LayerKind::Linear)
+        .count() as u64;
+    if let (Some(la), true) = (arch.linear, linear_layers > 0) {
+        // vLLM's MambaStateShapeCalculator.gated_delta_net_state_shape: a conv state of
+        // (2 key_dim + value_dim)/tp x (kernel - 1) and a recurrent state of
+        // value_heads/tp x key_head_dim x value_head_dim, per layer and sequence.
+        let conv = (2 * la.key_heads * la.key_head_dim + la.value_heads * la.value_head_dim) / tp
+            * la.conv_kernel.saturating_sub(1);
+        let ssm = la.value_heads / tp * la.key_head_dim * la.value_head_dim;
+        let per_seq = linear_layers * (conv + ssm) * arch.dtype_bytes;
+        warnings.push(format!(
+            "{linear_layers} Gated DeltaNet layers keep no KV cache per token but a fixed state of {per_seq} bytes per sequence on each TP rank (in the model's dtype); it is not counted in KV bytes per token or in the headroom"
+        ));
+    }
+
+    // Decoder layers of each stage, as the engine splits them.
+    let llama_cpp = opts.engine == Engine::LlamaCpp;
+    let stage_layers: Vec<(u64, u64)> = (0..pp)
+        .map(|s| {
+            if llama_cpp {
+                llama_cpp_layers(arch.layers, pp, s)
+            } else {
+                rules::pp_layers(arch.layers, pp, s)
+            }
         })
         .collect();
-    let loaded: Vec<u64> = model
-        .tensors
-        .iter()
-        .map(|t| rules::loaded_bytes(t, arch.dtype_bytes))
-        .collect();
-    let mut replicated = BTreeMap::new();
-    let mut uneven = BTreeMap::new();
-    let mut skipped = BTreeMap::new();
-    let has_lm_head = model
-        .tensors
-        .iter()
-        .any(|t| t.name == "lm_head.weight" || t.name == "output.weight");
-    let embed = model
-        .tensors
-        .iter()
-        .zip(&placed)
-        .zip(&loaded)
-        .map(|((t, p), b)| (t, p, *b))
-        .find(|(_, p, _)| matches!(p.split, Split::Vocab(_)) && p.stage == Stage::First);
-    for (t, p) in model.tensors.iter().zip(&placed) {
+    let mut stage_of_layer = vec![0u64; arch.layers as usize];
+    for (s, (l0, l1)) in stage_layers.iter().enumerate() {
+        for l in *l0..*l1 {
+            stage_of_layer[l as usize] = s as u64;
+        }
+    }
+
+    // One pass over the tensors for every rank: place each tensor, flag it, and add its
+    // bytes where they live. What every TP rank of a stage holds alike (most tensors) is
+    // summed once per stage; uneven splits per (stage, TP rank); routed experts under
+    // expert parallelism per (DP replica, stage, TP rank), as vLLM numbers EP ranks
+    // (ep_rank = dp_rank x tp + tp_rank).
+    let ep_size = layout.ep_size();
+    let mut stage_all = vec![0u64; pp as usize];
+    let mut stage_rank = vec![0u64; (pp * tp) as usize];
+    let mut ep_acc = vec![
+        0u64;
+        if layout.ep {
+            (dp * pp * tp) as usize
+        } else {
+            0
+        }
+    ];
+    let mut replicated = Flags::default();
+    let mut uneven = Flags::default();
+    let mut skipped = Flags::default();
+    let skip_why: Cow<'static, str> = Cow::Owned(format!(
+        "layer index >= num_hidden_layers ({}): a multi-token-prediction layer, not loaded without speculative decoding",
+        arch.layers
+    ));
+    let mtp_why: Cow<'static, str> = Cow::Borrowed(
+        "multi-token-prediction module (mtp.*): not loaded without speculative decoding",
+    );
+    let host_why: Cow<'static, str> =
+        Cow::Borrowed("llama.cpp keeps the input embeddings in host memory");
+    let kv_why = |kv: u64| -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "KV heads replicated: {kv} KV heads over tp={tp}, each head on {} ranks (vLLM: num_kv_heads = max(1, kv/tp))",
+            tp / kv.max(1)
+        ))
+    };
+    let kv_why_arch = kv_why(arch.kv_heads);
+    let ep_why: Cow<'static, str> = Cow::Owned(format!(
+        "{} experts over EP={ep_size}: the first {} ranks hold one more",
+        arch.experts,
+        arch.experts % ep_size.max(1)
+    ));
+    let ep_uneven = layout.ep && !arch.experts.is_multiple_of(ep_size);
+    let mut has_lm_head = false;
+    // The input embedding (the first vocab-parallel tensor of the first stage), for a
+    // tied LM head on the last stage.
+    let mut embed: Option<(&Tensor, Split, u64)> = None;
+    for t in &model.tensors {
+        let p = match model.format {
+            Format::Safetensors => rules::place_hf(t, arch, tp),
+            Format::Gguf => rules::place_gguf(t, arch),
+        };
+        let b = rules::loaded_bytes(t, arch.dtype_bytes);
+        if t.name == "lm_head.weight" || t.name == "output.weight" {
+            has_lm_head = true;
+        }
         match &p.note {
-            Some(Note::Replicated(why)) => add_flag(&mut replicated, &t.name, why),
-            Some(Note::Uneven(why)) => add_flag(&mut uneven, &t.name, why),
+            Some(Note::Replicated(why)) => replicated.add(&t.name, why),
+            Some(Note::Uneven(why)) => uneven.add(&t.name, why),
             None => {}
         }
-        if p.stage == Stage::Skip {
-            add_flag(
-                &mut skipped,
-                &t.name,
-                &format!(
-                    "layer index >= num_hidden_layers ({}): a multi-token-prediction layer, not loaded without speculative decoding",
-                    arch.layers
-                ),
-            );
-        }
-        if p.stage == Stage::Host {
-            add_flag(
-                &mut skipped,
-                &t.name,
-                "llama.cpp keeps the input embeddings in host memory",
-            );
-        }
+        let stage = match p.stage {
+            Stage::Layer(l) => stage_of_layer.get(l as usize).copied(),
+            Stage::First => Some(0),
+            Stage::Last => Some(pp - 1),
+            Stage::Skip => {
+                let why = if t.name.starts_with("mtp.") {
+                    &mtp_why
+                } else {
+                    &skip_why
+                };
+                skipped.add(&t.name, why);
+                None
+            }
+            Stage::Host => {
+                skipped.add(&t.name, &host_why);
+                None
+            }
+        };
         if tp > 1 {
             match &p.split {
-                Split::KvHeads { kv } | Split::Qkv { kv, .. } if tp > *kv => add_flag(
-                    &mut replicated,
+                Split::KvHeads { kv } | Split::Qkv { kv, .. } if tp > *kv => {
+                    if *kv == arch.kv_heads {
+                        replicated.add(&t.name, &kv_why_arch);
+                    } else {
+                        replicated.add(&t.name, &kv_why(*kv));
+                    }
+                }
+                Split::Dim(d) if t.shape.get(*d).is_some_and(|n| n % tp != 0) => uneven.add(
                     &t.name,
-                    &format!(
-                        "KV heads replicated: {kv} KV heads over tp={tp}, each head on {} ranks (vLLM: num_kv_heads = max(1, kv/tp))",
-                        tp / kv
-                    ),
-                ),
-                Split::Dim(d) if t.shape.get(*d).is_some_and(|n| n % tp != 0) => add_flag(
-                    &mut uneven,
-                    &t.name,
-                    &format!(
+                    &Cow::Owned(format!(
                         "dimension {d} of {} does not divide by tp={tp}",
                         t.shape[*d]
-                    ),
+                    )),
                 ),
                 _ => {}
             }
         }
-        if layout.ep
-            && let Split::Expert { .. } = p.split
-            && !arch.experts.is_multiple_of(layout.ep_size())
-        {
-            add_flag(
-                &mut uneven,
-                &t.name,
-                &format!(
-                    "{} experts over EP={}: the first {} ranks hold one more",
-                    arch.experts,
-                    layout.ep_size(),
-                    arch.experts % layout.ep_size()
-                ),
-            );
+        if ep_uneven && p.expert.is_some() {
+            uneven.add(&t.name, &ep_why);
+        }
+        if embed.is_none() && matches!(p.split, Split::Vocab(_)) && p.stage == Stage::First {
+            embed = Some((t, p.split.clone(), b));
+        }
+        let Some(s) = stage else { continue };
+        match p.expert {
+            Some(e) if layout.ep => match e {
+                Expert::One(i) => {
+                    let owner = rules::ep_owner(arch.experts, ep_size, i);
+                    if owner < ep_size {
+                        let (d, r) = (owner / tp, owner % tp);
+                        ep_acc[((d * pp + s) * tp + r) as usize] += b;
+                    }
+                }
+                Expert::Fused => {
+                    for owner in 0..ep_size {
+                        let (d, r) = (owner / tp, owner % tp);
+                        ep_acc[((d * pp + s) * tp + r) as usize] +=
+                            rules::ep_rank_bytes(t, b, e, arch.experts, ep_size, owner);
+                    }
+                }
+            },
+            _ => {
+                if rules::uniform(t, &p.split, tp) {
+                    stage_all[s as usize] += rules::rank_bytes(t, b, &p.split, tp, 0);
+                } else {
+                    for r in 0..tp {
+                        stage_rank[(s * tp + r) as usize] +=
+                            rules::rank_bytes(t, b, &p.split, tp, r);
+                    }
+                }
+            }
         }
     }
-    if arch.tied
-        && pp > 1
-        && !has_lm_head
-        && let Some((t, _, _)) = embed
-    {
-        add_flag(
-            &mut replicated,
+    let tied_head = arch.tied && pp > 1 && !has_lm_head;
+    if tied_head && let Some((t, _, _)) = embed {
+        replicated.add(
             "lm_head.weight",
-            &format!(
+            &Cow::Owned(format!(
                 "tied embeddings with pp={pp}: the last stage holds its own copy of {} for the LM head",
                 t.name
-            ),
+            )),
         );
     }
+    if tied_head
+        && !llama_cpp
+        && let Some((t, split, b)) = &embed
+    {
+        // Vocab-parallel: the same on every TP rank.
+        stage_all[(pp - 1) as usize] += rules::rank_bytes(t, *b, split, tp, 0);
+    }
     if pp > 1 && !arch.layers.is_multiple_of(pp) {
-        add_flag(
-            &mut uneven,
+        uneven.add(
             "model.layers",
-            &format!(
+            &Cow::Owned(format!(
                 "{} layers over pp={pp}: stages hold {:?} layers (vLLM get_pp_indices)",
                 arch.layers,
                 (0..pp)
@@ -547,7 +680,7 @@ pub fn plan(
                         b - a
                     })
                     .collect::<Vec<_>>()
-            ),
+            )),
         );
     }
 
@@ -555,58 +688,21 @@ pub fn plan(
     // pp, then tp.
     let per_node = cluster.gpus_per_node;
     let budget = (cluster.gpu_memory_bytes as f64 * opts.gpu_memory_utilization) as u64;
-    let llama_cpp = opts.engine == Engine::LlamaCpp;
+    let layer_b = kv_layer_bytes(arch, tp, kv_elt);
     let mut ranks = Vec::with_capacity(layout.world() as usize);
-    // Weights per (stage, tp_rank, ep_rank) are shared by DP replicas without EP.
-    let mut cache: BTreeMap<(u64, u64, Option<u64>), u64> = BTreeMap::new();
     for d in 0..dp {
         for s in 0..pp {
-            let (l0, l1) = if llama_cpp {
-                llama_cpp_layers(arch.layers, pp, s)
-            } else {
-                rules::pp_layers(arch.layers, pp, s)
-            };
+            let (l0, l1) = stage_layers[s as usize];
             for r in 0..tp {
                 let rank = (d * pp + s) * tp + r;
                 let ep_rank = layout.ep.then_some(d * tp + r);
-                let key = (s, r, ep_rank);
-                let weights = match cache.get(&key) {
-                    Some(w) => *w,
-                    None => {
-                        let mut w = 0u64;
-                        for ((t, p), b) in model.tensors.iter().zip(&placed).zip(&loaded) {
-                            let here = match p.stage {
-                                Stage::Layer(l) => (l0..l1).contains(&l),
-                                Stage::First => s == 0,
-                                Stage::Last => s == pp - 1,
-                                Stage::Host | Stage::Skip => false,
-                            };
-                            if here {
-                                w += rules::rank_bytes(
-                                    t,
-                                    *b,
-                                    &p.split,
-                                    tp,
-                                    r,
-                                    ep_rank.map(|e| (layout.ep_size(), e)),
-                                    arch.experts,
-                                );
-                            }
-                        }
-                        if arch.tied
-                            && pp > 1
-                            && !has_lm_head
-                            && s == pp - 1
-                            && !llama_cpp
-                            && let Some((t, p, b)) = embed
-                        {
-                            w += rules::rank_bytes(t, b, &p.split, tp, r, None, arch.experts);
-                        }
-                        cache.insert(key, w);
-                        w
-                    }
-                };
-                let layer_b = kv_layer_bytes(arch, tp, kv_elt);
+                let weights = stage_all[s as usize]
+                    + stage_rank[(s * tp + r) as usize]
+                    + if layout.ep {
+                        ep_acc[((d * pp + s) * tp + r) as usize]
+                    } else {
+                        0
+                    };
                 let mut full_b = 0u64;
                 let mut swa: Vec<(u64, u64)> = Vec::new();
                 for l in l0..l1 {
@@ -618,6 +714,7 @@ pub fn plan(
                     {
                         LayerKind::Full => full_b += layer_b,
                         LayerKind::Sliding { window } => swa.push((layer_b, window)),
+                        LayerKind::Linear => {}
                     }
                 }
                 let kv_per_token = full_b + swa.iter().map(|x| x.0).sum::<u64>();
@@ -713,9 +810,9 @@ pub fn plan(
         nodes,
         fits,
         comm,
-        replicated: flags(replicated),
-        uneven: flags(uneven),
-        skipped: flags(skipped),
+        replicated: replicated.into_list(),
+        uneven: uneven.into_list(),
+        skipped: skipped.into_list(),
         warnings,
     })
 }

@@ -5,6 +5,8 @@
 //! fused_moe/layer.py, models/llama.py, deepseek_v2.py, gpt_oss.py), name-based on the
 //! Hugging Face tensor names, so an architecture weft does not know still gets a plan.
 
+use std::borrow::Cow;
+
 use crate::arch::{Arch, Family, Quant};
 use crate::tensor::Tensor;
 
@@ -40,23 +42,33 @@ pub enum Split {
     Qkv { heads: u64, kv: u64 },
     /// Vocab-parallel: dimension `dim` padded to a multiple of 64, then divided.
     Vocab(usize),
-    /// A routed expert's tensor. `expert`: its index, or `None` when all experts are fused
-    /// along dimension 0. `tp`: the split without expert parallelism.
-    Expert { expert: Option<u64>, tp: Box<Split> },
+}
+
+/// Which routed expert a tensor belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expert {
+    /// Expert number `n` of its layer.
+    One(u64),
+    /// Every expert of the layer, fused along dimension 0.
+    Fused,
 }
 
 /// A flag for the user: why a tensor is whole on every rank, or split unevenly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
-    Replicated(String),
-    Uneven(String),
+    Replicated(Cow<'static, str>),
+    Uneven(Cow<'static, str>),
 }
 
 /// Where a tensor lives, and what to tell the user about it.
 #[derive(Debug, Clone)]
 pub struct Placed {
     pub stage: Stage,
+    /// The split over TP ranks (of a routed expert's tensor: without expert parallelism).
     pub split: Split,
+    /// A routed expert's tensor: with expert parallelism it lives whole on the rank that
+    /// holds its expert.
+    pub expert: Option<Expert>,
     pub note: Option<Note>,
 }
 
@@ -69,40 +81,45 @@ pub struct Name<'a> {
     pub module: &'a str,
     pub param: &'a str,
     pub vision: bool,
+    /// A multi-token-prediction module (`mtp.*`, Qwen3.5): not loaded without speculative
+    /// decoding.
+    pub mtp: bool,
 }
 
 pub fn parse_name(name: &str) -> Name<'_> {
-    let parts: Vec<&str> = name.split('.').collect();
-    let mut n = Name {
-        param: parts.last().copied().unwrap_or(""),
-        module: if parts.len() >= 2 {
-            parts[parts.len() - 2]
+    let mut n = Name::default();
+    let mut prev = "";
+    let mut first_part = "";
+    for (index, p) in name.split('.').enumerate() {
+        let num = if p.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+            p.parse::<u64>().ok()
         } else {
-            ""
-        },
-        ..Name::default()
-    };
-    for (i, p) in parts.iter().enumerate() {
-        let num = p.parse::<u64>().ok();
-        let prev = if i > 0 { parts[i - 1] } else { "" };
+            None
+        };
         match (num, prev) {
             (Some(v), "layers" | "h" | "blocks" | "layer" | "blk") if n.layer.is_none() => {
                 n.layer = Some(v)
             }
             (Some(v), "experts") => n.expert = Some(v),
+            (None, "experts") => n.fused_experts = true,
             _ => {}
         }
-        if *p == "experts" && parts.get(i + 1).is_some_and(|q| q.parse::<u64>().is_err()) {
-            n.fused_experts = true;
-        }
-        if i == 0
+        // `visual.*` or, in transformers 5 layouts, `model.visual.*`.
+        if (index == 0 || (index == 1 && first_part == "model"))
             && matches!(
-                *p,
+                p,
                 "vision_tower" | "visual" | "vision_model" | "multi_modal_projector" | "vision"
             )
         {
             n.vision = true;
         }
+        if index == 0 {
+            first_part = p;
+            n.mtp = p == "mtp";
+        }
+        n.module = prev;
+        n.param = p;
+        prev = p;
     }
     n
 }
@@ -124,6 +141,15 @@ const COLUMN: &[&str] = &[
     "query_key_value",
     "fc1",
     "dense_h_to_4h",
+    // Gated DeltaNet (Qwen3-Next: qkvz and ba fused; Qwen3.5: four projections), and its
+    // depthwise convolution, all ColumnParallelLinear in vLLM.
+    "in_proj_qkvz",
+    "in_proj_ba",
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
+    "conv1d",
 ];
 const ROW: &[&str] = &[
     "o_proj",
@@ -145,18 +171,28 @@ fn is_norm(module: &str) -> bool {
 
 /// Places one tensor of a Hugging Face checkpoint under vLLM's rules. `tp` matters only
 /// for the notes (nothing is "replicated" at tp = 1).
-pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
+pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64) -> Placed {
     let n = parse_name(&t.name);
-    let rep = |why: &str| Placed {
+    let rep = |why: &'static str| Placed {
         stage: Stage::First,
         split: Split::Replicated,
-        note: (tp > 1).then(|| Note::Replicated(why.to_string())),
+        expert: None,
+        note: (tp > 1).then_some(Note::Replicated(Cow::Borrowed(why))),
     };
     let stage = match n.layer {
+        _ if n.mtp => {
+            return Placed {
+                stage: Stage::Skip,
+                split: Split::Replicated,
+                expert: None,
+                note: None,
+            };
+        }
         Some(l) if l >= arch.layers => {
             return Placed {
                 stage: Stage::Skip,
                 split: Split::Replicated,
+                expert: None,
                 note: None,
             };
         }
@@ -180,6 +216,7 @@ pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
                 return Placed {
                     stage: Stage::First,
                     split: Split::Vocab(0),
+                    expert: None,
                     note: vocab_note(t, tp),
                 };
             }
@@ -187,6 +224,7 @@ pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
                 return Placed {
                     stage: Stage::Last,
                     split: Split::Vocab(0),
+                    expert: None,
                     note: vocab_note(t, tp),
                 };
             }
@@ -231,18 +269,19 @@ pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
             Some((s, note)) => (s, note),
             None => (
                 Split::Replicated,
-                Some(Note::Replicated(format!(
+                Some(Note::Replicated(Cow::Owned(format!(
                     "expert tensor {module}.{}: no rule matched; counted whole",
                     n.param
-                ))),
+                )))),
             ),
         };
         return at(Placed {
             stage: Stage::First,
-            split: Split::Expert {
-                expert: if n.fused_experts { None } else { n.expert },
-                tp: Box::new(tp_split),
-            },
+            split: tp_split,
+            expert: Some(match n.expert {
+                Some(e) if !n.fused_experts => Expert::One(e),
+                _ => Expert::Fused,
+            }),
             note: if tp > 1 { note } else { None },
         });
     }
@@ -260,10 +299,21 @@ pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
         }
         _ => {}
     }
+    // Gated DeltaNet's per-value-head parameters: sharded along the heads
+    // (sharded_weight_loader(0) in vLLM's qwen3_next.py / qwen3_5_moe.py).
+    if n.module == "linear_attn" && matches!(n.param, "A_log" | "dt_bias") {
+        return at(Placed {
+            stage: Stage::First,
+            split: Split::Dim(0),
+            expert: None,
+            note: None,
+        });
+    }
     if n.param == "sinks" {
         return at(Placed {
             stage: Stage::First,
             split: Split::Dim(0),
+            expert: None,
             note: None,
         });
     }
@@ -271,14 +321,12 @@ pub fn place_hf(t: &Tensor, arch: &Arch, tp: u64, pp: u64) -> Placed {
         Some((split, note)) => at(Placed {
             stage: Stage::First,
             split,
+            expert: None,
             note: if tp > 1 { note } else { None },
         }),
-        None => {
-            let _ = pp;
-            at(rep(
-                "no sharding rule matched this name: counted whole on every rank (an upper bound)",
-            ))
-        }
+        None => at(rep(
+            "no sharding rule matched this name: counted whole on every rank (an upper bound)",
+        )),
     }
 }
 
@@ -286,9 +334,9 @@ fn vocab_note(t: &Tensor, tp: u64) -> Option<Note> {
     let v = t.shape.first().copied().unwrap_or(0);
     let padded = v.div_ceil(VOCAB_PADDING) * VOCAB_PADDING;
     if padded != v {
-        Some(Note::Uneven(format!(
+        Some(Note::Uneven(Cow::Owned(format!(
             "vocab {v} padded to {padded} (a multiple of {VOCAB_PADDING}) before the split over tp={tp}"
-        )))
+        ))))
     } else {
         None
     }
@@ -325,9 +373,9 @@ fn linear_split(
         let Some(d) = out_dim else {
             return Some((
                 Split::Replicated,
-                Some(Note::Replicated(
-                    "GPTQ g_idx of a column-parallel layer: indexed by input channel, whole on every rank".into(),
-                )),
+                Some(Note::Replicated(Cow::Borrowed(
+                    "GPTQ g_idx of a column-parallel layer: indexed by input channel, whole on every rank",
+                ))),
             ));
         };
         let split = match module {
@@ -345,9 +393,9 @@ fn linear_split(
         Some(d) if t.shape.get(d).copied().unwrap_or(1) > 1 => Some((Split::Dim(d), None)),
         _ => Some((
             Split::Replicated,
-            Some(Note::Replicated(
-                "row-parallel bias (or per-channel scale): added after the all-reduce, whole on every rank".into(),
-            )),
+            Some(Note::Replicated(Cow::Borrowed(
+                "row-parallel bias (or per-channel scale): added after the all-reduce, whole on every rank",
+            ))),
         )),
     }
 }
@@ -370,9 +418,9 @@ fn fused_expert_split(
     if row && is_bias {
         return Some((
             Split::Replicated,
-            Some(Note::Replicated(
-                "row-parallel expert bias: added after the all-reduce, whole on every rank".into(),
-            )),
+            Some(Note::Replicated(Cow::Borrowed(
+                "row-parallel expert bias: added after the all-reduce, whole on every rank",
+            ))),
         ));
     }
     let wanted: Vec<u64> = if column {
@@ -411,16 +459,56 @@ pub fn ep_experts(experts: u64, ep: u64, ep_rank: u64) -> (u64, u64) {
     (start, count)
 }
 
-/// Bytes of `t` that one rank holds.
-pub fn rank_bytes(
+/// The expert-parallel rank that holds expert `e` of `experts` over `ep` ranks (the
+/// inverse of [`ep_experts`]).
+pub fn ep_owner(experts: u64, ep: u64, e: u64) -> u64 {
+    let base = experts / ep;
+    let rem = experts % ep;
+    let big = rem * (base + 1);
+    if e < big {
+        e / (base + 1)
+    } else {
+        // With more ranks than experts (base 0), experts past the first `rem` do not exist.
+        (e - big).checked_div(base).map_or(ep, |q| rem + q)
+    }
+}
+
+/// Bytes of a routed expert's tensor on expert-parallel rank `ep_rank` of `ep`.
+pub fn ep_rank_bytes(
     t: &Tensor,
     bytes: u64,
-    split: &Split,
-    tp: u64,
-    tp_rank: u64,
-    ep: Option<(u64, u64)>,
+    expert: Expert,
     experts: u64,
+    ep: u64,
+    ep_rank: u64,
 ) -> u64 {
+    let (start, count) = ep_experts(experts, ep, ep_rank);
+    match expert {
+        Expert::One(e) => {
+            if (start..start + count).contains(&e) {
+                bytes
+            } else {
+                0
+            }
+        }
+        Expert::Fused => {
+            let n = t.shape.first().copied().unwrap_or(experts).max(1);
+            (u128::from(bytes) * u128::from(count) / u128::from(n)) as u64
+        }
+    }
+}
+
+/// Whether every TP rank holds the same bytes of `t` under `split` (then one rank's
+/// figure stands for all).
+pub fn uniform(t: &Tensor, split: &Split, tp: u64) -> bool {
+    match split {
+        Split::Dim(d) => t.shape.get(*d).copied().unwrap_or(1).is_multiple_of(tp),
+        _ => true,
+    }
+}
+
+/// Bytes of `t` (loaded size `bytes`) that TP rank `tp_rank` of `tp` holds under `split`.
+pub fn rank_bytes(t: &Tensor, bytes: u64, split: &Split, tp: u64, tp_rank: u64) -> u64 {
     let total = u128::from(bytes);
     let frac = |num: u64, den: u64| -> u64 {
         if den == 0 {
@@ -445,22 +533,6 @@ pub fn rank_bytes(
             let padded = n.div_ceil(VOCAB_PADDING) * VOCAB_PADDING;
             frac(padded / tp, n)
         }
-        Split::Expert { expert, tp: inner } => match ep {
-            Some((ep_size, ep_rank)) => {
-                let (start, count) = ep_experts(experts, ep_size, ep_rank);
-                match expert {
-                    Some(e) => {
-                        if (start..start + count).contains(e) {
-                            bytes
-                        } else {
-                            0
-                        }
-                    }
-                    None => frac(count, t.shape.first().copied().unwrap_or(experts).max(1)),
-                }
-            }
-            None => rank_bytes(t, bytes, inner, tp, tp_rank, None, experts),
-        },
     }
 }
 
@@ -479,6 +551,7 @@ pub fn place_gguf(t: &Tensor, arch: &Arch) -> Placed {
     Placed {
         stage,
         split: Split::Replicated,
+        expert: None,
         note: None,
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::PlanError;
-use crate::arch::{Arch, Family, Quant};
+use crate::arch::{Arch, Family, LayerKind, Quant};
 use crate::tensor::{Dtype, Tensor, ggml_type, ggml_type_id};
 
 fn u(c: &Value, k: &str) -> Option<u64> {
@@ -165,7 +165,12 @@ pub fn tensors(arch: &Arch, config: &Value) -> Result<Vec<Tensor>, PlanError> {
         return Ok(g.out);
     }
     let multimodal = config.get("text_config").is_some();
-    let root = if multimodal {
+    // Qwen3.5 checkpoints (transformers 5) keep the text model under model.language_model
+    // and the LM head at the top; older multimodal ones under language_model.model.
+    let hybrid = arch.family == Family::QwenHybrid;
+    let root = if multimodal && hybrid {
+        "model.language_model"
+    } else if multimodal {
         "language_model.model"
     } else {
         "model"
@@ -192,7 +197,27 @@ pub fn tensors(arch: &Arch, config: &Value) -> Result<Vec<Tensor>, PlanError> {
             g.wide(format!("{p}.post_feedforward_layernorm.weight"), vec![h]);
         }
         // Attention.
-        if let Some((kv_lora, rope)) = arch.mla {
+        let kind = arch.layer_kinds.get(l as usize).copied();
+        if let (Some(la), Some(LayerKind::Linear)) = (arch.linear, kind) {
+            // Qwen3.5's Gated DeltaNet: four input projections, a depthwise convolution
+            // over q, k and v, per-value-head decay and bias, a gated norm, out_proj.
+            let a = format!("{p}.linear_attn");
+            let key_dim = la.key_heads * la.key_head_dim;
+            let value_dim = la.value_heads * la.value_head_dim;
+            let conv_dim = 2 * key_dim + value_dim;
+            g.linear(&format!("{a}.in_proj_qkv"), conv_dim, h, quantised);
+            g.linear(&format!("{a}.in_proj_z"), value_dim, h, quantised);
+            g.linear(&format!("{a}.in_proj_b"), la.value_heads, h, quantised);
+            g.linear(&format!("{a}.in_proj_a"), la.value_heads, h, quantised);
+            g.wide(
+                format!("{a}.conv1d.weight"),
+                vec![conv_dim, 1, la.conv_kernel],
+            );
+            g.push(format!("{a}.A_log"), Dtype::F32, vec![la.value_heads]);
+            g.wide(format!("{a}.dt_bias"), vec![la.value_heads]);
+            g.wide(format!("{a}.norm.weight"), vec![la.value_head_dim]);
+            g.linear(&format!("{a}.out_proj"), h, value_dim, quantised);
+        } else if let Some((kv_lora, rope)) = arch.mla {
             let nope = u(config, "qk_nope_head_dim").unwrap_or(128);
             let vh = u(config, "v_head_dim").unwrap_or(128);
             let a = format!("{p}.self_attn");
@@ -230,7 +255,13 @@ pub fn tensors(arch: &Arch, config: &Value) -> Result<Vec<Tensor>, PlanError> {
             g.linear(&format!("{a}.o_proj"), h, arch.heads * vh, quantised);
         } else {
             let a = format!("{p}.self_attn");
-            g.linear(&format!("{a}.q_proj"), arch.heads * hd, h, quantised);
+            // Qwen3-Next / Qwen3.5's gated attention: q_proj also yields the output gate.
+            let q_out = if b(config, "attn_output_gate").unwrap_or(hybrid) {
+                2 * arch.heads * hd
+            } else {
+                arch.heads * hd
+            };
+            g.linear(&format!("{a}.q_proj"), q_out, h, quantised);
             g.linear(&format!("{a}.k_proj"), arch.kv_heads * hd, h, quantised);
             g.linear(&format!("{a}.v_proj"), arch.kv_heads * hd, h, quantised);
             g.linear(&format!("{a}.o_proj"), h, arch.heads * hd, quantised);
@@ -331,7 +362,7 @@ pub fn tensors(arch: &Arch, config: &Value) -> Result<Vec<Tensor>, PlanError> {
     }
     g.wide(format!("{root}.norm.weight"), vec![h]);
     if !arch.tied {
-        let head = if multimodal {
+        let head = if multimodal && !hybrid {
             "language_model.lm_head.weight"
         } else {
             "lm_head.weight"

@@ -153,32 +153,61 @@ impl Tensor {
     }
 }
 
+/// A string from the header, borrowed when it holds no escapes (every real tensor name and
+/// dtype), so parsing allocates only what the tensor keeps.
+pub(crate) struct Str<'de>(pub(crate) std::borrow::Cow<'de, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTensor {
-    dtype: String,
+struct RawTensor<'a> {
+    #[serde(borrow)]
+    dtype: Str<'a>,
     shape: Vec<u64>,
     data_offsets: [u64; 2],
 }
 
-struct RawHeader(Vec<(String, RawTensor)>);
+struct RawHeader<'a>(Vec<(Str<'a>, RawTensor<'a>)>);
 
-impl<'de> Deserialize<'de> for RawHeader {
+impl<'de> Deserialize<'de> for RawHeader<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = RawHeader;
+            type Value = RawHeader<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a safetensors header: an object of tensors")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
+                // A header of n tensors is at least ~60 n bytes; size_hint is unknown for
+                // JSON, so the vector grows as it must.
                 let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "__metadata__" {
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    if key.0 == "__metadata__" {
                         map.next_value::<IgnoredAny>()?;
                     } else {
-                        let t: RawTensor = map.next_value().map_err(|e: A::Error| {
-                            de::Error::custom(format!("tensor {key:?}: {e}"))
+                        let t: RawTensor<'de> = map.next_value().map_err(|e: A::Error| {
+                            de::Error::custom(format!("tensor {:?}: {e}", key.0))
                         })?;
                         out.push((key, t));
                     }
@@ -237,6 +266,7 @@ pub fn parse_safetensors_header(json: &[u8], what: &str) -> Result<Vec<Tensor>, 
     })?;
     let mut out = Vec::with_capacity(raw.0.len());
     for (name, t) in raw.0 {
+        let name = name.0;
         let [begin, end] = t.data_offsets;
         if end < begin {
             return Err(PlanError::Header {
@@ -244,7 +274,7 @@ pub fn parse_safetensors_header(json: &[u8], what: &str) -> Result<Vec<Tensor>, 
                 why: format!("tensor {name}: data_offsets [{begin}, {end}] run backwards"),
             });
         }
-        let dtype = Dtype::from_safetensors(&t.dtype);
+        let dtype = Dtype::from_safetensors(&t.dtype.0);
         let numel = t
             .shape
             .iter()
@@ -266,7 +296,7 @@ pub fn parse_safetensors_header(json: &[u8], what: &str) -> Result<Vec<Tensor>, 
             });
         }
         out.push(Tensor {
-            name,
+            name: name.into_owned(),
             dtype,
             shape: t.shape,
             bytes,

@@ -77,8 +77,9 @@ pub enum BenchCommand {
 /// Where the hosts are and how to reach them (bench p2p, doctor).
 #[derive(Args, Clone)]
 pub struct HostArgs {
-    /// Hosts, comma-separated (`node1,node2`, or `netns:ns1,...`).
-    #[arg(long)]
+    /// Hosts, comma-separated (`node1,node2`, or `netns:ns1,...`); `weft mesh`, `sync` and
+    /// `run` take `--group NAME` instead.
+    #[arg(long, default_value = "")]
     pub hosts: String,
     /// How to reach the hosts: ssh, netns, local.
     #[arg(long, default_value = "ssh")]
@@ -113,6 +114,9 @@ impl HostArgs {
         }
         for o in &self.ssh_options {
             extra.extend(["-o".to_string(), o.clone()]);
+        }
+        if self.hosts.trim().is_empty() {
+            bail!("--hosts is required (node1,node2 or netns:ns1,...)");
         }
         let r = parse_hosts_with(&self.hosts, &self.via, &extra)?;
         let exe = if r.iter().any(|h| h.kind() == "ssh") {

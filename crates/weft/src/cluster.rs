@@ -479,13 +479,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
+    client_for(r, file).map(|(c, _)| c)
+}
+
+/// The API client of `r` (flags over `[controller]` of weft.toml), and the URL it talks to.
+pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, String)> {
     let (url, tls) = r.trust.resolve(file);
-    Ok(Client::with_tls(
+    let c = Client::with_tls(
         &url,
         r.token.clone().map(Secret::new),
         Duration::from_secs(r.timeout_s.max(1)),
         &tls,
-    )?)
+    )?;
+    Ok((c, url))
 }
 
 /// The exit code for a failed API call: refusals of what was asked are failed checks;

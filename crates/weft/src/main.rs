@@ -9,6 +9,7 @@ mod cluster;
 mod config;
 mod doctor;
 mod fabric;
+mod group;
 mod mesh;
 mod output;
 mod plan;
@@ -146,6 +147,7 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    let _ = CONFIG_PATH.set(cli.config.clone());
     // Only the commands that use weft.toml read it, so that a broken file does not stop
     // `weft bench` or `weft plan`.
     let config = config::Config::load;
@@ -178,6 +180,14 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// `--config` (or `$WEFT_CONFIG`), for the commands that read weft.toml only on demand.
+static CONFIG_PATH: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+
+/// The config file named on the command line, if any (else `./weft.toml` is looked for).
+pub fn config_path() -> Option<PathBuf> {
+    CONFIG_PATH.get().cloned().flatten()
 }
 
 /// An error for a script that asked for `--json`, on stdout where it reads the result:

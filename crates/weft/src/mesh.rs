@@ -18,6 +18,8 @@ use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 pub struct MeshArgs {
     #[command(flatten)]
     hosts: HostArgs,
+    #[command(flatten)]
+    group: crate::group::GroupArgs,
     /// Only report: missing keys, changed host keys, the pairs.
     #[arg(long)]
     check: bool,
@@ -43,6 +45,8 @@ pub fn run(a: MeshArgs, json: bool) -> Result<u8> {
     if a.yes && a.expect_fingerprints.is_none() {
         bail!("--yes needs --expect-fingerprints FILE: host keys are never accepted blindly");
     }
+    let mut a = a;
+    crate::group::fill_hosts(&mut a.hosts, &a.group)?;
     let (hs, remote) = a.hosts.runners()?;
     let keys = mesh::collect_keys(&hs, Duration::from_secs(a.ssh_timeout_s.clamp(1, 60)))?;
     let table = crate::output::table(

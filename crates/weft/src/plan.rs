@@ -12,20 +12,23 @@ use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft plan meta-llama/Meta-Llama-3-8B --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen3-235B-A22B-GPTQ-Int4 --nodes 2 --gpu-memory 128GiB --tp 2 --max-model-len 32768\n  weft plan deepseek-ai/DeepSeek-V3 --nodes 2 --gpus-per-node 8 --gpu-memory 141GB --ep --json\n  weft plan ./model.gguf --engine llama.cpp --nodes 2 --gpu-memory 24GiB\n\nMODEL is a directory (config.json and *.safetensors or model.safetensors.index.json), one\n.safetensors file with config.json beside it, a .gguf file, or a Hugging Face repo id whose\nconfig and safetensors headers are read with HTTP Range requests (HF_ENDPOINT, HF_TOKEN),\nnever the weights.\n\nWithout --tp/--pp every layout that uses all GPUs is planned and ranked (fits, then the\nfewest collectives and bytes between nodes per token, then KV capacity); the best is shown.\n\nExit codes: 0 it fits, 1 it does not fit, 2 usage or environment error."
+    after_help = "Examples:\n  weft plan meta-llama/Meta-Llama-3-8B --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen3-235B-A22B-GPTQ-Int4 --nodes 2 --gpu-memory 128GiB --tp 2 --max-model-len 32768\n  weft plan deepseek-ai/DeepSeek-V3 --nodes 2 --gpus-per-node 8 --gpu-memory 141GB --ep --json\n  weft plan ./model.gguf --engine llama.cpp --nodes 2 --gpu-memory 24GiB\n  WEFT_TOKEN=... weft plan Qwen/Qwen3-235B-A22B --group team-a --controller http://10.0.0.1:7100\n\nWith --group, the nodes, their GPUs and the GPUs' memory are the group's members as their\nagents reported them to the controller (GET /v1/groups/NAME/nodes); --gpu-memory replaces\nthe reported memory. Without it, --nodes, --gpus-per-node and --gpu-memory say.\n\nMODEL is a directory (config.json and *.safetensors or model.safetensors.index.json), one\n.safetensors file with config.json beside it, a .gguf file, or a Hugging Face repo id whose\nconfig and safetensors headers are read with HTTP Range requests (HF_ENDPOINT, HF_TOKEN),\nnever the weights.\n\nWithout --tp/--pp every layout that uses all GPUs is planned and ranked (fits, then the\nfewest collectives and bytes between nodes per token, then KV capacity); the best is shown.\n\nExit codes: 0 it fits, 1 it does not fit, 2 usage or environment error."
 )]
 pub struct PlanArgs {
     /// A model directory, a .safetensors or .gguf file, or a Hugging Face repo id.
     model: String,
-    /// Nodes in the cluster.
-    #[arg(long, default_value_t = 1)]
-    nodes: u64,
-    /// GPUs in each node.
-    #[arg(long, default_value_t = 1)]
-    gpus_per_node: u64,
-    /// Memory of each GPU: 128GiB, 80GB, 24GiB.
-    #[arg(long)]
-    gpu_memory: String,
+    /// Nodes in the cluster (default 1; with --group, the group's members).
+    #[arg(long, conflicts_with = "group")]
+    nodes: Option<u64>,
+    /// GPUs in each node (default 1; with --group, what the agents reported).
+    #[arg(long, conflicts_with = "group")]
+    gpus_per_node: Option<u64>,
+    /// Memory of each GPU: 128GiB, 80GB, 24GiB (required without --group; with it, it
+    /// replaces what the agents reported).
+    #[arg(long, required_unless_present = "group")]
+    gpu_memory: Option<String>,
+    #[command(flatten)]
+    group: crate::group::GroupArgs,
     /// Tensor-parallel size (default: rank every layout).
     #[arg(long)]
     tp: Option<u64>,
@@ -155,13 +158,43 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         "bf16" | "fp16" => KvDtype::Bf16,
         o => bail!("--kv-dtype {o:?}: one of auto, fp8, bf16"),
     };
-    if a.nodes == 0 || a.gpus_per_node == 0 {
-        bail!("--nodes and --gpus-per-node must be at least 1");
-    }
-    let cluster = Cluster {
-        nodes: a.nodes,
-        gpus_per_node: a.gpus_per_node,
-        gpu_memory_bytes: parse_size(&a.gpu_memory).context("--gpu-memory")?,
+    let gpu_memory = a
+        .gpu_memory
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("--gpu-memory")?;
+    let mut cluster_warnings = Vec::new();
+    let cluster = match &a.group.group {
+        Some(name) => {
+            let nodes = crate::group::nodes(&a.group, name)?;
+            let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
+            let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;
+            cluster_warnings.push(format!(
+                "cluster from group {name}: {} node(s) ({}) x {} GPU(s) of {}",
+                c.nodes,
+                nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                c.gpus_per_node,
+                gib(c.gpu_memory_bytes)
+            ));
+            cluster_warnings.extend(w);
+            c
+        }
+        None => {
+            let (nodes, gpus) = (a.nodes.unwrap_or(1), a.gpus_per_node.unwrap_or(1));
+            if nodes == 0 || gpus == 0 {
+                bail!("--nodes and --gpus-per-node must be at least 1");
+            }
+            Cluster {
+                nodes,
+                gpus_per_node: gpus,
+                gpu_memory_bytes: gpu_memory.context("--gpu-memory is required without --group")?,
+            }
+        }
     };
     let opts = Options {
         engine,
@@ -188,7 +221,9 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         }
         local => source::load_local(&local)?,
     };
-    let world = a.nodes * a.gpus_per_node;
+    let mut model = model;
+    model.warnings.splice(0..0, cluster_warnings);
+    let world = cluster.nodes * cluster.gpus_per_node;
     let fixed = a.tp.is_some() || a.pp.is_some();
     if fixed {
         let tp = a.tp.unwrap_or(1);

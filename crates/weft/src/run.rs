@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use weft_launch::hosts;
 use weft_launch::run::{self, LaunchOptions, Nccl, Recipe};
@@ -14,11 +14,13 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long.\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
+    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long.\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
 )]
 pub struct RunArgs {
     #[command(flatten)]
     hosts: HostArgs,
+    #[command(flatten)]
+    group: crate::group::GroupArgs,
     /// How NCCL moves data: weft (the plugin), ib (NCCL's IB/RoCE), socket.
     #[arg(long, default_value = "ib")]
     nccl: Nccl,
@@ -37,6 +39,11 @@ pub struct RunArgs {
     /// A model directory whose hash must be equal on every node.
     #[arg(long)]
     model: Option<String>,
+    /// A saved `weft plan --json`: its layout gives `vllm serve` its --tensor-parallel-size,
+    /// --pipeline-parallel-size (and expert parallelism, max-model-len, memory fraction),
+    /// and the number of hosts it must run on.
+    #[arg(long, value_name = "PLAN.json")]
+    plan: Option<std::path::PathBuf>,
     /// The Python whose packages are compared.
     #[arg(long, default_value = "python3")]
     python: String,
@@ -76,7 +83,19 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
     if a.nproc_per_node == 0 {
         bail!("--nproc-per-node must be at least 1");
     }
+    let mut a = a;
+    crate::group::fill_hosts(&mut a.hosts, &a.group)?;
     let (hs, remote) = a.hosts.runners()?;
+    if let Some(p) = &a.plan {
+        let what = p.display().to_string();
+        let bytes = std::fs::read(p).with_context(|| format!("--plan {what}"))?;
+        let saved = weft_launch::layout::SavedPlan::parse(&bytes, &what)?;
+        let (cmd, notes) = weft_launch::layout::apply(&saved, &what, &a.cmd, hs.len())?;
+        for n in notes {
+            eprintln!("weft run: {n}");
+        }
+        a.cmd = cmd;
+    }
     let recipe = Recipe::of(&a.cmd);
     // Every node's network, from its own facts.
     let mut nets = Vec::with_capacity(hs.len());

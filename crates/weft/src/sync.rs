@@ -21,6 +21,8 @@ pub struct SyncArgs {
     dir: PathBuf,
     #[command(flatten)]
     hosts: HostArgs,
+    #[command(flatten)]
+    group: crate::group::GroupArgs,
     /// Destination on the hosts (default: the source's absolute path); `{host}` is replaced
     /// by each host's name.
     #[arg(long)]
@@ -38,6 +40,8 @@ pub fn run(a: SyncArgs, json: bool) -> Result<u8> {
         anyhow::bail!("--chunk-mib must be 1..=256");
     }
     let dir = std::fs::canonicalize(&a.dir).with_context(|| format!("{}", a.dir.display()))?;
+    let mut a = a;
+    crate::group::fill_hosts(&mut a.hosts, &a.group)?;
     let (hosts, remote) = a.hosts.runners()?;
     let o = SyncOptions {
         dest: a.dest.unwrap_or_else(|| dir.display().to_string()),

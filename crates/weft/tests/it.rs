@@ -6,6 +6,7 @@ mod cluster;
 mod doctor;
 mod import;
 mod launch;
+mod plan;
 mod readme;
 
 use std::path::{Path, PathBuf};

@@ -138,3 +138,56 @@ fn deepseek_v3_has_685b_parameters_and_fits_8_h200_at_tp8() {
     let p = weft_plan::plan::plan(&m, layout(8, 1), c, &opts).unwrap();
     assert!(p.fits, "{:?}", p.nodes);
 }
+
+/// Qwen3.5-397B-A17B in bf16 at TP=4 on 4 nodes: about 199 GB of weights on each node
+/// (397 B parameters, "Total Parameters: 397B" on the model card and NVIDIA's NVFP4 card of
+/// it, x 2 bytes / 4 ranks = 198.5 GB; the header-only fixture holds the text model, the
+/// vision tower being counted whole per rank when present). Its hybrid layout is the
+/// card's: 45 Gated DeltaNet layers without KV cache and 15 gated-attention layers whose 2
+/// KV heads are replicated over TP=4 (vLLM: max(1, 2/4) = 1 head per rank), so one token
+/// costs 15 x 1 x (256 + 256) x 2 = 15,360 bytes per rank.
+#[test]
+fn qwen3_5_397b_tp4_is_about_199_gb_per_node() {
+    let config = fixture("qwen3.5-397b-a17b");
+    let m = model(&config);
+    assert_eq!(m.arch.family, weft_plan::arch::Family::QwenHybrid);
+    let params: u64 = m.tensors.iter().map(|t| t.numel()).sum();
+    assert!(
+        (390e9..400e9).contains(&(params as f64)),
+        "{params} parameters in the text model"
+    );
+    let p = plan(&m, layout(4, 1), cluster(4, 1, 288));
+    assert_eq!(p.nodes.len(), 4);
+    for n in &p.nodes {
+        let gb = n.weights_bytes as f64 / 1e9;
+        assert!(within(gb, 199.0, 0.01), "node {}: {gb} GB", n.node);
+    }
+    assert_eq!(p.ranks[0].kv_bytes_per_token, 15_360);
+    assert!(
+        p.replicated
+            .iter()
+            .any(|f| f.why.contains("KV heads replicated")),
+        "{:?}",
+        p.replicated
+    );
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.contains("45 Gated DeltaNet layers")),
+        "{:?}",
+        p.warnings
+    );
+    // Nothing fell back to "no rule matched": every tensor has its rule.
+    assert!(
+        !p.replicated
+            .iter()
+            .any(|f| f.why.contains("no sharding rule")),
+        "{:?}",
+        p.replicated
+    );
+    // TP=8 breaks no rule either (16 QK and 64 value heads divide by 8); TP=3 does.
+    let e = weft_plan::plan::plan(&m, layout(3, 1), cluster(3, 1, 288), &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("heads"), "{e}");
+}

@@ -369,3 +369,86 @@ fn sync_benchmark_against_rsync() {
         four / one
     );
 }
+
+/// A host killed in the middle of the stream (kill -9 of its `sync-serve` once the last
+/// host holds a third of the data): the chain is routed around it, the hosts behind it
+/// still end with every file, and the dead host is named with why, exit 1.
+#[test]
+fn sync_routes_around_a_host_killed_mid_stream_and_names_it() {
+    need_netns();
+    let c = Cluster::create(&ClusterSpec::new(5, 1)).expect("cluster");
+    for i in 0..5 {
+        c.shape(i, "data0", &Shape::rate("1gbit")).expect("tc");
+    }
+    let names: Vec<String> = c.hosts().iter().map(|h| h.name.clone()).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let total = make_source(&src, 40);
+    let dest = tmp.path().join("dst");
+    let dest_t = format!("{}/{{host}}/model", dest.display());
+    let hosts = names[1..].join(",");
+    let src_s = src.display().to_string();
+    let child = weft_in_cmd(
+        &names[0],
+        &[
+            "sync",
+            &src_s,
+            "--hosts",
+            &hosts,
+            "--via",
+            "netns",
+            "--dest",
+            &dest_t,
+            "--data-if",
+            "=data0",
+            "--mgmt-if",
+            "=mgmt0",
+            "--timeout",
+            "10",
+            "--json",
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let last = dest.join(&names[4]);
+    let t0 = Instant::now();
+    while dir_bytes(&last) < total / 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no progress on the last host"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Host 2, in the middle of the chain: its receiving side dies with kill -9.
+    let victim_dest = dest.join(&names[2]).display().to_string();
+    let pids = processes_with(&["sync-serve", &victim_dest]);
+    assert!(!pids.is_empty(), "host 2's sync-serve is running");
+    for p in &pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &p.to_string()])
+            .status();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v = json(&o);
+    let dead = node(&v, &names[2]);
+    assert_ne!(dead["status"], "ok", "{v:#}");
+    assert!(
+        dead["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "the dead host is named with why: {v:#}"
+    );
+    let want = Manifest::scan(&src, CHUNK).unwrap();
+    for h in [&names[1], &names[3], &names[4]] {
+        assert_eq!(node(&v, h)["status"], "ok", "{h}: {v:#}");
+        let got = Manifest::scan(&dest.join(h.as_str()).join("model"), CHUNK).unwrap();
+        assert_eq!(got, want, "{h}");
+    }
+    let marker = dest.display().to_string();
+    let t0 = Instant::now();
+    while !processes_with(&["sync-serve", &marker]).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "helpers left behind");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

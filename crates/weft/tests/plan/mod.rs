@@ -1,0 +1,326 @@
+//! `weft plan` and `weft run --plan` as a person runs them: `--group` against a real
+//! controller (`weft controller --no-fabric` and `weft agent` processes whose fixture
+//! hosts report GPUs), a saved plan driving `weft run`'s vLLM recipe.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_agent::Gpu;
+use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
+use weft_fabric::Guid;
+
+const ADMIN: &str = "wfa_plan-test-admin-0123456789abcdef0123";
+
+/// A child process killed (by its pid) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn weft_cmd(dir: &Path, url: &str, token: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
+    c.args(args)
+        .current_dir(dir)
+        .env_remove("WEFT_CONFIG")
+        .env("WEFT_CONTROLLER", url)
+        .env("WEFT_TOKEN", token);
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(o: Output) -> String {
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A header-only checkpoint of a real config (fixtures of weft-plan).
+fn model_dir(dir: &Path, config: &str) -> String {
+    let p = format!(
+        "{}/../weft-plan/fixtures/configs/{config}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+    let arch = weft_plan::arch::from_config(&config).unwrap();
+    let tensors = weft_plan::synth::tensors(&arch, &config).unwrap();
+    let out = dir.join(config["architectures"][0].as_str().unwrap());
+    weft_plan::synth::write_checkpoint(&out, &config, &tensors, 2).unwrap();
+    out.display().to_string()
+}
+
+fn h200(i: u32) -> Gpu {
+    Gpu {
+        index: i,
+        name: "NVIDIA H200".into(),
+        uuid: Some(format!("GPU-{i:08x}")),
+        // What NVML reports for an H200: 143,771 MiB.
+        memory_total_bytes: Some(143_771 << 20),
+        pci: None,
+    }
+}
+
+#[test]
+fn plan_group_takes_nodes_gpus_and_memory_from_a_real_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = weft_cmd(
+        d,
+        &url,
+        ADMIN,
+        &[
+            "controller",
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--db",
+            "controller.db",
+            "--no-fabric",
+        ],
+    )
+    .env("WEFT_ADMIN_TOKEN", ADMIN)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("weft controller starts");
+    let stdout = child.stdout.take().unwrap();
+    let _controller = Proc(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the controller says where it listens");
+    assert!(line.contains(&listen), "{line}");
+    let weft = |token: &str, args: &[&str]| weft_cmd(d, &url, token, args).output().unwrap();
+
+    // Three agents: node1 and node2 with 8 H200s each, node3 with 4.
+    let mut agents = Vec::new();
+    for (i, gpus) in [(1u64, 8u32), (2, 8), (3, 4)] {
+        let name = format!("node{i}");
+        let mut spec = HostSpec::new(name.clone()).with_hca(
+            HcaSpec::new("mlx5_0", Guid(0x7000 + i * 0x100), "0000:01:00.0")
+                .with_port(PortSpec::infiniband(1)),
+        );
+        for g in 0..gpus {
+            spec = spec.with_gpu(h200(g));
+        }
+        let root = d.join(format!("host-{name}"));
+        write_host(&root, &spec).unwrap();
+        let token = ok(weft(ADMIN, &["nodes", "enroll", "--server", &name]))
+            .trim()
+            .to_string();
+        let state = format!("{name}.json");
+        agents.push(Proc(
+            weft_cmd(
+                d,
+                &url,
+                ADMIN,
+                &[
+                    "agent",
+                    "--state-file",
+                    &state,
+                    "--sysfs-root",
+                    root.to_str().unwrap(),
+                    "--heartbeat-s",
+                    "0.5",
+                ],
+            )
+            .env("WEFT_ENROLL_TOKEN", token)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+        ));
+    }
+    until("three agents reporting", Duration::from_secs(20), || {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(weft(ADMIN, &["--json", "nodes"]))).ok()?;
+        let a = v.as_array()?;
+        (a.len() == 3 && a.iter().all(|s| s["liveness"] == "ok")).then_some(())
+    });
+    let alice = ok(weft(ADMIN, &["tenant", "create", "alice"]))
+        .trim()
+        .to_string();
+    ok(weft(ADMIN, &["tenant", "create", "bob"]));
+    ok(weft(ADMIN, &["group", "create", "a", "--tenant", "alice"]));
+    ok(weft(
+        ADMIN,
+        &["group", "create", "mixed", "--tenant", "bob"],
+    ));
+    ok(weft(
+        ADMIN,
+        &["group", "add", "a", "node1", "node2", "--no-wait"],
+    ));
+    ok(weft(
+        ADMIN,
+        &["group", "add", "mixed", "node3", "--no-wait"],
+    ));
+
+    let model = model_dir(d, "llama-3-8b");
+    // The tenant's own token: the cluster is the group's two nodes of 8 GPUs of 143,771 MiB.
+    let o = weft(&alice, &["plan", &model, "--group", "a", "--json"]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(v["cluster"]["nodes"], 2, "{v:#}");
+    assert_eq!(v["cluster"]["gpus_per_node"], 8, "{v:#}");
+    assert_eq!(v["cluster"]["gpu_memory_bytes"], 143_771u64 << 20, "{v:#}");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2, "{v:#}");
+    assert!(
+        v["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("node1, node2")),
+        "the plan says where its cluster came from: {v:#}"
+    );
+    // --gpu-memory replaces the reported memory, and says so.
+    let o = weft(
+        &alice,
+        &[
+            "plan",
+            &model,
+            "--group",
+            "a",
+            "--gpu-memory",
+            "24GiB",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cluster"]["gpu_memory_bytes"], 24u64 << 30, "{v:#}");
+    // Another tenant's group answers as one that does not exist: exit 2, named.
+    let o = weft(&alice, &["plan", &model, "--group", "mixed"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no group `mixed`"), "{}", text(&o));
+    // The admin sees it; a group of one 4-GPU node plans on 4 GPUs.
+    let o = weft(ADMIN, &["plan", &model, "--group", "mixed", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cluster"]["gpus_per_node"], 4, "{v:#}");
+    // Nodes of different GPU counts are refused, each named with its count.
+    ok(weft(
+        ADMIN,
+        &["group", "remove", "mixed", "node3", "--no-wait"],
+    ));
+    ok(weft(ADMIN, &["group", "add", "a", "node3", "--no-wait"]));
+    let o = weft(ADMIN, &["plan", &model, "--group", "a"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("node1 has 8, node2 has 8, node3 has 4"),
+        "{}",
+        text(&o)
+    );
+    // --group with --nodes is a usage error.
+    let o = weft(ADMIN, &["plan", &model, "--group", "a", "--nodes", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    drop(agents);
+}
+
+#[test]
+fn run_plan_sets_the_vllm_layout_and_refuses_a_plan_for_other_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_dir(d, "llama-3-8b");
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "plan",
+            &model,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--gpu-memory",
+            "24GiB",
+            "--tp",
+            "2",
+            "--max-model-len",
+            "8192",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::write(d.join("plan.json"), &o.stdout).unwrap();
+    // The plan takes 2 nodes; 3 hosts are refused before anything is reached.
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .current_dir(d)
+        .args([
+            "run",
+            "--hosts",
+            "a,b,c",
+            "--plan",
+            "plan.json",
+            "--",
+            "vllm",
+            "serve",
+            &model,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("takes 2 node(s), but the job has 3 host(s)"),
+        "{}",
+        text(&o)
+    );
+    // A tensor-parallel size that disagrees with the plan is refused, naming both.
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .current_dir(d)
+        .args([
+            "run",
+            "--hosts",
+            "a,b",
+            "--plan",
+            "plan.json",
+            "--",
+            "vllm",
+            "serve",
+            &model,
+            "--tensor-parallel-size",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--tensor-parallel-size 1 in the command, but --plan plan.json says 2"),
+        "{}",
+        text(&o)
+    );
+}
