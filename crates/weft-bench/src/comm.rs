@@ -510,6 +510,52 @@ impl Comm {
         Ok(())
     }
 
+    /// Times every link into this rank: in round `k` (1..n) every rank sends `bytes` of `A`
+    /// to rank `r + k` and receives as many from rank `r - k` into `T`, after a barrier;
+    /// `reps` rounds of each shift, the best kept. Returns seconds per sender (index = rank;
+    /// this rank's own entry 0). Every rank calls it with the same arguments.
+    pub fn probe_links(&mut self, bytes: usize, reps: usize) -> Result<Vec<f64>, BenchError> {
+        let (n, r) = (self.nranks, self.rank);
+        if bytes == 0 || bytes > self.bytes {
+            return Err(BenchError::Usage(format!(
+                "link probe of {bytes} B: must be 1 to {} B",
+                self.bytes
+            )));
+        }
+        let mut best = vec![f64::INFINITY; n];
+        best[r] = 0.0;
+        let res = self.probe_rounds(bytes, reps, &mut best);
+        if res.is_err() {
+            // Leave no request pointing into the buffers.
+            self.tickets.clear();
+        }
+        res.map(|()| best)
+    }
+
+    fn probe_rounds(
+        &mut self,
+        bytes: usize,
+        reps: usize,
+        best: &mut [f64],
+    ) -> Result<(), BenchError> {
+        let (n, r) = (self.nranks, self.rank);
+        for _ in 0..reps.max(1) {
+            for k in 1..n {
+                let to = (r + k) % n;
+                let from = (r + n - k) % n;
+                self.boot.barrier()?;
+                let t0 = Instant::now();
+                let t = self.irecv(from, Buf::T, 0, bytes)?;
+                self.isend(to, Buf::A, 0, bytes)?;
+                self.wait(t)?;
+                let took = t0.elapsed().as_secs_f64();
+                self.wait_all()?;
+                best[from] = best[from].min(took);
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes actually moved by one call of `coll` with nccl-tests size `bytes`, the per-rank
     /// element count, and the element count nccl-tests prints.
     pub fn shape(&self, coll: Coll, dt: DataType, bytes: usize) -> (usize, usize) {

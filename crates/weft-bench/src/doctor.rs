@@ -71,6 +71,9 @@ pub struct DoctorOptions {
     /// Connect timeout of the host-to-host SSH check (every ordered pair of hosts reached
     /// over SSH); `None` skips the check.
     pub ssh_pairs: Option<Duration>,
+    /// ICMP echoes from every host to every other host's management address, for packet
+    /// loss on the management network ([`crate::loss`]); `None` skips the check.
+    pub loss_echoes: Option<u32>,
 }
 
 /// A pair below this fraction of the median is slow (as `bench p2p`'s default).
@@ -164,6 +167,7 @@ pub fn run(
     struct H {
         idx: usize,
         mgmt: Option<String>,
+        mgmt_addr: Option<Ipv4Addr>,
         data: Vec<DataIf>,
     }
     let data_spec = o
@@ -269,6 +273,7 @@ pub fn run(
         hs.push(H {
             idx: *i,
             mgmt,
+            mgmt_addr: role.mgmt.and_then(|(m, _)| facts::ipv4(m)).map(|a| a.0),
             data: data
                 .iter()
                 .map(|d| DataIf {
@@ -517,6 +522,24 @@ pub fn run(
             o.expect_speed_mbps,
             &mut out,
         ),
+    }
+    // Packet loss on the management network.
+    match o.loss_echoes {
+        None => out.add(
+            Level::Info,
+            "*",
+            "loss",
+            None,
+            "management loss check skipped (--no-loss)".into(),
+            None,
+        ),
+        Some(count) => {
+            let mgmts: Vec<(usize, String, Ipv4Addr)> = hs
+                .iter()
+                .filter_map(|h| Some((h.idx, h.mgmt.clone()?, h.mgmt_addr?)))
+                .collect();
+            mgmt_loss(hosts, r, count, &names, &mgmts, &mut out);
+        }
     }
     // RDMA devices.
     let mut hcas: Vec<String> = Vec::new();
@@ -1060,6 +1083,172 @@ fn throughput(
                 s.src, s.dst, s.rail, s.gbps, s.pct_of_reference, s.reference_gbps
             ),
             Some("a path problem between these two (a switch port or an ECMP path): `weft bench p2p` measures the pair at length".into()),
+        );
+    }
+}
+
+/// Packet loss between the management addresses of `mgmts` (host index, interface,
+/// address): a train of `count` echoes from every one to every other, judged by
+/// [`crate::loss::judge`]. A host whose every pair loses packets FAILs on its management
+/// interface; a lossy pair no host explains WARNs; the others PASS with what they lost.
+fn mgmt_loss(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    count: u32,
+    names: &[String],
+    mgmts: &[(usize, String, Ipv4Addr)],
+    out: &mut Out,
+) {
+    use crate::loss::{self, PairLoss};
+    if mgmts.len() < 2 {
+        out.add(
+            Level::Info,
+            "*",
+            "loss",
+            None,
+            "management loss check skipped: fewer than two hosts with a known management address (see --mgmt-if)".into(),
+            None,
+        );
+        return;
+    }
+    let interval = Duration::from_millis(2);
+    let res: Vec<Result<Vec<loss::TrainResult>, BenchError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = mgmts
+            .iter()
+            .map(|(i, _, me)| {
+                let targets: Vec<Ipv4Addr> =
+                    mgmts.iter().map(|m| m.2).filter(|a| a != me).collect();
+                let h = hosts[*i].as_ref();
+                s.spawn(move || remote::loss_probe_one(h, r, &targets, count, interval))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(BenchError::Usage("loss probe thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut pairs: Vec<PairLoss> = Vec::new();
+    let mut ran = vec![false; mgmts.len()];
+    for (k, rr) in res.iter().enumerate() {
+        let name = &names[mgmts[k].0];
+        match rr {
+            Err(e) => out.add(
+                Level::Warn,
+                name,
+                "loss",
+                Some(&mgmts[k].1),
+                format!("the management loss probe could not run: {e}"),
+                Some("the probe needs root or CAP_NET_RAW on the host".into()),
+            ),
+            Ok(v) => {
+                ran[k] = true;
+                for t in v {
+                    let Some(d) = mgmts.iter().position(|m| m.2 == t.dst) else {
+                        continue;
+                    };
+                    pairs.push(PairLoss {
+                        src: k,
+                        dst: d,
+                        sent: t.sent,
+                        received: t.received,
+                    });
+                }
+            }
+        }
+    }
+    let v = loss::judge(mgmts.len(), &pairs);
+    let label = |k: usize| format!("{} ({})", names[mgmts[k].0], mgmts[k].1);
+    for &(k, pct) in &v.hosts {
+        let (name, ifn) = (&names[mgmts[k].0], &mgmts[k].1);
+        let each: Vec<String> = pairs
+            .iter()
+            .filter(|p| p.src == k || p.dst == k)
+            .map(|p| {
+                format!(
+                    "{} -> {} {:.1}%",
+                    names[mgmts[p.src].0],
+                    names[mgmts[p.dst].0],
+                    p.pct()
+                )
+            })
+            .collect();
+        out.add(
+            Level::Fail,
+            name,
+            "loss",
+            Some(ifn),
+            format!(
+                "management link {ifn} of {name} loses {pct:.1}% of packets: every pair with it lost ICMP echoes ({})",
+                each.join(", ")
+            ),
+            Some(format!(
+                "check {ifn}'s cable, transceiver and switch port on {name} (`ip -s link show {ifn}`: errors and drops; `ethtool -S {ifn}`) and any shaping (`tc qdisc show dev {ifn}`); loss here stalls SSH, the rendezvous and every handshake"
+            )),
+        );
+    }
+    for &k in &v.pairs {
+        let p = &pairs[k];
+        out.add(
+            Level::Warn,
+            &names[mgmts[p.src].0],
+            "loss",
+            Some(&names[mgmts[p.dst].0]),
+            format!(
+                "{} -> {}: {} of {} ICMP echoes lost on the management network ({:.1}%); no host explains it alone",
+                label(p.src),
+                label(p.dst),
+                p.lost(),
+                p.sent,
+                p.pct()
+            ),
+            Some("a path problem between these two (a switch port, a lossy uplink)".into()),
+        );
+    }
+    for p in pairs.iter().filter(|p| p.sent > 0 && p.received == 0) {
+        out.add(
+            Level::Warn,
+            &names[mgmts[p.src].0],
+            "loss",
+            Some(&names[mgmts[p.dst].0]),
+            format!(
+                "{} -> {}: none of {} ICMP echoes answered on the management network",
+                label(p.src),
+                label(p.dst),
+                p.sent
+            ),
+            Some("allow ICMP echo between the hosts' management addresses, or loss cannot be measured".into()),
+        );
+    }
+    for (k, m) in mgmts.iter().enumerate() {
+        if !ran[k] || v.hosts.iter().any(|h| h.0 == k) {
+            continue;
+        }
+        let mine: Vec<&PairLoss> = pairs
+            .iter()
+            .filter(|p| (p.src == k || p.dst == k) && p.received > 0)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let (sent, lost) = mine
+            .iter()
+            .fold((0u32, 0u32), |(s, l), p| (s + p.sent, l + p.lost()));
+        out.add(
+            Level::Pass,
+            &names[m.0],
+            "loss",
+            Some(&m.1),
+            format!(
+                "management {}: {lost} of {sent} ICMP echoes lost with its {} peers",
+                m.1,
+                mine.iter()
+                    .map(|p| if p.src == k { p.dst } else { p.src })
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len()
+            ),
+            None,
         );
     }
 }
