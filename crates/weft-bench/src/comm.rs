@@ -510,10 +510,12 @@ impl Comm {
         Ok(())
     }
 
-    /// Times every link into this rank: in round `k` (1..n) every rank sends `bytes` of `A`
-    /// to rank `r + k` and receives as many from rank `r - k` into `T`, after a barrier;
-    /// `reps` rounds of each shift, the best kept. Returns seconds per sender (index = rank;
-    /// this rank's own entry 0). Every rank calls it with the same arguments.
+    /// Times every link into this rank, one link of the job at a time (so that no other
+    /// traffic, not even the acknowledgements of a transfer the other way, shares a host's
+    /// link with the one measured): for every ordered pair, after a barrier, the sender sends
+    /// `bytes` of `A` and the receiver times their arrival into `T`; `reps` rounds, the best
+    /// kept. Returns seconds per sender (index = rank; this rank's own entry 0). Every rank
+    /// calls it with the same arguments.
     pub fn probe_links(&mut self, bytes: usize, reps: usize) -> Result<Vec<f64>, BenchError> {
         let (n, r) = (self.nranks, self.rank);
         if bytes == 0 || bytes > self.bytes {
@@ -540,17 +542,20 @@ impl Comm {
     ) -> Result<(), BenchError> {
         let (n, r) = (self.nranks, self.rank);
         for _ in 0..reps.max(1) {
-            for k in 1..n {
-                let to = (r + k) % n;
-                let from = (r + n - k) % n;
-                self.boot.barrier()?;
-                let t0 = Instant::now();
-                let t = self.irecv(from, Buf::T, 0, bytes)?;
-                self.isend(to, Buf::A, 0, bytes)?;
-                self.wait(t)?;
-                let took = t0.elapsed().as_secs_f64();
-                self.wait_all()?;
-                best[from] = best[from].min(took);
+            for src in 0..n {
+                for dst in (0..n).filter(|d| *d != src) {
+                    self.boot.barrier()?;
+                    if r == src {
+                        self.isend(dst, Buf::A, 0, bytes)?;
+                        self.wait_all()?;
+                    } else if r == dst {
+                        let t0 = Instant::now();
+                        let t = self.irecv(src, Buf::T, 0, bytes)?;
+                        self.wait(t)?;
+                        best[src] = best[src].min(t0.elapsed().as_secs_f64());
+                        self.wait_all()?;
+                    }
+                }
             }
         }
         Ok(())

@@ -116,7 +116,7 @@ pub fn run_rank(
 pub struct LinkProbe<'a> {
     /// Bytes from every rank to every other (at most the buffers' size).
     pub bytes: usize,
-    /// Rounds of each shift; the best time of each link is kept.
+    /// Rounds over every pair; the best time of each link is kept.
     pub reps: usize,
     /// Called on rank 0 with the judged links, before the collectives run.
     pub on_report: &'a mut dyn FnMut(&links::LinkReport),

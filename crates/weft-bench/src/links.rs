@@ -1,7 +1,7 @@
 //! Time per link of a collectives run: before the collectives, every rank sends a fixed number
-//! of bytes to every other rank through the plugin, one shift at a time (in round `k` rank `r`
-//! sends to `r + k` and receives from `r - k`, so each rank drives one outgoing and one
-//! incoming link at once, as in a ring step), and times each receive. The matrix is judged
+//! of bytes to every other rank through the plugin, one ordered pair at a time (no other
+//! transfer shares a link with the one measured, not even acknowledgements of one the other
+//! way, which a rate-limited egress would delay), and the receiver times it. The matrix is judged
 //! like `bench p2p`'s ([`crate::p2p::analyse`]: failed pairs excluded, robust peer
 //! reference), so a slow host is named in the collectives report.
 
@@ -104,7 +104,7 @@ pub fn comment_lines(r: &LinkReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# Links: {} B from every rank to every other through the plugin, one shift at a time",
+        "# Links: {} B from every rank to every other through the plugin, one pair at a time",
         r.bytes
     );
     let w = r.hosts.iter().map(String::len).max().unwrap_or(4).max(4);

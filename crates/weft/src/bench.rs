@@ -20,7 +20,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 pub enum BenchCommand {
     /// Collectives on host memory through the NCCL net plugin (dlopen, ncclNet v8), nccl-tests style.
     #[command(
-        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw.\n\nBefore the collectives every link between two ranks is timed through the plugin\n(--link-bytes each way, one shift at a time): the report lists them as `#` lines and names\na host whose every link from it (or to it) is below half the reference (`# SLOW HOST`;\n\"links\" in --json). A slow host does not change the exit code."
+        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw.\n\nBefore the collectives every link between two ranks is timed through the plugin\n(--link-bytes each way, one pair at a time): the report lists them as `#` lines and names\na host whose every link from it (or to it) is below half the reference (`# SLOW HOST`;\n\"links\" in --json). A slow host does not change the exit code."
     )]
     Collectives(Box<CollArgs>),
     /// Bandwidth and latency between every ordered pair of hosts on the data network (TCP).
@@ -280,7 +280,7 @@ pub struct CollArgs {
     #[arg(long, default_value_t = 0)]
     dev: usize,
     /// Before the collectives, time every link (each rank sends this many bytes to every
-    /// other, one shift at a time, best of two) and name the hosts whose links are slow; 0
+    /// other, one pair at a time, best of two) and name the hosts whose links are slow; 0
     /// skips it.
     #[arg(long = "link-bytes", default_value = "4M", value_parser = parse_size)]
     link_bytes: usize,

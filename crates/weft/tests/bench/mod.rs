@@ -359,7 +359,8 @@ fn collectives_name_the_host_whose_data_link_is_rate_limited() {
         .collect();
     assert_eq!(slow.len(), 3, "{l:#}");
     assert!(slow.iter().all(|(s, _)| s == &names[2]), "{l:#}");
-    // The links carried the data interfaces' rates: the healthy ones near 400 Mbit/s.
+    // The links carried the data interfaces' rates (the unshaped management link would give
+    // several Gb/s): the healthy ones near 400 Mbit/s, tbf's burst allowing a little more.
     let fast: Vec<f64> = l["links"]
         .as_array()
         .unwrap()
@@ -367,7 +368,7 @@ fn collectives_name_the_host_whose_data_link_is_rate_limited() {
         .filter(|x| x["src_rank"] != 2)
         .map(|x| x["gbps"].as_f64().unwrap())
         .collect();
-    assert!(fast.iter().all(|g| (0.2..0.45).contains(g)), "{l:#}");
+    assert!(fast.iter().all(|g| (0.2..0.6).contains(g)), "{l:#}");
 
     // The human report says the same in nccl-tests comment lines; the rows still parse.
     let o = run(false);
@@ -552,8 +553,14 @@ fn json_output_reads_as_nccl_tests_json_and_per_iteration_timing_as_theirs() {
             assert_eq!((a.version, a.iterations, a.aggregated), (3, 4, 1), "{a:?}");
             assert_eq!(a.process_rows, 3, "{a:?}");
             assert!(a.consistent, "{coll} {key}: {a:?}");
+            // nccl-tests' size is what moves: all-gather's a multiple of 3 ranks x 4 bytes.
             let sizes: Vec<u64> = a.stats.iter().map(|s| s.0).collect();
-            assert_eq!(sizes, [4096, 16384], "{coll}: {a:?}");
+            let want: [u64; 2] = if coll == "all_gather" {
+                [4092, 16380]
+            } else {
+                [4096, 16384]
+            };
+            assert_eq!(sizes, want, "{coll}: {a:?}");
             for s in &a.stats {
                 assert!(s.2 > 0.0 && s.2 <= s.1 && s.1 <= s.3 && s.4 <= s.3, "{s:?}");
                 assert!(s.5 >= 0.0 && s.6 >= 1.0, "{s:?}");
