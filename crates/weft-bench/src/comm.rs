@@ -552,7 +552,10 @@ impl Comm {
                         let t0 = Instant::now();
                         let t = self.irecv(src, Buf::T, 0, bytes)?;
                         self.wait(t)?;
-                        best[src] = best[src].min(t0.elapsed().as_secs_f64());
+                        let took = t0.elapsed().as_secs_f64();
+                        if let Some(b) = best.get_mut(src) {
+                            *b = b.min(took);
+                        }
                         self.wait_all()?;
                     }
                 }

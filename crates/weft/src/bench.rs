@@ -949,7 +949,7 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
         }
         *link_report.borrow_mut() = Some(l.clone());
     };
-    let probe = (a.link_bytes > 0).then(|| weft_bench::LinkProbe {
+    let probe = (a.link_bytes > 0).then_some(weft_bench::LinkProbe {
         bytes: a.link_bytes,
         reps: 2,
         on_report: &mut on_links,
