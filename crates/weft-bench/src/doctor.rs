@@ -1225,9 +1225,12 @@ fn mgmt_loss(
         if !ran[k] || v.hosts.iter().any(|h| h.0 == k) {
             continue;
         }
+        // Pairs with a host named above are that host's loss, not this one's.
+        let named = |x: usize| v.hosts.iter().any(|h| h.0 == x);
         let mine: Vec<&PairLoss> = pairs
             .iter()
             .filter(|p| (p.src == k || p.dst == k) && p.received > 0)
+            .filter(|p| !named(p.src) && !named(p.dst))
             .collect();
         if mine.is_empty() {
             continue;
@@ -1241,12 +1244,17 @@ fn mgmt_loss(
             "loss",
             Some(&m.1),
             format!(
-                "management {}: {lost} of {sent} ICMP echoes lost with its {} peers",
+                "management {}: {lost} of {sent} ICMP echoes lost with its {} peers{}",
                 m.1,
                 mine.iter()
                     .map(|p| if p.src == k { p.dst } else { p.src })
                     .collect::<std::collections::BTreeSet<_>>()
-                    .len()
+                    .len(),
+                if v.hosts.is_empty() {
+                    ""
+                } else {
+                    " (the lossy hosts named above left out)"
+                }
             ),
             None,
         );
