@@ -39,6 +39,7 @@ pub mod dtype;
 pub mod facts;
 pub mod glyphs;
 pub mod judge;
+pub mod launch;
 pub mod links;
 pub mod loss;
 pub mod net;

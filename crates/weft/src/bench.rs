@@ -3,7 +3,6 @@
 use std::io::IsTerminal;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -11,8 +10,8 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts_with, wait_until};
-use weft_bench::{RankSpec, facts, net, p2p};
+use weft_bench::runner::{HostRunner, Local, parse_hosts_with};
+use weft_bench::{RankSpec, facts, launch, net, p2p};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -728,7 +727,8 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         ];
         vec![v; runners.len()]
     };
-    let mut kids = Vec::new();
+    let mut argvs = Vec::new();
+    let mut envs = Vec::new();
     for (rank, r) in runners.iter().enumerate() {
         let mut env = env.clone();
         env.extend(per_rank[rank].iter().cloned());
@@ -748,55 +748,29 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         if a.hosts.is_some() {
             argv.extend(["--rank-name".into(), r.name().to_string()]);
         }
-        let out = if rank == 0 {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        kids.push(r.spawn(&argv, &env, out)?);
+        argvs.push(argv);
+        envs.push(env);
     }
-    let deadline = Instant::now() + timeout * 4;
-    let mut code = EXIT_OK;
-    for (rank, k) in kids.iter_mut().enumerate() {
-        match wait_until(k, deadline) {
-            Some(st) => {
-                // weft's own codes pass through; anything else (ssh's 255, a signal) is the
-                // environment's fault, and said so.
-                let c = match st.code() {
-                    Some(c @ 0..=2) => c as u8,
-                    _ => {
-                        eprintln!(
-                            "weft: rank {rank} ({}) ended with {st}{}",
-                            runners[rank].name(),
-                            if st.code() == Some(255) && runners[rank].kind() == "ssh" {
-                                ": ssh could not run it there (check --ssh-config, keys and --remote-weft)"
-                            } else {
-                                ""
-                            }
-                        );
-                        EXIT_ENVIRONMENT
-                    }
-                };
-                if rank == 0 || c == EXIT_ENVIRONMENT {
-                    code = code.max(c);
+    let ends = launch::run_ranks(&runners, &argvs, &envs, Instant::now() + timeout * 4)?;
+    for (rank, e) in ends.iter().enumerate() {
+        let who = runners[rank].name();
+        match e {
+            launch::RankEnd::Code(_) => {}
+            launch::RankEnd::Other { status, ssh_failed } => eprintln!(
+                "weft: rank {rank} ({who}) ended with {status}{}",
+                if *ssh_failed {
+                    ": ssh could not run it there (check --ssh-config, keys and --remote-weft)"
+                } else {
+                    ""
                 }
-            }
-            None => {
-                eprintln!(
-                    "weft: rank {rank} ({}) still running after {:?}; killed",
-                    runners[rank].name(),
-                    timeout * 4
-                );
-                code = EXIT_ENVIRONMENT;
-            }
+            ),
+            launch::RankEnd::TimedOut => eprintln!(
+                "weft: rank {rank} ({who}) still running after {:?}; killed",
+                timeout * 4
+            ),
         }
     }
-    if code == EXIT_ENVIRONMENT {
-        for k in &mut kids {
-            weft_bench::runner::kill_group(k);
-        }
-    }
-    Ok(code)
+    Ok(launch::exit_code(&ends))
 }
 
 /// `WEFT_MGMT_IFNAME` and `WEFT_DATA_IFNAME` for each rank's host: the roles doctor and p2p
@@ -821,35 +795,12 @@ fn rank_interfaces(
     let data_spec = spec("--data-if", &a.data_if)?;
     let mgmt_spec = spec("--mgmt-if", &a.mgmt_if)?;
     let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let mut out = Vec::new();
-    for (r, role) in runners
-        .iter()
-        .zip(facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()))
-    {
-        let data: Vec<&str> = role
-            .data
-            .iter()
-            .filter(|d| facts::ipv4(d).is_some())
-            .map(|d| d.name.as_str())
-            .collect();
-        if data.is_empty() {
-            bail!(
-                "{}: no data interface with an IPv4 address (see --data-if)",
-                r.name()
-            );
-        }
-        let mut v = vec![(
-            "WEFT_DATA_IFNAME".to_string(),
-            format!("={}", data.join(",")),
-        )];
-        match (role.mgmt, &a.mgmt_if) {
-            (Some((m, _)), _) => v.push(("WEFT_MGMT_IFNAME".into(), format!("={}", m.name))),
-            (None, Some(m)) => v.push(("WEFT_MGMT_IFNAME".into(), m.clone())),
-            (None, None) => {}
-        }
-        out.push(v);
-    }
-    Ok(out)
+    let names: Vec<&str> = runners.iter().map(|r| r.name()).collect();
+    Ok(launch::rank_env(
+        &names,
+        facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()),
+        a.mgmt_if.as_deref(),
+    )?)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
