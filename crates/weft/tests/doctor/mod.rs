@@ -87,6 +87,11 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let findings = v["findings"].as_array().unwrap();
+    // Every finding's check is one --help documents (the help is generated from that list).
+    let documented: BTreeSet<&str> = weft_bench::doctor::CHECKS.iter().map(|c| c.name).collect();
+    for f in findings {
+        assert!(documented.contains(f["check"].as_str().unwrap()), "{f:#}");
+    }
     let at = |level: &str| -> BTreeSet<String> {
         findings
             .iter()
