@@ -76,94 +76,7 @@ pub struct DoctorOptions {
     pub loss_echoes: Option<u32>,
 }
 
-/// One check of the doctor: the name its findings carry (`check`) and what it does, for
-/// `weft doctor --help` (generated from this list, so the help names every check).
-#[derive(Debug, Clone, Copy)]
-pub struct CheckDoc {
-    pub name: &'static str,
-    pub what: &'static str,
-}
-
-/// Every check, in the order the doctor runs them.
-pub const CHECKS: &[CheckDoc] = &[
-    CheckDoc {
-        name: "reach",
-        what: "weft runs on the host (through SSH, a namespace or locally) and reports its facts.",
-    },
-    CheckDoc {
-        name: "ssh",
-        what: "SSH to every other host: `ssh -o BatchMode=yes -o ConnectTimeout=--ssh-timeout-s -o StrictHostKeyChecking=yes [--ssh-config, --ssh-option] HOST true` run on the host, for every ordered pair; a FAIL names the pair, ssh's error and a fix (known_hosts entry, authorized key, sshd). Not over SSH (--via netns, local): SKIP. --no-ssh-pairs skips it.",
-    },
-    CheckDoc {
-        name: "roles",
-        what: "--mgmt-if/--data-if in the plugin's syntax (names, `=exact`, `^exclude`, subnets); by default management is the default-route interface (else the SSH session's, else the one on the other hosts' management subnet) and data the RDMA netdevs, else every up interface with an address off the management subnets.",
-    },
-    CheckDoc {
-        name: "link",
-        what: "every data interface is up.",
-    },
-    CheckDoc {
-        name: "address",
-        what: "every data interface has an IPv4 address, each on its own subnet.",
-    },
-    CheckDoc {
-        name: "mtu",
-        what: "the MTU against --expect-mtu, else the largest on the same subnet (a remedy never lowers an MTU).",
-    },
-    CheckDoc {
-        name: "speed",
-        what: "the link speed against --expect-speed, else the fastest of the same role.",
-    },
-    CheckDoc {
-        name: "jumbo",
-        what: "jumbo frames end to end: DF-bit ICMP of MTU-28 bytes between every pair (root or CAP_NET_RAW).",
-    },
-    CheckDoc {
-        name: "throughput",
-        what: "a short `weft bench p2p` of --throughput-s per ordered pair, each judged against what its links should do (--expect-speed, else the speed a physical NIC reports), else against the median of every host's best pair; a host whose every pair from (or to) it is slow fails, failed pairs count in no statistic. --no-throughput skips it.",
-    },
-    CheckDoc {
-        name: "loss",
-        what: "--loss-echoes ICMP echoes (one every 2 ms) from every host to every other host's management address; a host whose every pair loses 1% or more fails on its management interface (root or CAP_NET_RAW). --no-loss skips it.",
-    },
-    CheckDoc {
-        name: "rdma",
-        what: "RDMA ports: state, rate, link layer, netdev.",
-    },
-    CheckDoc {
-        name: "env",
-        what: "no NCCL_IB_GID_INDEX pinned in the environment.",
-    },
-    CheckDoc {
-        name: "gpu",
-        what: "GPU count and memory per GPU where there is a driver (NVML, else nvidia-smi); a WARN when hosts differ.",
-    },
-    CheckDoc {
-        name: "clock",
-        what: "clock offset from this machine against --max-skew-ms (10x fails).",
-    },
-];
-
-/// The checks as help text: `* name: what`, wrapped at 92 columns.
-pub fn checks_help() -> String {
-    let mut s = String::new();
-    for c in CHECKS {
-        let mut line = format!("* {}:", c.name);
-        for w in c.what.split(' ') {
-            if line.len() + 1 + w.len() > 92 {
-                s.push_str(&line);
-                s.push('\n');
-                line = format!("  {w}");
-            } else {
-                line.push(' ');
-                line.push_str(w);
-            }
-        }
-        s.push_str(&line);
-        s.push('\n');
-    }
-    s
-}
+pub use crate::checks::{CHECKS, CheckDoc, checks_help};
 
 /// A pair below this fraction of the median is slow (as `bench p2p`'s default).
 const THROUGHPUT_THRESHOLD: f64 = 0.5;
@@ -226,7 +139,16 @@ struct DataIf {
     physical: bool,
 }
 
-/// Runs every check on every host.
+/// A reached host's interfaces by role, as the checks after the roles see them.
+struct Host {
+    /// Index into the host list.
+    idx: usize,
+    mgmt: Option<String>,
+    mgmt_addr: Option<Ipv4Addr>,
+    data: Vec<DataIf>,
+}
+
+/// Runs every check on every host: facts gathered once, then one function per check.
 pub fn run(
     hosts: &[Box<dyn HostRunner>],
     r: &Remote,
@@ -251,14 +173,78 @@ pub fn run(
     }
     let reached: Vec<usize> = ok.iter().map(|(i, _)| *i).collect();
     ssh_pair_check(hosts, r, o, &names, &reached, &mut out);
+    let hs = role_checks(&ok, &names, o, &mut out)?;
+    interface_checks(&hs, &names, o, &mut out);
+    jumbo_check(hosts, r, o, &hs, &names, &mut out);
+    // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
+    // here even when the interface reports its full speed.
+    match o.throughput {
+        None => out.add(
+            Level::Info,
+            "*",
+            "throughput",
+            None,
+            "throughput check skipped (--no-throughput)".into(),
+            None,
+        ),
+        Some(d) => throughput(
+            hosts,
+            r,
+            d,
+            &names,
+            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
+            o.expect_speed_mbps,
+            &mut out,
+        ),
+    }
+    // Packet loss on the management network.
+    match o.loss_echoes {
+        None => out.add(
+            Level::Info,
+            "*",
+            "loss",
+            None,
+            "management loss check skipped (--no-loss)".into(),
+            None,
+        ),
+        Some(count) => {
+            let mgmts: Vec<(usize, String, Ipv4Addr)> = hs
+                .iter()
+                .filter_map(|h| Some((h.idx, h.mgmt.clone()?, h.mgmt_addr?)))
+                .collect();
+            mgmt_loss(hosts, r, count, &names, &mgmts, &mut out);
+        }
+    }
+    let hcas = rdma_check(&ok, &hs, &names, &mut out);
+    // GPUs: count and total memory per GPU, against the other hosts.
+    let gpus: Vec<(usize, &[weft_agent::Gpu])> = ok
+        .iter()
+        .map(|(i, g)| (*i, &g.facts.report.gpus[..]))
+        .collect();
+    gpu_check(&gpus, &names, &mut out);
+    clock_check(&ok, &names, o, &mut out);
+    let env = settings(&hs, hcas);
+    out.0
+        .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
+    let failed = out.0.iter().any(|f| f.level == Level::Fail);
+    Ok(DoctorReport {
+        hosts: names,
+        findings: out.0,
+        env,
+        failed,
+    })
+}
+
+/// Every host's management and data interfaces, decided together (`facts::roles`), with
+/// a finding for each; the hosts as the later checks see them.
+fn role_checks(
+    ok: &[(usize, Gathered)],
+    names: &[String],
+    o: &DoctorOptions,
+    out: &mut Out,
+) -> Result<Vec<Host>, BenchError> {
     // Roles of every host's interfaces, decided together: one selection (the plugin's
     // `IfSpec`) for doctor, p2p and collectives.
-    struct H {
-        idx: usize,
-        mgmt: Option<String>,
-        mgmt_addr: Option<Ipv4Addr>,
-        data: Vec<DataIf>,
-    }
     let data_spec = o
         .data_if
         .as_deref()
@@ -271,7 +257,7 @@ pub fn run(
         .transpose()?;
     let all_facts: Vec<&facts::HostFacts> = ok.iter().map(|(_, g)| &g.facts).collect();
     let roles = facts::roles(&all_facts, data_spec.as_ref(), mgmt_spec.as_ref());
-    let mut hs: Vec<H> = Vec::new();
+    let mut hs: Vec<Host> = Vec::new();
     for ((i, g), role) in ok.iter().zip(roles) {
         let f = &g.facts;
         let name = &names[*i];
@@ -359,7 +345,7 @@ pub fn run(
                 }
             }
         }
-        hs.push(H {
+        hs.push(Host {
             idx: *i,
             mgmt,
             mgmt_addr: role.mgmt.and_then(|(m, _)| facts::ipv4(m)).map(|a| a.0),
@@ -377,11 +363,16 @@ pub fn run(
                 .collect(),
         });
     }
+    Ok(hs)
+}
+
+/// Link state, address, MTU and speed of every data interface.
+fn interface_checks(hs: &[Host], names: &[String], o: &DoctorOptions, out: &mut Out) {
     // Link state, address, MTU and speed, against expectations or the other interfaces of
     // the same role: a data interface is compared with those on its subnet (one L2 network,
     // one MTU), else with those of its rail. The reference is the largest value, so that a
     // remedy never tells a healthy host to lower its MTU.
-    let role_of = |h: &H, k: usize| -> (Option<(u32, u8)>, usize) {
+    let role_of = |h: &Host, k: usize| -> (Option<(u32, u8)>, usize) {
         let d = &h.data[k];
         match d.addr {
             Some((a, l)) => (
@@ -396,7 +387,7 @@ pub fn run(
     };
     let mut ref_mtus: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
     let mut ref_speeds: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
-    for h in &hs {
+    for h in hs {
         for (k, d) in h.data.iter().enumerate() {
             let e = ref_mtus.entry(role_of(h, k)).or_default();
             *e = (*e).max(d.mtu);
@@ -406,7 +397,7 @@ pub fn run(
             }
         }
     }
-    for h in &hs {
+    for h in hs {
         let name = &names[h.idx];
         for (k, d) in h.data.iter().enumerate() {
             let DataIf {
@@ -476,6 +467,17 @@ pub fn run(
             }
         }
     }
+}
+
+/// Jumbo frames end to end: DF probes between every pair of hosts on each rail.
+fn jumbo_check(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    o: &DoctorOptions,
+    hs: &[Host],
+    names: &[String],
+    out: &mut Out,
+) {
     // Jumbo frames end to end: DF probes of MTU - 28 between every pair on each rail.
     // Each rail at its own MTU: the expected one, else the largest of its interfaces.
     let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
@@ -493,7 +495,7 @@ pub fn run(
     if !jumbo_rails.is_empty() {
         for &(rail, m) in &jumbo_rails {
             let payload = (m as usize).saturating_sub(28);
-            let addr = |h: &H| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
+            let addr = |h: &Host| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
             let targets: Vec<Vec<Ipv4Addr>> = hs
                 .iter()
                 .map(|h| {
@@ -591,48 +593,18 @@ pub fn run(
             None,
         );
     }
-    // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
-    // here even when the interface reports its full speed.
-    match o.throughput {
-        None => out.add(
-            Level::Info,
-            "*",
-            "throughput",
-            None,
-            "throughput check skipped (--no-throughput)".into(),
-            None,
-        ),
-        Some(d) => throughput(
-            hosts,
-            r,
-            d,
-            &names,
-            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
-            o.expect_speed_mbps,
-            &mut out,
-        ),
-    }
-    // Packet loss on the management network.
-    match o.loss_echoes {
-        None => out.add(
-            Level::Info,
-            "*",
-            "loss",
-            None,
-            "management loss check skipped (--no-loss)".into(),
-            None,
-        ),
-        Some(count) => {
-            let mgmts: Vec<(usize, String, Ipv4Addr)> = hs
-                .iter()
-                .filter_map(|h| Some((h.idx, h.mgmt.clone()?, h.mgmt_addr?)))
-                .collect();
-            mgmt_loss(hosts, r, count, &names, &mgmts, &mut out);
-        }
-    }
+}
+
+/// RDMA ports and the pinned GID index; returns the active HCAs (for `NCCL_IB_HCA`).
+fn rdma_check(
+    ok: &[(usize, Gathered)],
+    hs: &[Host],
+    names: &[String],
+    out: &mut Out,
+) -> Vec<String> {
     // RDMA devices.
     let mut hcas: Vec<String> = Vec::new();
-    for (i, g) in &ok {
+    for (i, g) in ok {
         let name = &names[*i];
         let f = &g.facts;
         if f.report.rdma.is_empty() {
@@ -724,14 +696,13 @@ pub fn run(
             out.add(Level::Warn, name, "env", None, format!("{k}={v} is pinned in the environment"), Some("unset NCCL_IB_GID_INDEX: GID indexes move when addresses change; NCCL picks the RoCE v2 GID itself".into()));
         }
     }
-    // GPUs: count and total memory per GPU, against the other hosts.
-    let gpus: Vec<(usize, &[weft_agent::Gpu])> = ok
-        .iter()
-        .map(|(i, g)| (*i, &g.facts.report.gpus[..]))
-        .collect();
-    gpu_check(&gpus, &names, &mut out);
+    hcas
+}
+
+/// Each host's clock against this machine's.
+fn clock_check(ok: &[(usize, Gathered)], names: &[String], o: &DoctorOptions, out: &mut Out) {
     // Clocks: offset against this machine, beyond what the call's own duration explains.
-    for (i, g) in &ok {
+    for (i, g) in ok {
         let beyond = (g.offset_ns.abs() - g.uncertainty_ns).max(0);
         let ms = beyond as f64 / 1e6;
         let max = o.max_skew.as_secs_f64() * 1e3;
@@ -773,11 +744,15 @@ pub fn run(
             );
         }
     }
+}
+
+/// The settings for jobs on these hosts, ready to paste as `export K=V`.
+fn settings(hs: &[Host], mut hcas: Vec<String>) -> Vec<(String, String)> {
     // Settings.
     let mut env = Vec::new();
     let mgmts: Vec<&str> = hs.iter().filter_map(|h| h.mgmt.as_deref()).collect();
     let mut data_names: Vec<String> = Vec::new();
-    for h in &hs {
+    for h in hs {
         for d in &h.data {
             if !data_names.contains(&d.name) {
                 data_names.push(d.name.clone());
@@ -802,15 +777,7 @@ pub fn run(
         hcas.sort();
         env.push(("NCCL_IB_HCA".to_string(), format!("={}", hcas.join(","))));
     }
-    out.0
-        .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
-    let failed = out.0.iter().any(|f| f.level == Level::Fail);
-    Ok(DoctorReport {
-        hosts: names,
-        findings: out.0,
-        env,
-        failed,
-    })
+    env
 }
 
 /// GiB, for messages.
@@ -1440,15 +1407,6 @@ mod tests {
             gpu_summary(&[gpu(0, "NVIDIA GB10", None)]),
             "1x NVIDIA GB10 (memory not reported)"
         );
-    }
-
-    #[test]
-    fn the_help_names_every_check_once() {
-        let h = checks_help();
-        for c in CHECKS {
-            assert_eq!(h.matches(&format!("* {}:", c.name)).count(), 1, "{h}");
-        }
-        assert!(h.lines().all(|l| l.len() <= 92), "{h}");
     }
 
     #[test]

@@ -33,6 +33,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod bootstrap;
+pub mod checks;
 pub mod comm;
 pub mod doctor;
 pub mod dtype;
