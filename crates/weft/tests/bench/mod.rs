@@ -612,3 +612,94 @@ fn json_output_reads_as_nccl_tests_json_and_per_iteration_timing_as_theirs() {
         assert_eq!(at, l.len(), "{l:?}");
     }
 }
+
+/// What the link probe and the loss check cost (docs/benchmarks.md, "What the per-link
+/// report and the loss check cost"): wall time of a one-row collectives run on 4 namespace
+/// hosts (400 Mbit/s data links, one at 80) with and without `--link-bytes 2M`, and of
+/// `weft doctor --no-throughput` with and without `--no-loss`; medians of 3. Ignored (it
+/// measures): `cargo test -p weft --test it bench::link_probe_and_loss_check_cost --
+/// --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark of docs/benchmarks.md: it measures, it does not check; run with --ignored --nocapture"]
+fn link_probe_and_loss_check_cost() {
+    if let Err(why) = weft_netns::available() {
+        weft_netns::require::skip("link_probe_and_loss_check_cost", &why);
+        return;
+    }
+    let c = weft_netns::Cluster::create(&weft_netns::ClusterSpec::new(4, 1)).unwrap();
+    for i in 0..4 {
+        let rate = if i == 2 { "80mbit" } else { "400mbit" };
+        c.shape(i, "data0", &weft_netns::Shape::rate(rate)).unwrap();
+    }
+    let hosts = c
+        .hosts()
+        .iter()
+        .map(|h| h.name.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let rdv = format!("{}:29600", c.host(0).mgmt_addr);
+    let time = |args: &[&str]| -> f64 {
+        let mut v: Vec<f64> = (0..3)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+                    .args(args)
+                    .env("WEFT_PLUGIN", plugin())
+                    .env_remove("WEFT_CONFIG")
+                    .output()
+                    .unwrap();
+                assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
+    let coll = |link: &str| {
+        time(&[
+            "bench",
+            "collectives",
+            "--hosts",
+            &hosts,
+            "--via",
+            "netns",
+            "--rendezvous",
+            &rdv,
+            "--mgmt-if",
+            "=mgmt0",
+            "--data-if",
+            "=data0",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "1",
+            "--link-bytes",
+            link,
+        ])
+    };
+    let doctor = |extra: &[&str]| {
+        let mut a = vec![
+            "doctor",
+            "--hosts",
+            &hosts,
+            "--via",
+            "netns",
+            "--mgmt-if",
+            "=mgmt0",
+            "--data-if",
+            "=data0",
+            "--no-throughput",
+        ];
+        a.extend(extra);
+        time(&a)
+    };
+    println!("collectives --link-bytes 0: {:.2} s", coll("0"));
+    println!("collectives --link-bytes 2M: {:.2} s", coll("2M"));
+    println!(
+        "doctor --no-throughput --no-loss: {:.2} s",
+        doctor(&["--no-loss"])
+    );
+    println!("doctor --no-throughput: {:.2} s", doctor(&[]));
+}
