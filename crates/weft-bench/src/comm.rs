@@ -510,6 +510,60 @@ impl Comm {
         Ok(())
     }
 
+    /// Times every link into this rank, one link of the job at a time (so that no other
+    /// traffic, not even the acknowledgements of a transfer the other way, shares a host's
+    /// link with the one measured): for every ordered pair, after a barrier, the sender sends
+    /// `bytes` of `A` and the receiver times their arrival into `T`; `reps` rounds, the best
+    /// kept. Returns seconds per sender (index = rank; this rank's own entry 0). Every rank
+    /// calls it with the same arguments.
+    pub fn probe_links(&mut self, bytes: usize, reps: usize) -> Result<Vec<f64>, BenchError> {
+        let (n, r) = (self.nranks, self.rank);
+        if bytes == 0 || bytes > self.bytes {
+            return Err(BenchError::Usage(format!(
+                "link probe of {bytes} B: must be 1 to {} B",
+                self.bytes
+            )));
+        }
+        let mut best = vec![f64::INFINITY; n];
+        best[r] = 0.0;
+        let res = self.probe_rounds(bytes, reps, &mut best);
+        if res.is_err() {
+            // Leave no request pointing into the buffers.
+            self.tickets.clear();
+        }
+        res.map(|()| best)
+    }
+
+    fn probe_rounds(
+        &mut self,
+        bytes: usize,
+        reps: usize,
+        best: &mut [f64],
+    ) -> Result<(), BenchError> {
+        let (n, r) = (self.nranks, self.rank);
+        for _ in 0..reps.max(1) {
+            for src in 0..n {
+                for dst in (0..n).filter(|d| *d != src) {
+                    self.boot.barrier()?;
+                    if r == src {
+                        self.isend(dst, Buf::A, 0, bytes)?;
+                        self.wait_all()?;
+                    } else if r == dst {
+                        let t0 = Instant::now();
+                        let t = self.irecv(src, Buf::T, 0, bytes)?;
+                        self.wait(t)?;
+                        let took = t0.elapsed().as_secs_f64();
+                        if let Some(b) = best.get_mut(src) {
+                            *b = b.min(took);
+                        }
+                        self.wait_all()?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes actually moved by one call of `coll` with nccl-tests size `bytes`, the per-rank
     /// element count, and the element count nccl-tests prints.
     pub fn shape(&self, coll: Coll, dt: DataType, bytes: usize) -> (usize, usize) {

@@ -71,7 +71,12 @@ pub struct DoctorOptions {
     /// Connect timeout of the host-to-host SSH check (every ordered pair of hosts reached
     /// over SSH); `None` skips the check.
     pub ssh_pairs: Option<Duration>,
+    /// ICMP echoes from every host to every other host's management address, for packet
+    /// loss on the management network ([`crate::loss`]); `None` skips the check.
+    pub loss_echoes: Option<u32>,
 }
+
+pub use crate::checks::{CHECKS, CheckDoc, checks_help};
 
 /// A pair below this fraction of the median is slow (as `bench p2p`'s default).
 const THROUGHPUT_THRESHOLD: f64 = 0.5;
@@ -134,7 +139,16 @@ struct DataIf {
     physical: bool,
 }
 
-/// Runs every check on every host.
+/// A reached host's interfaces by role, as the checks after the roles see them.
+struct Host {
+    /// Index into the host list.
+    idx: usize,
+    mgmt: Option<String>,
+    mgmt_addr: Option<Ipv4Addr>,
+    data: Vec<DataIf>,
+}
+
+/// Runs every check on every host: facts gathered once, then one function per check.
 pub fn run(
     hosts: &[Box<dyn HostRunner>],
     r: &Remote,
@@ -159,13 +173,78 @@ pub fn run(
     }
     let reached: Vec<usize> = ok.iter().map(|(i, _)| *i).collect();
     ssh_pair_check(hosts, r, o, &names, &reached, &mut out);
+    let hs = role_checks(&ok, &names, o, &mut out)?;
+    interface_checks(&hs, &names, o, &mut out);
+    jumbo_check(hosts, r, o, &hs, &names, &mut out);
+    // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
+    // here even when the interface reports its full speed.
+    match o.throughput {
+        None => out.add(
+            Level::Info,
+            "*",
+            "throughput",
+            None,
+            "throughput check skipped (--no-throughput)".into(),
+            None,
+        ),
+        Some(d) => throughput(
+            hosts,
+            r,
+            d,
+            &names,
+            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
+            o.expect_speed_mbps,
+            &mut out,
+        ),
+    }
+    // Packet loss on the management network.
+    match o.loss_echoes {
+        None => out.add(
+            Level::Info,
+            "*",
+            "loss",
+            None,
+            "management loss check skipped (--no-loss)".into(),
+            None,
+        ),
+        Some(count) => {
+            let mgmts: Vec<(usize, String, Ipv4Addr)> = hs
+                .iter()
+                .filter_map(|h| Some((h.idx, h.mgmt.clone()?, h.mgmt_addr?)))
+                .collect();
+            mgmt_loss(hosts, r, count, &names, &mgmts, &mut out);
+        }
+    }
+    let hcas = rdma_check(&ok, &hs, &names, &mut out);
+    // GPUs: count and total memory per GPU, against the other hosts.
+    let gpus: Vec<(usize, &[weft_agent::Gpu])> = ok
+        .iter()
+        .map(|(i, g)| (*i, &g.facts.report.gpus[..]))
+        .collect();
+    gpu_check(&gpus, &names, &mut out);
+    clock_check(&ok, &names, o, &mut out);
+    let env = settings(&hs, hcas);
+    out.0
+        .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
+    let failed = out.0.iter().any(|f| f.level == Level::Fail);
+    Ok(DoctorReport {
+        hosts: names,
+        findings: out.0,
+        env,
+        failed,
+    })
+}
+
+/// Every host's management and data interfaces, decided together (`facts::roles`), with
+/// a finding for each; the hosts as the later checks see them.
+fn role_checks(
+    ok: &[(usize, Gathered)],
+    names: &[String],
+    o: &DoctorOptions,
+    out: &mut Out,
+) -> Result<Vec<Host>, BenchError> {
     // Roles of every host's interfaces, decided together: one selection (the plugin's
     // `IfSpec`) for doctor, p2p and collectives.
-    struct H {
-        idx: usize,
-        mgmt: Option<String>,
-        data: Vec<DataIf>,
-    }
     let data_spec = o
         .data_if
         .as_deref()
@@ -178,7 +257,7 @@ pub fn run(
         .transpose()?;
     let all_facts: Vec<&facts::HostFacts> = ok.iter().map(|(_, g)| &g.facts).collect();
     let roles = facts::roles(&all_facts, data_spec.as_ref(), mgmt_spec.as_ref());
-    let mut hs: Vec<H> = Vec::new();
+    let mut hs: Vec<Host> = Vec::new();
     for ((i, g), role) in ok.iter().zip(roles) {
         let f = &g.facts;
         let name = &names[*i];
@@ -266,9 +345,10 @@ pub fn run(
                 }
             }
         }
-        hs.push(H {
+        hs.push(Host {
             idx: *i,
             mgmt,
+            mgmt_addr: role.mgmt.and_then(|(m, _)| facts::ipv4(m)).map(|a| a.0),
             data: data
                 .iter()
                 .map(|d| DataIf {
@@ -283,11 +363,16 @@ pub fn run(
                 .collect(),
         });
     }
+    Ok(hs)
+}
+
+/// Link state, address, MTU and speed of every data interface.
+fn interface_checks(hs: &[Host], names: &[String], o: &DoctorOptions, out: &mut Out) {
     // Link state, address, MTU and speed, against expectations or the other interfaces of
     // the same role: a data interface is compared with those on its subnet (one L2 network,
     // one MTU), else with those of its rail. The reference is the largest value, so that a
     // remedy never tells a healthy host to lower its MTU.
-    let role_of = |h: &H, k: usize| -> (Option<(u32, u8)>, usize) {
+    let role_of = |h: &Host, k: usize| -> (Option<(u32, u8)>, usize) {
         let d = &h.data[k];
         match d.addr {
             Some((a, l)) => (
@@ -302,7 +387,7 @@ pub fn run(
     };
     let mut ref_mtus: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
     let mut ref_speeds: BTreeMap<(Option<(u32, u8)>, usize), u32> = BTreeMap::new();
-    for h in &hs {
+    for h in hs {
         for (k, d) in h.data.iter().enumerate() {
             let e = ref_mtus.entry(role_of(h, k)).or_default();
             *e = (*e).max(d.mtu);
@@ -312,7 +397,7 @@ pub fn run(
             }
         }
     }
-    for h in &hs {
+    for h in hs {
         let name = &names[h.idx];
         for (k, d) in h.data.iter().enumerate() {
             let DataIf {
@@ -382,6 +467,17 @@ pub fn run(
             }
         }
     }
+}
+
+/// Jumbo frames end to end: DF probes between every pair of hosts on each rail.
+fn jumbo_check(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    o: &DoctorOptions,
+    hs: &[Host],
+    names: &[String],
+    out: &mut Out,
+) {
     // Jumbo frames end to end: DF probes of MTU - 28 between every pair on each rail.
     // Each rail at its own MTU: the expected one, else the largest of its interfaces.
     let rails = hs.iter().map(|h| h.data.len()).max().unwrap_or(0);
@@ -399,7 +495,7 @@ pub fn run(
     if !jumbo_rails.is_empty() {
         for &(rail, m) in &jumbo_rails {
             let payload = (m as usize).saturating_sub(28);
-            let addr = |h: &H| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
+            let addr = |h: &Host| h.data.get(rail).and_then(|d| d.addr.map(|a| a.0));
             let targets: Vec<Vec<Ipv4Addr>> = hs
                 .iter()
                 .map(|h| {
@@ -497,30 +593,18 @@ pub fn run(
             None,
         );
     }
-    // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
-    // here even when the interface reports its full speed.
-    match o.throughput {
-        None => out.add(
-            Level::Info,
-            "*",
-            "throughput",
-            None,
-            "throughput check skipped (--no-throughput)".into(),
-            None,
-        ),
-        Some(d) => throughput(
-            hosts,
-            r,
-            d,
-            &names,
-            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
-            o.expect_speed_mbps,
-            &mut out,
-        ),
-    }
+}
+
+/// RDMA ports and the pinned GID index; returns the active HCAs (for `NCCL_IB_HCA`).
+fn rdma_check(
+    ok: &[(usize, Gathered)],
+    hs: &[Host],
+    names: &[String],
+    out: &mut Out,
+) -> Vec<String> {
     // RDMA devices.
     let mut hcas: Vec<String> = Vec::new();
-    for (i, g) in &ok {
+    for (i, g) in ok {
         let name = &names[*i];
         let f = &g.facts;
         if f.report.rdma.is_empty() {
@@ -612,14 +696,13 @@ pub fn run(
             out.add(Level::Warn, name, "env", None, format!("{k}={v} is pinned in the environment"), Some("unset NCCL_IB_GID_INDEX: GID indexes move when addresses change; NCCL picks the RoCE v2 GID itself".into()));
         }
     }
-    // GPUs: count and total memory per GPU, against the other hosts.
-    let gpus: Vec<(usize, &[weft_agent::Gpu])> = ok
-        .iter()
-        .map(|(i, g)| (*i, &g.facts.report.gpus[..]))
-        .collect();
-    gpu_check(&gpus, &names, &mut out);
+    hcas
+}
+
+/// Each host's clock against this machine's.
+fn clock_check(ok: &[(usize, Gathered)], names: &[String], o: &DoctorOptions, out: &mut Out) {
     // Clocks: offset against this machine, beyond what the call's own duration explains.
-    for (i, g) in &ok {
+    for (i, g) in ok {
         let beyond = (g.offset_ns.abs() - g.uncertainty_ns).max(0);
         let ms = beyond as f64 / 1e6;
         let max = o.max_skew.as_secs_f64() * 1e3;
@@ -661,11 +744,15 @@ pub fn run(
             );
         }
     }
+}
+
+/// The settings for jobs on these hosts, ready to paste as `export K=V`.
+fn settings(hs: &[Host], mut hcas: Vec<String>) -> Vec<(String, String)> {
     // Settings.
     let mut env = Vec::new();
     let mgmts: Vec<&str> = hs.iter().filter_map(|h| h.mgmt.as_deref()).collect();
     let mut data_names: Vec<String> = Vec::new();
-    for h in &hs {
+    for h in hs {
         for d in &h.data {
             if !data_names.contains(&d.name) {
                 data_names.push(d.name.clone());
@@ -690,15 +777,7 @@ pub fn run(
         hcas.sort();
         env.push(("NCCL_IB_HCA".to_string(), format!("={}", hcas.join(","))));
     }
-    out.0
-        .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
-    let failed = out.0.iter().any(|f| f.level == Level::Fail);
-    Ok(DoctorReport {
-        hosts: names,
-        findings: out.0,
-        env,
-        failed,
-    })
+    env
 }
 
 /// GiB, for messages.
@@ -1060,6 +1139,180 @@ fn throughput(
                 s.src, s.dst, s.rail, s.gbps, s.pct_of_reference, s.reference_gbps
             ),
             Some("a path problem between these two (a switch port or an ECMP path): `weft bench p2p` measures the pair at length".into()),
+        );
+    }
+}
+
+/// Packet loss between the management addresses of `mgmts` (host index, interface,
+/// address): a train of `count` echoes from every one to every other, judged by
+/// [`crate::loss::judge`]. A host whose every pair loses packets FAILs on its management
+/// interface; a lossy pair no host explains WARNs; the others PASS with what they lost.
+fn mgmt_loss(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    count: u32,
+    names: &[String],
+    mgmts: &[(usize, String, Ipv4Addr)],
+    out: &mut Out,
+) {
+    use crate::loss::{self, PairLoss};
+    if mgmts.len() < 2 {
+        out.add(
+            Level::Info,
+            "*",
+            "loss",
+            None,
+            "management loss check skipped: fewer than two hosts with a known management address (see --mgmt-if)".into(),
+            None,
+        );
+        return;
+    }
+    let interval = Duration::from_millis(2);
+    let res: Vec<Result<Vec<loss::TrainResult>, BenchError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = mgmts
+            .iter()
+            .map(|(i, _, me)| {
+                let targets: Vec<Ipv4Addr> =
+                    mgmts.iter().map(|m| m.2).filter(|a| a != me).collect();
+                let h = hosts[*i].as_ref();
+                s.spawn(move || remote::loss_probe_one(h, r, &targets, count, interval))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(BenchError::Usage("loss probe thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut pairs: Vec<PairLoss> = Vec::new();
+    let mut ran = vec![false; mgmts.len()];
+    for (k, rr) in res.iter().enumerate() {
+        let name = &names[mgmts[k].0];
+        match rr {
+            Err(e) => out.add(
+                Level::Warn,
+                name,
+                "loss",
+                Some(&mgmts[k].1),
+                format!("the management loss probe could not run: {e}"),
+                Some("the probe needs root or CAP_NET_RAW on the host".into()),
+            ),
+            Ok(v) => {
+                ran[k] = true;
+                for t in v {
+                    let Some(d) = mgmts.iter().position(|m| m.2 == t.dst) else {
+                        continue;
+                    };
+                    pairs.push(PairLoss {
+                        src: k,
+                        dst: d,
+                        sent: t.sent,
+                        received: t.received,
+                    });
+                }
+            }
+        }
+    }
+    let v = loss::judge(mgmts.len(), &pairs);
+    let label = |k: usize| format!("{} ({})", names[mgmts[k].0], mgmts[k].1);
+    for &(k, pct) in &v.hosts {
+        let (name, ifn) = (&names[mgmts[k].0], &mgmts[k].1);
+        let each: Vec<String> = pairs
+            .iter()
+            .filter(|p| p.src == k || p.dst == k)
+            .map(|p| {
+                format!(
+                    "{} -> {} {:.1}%",
+                    names[mgmts[p.src].0],
+                    names[mgmts[p.dst].0],
+                    p.pct()
+                )
+            })
+            .collect();
+        out.add(
+            Level::Fail,
+            name,
+            "loss",
+            Some(ifn),
+            format!(
+                "management link {ifn} of {name} loses {pct:.1}% of packets: every pair with it lost ICMP echoes ({})",
+                each.join(", ")
+            ),
+            Some(format!(
+                "check {ifn}'s cable, transceiver and switch port on {name} (`ip -s link show {ifn}`: errors and drops; `ethtool -S {ifn}`) and any shaping (`tc qdisc show dev {ifn}`); loss here stalls SSH, the rendezvous and every handshake"
+            )),
+        );
+    }
+    for &k in &v.pairs {
+        let p = &pairs[k];
+        out.add(
+            Level::Warn,
+            &names[mgmts[p.src].0],
+            "loss",
+            Some(&names[mgmts[p.dst].0]),
+            format!(
+                "{} -> {}: {} of {} ICMP echoes lost on the management network ({:.1}%); no host explains it alone",
+                label(p.src),
+                label(p.dst),
+                p.lost(),
+                p.sent,
+                p.pct()
+            ),
+            Some("a path problem between these two (a switch port, a lossy uplink)".into()),
+        );
+    }
+    for p in pairs.iter().filter(|p| p.sent > 0 && p.received == 0) {
+        out.add(
+            Level::Warn,
+            &names[mgmts[p.src].0],
+            "loss",
+            Some(&names[mgmts[p.dst].0]),
+            format!(
+                "{} -> {}: none of {} ICMP echoes answered on the management network",
+                label(p.src),
+                label(p.dst),
+                p.sent
+            ),
+            Some("allow ICMP echo between the hosts' management addresses, or loss cannot be measured".into()),
+        );
+    }
+    for (k, m) in mgmts.iter().enumerate() {
+        if !ran[k] || v.hosts.iter().any(|h| h.0 == k) {
+            continue;
+        }
+        // Pairs with a host named above are that host's loss, not this one's.
+        let named = |x: usize| v.hosts.iter().any(|h| h.0 == x);
+        let mine: Vec<&PairLoss> = pairs
+            .iter()
+            .filter(|p| (p.src == k || p.dst == k) && p.received > 0)
+            .filter(|p| !named(p.src) && !named(p.dst))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let (sent, lost) = mine
+            .iter()
+            .fold((0u32, 0u32), |(s, l), p| (s + p.sent, l + p.lost()));
+        out.add(
+            Level::Pass,
+            &names[m.0],
+            "loss",
+            Some(&m.1),
+            format!(
+                "management {}: {lost} of {sent} ICMP echoes lost with its {} peers{}",
+                m.1,
+                mine.iter()
+                    .map(|p| if p.src == k { p.dst } else { p.src })
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                if v.hosts.is_empty() {
+                    ""
+                } else {
+                    " (the lossy hosts named above left out)"
+                }
+            ),
+            None,
         );
     }
 }

@@ -33,12 +33,16 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod bootstrap;
+pub mod checks;
 pub mod comm;
 pub mod doctor;
 pub mod dtype;
 pub mod facts;
 pub mod glyphs;
 pub mod judge;
+pub mod launch;
+pub mod links;
+pub mod loss;
 pub mod net;
 pub mod p2p;
 pub mod perf;
@@ -103,20 +107,34 @@ pub fn run_rank(
         rank: spec.rank,
         pid: std::process::id(),
         host: String::new(),
+        name: String::new(),
         dev: spec.dev,
         what: String::new(),
     };
-    run_rank_reporting(spec, opts, &me, &mut |_| {}, progress)
+    run_rank_reporting(spec, opts, &me, &mut |_| {}, None, progress)
+}
+
+/// The link probe of a collectives run ([`links`]): bytes per link and the report's callback.
+pub struct LinkProbe<'a> {
+    /// Bytes from every rank to every other (at most the buffers' size).
+    pub bytes: usize,
+    /// Rounds over every pair; the best time of each link is kept.
+    pub reps: usize,
+    /// Called on rank 0 with the judged links, before the collectives run.
+    pub on_report: &'a mut dyn FnMut(&links::LinkReport),
 }
 
 /// [`run_rank`], and once every rank is connected, `on_ranks` gets every rank's `me` (in rank
 /// order, on every rank): who runs where, on which interfaces, for nccl-tests'
-/// `# Using devices` block.
+/// `# Using devices` block. With `links`, every link is timed before the collectives
+/// ([`comm::Comm::probe_links`]) and judged on rank 0 ([`links::judge`]), by the ranks'
+/// `name`s.
 pub fn run_rank_reporting(
     spec: &RankSpec,
     opts: &perf::PerfOptions,
     me: &perf::RankLine,
     on_ranks: &mut dyn FnMut(&[perf::RankLine]),
+    links: Option<LinkProbe<'_>>,
     progress: &mut dyn FnMut(&perf::Row, usize, usize),
 ) -> Result<perf::Report, BenchError> {
     let plugin = net::Plugin::load(&spec.plugin)?;
@@ -125,7 +143,7 @@ pub fn run_rank_reporting(
         plugin,
         boot,
         &comm::CommOptions {
-            max_bytes: opts.max_bytes,
+            max_bytes: opts.max_bytes.max(links.as_ref().map_or(0, |l| l.bytes)),
             timeout: spec.timeout,
             dev: spec.dev,
         },
@@ -142,6 +160,34 @@ pub fn run_rank_reporting(
         })
         .collect::<Result<Vec<_>, _>>()?;
     on_ranks(&ranks);
+    if let Some(l) = links
+        && spec.nranks > 1
+    {
+        let mine = comm.probe_links(l.bytes, l.reps)?;
+        let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let all = comm.bootstrap().allgather(&bytes)?;
+        if spec.rank == 0 {
+            let times: Vec<Vec<f64>> = all
+                .iter()
+                .map(|b| {
+                    b.chunks_exact(8)
+                        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                        .collect()
+                })
+                .collect();
+            let names: Vec<String> = ranks
+                .iter()
+                .map(|r| {
+                    if r.name.is_empty() {
+                        r.host.clone()
+                    } else {
+                        r.name.clone()
+                    }
+                })
+                .collect();
+            (l.on_report)(&links::judge(&names, l.bytes, &times));
+        }
+    }
     perf::run(&mut comm, opts, progress)
 }
 

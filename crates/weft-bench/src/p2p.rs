@@ -19,20 +19,52 @@ use crate::BenchError;
 const BULK: u8 = b'B';
 const PING: u8 = b'L';
 
-/// Serves probes on `addrs` (each its own listener on `port`, 0: any) until `lifetime` ends
-/// or, when `tethered`, until stdin reaches end of file: the command that started the server
-/// holds its stdin, so the server ends with that command (its exit, a Ctrl-C, or the SSH
-/// session closing). Prints `ready PORT...` (one port per address, in order) once listening.
-pub fn serve(addrs: &[Ipv4Addr], port: u16, lifetime: Duration, tethered: bool) -> io::Result<()> {
-    if addrs.is_empty() {
+/// A TCP socket bound to interface `dev` (SO_BINDTODEVICE): it sends and receives on that
+/// interface only, so that with the interface down nothing takes another route (the
+/// management network's default route) in its place.
+fn socket_on(dev: Option<&str>) -> io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if let Some(d) = dev {
+        s.bind_device(Some(d.as_bytes())).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("binding to interface {d} (SO_BINDTODEVICE): {e}"),
+            )
+        })?;
+    }
+    Ok(s)
+}
+
+/// Serves probes on `binds` (each address its own listener on `port`, 0: any; bound to its
+/// interface when one is given, so a connection that arrives on another interface, e.g.
+/// through the management network, is refused) until `lifetime` ends or, when `tethered`,
+/// until stdin reaches end of file: the command that started the server holds its stdin, so
+/// the server ends with that command (its exit, a Ctrl-C, or the SSH session closing).
+/// Prints `ready PORT...` (one port per address, in order) once listening.
+pub fn serve(
+    binds: &[(Ipv4Addr, Option<String>)],
+    port: u16,
+    lifetime: Duration,
+    tethered: bool,
+) -> io::Result<()> {
+    if binds.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "no address to listen on",
         ));
     }
     let mut ls = Vec::new();
-    for a in addrs {
-        let l = TcpListener::bind((*a, port))?;
+    for (a, dev) in binds {
+        let s = socket_on(dev.as_deref())?;
+        s.set_reuse_address(true)?;
+        s.bind(&SocketAddr::from((*a, port)).into())
+            .map_err(|e| io::Error::new(e.kind(), format!("listening on {a}:{port}: {e}")))?;
+        s.listen(128)?;
+        let l: TcpListener = s.into();
         l.set_nonblocking(true)?;
         ls.push(l);
     }
@@ -119,6 +151,10 @@ pub struct ProbeOptions {
     pub pings: usize,
     /// Bound on connecting and on each read and write.
     pub timeout: Duration,
+    /// This host's data interface for the pair: every connection is bound to it
+    /// (SO_BINDTODEVICE), so a down interface fails the pair instead of sending over
+    /// another route.
+    pub dev: Option<String>,
 }
 
 /// What one probe measured from this host to one peer.
@@ -133,8 +169,18 @@ pub struct ProbeReport {
     pub mss: u32,
 }
 
-fn connect(to: SocketAddr, mode: u8, timeout: Duration) -> io::Result<TcpStream> {
-    let mut s = TcpStream::connect_timeout(&to, timeout)?;
+fn connect(
+    to: SocketAddr,
+    mode: u8,
+    timeout: Duration,
+    dev: Option<&str>,
+) -> io::Result<TcpStream> {
+    let sock = socket_on(dev)?;
+    sock.connect_timeout(&to.into(), timeout).map_err(|e| {
+        let via = dev.map_or_else(String::new, |d| format!(" from {d}"));
+        io::Error::new(e.kind(), format!("connecting to {to}{via}: {e}"))
+    })?;
+    let mut s: TcpStream = sock.into();
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(&[mode])?;
@@ -164,7 +210,7 @@ fn mss(s: &TcpStream) -> u32 {
 /// Measures bandwidth, latency and MSS to the server at `to`.
 pub fn probe(to: SocketAddr, o: &ProbeOptions) -> io::Result<ProbeReport> {
     // Latency first, on an idle link.
-    let mut s = connect(to, PING, o.timeout)?;
+    let mut s = connect(to, PING, o.timeout, o.dev.as_deref())?;
     s.set_nodelay(true)?;
     let mut rtts = Vec::with_capacity(o.pings);
     let mut b = [0u8; 8];
@@ -186,7 +232,7 @@ pub fn probe(to: SocketAddr, o: &ProbeOptions) -> io::Result<ProbeReport> {
         let hs: Vec<_> = (0..o.streams.max(1))
             .map(|_| {
                 sc.spawn(move || -> io::Result<(u64, Instant)> {
-                    let mut s = connect(to, BULK, o.timeout)?;
+                    let mut s = connect(to, BULK, o.timeout, o.dev.as_deref())?;
                     let buf = vec![0x5au8; 256 << 10];
                     while Instant::now() < stop {
                         s.write_all(&buf)?;
@@ -785,6 +831,7 @@ mod tests {
                 duration: Duration::from_millis(200),
                 pings: 10,
                 timeout: Duration::from_secs(20),
+                dev: Some("lo".into()),
             },
         )
         .unwrap();

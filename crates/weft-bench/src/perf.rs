@@ -48,6 +48,9 @@ pub struct PerfOptions {
     pub root: usize,
     pub algo: Algo,
     pub average: Average,
+    /// Time every iteration (nccl-tests' `-I 1`): per-iteration statistics in the table and
+    /// every rank's times in the JSON (`per_process_max_times_us`).
+    pub per_iter: bool,
 }
 
 impl Default for PerfOptions {
@@ -66,6 +69,7 @@ impl Default for PerfOptions {
             root: 0,
             algo: Algo::Ring,
             average: Average::Avg,
+            per_iter: false,
         }
     }
 }
@@ -113,6 +117,61 @@ pub struct Measure {
     pub wrong: Option<u64>,
 }
 
+/// Every iteration's time of one variant (`-I 1`), microseconds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PerIter {
+    /// Per iteration, the largest time over the ranks.
+    pub times_us: Vec<f64>,
+    /// Per rank (in rank order), its time of every iteration.
+    pub per_rank_us: Vec<Vec<f64>>,
+}
+
+/// nccl-tests' per-iteration statistics (`computeIterStats`), microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IterStats {
+    pub min: f64,
+    pub max: f64,
+    pub avg: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub stdev: f64,
+}
+
+impl IterStats {
+    /// Statistics of `times` as nccl-tests computes them: sorted, p50 the element at n/2,
+    /// pXX at `min(n-1, ceil(n*XX/100)-1)`, the population standard deviation.
+    pub fn of(times: &[f64]) -> Option<IterStats> {
+        if times.is_empty() {
+            return None;
+        }
+        let mut v = times.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let pct = |p: usize| v[(n * p).div_ceil(100).saturating_sub(1).min(n - 1)];
+        let avg = v.iter().sum::<f64>() / n as f64;
+        let var = v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+        Some(IterStats {
+            min: v[0],
+            max: v[n - 1],
+            avg,
+            p50: v[n / 2],
+            p95: pct(95),
+            p99: pct(99),
+            stdev: var.sqrt(),
+        })
+    }
+
+    /// Coefficient of variation, percent.
+    pub fn cv_pct(&self) -> f64 {
+        if self.avg > 0.0 {
+            self.stdev / self.avg * 100.0
+        } else {
+            0.0
+        }
+    }
+}
+
 /// One table row.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Row {
@@ -126,6 +185,9 @@ pub struct Row {
     pub root: i64,
     pub out_of_place: Measure,
     pub in_place: Measure,
+    /// Every iteration's time, with `-I 1`: out-of-place, in-place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_iter: Option<[PerIter; 2]>,
 }
 
 /// A whole run.
@@ -325,17 +387,26 @@ pub fn run(
                 for &size in &sizes {
                     let (bytes, count) = comm.shape(coll, dt, size);
                     let mut m = [None, None];
+                    let mut iters: [Option<PerIter>; 2] = [None, None];
                     for (v, in_place) in [false, true].into_iter().enumerate() {
                         // -n 0 (only checking) times nothing and reports time 0.
                         let t = if opts.iters == 0 {
                             0.0
                         } else {
                             comm.bootstrap().barrier()?;
+                            let mut each = Vec::with_capacity(opts.iters);
                             let t0 = Instant::now();
                             for _ in 0..opts.iters {
+                                let ti = Instant::now();
                                 comm.run(coll, opts.algo, dt, op, opts.root, count, in_place)?;
+                                if opts.per_iter {
+                                    each.push(ti.elapsed().as_secs_f64() * 1e6);
+                                }
                             }
                             let t = t0.elapsed().as_secs_f64() / opts.iters as f64;
+                            if opts.per_iter {
+                                iters[v] = Some(gather_iters(comm, &each)?);
+                            }
                             let times = comm.bootstrap().allgather_f64(t)?;
                             combine(&times, opts.average)
                         };
@@ -371,6 +442,10 @@ pub fn run(
                         root: if coll.rooted() { opts.root as i64 } else { -1 },
                         out_of_place: oop,
                         in_place: ip,
+                        per_iter: match iters {
+                            [Some(a), Some(b)] => Some([a, b]),
+                            _ => None,
+                        },
                     };
                     done += 1;
                     progress(&row, done, total);
@@ -395,6 +470,32 @@ pub fn run(
         rows,
         avg_busbw,
         wrong,
+    })
+}
+
+/// Every rank's per-iteration times (`mine`, microseconds), and their maximum per iteration.
+fn gather_iters(comm: &mut Comm, mine: &[f64]) -> Result<PerIter, BenchError> {
+    let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let all = comm.bootstrap().allgather(&bytes)?;
+    let per_rank: Vec<Vec<f64>> = all
+        .iter()
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect()
+        })
+        .collect();
+    let times_us = (0..mine.len())
+        .map(|i| {
+            per_rank
+                .iter()
+                .filter_map(|r| r.get(i).copied())
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    Ok(PerIter {
+        times_us,
+        per_rank_us: per_rank,
     })
 }
 
@@ -497,6 +598,61 @@ pub fn header() -> String {
     s
 }
 
+/// The column header with `-I 1`, exactly as nccl-tests (2.19) prints it: four
+/// per-iteration columns (i_min, i_max, i_p99 in us, i_cv%) after each variant.
+pub fn header_per_iter() -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}              out-of-place (+ per-iteration)                                in-place (+ per-iteration)",
+        "", "", "", "", ""
+    );
+    let line = |v: [&str; 21]| {
+        let mut l = format!(
+            "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}",
+            v[0], v[1], v[2], v[3], v[4]
+        );
+        for half in [&v[5..13], &v[13..21]] {
+            let _ = write!(
+                l,
+                "  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
+                half[0], half[1], half[2], half[3], half[4], half[5], half[6], half[7]
+            );
+        }
+        l.push_str(" \n");
+        l
+    };
+    s.push_str(&line([
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "i_min",
+        "i_max", "i_p99", "i_cv%", "time", "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99",
+        "i_cv%",
+    ]));
+    s.push_str(&line([
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(us)",
+        "(us)",
+        "(%)",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(us)",
+        "(us)",
+        "(%)",
+    ]));
+    s
+}
+
 /// One row, as nccl-tests prints it: the size in bytes, the per-rank count in elements
 /// (for all-gather, reduce-scatter and all-to-all the count each rank contributes), then
 /// time, algbw, busbw and #wrong for each variant.
@@ -509,7 +665,7 @@ pub fn format_row(r: &Row) -> String {
         r.redop.map_or("none", |o| o.name()),
         r.root
     );
-    for m in [&r.out_of_place, &r.in_place] {
+    for (v, m) in [&r.out_of_place, &r.in_place].into_iter().enumerate() {
         let _ = write!(
             s,
             "  {:>7}  {:>6}  {:>6}",
@@ -523,6 +679,21 @@ pub fn format_row(r: &Row) -> String {
             }
             None => s.push_str("    N/A"),
         }
+        // With -I 1, nccl-tests' writePerIterReport: min, max, p99 (us) and the CV (%).
+        if let Some(st) = r
+            .per_iter
+            .as_ref()
+            .and_then(|p| IterStats::of(&p[v].times_us))
+        {
+            let _ = write!(
+                s,
+                "  {:>7}  {:>7}  {:>7}  {:>7}",
+                float_str(st.min, 7),
+                float_str(st.max, 7),
+                float_str(st.p99, 7),
+                float_str(st.cv_pct(), 7)
+            );
+        }
     }
     s
 }
@@ -533,6 +704,9 @@ pub struct RankLine {
     pub rank: usize,
     pub pid: u32,
     pub host: String,
+    /// The name the rank was started by (its `--hosts` entry); empty when started otherwise.
+    #[serde(default)]
+    pub name: String,
     pub dev: usize,
     /// What the rank runs on: the plugin device and the interfaces it uses.
     pub what: String,
@@ -554,6 +728,12 @@ pub fn preamble(test: &str, o: &PerfOptions, ranks: &[RankLine]) -> String {
         "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step}({unit}) warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0 unalign: 0",
         o.min_bytes, o.max_bytes, o.warmup, o.iters, o.check
     );
+    if o.per_iter {
+        // nccl-tests says "CUDA event timing"; weft times each call on the host clock.
+        s.push_str(
+            "# Per-Iteration Report: host clock per call; i_* uses max over process rows \n",
+        );
+    }
     s.push_str("#\n# Using devices\n");
     for r in ranks {
         let _ = writeln!(
@@ -602,6 +782,174 @@ pub fn footer_of(rows: &[&Row], test: &str, min_bw: Option<f64>) -> String {
 pub fn footer(rep: &Report, test: &str) -> String {
     let rows: Vec<&Row> = rep.rows.iter().collect();
     footer_of(&rows, test, None)
+}
+
+/// What nccl-tests' JSON output (`-J FILE.json`) records besides the rows.
+#[derive(Debug, Clone)]
+pub struct JsonContext<'a> {
+    /// The command line.
+    pub args: &'a [String],
+    /// The environment recorded (weft keeps only `WEFT_*` and `NCCL_*`), as `K=V`.
+    pub env: &'a [String],
+    /// `YYYY-MM-DD HH:MM:SS`, local time, as nccl-tests writes it.
+    pub start_time: &'a str,
+    pub end_time: &'a str,
+    /// `--min-bw` (nccl-tests' `NCCL_TESTS_MIN_BW`).
+    pub min_bw: Option<f64>,
+}
+
+/// One collective's rows as nccl-tests' JSON output (format version 3, `src/util.cu`): the
+/// same keys, nesting and value types (booleans written as the strings `"true"`/`"false"`,
+/// the root as its `%6i` text, `nwrong` a number or null), so that nccl-tests' own tools
+/// (`tools/analyze_perf_json.py`) read it. `nccl_version` is 0: no NCCL is involved.
+pub fn nccl_tests_json(
+    o: &PerfOptions,
+    ranks: &[RankLine],
+    rows: &[&Row],
+    cx: &JsonContext<'_>,
+) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let tf = |b: bool| Value::from(if b { "true" } else { "false" });
+    let mut config = json!({
+        "nthreads": 1,
+        "ngpus": 1,
+        "minimum_bytes": o.min_bytes,
+        "maximum_bytes": o.max_bytes,
+        "warmup_iters": o.warmup,
+        "iterations": o.iters,
+        "aggregated_iterations": 1,
+        "validation": o.check,
+        "graph": 0,
+        "blocking_collectives": tf(false),
+        "per_iter_timing": tf(o.per_iter),
+        "per_iter_skip": 0,
+        "parallel_init": tf(false),
+        "devices": ranks.iter().map(|r| json!({
+            "rank": r.rank,
+            "group": 0,
+            "pid": r.pid,
+            "hostname": r.host,
+            "device": r.dev,
+            "device_hex": "0000:00:00",
+            "device_info": r.what,
+        })).collect::<Vec<_>>(),
+    });
+    if o.step_bytes > 0 {
+        config["step_bytes"] = json!(o.step_bytes);
+    } else {
+        // nccl-tests writes the factor as an integer (%zu of a size_t).
+        config["step_factor"] = json!(o.step_factor as u64);
+    }
+    let variant = |m: &Measure| {
+        json!({
+            "time": m.time_us,
+            "alg_bw": m.algbw,
+            "bus_bw": m.busbw,
+            "nwrong": m.wrong.map(|w| w as f64),
+        })
+    };
+    let per_iter = |p: &PerIter| {
+        let st = IterStats::of(&p.times_us);
+        let f = |g: fn(&IterStats) -> f64| st.as_ref().map_or(0.0, g);
+        let mut v = json!({
+            "skipped_iterations": 0,
+            "min_us": f(|s| s.min),
+            "max_us": f(|s| s.max),
+            "avg_us": f(|s| s.avg),
+            "p50_us": f(|s| s.p50),
+            "p95_us": f(|s| s.p95),
+            "p99_us": f(|s| s.p99),
+            "stdev_us": f(|s| s.stdev),
+            "cv_pct": f(IterStats::cv_pct),
+            "times_us": p.times_us,
+        });
+        if p.per_rank_us.len() > 1 {
+            v["per_process_max_times_us"] = json!(p.per_rank_us);
+        }
+        v
+    };
+    let results: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = json!({
+                "size": r.size,
+                "count": r.count,
+                "type": r.dtype.name(),
+                "redop": r.redop.map_or("none", |o| o.name()),
+                "root": format!("{:>6}", r.root),
+                "out_of_place": variant(&r.out_of_place),
+                "in_place": variant(&r.in_place),
+                "actual_iterations": o.iters,
+                "experiment_name": "",
+            });
+            if let Some([a, b]) = &r.per_iter {
+                v["out_of_place_per_iter"] = per_iter(a);
+                v["in_place_per_iter"] = per_iter(b);
+            }
+            v
+        })
+        .collect();
+    let wrong: u64 = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.wrong, r.in_place.wrong])
+        .flatten()
+        .sum();
+    let bws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.out_of_place.busbw, r.in_place.busbw])
+        .collect();
+    let avg = bws.iter().sum::<f64>() / bws.len().max(1) as f64;
+    json!({
+        "version": 3,
+        "start_time": cx.start_time,
+        "args": cx.args,
+        "env": cx.env,
+        "nccl_version": 0,
+        "config": config,
+        "results": results,
+        "out_of_bounds": { "count": wrong, "okay": tf(wrong == 0) },
+        "average_bus_bandwidth": {
+            "bandwidth": avg,
+            "okay": cx.min_bw.map_or(Value::from("unchecked"), |m| tf(avg >= m * 0.9)),
+        },
+        "errors": [],
+        "end_time": cx.end_time,
+    })
+}
+
+/// The local time as nccl-tests writes it (`%Y-%m-%d %H:%M:%S`).
+pub fn local_time_string() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    // SAFETY: a zeroed `tm` is a valid out parameter; localtime_r writes only into it.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are live for the call.
+    let r = unsafe { libc::localtime_r(&now, &mut tm) };
+    if r.is_null() {
+        return String::new();
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+/// Where nccl-tests would write `-J PATH`: PATH if it does not exist yet, else the first free
+/// `PATH.0`, `PATH.1`, ... (it never overwrites a result).
+pub fn free_json_path(path: &std::path::Path) -> std::path::PathBuf {
+    if !path.exists() {
+        return path.to_path_buf();
+    }
+    (0..)
+        .map(|i| std::path::PathBuf::from(format!("{}.{i}", path.display())))
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| path.to_path_buf())
 }
 
 fn fmt_wrong(w: Option<u64>) -> String {
@@ -700,6 +1048,7 @@ mod tests {
             root: -1,
             out_of_place: m,
             in_place: m,
+            per_iter: None,
         };
         let h = header();
         let cols = h.lines().nth(1).unwrap_or_default();

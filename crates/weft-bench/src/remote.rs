@@ -126,6 +126,37 @@ pub fn df_probe_one(
     r.json(h, &args, bound)
 }
 
+/// From one host, a train of `count` echoes to each of `targets` at once, one every
+/// `interval` ([`crate::loss::probe`]).
+pub fn loss_probe_one(
+    h: &dyn HostRunner,
+    r: &Remote,
+    targets: &[Ipv4Addr],
+    count: u32,
+    interval: Duration,
+) -> Result<Vec<crate::loss::TrainResult>, BenchError> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let to = targets
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let args = vec![
+        "loss-probe".into(),
+        "--to".into(),
+        to,
+        "--count".into(),
+        count.to_string(),
+        "--interval-us".into(),
+        interval.as_micros().to_string(),
+    ];
+    // The train, its linger (1 s), plus start-up.
+    let bound = interval * count + Duration::from_secs(1) + r.timeout;
+    r.json(h, &args, bound)
+}
+
 /// Options of a p2p run.
 #[derive(Debug, Clone)]
 pub struct P2pOptions {
@@ -178,10 +209,18 @@ pub fn p2p_matrix(
             .map(|(_, a)| a.to_string())
             .collect::<Vec<_>>()
             .join(",");
+        let devs = hi
+            .rails
+            .iter()
+            .map(|(d, _)| d.clone())
+            .collect::<Vec<_>>()
+            .join(",");
         let argv = r.argv(&[
             "p2p-serve".into(),
             "--bind".into(),
             bind,
+            "--dev".into(),
+            devs,
             "--lifetime".into(),
             lifetime.as_secs().max(1).to_string(),
         ]);
@@ -247,6 +286,8 @@ pub fn p2p_matrix(
                     o.pings.to_string(),
                     "--timeout".into(),
                     r.timeout.as_secs().max(1).to_string(),
+                    "--dev".into(),
+                    src_if.clone(),
                 ];
                 let t = Instant::now();
                 let res: Result<ProbeReport, BenchError> =

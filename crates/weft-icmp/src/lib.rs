@@ -2,8 +2,8 @@
 //! one pinger. `weft doctor` sends its jumbo-frame probes with it on every host (so no
 //! `ping(8)` is needed there), and the namespace test bed pings between its hosts with it.
 //!
-//! It is not a `ping(8)`: one request, one bounded wait for the matching reply, no
-//! statistics, IPv4 only.
+//! It is not a `ping(8)`: one request, one bounded wait for the matching reply, IPv4 only;
+//! [`echo_train`] sends a paced train on one socket and counts the answers, for packet loss.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -183,6 +183,177 @@ pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::R
     }
 }
 
+/// What a train of echoes found ([`echo_train`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Train {
+    /// Echo requests handed to the kernel.
+    pub sent: u32,
+    /// Distinct requests answered.
+    pub received: u32,
+    /// Round trips of the answered requests, in arrival order.
+    pub rtts: Vec<Duration>,
+}
+
+impl Train {
+    /// Percent of the sent requests that got no answer.
+    pub fn loss_pct(&self) -> f64 {
+        if self.sent == 0 {
+            return 0.0;
+        }
+        100.0 * f64::from(self.sent - self.received.min(self.sent)) / f64::from(self.sent)
+    }
+}
+
+/// `count` echoes of 56 bytes to `dst` on one raw socket (root or CAP_NET_RAW), one every
+/// `interval`, answers read in between; after the last one waits at most `linger` for late
+/// answers (at most 65535 echoes). Packet loss on the path shows as `sent - received`. A local refusal to send
+/// (network unreachable, interface down) counts as sent and unanswered.
+pub fn echo_train(
+    dst: Ipv4Addr,
+    count: u32,
+    interval: Duration,
+    linger: Duration,
+) -> io::Result<Train> {
+    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_ICMP,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = Fd(raw);
+    // Sequence numbers are 16 bits.
+    let count = count.min(u32::from(u16::MAX));
+    let id = (std::process::id() as u16) ^ SEQ.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: zeroed sockaddr_in is valid; fields set below.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_addr.s_addr = u32::from(dst).to_be();
+    let mut sent_at: Vec<Option<Instant>> = vec![None; count as usize];
+    let mut answered = vec![false; count as usize];
+    let mut train = Train {
+        sent: 0,
+        received: 0,
+        rtts: Vec::new(),
+    };
+    let mut buf = vec![0u8; 4096];
+    let start = Instant::now();
+    let mut next = 0u32;
+    loop {
+        let now = Instant::now();
+        if next >= count && train.received >= train.sent {
+            return Ok(train);
+        }
+        if next < count && now >= start + interval * next {
+            let seq = next as u16;
+            let mut pkt = vec![0u8; 8 + 56];
+            pkt[0] = 8;
+            pkt[4..6].copy_from_slice(&id.to_be_bytes());
+            pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+            for (i, b) in pkt[8..].iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            let sum = checksum(&pkt);
+            pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+            // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
+            let rc = unsafe {
+                libc::sendto(
+                    fd.0,
+                    pkt.as_ptr().cast(),
+                    pkt.len(),
+                    0,
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(
+                        libc::ENETUNREACH
+                            | libc::EHOSTUNREACH
+                            | libc::ENETDOWN
+                            | libc::EHOSTDOWN
+                            | libc::ENOBUFS
+                    )
+                ) {
+                    return Err(e);
+                }
+            }
+            sent_at[next as usize] = Some(Instant::now());
+            train.sent += 1;
+            next += 1;
+            continue;
+        }
+        let until = if next < count {
+            start + interval * next
+        } else {
+            start + interval * count.saturating_sub(1) + linger
+        };
+        let left = until.saturating_duration_since(now);
+        if left.is_zero() {
+            if next >= count {
+                return Ok(train);
+            }
+            continue;
+        }
+        let tv = libc::timeval {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+        };
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
+        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_in).cast(),
+                &mut flen,
+            )
+        };
+        if n < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(
+                    libc::EAGAIN
+                    | libc::EINTR
+                    | libc::EMSGSIZE
+                    | libc::EHOSTUNREACH
+                    | libc::ENETUNREACH,
+                ) => continue,
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+        let p = &buf[..n as usize];
+        if p.len() < 20 {
+            continue;
+        }
+        let ihl = usize::from(p[0] & 0x0f) * 4;
+        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
+            continue;
+        }
+        let icmp = &p[ihl..];
+        if icmp[0] != 0 || icmp[4..6] != id.to_be_bytes() {
+            continue;
+        }
+        let seq = usize::from(u16::from_be_bytes([icmp[6], icmp[7]]));
+        if let (Some(false), Some(Some(t))) = (answered.get(seq).copied(), sent_at.get(seq)) {
+            answered[seq] = true;
+            train.received += 1;
+            train.rtts.push(t.elapsed());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +375,33 @@ mod tests {
             other => panic!("no echo reply from 127.0.0.1 (needs root or CAP_NET_RAW): {other:?}"),
         }
         assert!(echo(Ipv4Addr::LOCALHOST, 70_000, false, Duration::from_secs(1)).is_err());
+    }
+
+    /// A train to loopback loses nothing; to an address nobody answers it loses everything,
+    /// and both end within their bound.
+    #[test]
+    fn a_train_counts_what_came_back() {
+        let t = Instant::now();
+        let tr = echo_train(
+            Ipv4Addr::LOCALHOST,
+            50,
+            Duration::from_millis(1),
+            Duration::from_millis(200),
+        )
+        .expect("raw socket (needs root or CAP_NET_RAW)");
+        assert_eq!((tr.sent, tr.received), (50, 50), "{tr:?}");
+        assert_eq!(tr.loss_pct(), 0.0);
+        assert_eq!(tr.rtts.len(), 50);
+        // TEST-NET-1 is never routed anywhere that answers.
+        let tr = echo_train(
+            Ipv4Addr::new(192, 0, 2, 77),
+            5,
+            Duration::from_millis(1),
+            Duration::from_millis(100),
+        )
+        .expect("raw socket");
+        assert_eq!((tr.sent, tr.received), (5, 0), "{tr:?}");
+        assert_eq!(tr.loss_pct(), 100.0);
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     }
 }

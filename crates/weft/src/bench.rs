@@ -3,7 +3,6 @@
 use std::io::IsTerminal;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -11,8 +10,8 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts_with, wait_until};
-use weft_bench::{RankSpec, facts, net, p2p};
+use weft_bench::runner::{HostRunner, Local, parse_hosts_with};
+use weft_bench::{RankSpec, facts, launch, net, p2p};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -20,7 +19,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 pub enum BenchCommand {
     /// Collectives on host memory through the NCCL net plugin (dlopen, ncclNet v8), nccl-tests style.
     #[command(
-        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw."
+        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw.\n\nBefore the collectives every link between two ranks is timed through the plugin\n(--link-bytes each way, one pair at a time): the report lists them as `#` lines and names\na host whose every link from it (or to it) is below half the reference (`# SLOW HOST`;\n\"links\" in --json). A slow host does not change the exit code."
     )]
     Collectives(Box<CollArgs>),
     /// Bandwidth and latency between every ordered pair of hosts on the data network (TCP).
@@ -44,12 +43,26 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
     },
+    /// Internal: trains of ICMP echoes from this host, for packet loss.
+    #[command(hide = true)]
+    LossProbe {
+        #[arg(long)]
+        to: String,
+        #[arg(long, default_value_t = 300)]
+        count: u32,
+        #[arg(long, default_value_t = 2000)]
+        interval_us: u64,
+    },
     /// Internal: the p2p server, on the given addresses, until its stdin closes.
     #[command(hide = true)]
     P2pServe {
         /// Addresses to listen on, comma-separated (the host's data addresses).
         #[arg(long)]
         bind: String,
+        /// The interface of each address, comma-separated in the same order: each listener
+        /// is bound to it (SO_BINDTODEVICE).
+        #[arg(long)]
+        dev: Option<String>,
         #[arg(long, default_value_t = 0)]
         port: u16,
         #[arg(long, default_value_t = 600)]
@@ -71,6 +84,9 @@ pub enum BenchCommand {
         pings: usize,
         #[arg(long, default_value_t = 30)]
         timeout: u64,
+        /// This host's data interface: every connection is bound to it (SO_BINDTODEVICE).
+        #[arg(long)]
+        dev: Option<String>,
     },
 }
 
@@ -252,18 +268,31 @@ pub struct CollArgs {
     /// Also write the rows as CSV to this file.
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Also write the report as JSON to this file.
-    #[arg(short = 'J', long = "output-file")]
+    /// Also write nccl-tests' JSON output (its format version 3) to this file, one file per
+    /// collective; an existing file is never overwritten: FILE.0, FILE.1, ... as nccl-tests.
+    #[arg(short = 'J', long = "output-file", alias = "output_file")]
     json_file: Option<PathBuf>,
+    /// Per-iteration timing (nccl-tests' -I): 1 adds i_min, i_max, i_p99 and i_cv% columns
+    /// and every rank's iteration times to the JSON.
+    #[arg(short = 'I', long = "per_iter_timing", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    per_iter: u8,
     /// Bound, in seconds, on the rendezvous, each transfer, and (x4) the whole run.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
     /// Plugin device.
     #[arg(long, default_value_t = 0)]
     dev: usize,
+    /// Before the collectives, time every link (each rank sends this many bytes to every
+    /// other, one pair at a time, best of two) and name the hosts whose links are slow; 0
+    /// skips it.
+    #[arg(long = "link-bytes", default_value = "4M", value_parser = parse_size)]
+    link_bytes: usize,
     /// Internal: this process is rank N of a run started by weft.
     #[arg(long, hide = true)]
     rank: Option<usize>,
+    /// Internal: the name the rank's host was given by (its --hosts entry).
+    #[arg(long, hide = true)]
+    rank_name: Option<String>,
 }
 
 fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> Result<Vec<T>> {
@@ -296,6 +325,7 @@ impl CollArgs {
             algo: self.algo.parse::<Algo>().map_err(|e| anyhow!(e))?,
             average: Average::from_flag(self.average)
                 .ok_or_else(|| anyhow!("-a {}: must be 0..=3", self.average))?,
+            per_iter: self.per_iter == 1,
         })
     }
 
@@ -303,7 +333,7 @@ impl CollArgs {
     fn worker_args(&self, json: bool) -> Vec<String> {
         let mut v: Vec<String> = vec!["bench".into(), "collectives".into()];
         v.extend(self.colls.iter().cloned());
-        let pairs: [(&str, String); 14] = [
+        let pairs: [(&str, String); 16] = [
             ("-b", self.min_bytes.to_string()),
             ("-e", self.max_bytes.to_string()),
             ("-f", self.step_factor.to_string()),
@@ -318,6 +348,8 @@ impl CollArgs {
             ("-A", self.algo.clone()),
             ("--timeout", self.timeout.to_string()),
             ("--dev", self.dev.to_string()),
+            ("--link-bytes", self.link_bytes.to_string()),
+            ("-I", self.per_iter.to_string()),
         ];
         for (k, val) in pairs {
             v.push(k.into());
@@ -366,8 +398,28 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             println!("{}", serde_json::to_string(&r)?);
             Ok(EXIT_OK)
         }
+        BenchCommand::LossProbe {
+            to,
+            count,
+            interval_us,
+        } => {
+            let dsts = to
+                .split(',')
+                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
+                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let r = weft_bench::loss::probe(
+                &dsts,
+                count,
+                Duration::from_micros(interval_us.max(100)),
+                Duration::from_secs(1),
+            )
+            .context("loss probe (needs root or CAP_NET_RAW)")?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(EXIT_OK)
+        }
         BenchCommand::P2pServe {
             bind,
+            dev,
             port,
             lifetime,
             untethered,
@@ -380,7 +432,19 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
                         .with_context(|| format!("--bind address {a:?}"))
                 })
                 .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
-            p2p::serve(&addrs, port, Duration::from_secs(lifetime), !untethered)
+            let devs: Vec<Option<String>> = match &dev {
+                None => vec![None; addrs.len()],
+                Some(d) => d.split(',').map(|x| Some(x.trim().to_string())).collect(),
+            };
+            if devs.len() != addrs.len() {
+                bail!(
+                    "--dev names {} interfaces for {} --bind addresses",
+                    devs.len(),
+                    addrs.len()
+                );
+            }
+            let binds: Vec<_> = addrs.into_iter().zip(devs).collect();
+            p2p::serve(&binds, port, Duration::from_secs(lifetime), !untethered)
                 .context("p2p server")?;
             Ok(EXIT_OK)
         }
@@ -390,6 +454,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             duration_ms,
             pings,
             timeout,
+            dev,
         } => {
             let r = p2p::probe(
                 to,
@@ -398,6 +463,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
                     duration: Duration::from_millis(duration_ms),
                     pings,
                     timeout: Duration::from_secs(timeout),
+                    dev,
                 },
             )
             .with_context(|| format!("p2p probe to {to}"))?;
@@ -665,7 +731,8 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         ];
         vec![v; runners.len()]
     };
-    let mut kids = Vec::new();
+    let mut argvs = Vec::new();
+    let mut envs = Vec::new();
     for (rank, r) in runners.iter().enumerate() {
         let mut env = env.clone();
         env.extend(per_rank[rank].iter().cloned());
@@ -682,55 +749,32 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         if let Some(p) = &plugin {
             argv.extend(["--plugin".into(), p.display().to_string()]);
         }
-        let out = if rank == 0 {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        kids.push(r.spawn(&argv, &env, out)?);
+        if a.hosts.is_some() {
+            argv.extend(["--rank-name".into(), r.name().to_string()]);
+        }
+        argvs.push(argv);
+        envs.push(env);
     }
-    let deadline = Instant::now() + timeout * 4;
-    let mut code = EXIT_OK;
-    for (rank, k) in kids.iter_mut().enumerate() {
-        match wait_until(k, deadline) {
-            Some(st) => {
-                // weft's own codes pass through; anything else (ssh's 255, a signal) is the
-                // environment's fault, and said so.
-                let c = match st.code() {
-                    Some(c @ 0..=2) => c as u8,
-                    _ => {
-                        eprintln!(
-                            "weft: rank {rank} ({}) ended with {st}{}",
-                            runners[rank].name(),
-                            if st.code() == Some(255) && runners[rank].kind() == "ssh" {
-                                ": ssh could not run it there (check --ssh-config, keys and --remote-weft)"
-                            } else {
-                                ""
-                            }
-                        );
-                        EXIT_ENVIRONMENT
-                    }
-                };
-                if rank == 0 || c == EXIT_ENVIRONMENT {
-                    code = code.max(c);
+    let ends = launch::run_ranks(&runners, &argvs, &envs, Instant::now() + timeout * 4)?;
+    for (rank, e) in ends.iter().enumerate() {
+        let who = runners[rank].name();
+        match e {
+            launch::RankEnd::Code(_) => {}
+            launch::RankEnd::Other { status, ssh_failed } => eprintln!(
+                "weft: rank {rank} ({who}) ended with {status}{}",
+                if *ssh_failed {
+                    ": ssh could not run it there (check --ssh-config, keys and --remote-weft)"
+                } else {
+                    ""
                 }
-            }
-            None => {
-                eprintln!(
-                    "weft: rank {rank} ({}) still running after {:?}; killed",
-                    runners[rank].name(),
-                    timeout * 4
-                );
-                code = EXIT_ENVIRONMENT;
-            }
+            ),
+            launch::RankEnd::TimedOut => eprintln!(
+                "weft: rank {rank} ({who}) still running after {:?}; killed",
+                timeout * 4
+            ),
         }
     }
-    if code == EXIT_ENVIRONMENT {
-        for k in &mut kids {
-            weft_bench::runner::kill_group(k);
-        }
-    }
-    Ok(code)
+    Ok(launch::exit_code(&ends))
 }
 
 /// `WEFT_MGMT_IFNAME` and `WEFT_DATA_IFNAME` for each rank's host: the roles doctor and p2p
@@ -755,35 +799,12 @@ fn rank_interfaces(
     let data_spec = spec("--data-if", &a.data_if)?;
     let mgmt_spec = spec("--mgmt-if", &a.mgmt_if)?;
     let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let mut out = Vec::new();
-    for (r, role) in runners
-        .iter()
-        .zip(facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()))
-    {
-        let data: Vec<&str> = role
-            .data
-            .iter()
-            .filter(|d| facts::ipv4(d).is_some())
-            .map(|d| d.name.as_str())
-            .collect();
-        if data.is_empty() {
-            bail!(
-                "{}: no data interface with an IPv4 address (see --data-if)",
-                r.name()
-            );
-        }
-        let mut v = vec![(
-            "WEFT_DATA_IFNAME".to_string(),
-            format!("={}", data.join(",")),
-        )];
-        match (role.mgmt, &a.mgmt_if) {
-            (Some((m, _)), _) => v.push(("WEFT_MGMT_IFNAME".into(), format!("={}", m.name))),
-            (None, Some(m)) => v.push(("WEFT_MGMT_IFNAME".into(), m.clone())),
-            (None, None) => {}
-        }
-        out.push(v);
-    }
-    Ok(out)
+    let names: Vec<&str> = runners.iter().map(|r| r.name()).collect();
+    Ok(launch::rank_env(
+        &names,
+        facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()),
+        a.mgmt_if.as_deref(),
+    )?)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -796,6 +817,7 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
 /// One rank. Rank 0 prints the report.
 fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
     let opts = a.options()?;
+    let start_time = perf::local_time_string();
     let rdv = a
         .rendezvous
         .as_deref()
@@ -839,6 +861,7 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
         host: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "?".into()),
+        name: a.rank_name.clone().unwrap_or_default(),
         dev: a.dev,
         what: format!("weft net plugin, {}", weft_bench::plugin_interfaces()),
     };
@@ -859,7 +882,11 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
                     &opts,
                     &ranks.borrow(),
                 ));
-                text.push_str(&perf::header());
+                text.push_str(&if opts.per_iter {
+                    perf::header_per_iter()
+                } else {
+                    perf::header()
+                });
             }
             text.push_str(&perf::format_row(row));
             text.push('\n');
@@ -870,8 +897,26 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
             b.set_position(done as u64);
         }
     };
-    let report = match weft_bench::run_rank_reporting(&spec, &opts, &me, &mut on_ranks, &mut on_row)
-    {
+    let link_report = std::cell::RefCell::new(None);
+    let mut on_links = |l: &weft_bench::links::LinkReport| {
+        if !json {
+            say(&weft_bench::links::comment_lines(l));
+        }
+        *link_report.borrow_mut() = Some(l.clone());
+    };
+    let probe = (a.link_bytes > 0).then_some(weft_bench::LinkProbe {
+        bytes: a.link_bytes,
+        reps: 2,
+        on_report: &mut on_links,
+    });
+    let report = match weft_bench::run_rank_reporting(
+        &spec,
+        &opts,
+        &me,
+        &mut on_ranks,
+        probe,
+        &mut on_row,
+    ) {
         Ok(r) => r,
         Err(e) => {
             if let Some(b) = &bar {
@@ -893,6 +938,7 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "report": &report,
+                "links": &*link_report.borrow(),
                 "min_bw": a.min_bw,
                 "passed": report.wrong == 0 && below.is_none(),
             }))?
@@ -918,8 +964,44 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &a.json_file {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        // nccl-tests writes one file per run of one collective: one file per collective.
+        let args: Vec<String> = std::env::args().collect();
+        let env: Vec<String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let end_time = perf::local_time_string();
+        let mut colls: Vec<Coll> = Vec::new();
+        for r in &report.rows {
+            if !colls.contains(&r.collective) {
+                colls.push(r.collective);
+            }
+        }
+        for c in colls {
+            let mine: Vec<&Row> = report.rows.iter().filter(|r| r.collective == c).collect();
+            let v = perf::nccl_tests_json(
+                &opts,
+                &ranks.borrow(),
+                &mine,
+                &perf::JsonContext {
+                    args: &args,
+                    env: &env,
+                    start_time: &start_time,
+                    end_time: &end_time,
+                    min_bw: a.min_bw,
+                },
+            );
+            let path = perf::free_json_path(p);
+            std::fs::write(&path, serde_json::to_string_pretty(&v)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            if !json {
+                println!(
+                    "# {}: JSON output written to {}",
+                    test_of(c),
+                    path.display()
+                );
+            }
+        }
     }
     Ok(if report.wrong > 0 || below.is_some() {
         EXIT_CHECK_FAILED

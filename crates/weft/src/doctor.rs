@@ -11,7 +11,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host:\n* SSH to every other host: `ssh -o BatchMode=yes -o ConnectTimeout=--ssh-timeout-s\n  -o StrictHostKeyChecking=yes [--ssh-config, --ssh-option] HOST true` run on the host,\n  for every ordered pair, several at once. A FAIL names the pair (from -> to), ssh's error\n  and a fix (known_hosts entry, authorized key, sshd). With --via netns or local nothing is\n  reached over SSH: an INFO line says SKIP. Skip it with --no-ssh-pairs.\n* roles: --mgmt-if/--data-if in the plugin's syntax (names, `=exact`, `^exclude`, subnets);\n  by default management is the default-route interface (else the SSH session's, else the\n  one on the other hosts' management subnet) and data the RDMA netdevs, else every up\n  interface with an address off the management subnets.\n* data interfaces up, with an address, link speed and MTU against --expect-* (else against\n  the largest on the same subnet: a remedy never lowers an MTU).\n* jumbo frames end to end: DF-bit ICMP of MTU-28 bytes between every pair (root or\n  CAP_NET_RAW).\n* throughput: a short `weft bench p2p` of --throughput-s per ordered pair among the hosts\n  reached; each pair judged against what its links should do (--expect-speed, else the\n  speed a physical NIC reports), else against the median of every host's best pair. A host\n  whose every pair from (or to) it is slow fails; failed pairs count in no statistic.\n  Skip it with --no-throughput.\n* RDMA ports (state, rate, link layer, netdev); GPU count and memory per GPU where there is\n  a driver (NVML, else nvidia-smi), a WARN when hosts differ; clock offset.\nPrints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs."
+    after_help = after_help()
 )]
 pub struct DoctorArgs {
     #[command(flatten)]
@@ -37,6 +37,21 @@ pub struct DoctorArgs {
     /// Skip the host-to-host SSH check.
     #[arg(long)]
     no_ssh_pairs: bool,
+    /// ICMP echoes (one every 2 ms) from every host to every other host's management
+    /// address, for packet loss on the management network.
+    #[arg(long, default_value_t = 300)]
+    loss_echoes: u32,
+    /// Skip the management loss check.
+    #[arg(long)]
+    no_loss: bool,
+}
+
+/// Examples, then every check from the doctor's own list (`weft_bench::doctor::CHECKS`).
+fn after_help() -> String {
+    format!(
+        "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host (the [name] of each finding):\n{}Prints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs.",
+        doctor::checks_help()
+    )
 }
 
 pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
@@ -78,6 +93,7 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
             throughput: (!a.no_throughput).then(|| Duration::from_secs_f64(a.throughput_s)),
             ssh_pairs: (!a.no_ssh_pairs)
                 .then(|| Duration::from_secs(a.ssh_timeout_s.clamp(1, 120))),
+            loss_echoes: (!a.no_loss && a.loss_echoes > 0).then_some(a.loss_echoes.min(10_000)),
         },
     );
     if let Some(b) = &spinner {

@@ -48,9 +48,15 @@ fn leftovers(c: &Cluster) -> Vec<String> {
         for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if ["p2p-serve", "p2p-probe", "df-probe", "host-facts"]
-                .iter()
-                .any(|h| cmd.contains(h))
+            if [
+                "p2p-serve",
+                "p2p-probe",
+                "df-probe",
+                "host-facts",
+                "loss-probe",
+            ]
+            .iter()
+            .any(|h| cmd.contains(h))
             {
                 v.push(format!("{}: {pid} {cmd}", h.name));
             }
@@ -202,5 +208,90 @@ fn doctor_names_every_fault_when_two_come_together() {
         fails(&v),
         want(&[(&bogus, &["reach"]), (&name(2), &["throughput"])]),
         "{v:#}"
+    );
+}
+
+/// With a default route through the management network on every host and host 1's data NIC
+/// down, `bench p2p` fails exactly the pairs with host 1 and names it unreachable: its probes
+/// and servers are bound to the data interface (SO_BINDTODEVICE), so no byte takes the
+/// default route over mgmt0 instead (which the kernel would otherwise pick, the data subnet's
+/// route being gone with the interface).
+#[test]
+fn p2p_never_takes_the_management_route_when_a_data_nic_is_down() {
+    if let Err(why) = weft_netns::available() {
+        weft_netns::require::skip("p2p with a data NIC down", &why);
+        return;
+    }
+    let c = Cluster::create(&ClusterSpec::new(3, 1)).expect("cluster");
+    let name = |i: usize| c.host(i).name.clone();
+    let hosts = host_list(&c);
+    for i in 0..3 {
+        route_default(&c, i, true);
+    }
+    c.set_link(1, "data0", false).expect("link down");
+    let before = c.counters(1, "mgmt0").expect("counters");
+    let o = weft(&[
+        "bench",
+        "p2p",
+        "--hosts",
+        &hosts,
+        "--via",
+        "netns",
+        "--mgmt-if",
+        "=mgmt0",
+        "--data-if",
+        "=data0",
+        "--duration",
+        "0.5",
+        "--streams",
+        "2",
+        "--pings",
+        "5",
+        "--timeout",
+        "5",
+        "--json",
+    ]);
+    let after = c.counters(1, "mgmt0").expect("counters");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(leftovers(&c), Vec::<String>::new());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let m = &v["matrix"];
+    let pairs = m["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 6, "{m:#}");
+    for p in pairs {
+        let with_1 = p["src"] == name(1).as_str() || p["dst"] == name(1).as_str();
+        assert_eq!(p["error"].is_string(), with_1, "{p:#}");
+    }
+    // Host 1's own probes fail at once, naming the interface they are bound to.
+    assert!(
+        pairs
+            .iter()
+            .filter(|p| p["src"] == name(1).as_str())
+            .all(|p| p["error"].as_str().unwrap().contains("from data0")),
+        "{m:#}"
+    );
+    let blamed: BTreeSet<(String, String)> = m["blamed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["host"].as_str().unwrap().to_string(),
+                b["what"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        blamed,
+        BTreeSet::from([(name(1), "unreachable".to_string())]),
+        "{m:#}"
+    );
+    // Nothing bulk crossed host 1's management link (half a second of two streams would be
+    // hundreds of megabytes on a veth).
+    let moved = (after.0 - before.0) + (after.1 - before.1);
+    assert!(
+        moved < 1 << 20,
+        "{moved} bytes crossed mgmt0 of {}",
+        name(1)
     );
 }

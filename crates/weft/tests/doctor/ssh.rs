@@ -8,6 +8,9 @@
 //! ssh_config reads `known_hosts.${WEFT_SSH_FROM}`, so each host has a known_hosts file of its
 //! own (the operator's is `known_hosts.operator`). Then:
 //! * all is well: every host reaches its 2 peers, the doctor exits 0;
+//! * host 1's management link loses packets (netem's 5% at random, or where the kernel has
+//!   no netem a two-frame tbf bucket that drops what exceeds 1 Mbit/s): exactly host 1's
+//!   mgmt0 FAILs the loss check, with the loss measured;
 //! * host 1's known_hosts lacks host 2: exactly the pair h1 -> h2 FAILs, with ssh's "Host key
 //!   verification failed" and a known_hosts remedy, and nothing else fails;
 //! * host 2's sshd is stopped: host 2 is unreachable (reach) and exactly h0 -> h2 and
@@ -195,6 +198,85 @@ fn doctor_over_ssh_checks_every_pair_and_names_exactly_the_broken_ones() {
         .map(|f| f["host"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(roles, names.iter().cloned().collect(), "{v:#}");
+
+    // Host 1's management link loses packets: 5% at random with netem; on a kernel without
+    // netem, a token bucket of two frames at 1 Mbit/s drops what exceeds its rate (the
+    // echo trains through it are faster). The loss check names exactly that host and link;
+    // everything else (SSH over the lossy link included) passes.
+    let netem = weft_netns::netem_available().is_ok();
+    let lossy = |on: bool| {
+        if netem {
+            let shape = if on {
+                weft_netns::Shape::default().with_loss_pct(5.0)
+            } else {
+                weft_netns::Shape::default()
+            };
+            c.shape(1, "mgmt0", &shape).expect("netem");
+        } else {
+            let args: &[&str] = if on {
+                &[
+                    "qdisc", "replace", "dev", "mgmt0", "root", "tbf", "rate", "1mbit", "burst",
+                    "3000", "limit", "3000",
+                ]
+            } else {
+                &["qdisc", "del", "dev", "mgmt0", "root"]
+            };
+            let o = c
+                .exec(1, "tc", args, std::time::Duration::from_secs(10))
+                .expect("tc");
+            assert!(o.status.success(), "tc {args:?}: {o:?}");
+        }
+    };
+    lossy(true);
+    let o = run(true);
+    lossy(false);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(
+        at(&v, "FAIL"),
+        set(&[(&names[1], "loss", "mgmt0")]),
+        "{v:#}"
+    );
+    assert_eq!(at(&v, "WARN"), BTreeSet::new(), "{v:#}");
+    let f = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["level"] == "FAIL")
+        .unwrap();
+    let msg = f["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(&format!("management link mgmt0 of {} loses ", names[1])),
+        "{msg}"
+    );
+    let pct: f64 = msg
+        .split(" loses ")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap();
+    eprintln!("loss finding: {msg}");
+    // netem's 5%: about that; the bucket's: some, never everything.
+    let range = if netem { 1.5..12.0 } else { 1.0..95.0 };
+    assert!(range.contains(&pct), "{msg}");
+    assert!(
+        f["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("ip -s link show mgmt0")
+    );
+    let loss_pass: BTreeSet<String> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "loss" && f["level"] == "PASS")
+        .map(|f| f["host"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        loss_pass,
+        BTreeSet::from([names[0].clone(), names[2].clone()]),
+        "{v:#}"
+    );
 
     // Host 1 does not know host 2's key: exactly that pair fails.
     write_known(Some((1, 2)));
