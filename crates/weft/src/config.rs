@@ -14,9 +14,10 @@ use weft_opensm::{
     Applier, DiagTools, LocalSm, RemotePaths, SmHost, SshConfig, SshSm, VerifyScope,
 };
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The InfiniBand fabric: subnet managers, bounds of an apply, the diagnostic tools.
     #[serde(default)]
     pub fabric: FabricConfig,
     /// Where the controller is and how clients (the CLI, `weft agent`) trust it; and how
@@ -31,31 +32,41 @@ pub struct Config {
 /// `[controller]`: defaults for `--controller`, `--ca-file`, `--pin` and
 /// `--insecure-http` (flags and `WEFT_*` variables win), and for the flags of
 /// `weft controller` (`listen`, `db`, ...: the same names as the flags).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerClientConfig {
     /// The controller's API, e.g. `https://ctl:7100`.
+    #[schemars(example = &"https://ctl:7100")]
     pub url: Option<String>,
     /// PEM CA certificates to verify the controller against.
+    #[schemars(example = &"/etc/weft/ca.pem")]
     pub ca_file: Option<PathBuf>,
     /// The controller certificate's `sha256:` fingerprint.
+    #[schemars(example = &"sha256:...")]
     pub pin: Option<String>,
     /// Allow `http://` off loopback (tokens in clear): for clients and for the controller.
     #[serde(default)]
     pub insecure_http: bool,
     /// `weft controller`: API listen address (default 127.0.0.1:7100).
+    #[schemars(example = &"127.0.0.1:7100")]
     pub listen: Option<String>,
     /// `weft controller`: metrics listen address (default 127.0.0.1:7101).
+    #[schemars(example = &"127.0.0.1:7101")]
     pub metrics_listen: Option<String>,
     /// `weft controller`: the SQLite database (default /var/lib/weft/controller.db).
+    #[schemars(example = &"/var/lib/weft/controller.db")]
     pub db: Option<PathBuf>,
     /// `weft controller`: a file holding an admin API token to accept.
+    #[schemars(example = &"/etc/weft/admin-token")]
     pub admin_token_file: Option<PathBuf>,
     /// `weft controller`: seconds of silence after which an agent is shown stale (30).
+    #[schemars(example = 30)]
     pub stale_after_s: Option<u64>,
     /// `weft controller`: the PEM certificate chain the listeners present.
+    #[schemars(example = &"/etc/weft/controller.crt")]
     pub tls_cert: Option<PathBuf>,
     /// `weft controller`: the PEM private key of `tls_cert`.
+    #[schemars(example = &"/etc/weft/controller.key")]
     pub tls_key: Option<PathBuf>,
     /// `weft controller`: make a self-signed certificate on first start.
     #[serde(default)]
@@ -67,8 +78,10 @@ pub struct ControllerClientConfig {
     #[serde(default)]
     pub adopt: bool,
     /// `weft controller`: seconds between drift checks of the SMs' files (30).
+    #[schemars(example = 30)]
     pub recheck_s: Option<u64>,
     /// `weft controller`: seconds between drift checks of every port's table (300).
+    #[schemars(example = 300)]
     pub port_check_s: Option<u64>,
     /// `weft controller`: deliver the applied state again when drift is found.
     #[serde(default)]
@@ -76,22 +89,27 @@ pub struct ControllerClientConfig {
 }
 
 /// `[agent]`: defaults for the flags of `weft agent` (the same names as the flags).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentFileConfig {
     /// Where the agent keeps its credentials (default /var/lib/weft-agent/agent.json).
+    #[schemars(example = &"/var/lib/weft-agent/agent.json")]
     pub state_file: Option<PathBuf>,
     /// Root of the sysfs tree to discover (default /).
+    #[schemars(example = &"/")]
     pub sysfs_root: Option<PathBuf>,
     /// Heartbeat period, seconds (10).
+    #[schemars(example = 10.0)]
     pub heartbeat_s: Option<f64>,
     /// Rediscovery period, seconds (30).
+    #[schemars(example = 30.0)]
     pub rescan_s: Option<f64>,
     /// Serve Prometheus metrics on this address (`/metrics`).
+    #[schemars(example = &"127.0.0.1:7102")]
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FabricConfig {
     /// How long the master may take to finish the sweep that follows a reread.
@@ -106,7 +124,9 @@ pub struct FabricConfig {
     /// Which ports an apply reads back: "changed" (touched ports, SM ports and
     /// canaries) or "all".
     #[serde(default)]
+    #[schemars(with = "String")]
     pub verify_scope: VerifyScope,
+    /// How the InfiniBand diagnostic tools run (smpquery, ibnetdiscover, sminfo).
     #[serde(default)]
     pub diag: DiagConfig,
     /// The subnet managers that share the partitions config: one master, any standbys.
@@ -135,14 +155,20 @@ impl Default for FabricConfig {
 }
 
 /// How to run the InfiniBand diagnostic tools (on a simulated fabric, with the preload).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiagConfig {
+    /// Environment of every diagnostic tool (`smpquery`, `ibnetdiscover`, ...), e.g. the
+    /// ibsim preload on a simulated fabric.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Working directory of the tools.
+    #[schemars(example = &"/tmp")]
     pub cwd: Option<PathBuf>,
+    /// Bound on each tool's run, ms.
     #[serde(default = "default_diag_ms")]
     pub timeout_ms: u64,
+    /// Tools run at once when ports are read.
     #[serde(default = "default_parallel")]
     pub parallel: usize,
 }
@@ -167,41 +193,56 @@ impl Default for DiagConfig {
 
 /// One OpenSM: on this machine (`kind = "local"`, the default) or on a host reached with
 /// the OpenSSH client (`kind = "ssh"`). The three paths are on the SM's host.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SmConfig {
+    /// A name for this SM in messages and `weft fabric status`.
+    #[schemars(example = &"primary")]
     pub name: String,
     /// The port OpenSM is bound to (its `-g`); `sminfo` names the master by it.
+    #[schemars(example = &"0x0002c90300000a01")]
     pub port_guid: String,
     /// How the SM is reached.
     #[serde(default)]
     pub kind: SmKind,
+    /// OpenSM's partitions file on the SM's host.
     #[serde(default = "default_partitions_file")]
     pub partitions_file: PathBuf,
+    /// OpenSM's pid file on the SM's host (weft sends it SIGHUP to reread).
+    #[schemars(example = &"/run/opensm.pid")]
     pub pid_file: PathBuf,
+    /// OpenSM's log on the SM's host (set `force_log_flush TRUE` in opensm.conf).
     #[serde(default = "default_log_file")]
     pub log_file: PathBuf,
     /// ssh: the host name or address, as the known_hosts file names it.
+    #[schemars(example = &"sm2.example")]
     pub host: Option<String>,
     /// ssh: the TCP port (default 22).
+    #[schemars(example = 22)]
     pub port: Option<u16>,
     /// ssh: the remote account.
+    #[schemars(example = &"weft")]
     pub user: Option<String>,
     /// ssh: the private key (public-key authentication only).
+    #[schemars(example = &"/etc/weft/id_ed25519")]
     pub identity_file: Option<PathBuf>,
     /// ssh: the only file the host's key is checked against (strict checking, always;
     /// for a port other than 22 OpenSSH looks the host up as `[host]:port`).
+    #[schemars(example = &"/etc/weft/known_hosts")]
     pub known_hosts: Option<PathBuf>,
     /// ssh: reuse one authenticated connection for every command (default true).
+    #[schemars(example = true)]
     pub multiplex: Option<bool>,
     /// ssh: bound on the TCP connect and the SSH handshake, ms (default 5000).
+    #[schemars(example = 5000)]
     pub connect_timeout_ms: Option<u64>,
     /// ssh: bound on each remote command, connection included, ms (default 15000).
+    #[schemars(example = 15000)]
     pub command_timeout_ms: Option<u64>,
 }
 
 /// How an SM is reached.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SmKind {
     /// Files and signals on this machine.
@@ -305,6 +346,138 @@ fn default_log_file() -> PathBuf {
     "/var/log/opensm.log".into()
 }
 
+/// The commented reference weft.toml: every section and key of [`Config`], with its doc
+/// and its default (or an example), generated from the types so that it cannot drift from
+/// them (`weft config reference`; `docs/weft.toml` is checked against it by a test).
+pub fn reference() -> String {
+    let schema = schemars::schema_for!(Config);
+    let root = schema.as_value();
+    let mut out = String::from(
+        "# weft.toml: every setting, commented out, with its default or an example.\n\
+         # Generated by `weft config reference` from weft's config types; do not edit by hand.\n\
+         # Precedence: this file, then WEFT_* environment variables, then flags.\n",
+    );
+    reference_table(root, root, "", &mut out);
+    out
+}
+
+/// `schema` with a `$ref` into `root`'s `$defs` followed, and `null` dropped from a type
+/// that allows it (an `Option`).
+fn resolve<'a>(
+    root: &'a serde_json::Value,
+    schema: &'a serde_json::Value,
+) -> &'a serde_json::Value {
+    let schema = schema
+        .get("anyOf")
+        .and_then(|a| a.as_array())
+        .and_then(|a| {
+            a.iter()
+                .find(|s| s.get("type").and_then(|t| t.as_str()) != Some("null"))
+        })
+        .unwrap_or(schema);
+    match schema.get("$ref").and_then(|r| r.as_str()) {
+        Some(r) => r
+            .strip_prefix("#/$defs/")
+            .and_then(|name| root.get("$defs").and_then(|d| d.get(name)))
+            .unwrap_or(schema),
+        None => schema,
+    }
+}
+
+fn doc_lines(schema: &serde_json::Value, out: &mut String) {
+    if let Some(d) = schema.get("description").and_then(|d| d.as_str()) {
+        for l in d.lines() {
+            out.push_str(
+                &format!("# {}\n", l.trim_end())
+                    .replace("#  ", "# ")
+                    .replace("# \n", "#\n"),
+            );
+        }
+    }
+}
+
+/// A TOML value for the key: its default, else an example of its type.
+fn example(root: &serde_json::Value, schema: &serde_json::Value) -> String {
+    let s = resolve(root, schema);
+    let value = schema
+        .get("default")
+        .or_else(|| s.get("default"))
+        .cloned()
+        .or_else(|| schema.get("examples").and_then(|e| e.get(0)).cloned())
+        .or_else(|| s.get("enum").and_then(|e| e.get(0)).cloned())
+        .or_else(|| {
+            s.get("oneOf")
+                .and_then(|o| o.get(0))
+                .and_then(|v| v.get("const"))
+                .cloned()
+        });
+    let value = value.unwrap_or_else(|| {
+        let ty = s
+            .get("type")
+            .and_then(|t| t.as_array().and_then(|a| a.first()).or(Some(t)))
+            .and_then(|t| t.as_str())
+            .unwrap_or("string");
+        match ty {
+            "boolean" => serde_json::Value::Bool(false),
+            "integer" | "number" => serde_json::json!(0),
+            "array" => serde_json::json!([]),
+            _ => serde_json::Value::String(String::new()),
+        }
+    });
+    toml::Value::try_from(value).map_or_else(|_| "\"\"".into(), |v| v.to_string())
+}
+
+fn reference_table(
+    root: &serde_json::Value,
+    table: &serde_json::Value,
+    path: &str,
+    out: &mut String,
+) {
+    let Some(props) = table.get("properties").and_then(|p| p.as_object()) else {
+        return;
+    };
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    let mut nested = Vec::new();
+    let mut maps = Vec::new();
+    for (key, prop) in props {
+        let s = resolve(root, prop);
+        let items = s.get("items").map(|i| resolve(root, i));
+        if s.get("properties").is_some() {
+            nested.push((key, prop, s, false));
+        } else if items.is_some_and(|i| i.get("properties").is_some()) {
+            nested.push((key, prop, items.unwrap_or(s), true));
+        } else if s.get("additionalProperties").is_some_and(|a| a.is_object()) {
+            maps.push((key, prop));
+        } else {
+            doc_lines(prop, out);
+            out.push_str(&format!("# {key} = {}\n", example(root, prop)));
+        }
+    }
+    // Maps and sub-tables after every plain key: in TOML a key after a table header
+    // belongs to that table.
+    for (key, prop) in maps {
+        out.push('\n');
+        doc_lines(prop, out);
+        out.push_str(&format!("# [{}]\n# NAME = \"value\"\n", join(key)));
+    }
+    for (key, prop, s, array) in nested {
+        out.push('\n');
+        doc_lines(prop, out);
+        if array {
+            out.push_str(&format!("# [[{}]]\n", join(key)));
+        } else {
+            out.push_str(&format!("# [{}]\n", join(key)));
+        }
+        reference_table(root, s, &join(key), out);
+    }
+}
+
 impl Config {
     /// Loads the file named by `explicit`, else `$WEFT_CONFIG` (the caller passes it via
     /// clap), else `./weft.toml` when it exists.
@@ -378,6 +551,39 @@ impl FabricConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `docs/weft.toml` is what `weft config reference` prints (regenerate it with
+    /// `cargo run -p weft -- config reference > docs/weft.toml`), and with every line
+    /// uncommented it is a valid config: every key it shows exists, every key exists in it.
+    #[test]
+    fn the_reference_weft_toml_is_generated_and_valid() {
+        let checked_in = include_str!("../../../docs/weft.toml");
+        assert!(
+            checked_in == reference(),
+            "docs/weft.toml is stale: run `cargo run -p weft -- config reference > docs/weft.toml`"
+        );
+        let uncommented: String = checked_in
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| l.starts_with('[') || l.contains(" = "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let cfg: Config = toml::from_str(&uncommented)
+            .unwrap_or_else(|e| panic!("the reference does not parse: {e}\n{uncommented}"));
+        assert_eq!(cfg.fabric.sm.len(), 1);
+        assert_eq!(cfg.agent.heartbeat_s, Some(10.0));
+        assert_eq!(cfg.controller.listen.as_deref(), Some("127.0.0.1:7100"));
+        // Every field of every section is in the reference.
+        for key in [
+            "sweep_timeout_ms",
+            "verify_scope",
+            "known_hosts",
+            "tls_names",
+            "rescan_s",
+        ] {
+            assert!(checked_in.contains(&format!("# {key} = ")), "{key}");
+        }
+    }
 
     #[test]
     fn unknown_keys_are_named() {
