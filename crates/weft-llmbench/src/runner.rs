@@ -304,6 +304,8 @@ pub async fn run(
                             test: crate::report::test_names(p, t, d, c, phase).0,
                             error: e.to_string(),
                         });
+                        let mut seen_w = std::collections::BTreeSet::new();
+                        warnings.retain(|w: &String| seen_w.insert(w.clone()));
                         report.warnings = warnings;
                         report.context.counting = counting.describe();
                         return Ok(report);

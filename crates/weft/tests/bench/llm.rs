@@ -140,8 +140,9 @@ fn llm_scripted_errors_exit_2_with_json_and_a_failed_test_exits_1_keeping_result
 
     // The server dies in the second test: exit 1, the first test printed and saved.
     let (_rt2, d) = serve(Script {
+        // The warm-up sends 4 completion requests and the first test 1: the 6th dies.
         fault: Fault::DieAfter {
-            after_requests: 6,
+            after_requests: 5,
             chunks: 2,
         },
         ttft: Duration::from_millis(5),
