@@ -63,10 +63,8 @@ fn start_server(log: &str) -> Server {
     // PDEATHSIG, so it goes when the tests end.
     std::thread::spawn(move || {
         use std::os::unix::process::CommandExt;
-        // Raised priority (as root; elsewhere `nice` says so and runs it as it is): the
-        // side by side times this server on a machine that other work shares.
-        let mut cmd = Command::new("nice");
-        cmd.args(["-n", "-15", "python3", "-m", "llama_cpp.server", "--model"])
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "llama_cpp.server", "--model"])
             .arg(d2.join("tiny.gguf"))
             .args([
                 "--model_alias",
@@ -421,11 +419,8 @@ fn llama_benchy(s: &Server, pp: u64, tg: u64, runs: u32, out: &std::path::Path, 
     std::fs::create_dir_all(&cache).unwrap();
     let book = Corpus::words().text(&mut weft_llmbench::prompt::Rng::new(5), 40_000);
     std::fs::write(cache.join(format!("{md5}.txt")), book).unwrap();
-    let o = Command::new("nice")
+    let o = Command::new("python3")
         .args([
-            "-n",
-            "-15",
-            "python3",
             "-m",
             "llama_benchy",
             "--base-url",
@@ -484,13 +479,6 @@ fn llamacpp_side_by_side_with_llama_benchy_run_by_run() {
     let _g = serial();
     let s = server();
     let (pp, tg, runs) = (PP_SIDE, TG_SIDE, 10u32);
-    // The same raised priority as llama-benchy's for weft's client: its runtime's threads,
-    // made below, inherit this thread's.
-    let _ = Command::new("renice")
-        .args(["-n", "-15", "-p"])
-        .arg(nix::unistd::gettid().to_string())
-        .stdout(Stdio::null())
-        .status();
     let counter = std::sync::Arc::new(Counter::from_file(&s.dir.join("tokenizer")).unwrap());
     let c = client(&s.base_url, MODEL, Api::Chat, quick_limits());
     let (go, done) = (s.dir.join("go.fifo"), s.dir.join("done.fifo"));
