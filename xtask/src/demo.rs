@@ -172,6 +172,7 @@ pub fn run(keep: bool) -> Result<()> {
     )?;
 
     plan_step(&bin, &dir)?;
+    llm_step(&bin, &dir)?;
 
     step("a typo never reaches OpenSM");
     std::fs::write(
@@ -261,6 +262,96 @@ fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
         "32768",
     ];
     expect_ok(weft(bin, dir, &args)?, "plan")
+}
+
+/// `weft bench llm` against a real llama.cpp server (llama-cpp-python) serving a tiny
+/// random-weights GGUF written on the spot: a short run at two depths, about 20 s.
+fn llm_step(bin: &Path, dir: &Path) -> Result<()> {
+    step("weft bench llm against a local llama.cpp server (tiny random-weights model)");
+    crate::ensure_pip_packages()?;
+    let llm = dir.join("llm");
+    std::fs::create_dir_all(&llm)?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/weft-llmbench/tests/make_tiny_gguf.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&llm)
+        .args(["--ctx", "4096"])
+        .output()
+        .context("cannot run python3")?;
+    if !out.status.success() {
+        bail!(
+            "make_tiny_gguf.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let log = std::fs::File::create(llm.join("server.log"))?;
+    let mut server = Command::new("python3")
+        .args(["-m", "llama_cpp.server", "--model"])
+        .arg(llm.join("tiny.gguf"))
+        .args([
+            "--model_alias",
+            "weft-tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+        ])
+        .arg(port.to_string())
+        .args([
+            "--n_ctx",
+            "4096",
+            "--n_threads",
+            "1",
+            "--interrupt_requests",
+            "False",
+        ])
+        .args(["--verbose", "false"])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("cannot start python3 -m llama_cpp.server")?;
+    let result = (|| {
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t0.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "llama_cpp.server did not listen within 60 s (see {})",
+                    llm.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let url = format!("http://127.0.0.1:{port}/v1");
+        let tok = llm.join("tokenizer");
+        let tok = tok.to_str().context("a UTF-8 path")?;
+        let args = [
+            "bench",
+            "llm",
+            "--base-url",
+            &url,
+            "--model",
+            "weft-tiny",
+            "--tokenizer",
+            tok,
+            "--pp",
+            "256",
+            "--tg",
+            "16",
+            "--depth",
+            "0,1024",
+            "--runs",
+            "2",
+            "--nodes",
+            "1",
+        ];
+        expect_ok(weft(bin, dir, &args)?, "bench llm")
+    })();
+    let _ = server.kill();
+    let _ = server.wait();
+    result
 }
 
 /// `weft mesh`, `weft sync` and `weft run` across 4 namespace hosts, each with a real sshd

@@ -102,6 +102,9 @@ pub struct Chunk {
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// Tokens the server's `logprobs` listed for this chunk, when it sent them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_tokens: Option<u64>,
 }
 
 /// Everything timed about one request.
@@ -132,6 +135,15 @@ impl Trace {
             v.extend(c.token_ids.as_ref()?);
         }
         Some(v)
+    }
+
+    /// Tokens per content chunk as the server's `logprobs` listed them, when every content
+    /// chunk carried them.
+    pub fn logprob_tokens(&self) -> Option<Vec<u64>> {
+        if self.chunks.is_empty() {
+            return None;
+        }
+        self.chunks.iter().map(|c| c.logprob_tokens).collect()
     }
 }
 
@@ -562,7 +574,9 @@ impl Client {
                         if d.finish_reason.is_some() {
                             t.finish_reason = d.finish_reason.clone();
                         }
-                        if !d.text.is_empty() || d.token_ids.as_ref().is_some_and(|v| !v.is_empty())
+                        if !d.text.is_empty()
+                            || d.token_ids.as_ref().is_some_and(|v| !v.is_empty())
+                            || d.logprob_tokens.is_some_and(|n| n > 0)
                         {
                             if t.first_content.is_none() {
                                 t.first_content = Some(at);
@@ -571,6 +585,7 @@ impl Client {
                                 at,
                                 text: d.text,
                                 token_ids: d.token_ids,
+                                logprob_tokens: d.logprob_tokens,
                             });
                         }
                     }

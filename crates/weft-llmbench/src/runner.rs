@@ -304,6 +304,8 @@ pub async fn run(
                             test: crate::report::test_names(p, t, d, c, phase).0,
                             error: e.to_string(),
                         });
+                        let mut seen_w = std::collections::BTreeSet::new();
+                        warnings.retain(|w: &String| seen_w.insert(w.clone()));
                         report.warnings = warnings;
                         report.context.counting = counting.describe();
                         return Ok(report);
@@ -323,6 +325,7 @@ pub async fn run(
                             phase,
                             d,
                             expected,
+                            t,
                             counter.map(|c| &**c),
                             &mut counting,
                             &mut warnings,
@@ -358,7 +361,9 @@ pub async fn run(
 #[derive(Default)]
 struct CountingSeen {
     ids: bool,
+    logprobs: bool,
     usage: bool,
+    length: bool,
     tokenizer: bool,
     chunks_by: std::collections::BTreeSet<&'static str>,
 }
@@ -367,8 +372,12 @@ impl CountingSeen {
     fn describe(&self) -> String {
         let total = if self.ids {
             "token-ids"
+        } else if self.logprobs {
+            "logprobs"
         } else if self.usage {
             "usage"
+        } else if self.length {
+            "finish-length"
         } else if self.tokenizer {
             "tokenizer"
         } else {
@@ -414,54 +423,90 @@ async fn send_batch(
 }
 
 /// Counts the tokens of one trace and reduces it.
+///
+/// Generated tokens, best first: the server's token ids, its `logprobs` entries (one per
+/// token), its usage, `finish_reason: "length"` (the server stopped at `max_tokens`, so it
+/// generated exactly that many), then the local tokenizer on the whole text. Whenever a local
+/// tokenizer is given and the server gave a count, the two are compared and a difference above
+/// 2 % is a warning; so is a prompt the server counted more than 2 % away from what weft built.
+#[allow(clippy::too_many_arguments)]
 fn reduce(
     tr: &Trace,
     phase: Phase,
     depth: u64,
     expected_prompt: u64,
+    max_tokens: u64,
     counter: Option<&Counter>,
     seen: &mut CountingSeen,
     warnings: &mut Vec<String>,
 ) -> Result<Request, LlmError> {
     let texts: Vec<&str> = tr.chunks.iter().map(|c| c.text.as_str()).collect();
     let ids = tr.token_ids();
+    let logprobs = if ids.is_none() {
+        tr.logprob_tokens()
+    } else {
+        None
+    };
     let local = match counter {
         Some(c) => Some(c.per_chunk(&texts)?),
         None => None,
     };
-    let gen_total = if let Some(ids) = &ids {
-        seen.ids = true;
-        ids.len() as u64
+    let by_length = tr.finish_reason.as_deref() == Some("length");
+    let server_total: Option<(u64, &'static str)> = if let Some(ids) = &ids {
+        Some((ids.len() as u64, "token ids"))
+    } else if let Some(l) = &logprobs {
+        Some((l.iter().sum(), "logprobs"))
     } else if let Some(u) = tr.usage {
-        seen.usage = true;
-        u.completion_tokens
-    } else if let Some(l) = &local {
-        seen.tokenizer = true;
-        l.iter().sum()
+        Some((u.completion_tokens, "usage"))
+    } else if by_length {
+        Some((max_tokens, "finish_reason length"))
     } else {
-        return Err(LlmError::Counting(
-            "the server sent neither usage (stream_options.include_usage) nor token ids; give --tokenizer to count locally".into(),
-        ));
+        None
     };
-    if let (Some(l), Some(u)) = (&local, tr.usage) {
+    let gen_total = match (server_total, &local) {
+        (Some((n, how)), _) => {
+            match how {
+                "token ids" => seen.ids = true,
+                "logprobs" => seen.logprobs = true,
+                "usage" => seen.usage = true,
+                _ => seen.length = true,
+            }
+            n
+        }
+        (None, Some(l)) => {
+            seen.tokenizer = true;
+            l.iter().sum()
+        }
+        (None, None) => {
+            return Err(LlmError::Counting(
+                "the server sent neither usage (stream_options.include_usage), token ids, logprobs nor a finish_reason of \"length\"; give --tokenizer to count locally".into(),
+            ));
+        }
+    };
+    if tr.finish_reason.is_none() {
+        warnings.push(format!(
+            "a stream ended with [DONE] but no finish_reason after {gen_total} of {max_tokens} tokens: the server may have cut it short (llama-cpp-python does so when another request arrives, unless started with --interrupt_requests False)"
+        ));
+    }
+    if let (Some(l), Some((n, how))) = (&local, server_total) {
         let l: u64 = l.iter().sum();
-        let diff =
-            (l as f64 - u.completion_tokens as f64).abs() / (u.completion_tokens.max(1) as f64);
+        let diff = (l as f64 - n as f64).abs() / (n.max(1) as f64);
         if diff > 0.02 {
             warnings.push(format!(
-                "generated tokens: the server's usage says {} and the local tokenizer {} ({:.1} % apart); is --tokenizer the model's?",
-                u.completion_tokens,
-                l,
+                "generated tokens: the server's {how} says {n} and the local tokenizer {l} ({:.1} % apart); is --tokenizer the model's?",
                 diff * 100.0
             ));
         }
     }
-    let per_chunk: Vec<u64> = if let Some(_ids) = &ids {
+    let per_chunk: Vec<u64> = if ids.is_some() {
         seen.chunks_by.insert("token ids");
         tr.chunks
             .iter()
             .map(|c| c.token_ids.as_ref().map_or(0, |v| v.len() as u64))
             .collect()
+    } else if let Some(l) = logprobs {
+        seen.chunks_by.insert("logprobs");
+        l
     } else if let Some(l) = local {
         seen.chunks_by.insert("tokenizer on the whole text");
         // Scale to the server's total when both exist, so the sum matches what it reports.
@@ -478,13 +523,48 @@ fn reduce(
     let prompt_tokens = match tr.usage {
         // A follow-up's context was cached by the step before: the server's cached count when
         // it gives one, else the depth the context was built to.
-        Some(u) => match (phase, u.cached_tokens) {
-            (_, Some(c)) => u.prompt_tokens.saturating_sub(c),
-            (Phase::FollowUp, None) => u.prompt_tokens.saturating_sub(depth),
-            _ => u.prompt_tokens,
-        },
+        Some(u) => {
+            // The whole prompt as sent: a follow-up's holds the depth too. The context step
+            // of a prefix-cache test is no pp row and is not checked.
+            let built = match phase {
+                Phase::FollowUp => depth + expected_prompt,
+                _ => expected_prompt,
+            };
+            let diff = (u.prompt_tokens as f64 - built as f64).abs() / built.max(1) as f64;
+            if phase != Phase::Context && diff > 0.02 {
+                warnings.push(format!(
+                    "prompt tokens: the server counted {} where weft built {built} ({:.1} % apart); {}",
+                    u.prompt_tokens,
+                    diff * 100.0,
+                    if counter.is_some() {
+                        "is --tokenizer the model's?"
+                    } else {
+                        "give --tokenizer (the model's tokenizer.json) to build prompts exactly"
+                    }
+                ));
+            }
+            match (phase, u.cached_tokens) {
+                (_, Some(c)) => u.prompt_tokens.saturating_sub(c),
+                (Phase::FollowUp, None) => u.prompt_tokens.saturating_sub(depth),
+                _ => u.prompt_tokens,
+            }
+        }
         None => {
-            warnings.push("the server sent no usage in its streams: prompt tokens are those weft built (exact with --tokenizer), generated tokens counted locally".into());
+            warnings.push(format!(
+                "the server sent no usage in its streams: prompt tokens are those weft built ({}), generated tokens {}",
+                if counter.is_some() {
+                    "exact with --tokenizer"
+                } else {
+                    "estimated from the warm-up; give --tokenizer"
+                },
+                if seen.ids || seen.logprobs {
+                    "from its token ids or logprobs"
+                } else if seen.length {
+                    "from finish_reason \"length\" (max_tokens reached)"
+                } else {
+                    "counted with the local tokenizer"
+                }
+            ));
             expected_prompt
         }
     };

@@ -151,6 +151,15 @@ async fn respond(s: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std
     s.write_all(r.as_bytes()).await
 }
 
+/// Tokio's timer rounds a sleep up to the next millisecond, which would put the schedule itself
+/// up to 1 ms late: sleep to 1 ms before `at`, then yield until it.
+async fn sleep_precisely(at: Instant) {
+    tokio::time::sleep_until(at - Duration::from_millis(1)).await;
+    while Instant::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
 async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<()> {
     let Some((line, body)) = read_request(&mut s).await? else {
         return Ok(());
@@ -242,7 +251,7 @@ async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<
             return s.shutdown().await;
         }
         let at = arrived + sc.ttft + sc.itl * i;
-        tokio::time::sleep_until(at).await;
+        sleep_precisely(at).await;
         let kk = (sc.tokens_per_chunk.max(1) as u64).min(max_tokens - sent) as u32;
         s.write_all(chunk(&"tok ".repeat(kk as usize), kk).as_bytes())
             .await?;

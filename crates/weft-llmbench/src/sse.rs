@@ -10,6 +10,10 @@ pub struct Delta {
     pub text: String,
     /// Token ids, when the server sends them (`token_ids` on the choice or the delta).
     pub token_ids: Option<Vec<u32>>,
+    /// Tokens in this chunk as the server's `logprobs` list them (one entry per generated
+    /// token: `logprobs.content` on chat, `logprobs.tokens` on completions), when it sends
+    /// them (the request asked for `logprobs`).
+    pub logprob_tokens: Option<u64>,
     /// The `usage` object, when this chunk carries one (with `stream_options.include_usage`,
     /// the last chunk before `[DONE]`).
     pub usage: Option<Usage>,
@@ -147,6 +151,15 @@ fn parse_payload(data: &str) -> Event {
                 d.token_ids.get_or_insert_with(Vec::new).extend(ids);
             }
         }
+        if let Some(lp) = ch.get("logprobs").filter(|l| !l.is_null()) {
+            let list = lp
+                .get("content")
+                .and_then(|c| c.as_array())
+                .or_else(|| lp.get("tokens").and_then(|t| t.as_array()));
+            if let Some(list) = list {
+                *d.logprob_tokens.get_or_insert(0) += list.len() as u64;
+            }
+        }
         if delta.and_then(|x| x.get("role")).is_some() {
             saw_role = true;
         }
@@ -167,7 +180,10 @@ fn parse_payload(data: &str) -> Event {
             });
         }
     }
-    d.role_only = saw_role && d.text.is_empty() && d.token_ids.is_none();
+    d.role_only = saw_role
+        && d.text.is_empty()
+        && d.token_ids.is_none()
+        && d.logprob_tokens.is_none_or(|n| n == 0);
     Event::Chunk(Box::new(d))
 }
 
@@ -229,6 +245,19 @@ mod tests {
                 cached_tokens: Some(4)
             })
         );
+    }
+
+    #[test]
+    fn logprobs_entries_count_the_tokens_of_a_chunk() {
+        let mut p = SseParser::new();
+        let ev = p.push(b"data: {\"choices\":[{\"delta\":{\"content\":\" the cat\"},\"logprobs\":{\"content\":[{\"token\":\" the\",\"logprob\":-1.0},{\"token\":\" cat\",\"logprob\":-2.0}]}}]}\n\ndata: {\"choices\":[{\"text\":\" sat\",\"logprobs\":{\"tokens\":[\" sat\"],\"token_logprobs\":[-0.5]}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"logprobs\":null}]}\n\n");
+        let n = |e: &Event| match e {
+            Event::Chunk(d) => d.logprob_tokens,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(n(&ev[0]), Some(2));
+        assert_eq!(n(&ev[1]), Some(1));
+        assert_eq!(n(&ev[2]), None);
     }
 
     #[test]

@@ -11,9 +11,10 @@ OUT_DIR gets:
                          the same tokenizer for Hugging Face loaders (weft --tokenizer, llama-benchy)
 
 The weights are random, with two exceptions so that every request generates exactly max_tokens
-printable tokens: every embedding carries a large constant in dimension 0, and the output rows of
-the special tokens (end of text, ChatML markers) and of the non-printable byte tokens weigh that
-dimension strongly negative, so they are never sampled.
+tokens and its text re-tokenises to exactly those tokens: every embedding carries a large
+constant in dimension 0, and the output rows of every token but whole words with their leading
+space (" river") weigh that dimension strongly negative, so the special tokens (end of text,
+ChatML markers), word pieces, punctuation and byte tokens are never sampled.
 """
 import argparse
 import json
@@ -98,15 +99,31 @@ def main():
     b2 = byte_level_chars()
     types = []
     banned = []
+    allowed = []
     for i, t in enumerate(tokens):
         if t in SPECIAL:
             types.append(gguf.TokenType.CONTROL)
             banned.append(i)
             continue
         types.append(gguf.TokenType.NORMAL)
+        # Only whole words with their leading space may be generated: " word" that the
+        # tokenizer encodes back to this one token. Any sequence of them then re-tokenises
+        # to exactly the tokens generated, so a count of the text on the whole is the
+        # server's own count.
         bs = bytes(b2[c] for c in t if c in b2)
-        if any(b < 0x20 or b >= 0x7F for b in bs):
+        word = bs.decode("latin-1")
+        if (
+            len(word) >= 3
+            and word[0] == " "
+            and word[1:].isalpha()
+            and word[1:].isascii()
+            and tok.encode(word).ids == [i]
+        ):
+            allowed.append(i)
+        else:
             banned.append(i)
+    if len(allowed) < 50:
+        sys.exit(f"only {len(allowed)} whole-word tokens in the vocabulary; raise --vocab")
 
     n_embd, n_layer, n_head, n_ff = 64, 2, 4, 128
     path = os.path.join(a.out, "tiny.gguf")

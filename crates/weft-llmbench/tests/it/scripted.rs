@@ -344,3 +344,69 @@ fn scripted_runs_compare_into_speedups_and_png_plots() {
         .to_string();
     assert!(e.contains("x.json") && e.contains("--nodes"), "{e}");
 }
+
+/// A tokenizer.json with one word-level token per piece that `pre` cuts out (every piece is
+/// the unknown token: only the count matters).
+fn word_tokenizer(dir: &std::path::Path, pre: &str) -> std::path::PathBuf {
+    let p = dir.join(format!("{pre}.json"));
+    let j = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": pre}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}
+    });
+    std::fs::write(&p, j.to_string()).unwrap();
+    p
+}
+
+#[test]
+fn scripted_prompt_counts_more_than_2_percent_apart_are_a_warning_and_agreeing_ones_are_not() {
+    // The scripted server counts whitespace-separated words. A tokenizer that also cuts off
+    // punctuation ("river." is two tokens) builds prompts the server counts about 10 % short.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |pre: &str| {
+        let counter = std::sync::Arc::new(
+            weft_llmbench::count::Counter::from_file(&word_tokenizer(dir.path(), pre)).unwrap(),
+        );
+        rt().block_on(async {
+            let s = start(Script {
+                ttft: Duration::from_millis(5),
+                itl: Duration::from_millis(2),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
+            runner::run(
+                &c,
+                &plan(&[300], &[4], &[0], &[1], 1),
+                Corpus::words(),
+                Some(&counter),
+                &labels(),
+                &|_| {},
+            )
+            .await
+            .unwrap()
+        })
+    };
+    let off = run("Whitespace");
+    let w: Vec<&String> = off
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with("prompt tokens"))
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", off.warnings);
+    assert!(
+        w[0].contains("where weft built 300") && w[0].contains("is --tokenizer the model's?"),
+        "{}",
+        w[0]
+    );
+    assert!(off.markdown().contains("warning: prompt tokens"));
+    let same = run("WhitespaceSplit");
+    assert!(
+        !same.warnings.iter().any(|w| w.starts_with("prompt tokens")),
+        "{:?}",
+        same.warnings
+    );
+    assert_eq!(same.results[0].prompt_tokens.unwrap().mean, 300.0);
+}

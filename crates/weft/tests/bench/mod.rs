@@ -1,6 +1,8 @@
 //! `weft bench collectives` as a person runs it: local rank processes over loopback through the
 //! real plugin, nccl-tests' table and footer, exit codes for wrong data and --min-bw.
 
+mod llm;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
