@@ -33,6 +33,7 @@ mod compile;
 pub mod conf;
 mod guard;
 mod import;
+mod mcast;
 mod plan;
 mod tables;
 mod types;
@@ -40,6 +41,7 @@ mod types;
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
 pub use import::{ImportOptions, Imported, auto_keyed};
+pub use mcast::{McastRecord, expected_mcast};
 pub use plan::{
     DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
 };

@@ -2,27 +2,52 @@
 //! a primary and a standby SM: the same partitions.conf applied once by plain OpenSM
 //! (write, SIGHUP, sweep) and once through weft must leave every port's P_Key table
 //! (CA ports, switch port 0, cabled switch ports) with the same entries and the same
-//! index-0 entry. OpenSM is the oracle; nothing here is scripted. (Multicast groups are
-//! not compared here: OpenSM 3.3.23 on ibsim did not rewrite its SA dump after a reread,
-//! and SA queries are cut to one MAD under umad2sim; weft-fabric's tests check that the
-//! rendered file carries every mgid line with its options.)
+//! index-0 entry, and OpenSM with the same multicast groups (its SA dump, every field but
+//! the run-time MLID). Both are also held against weft's own models
+//! (`weft_fabric::expected_mcast`). OpenSM is the oracle; nothing here is scripted.
+//!
+//! The tables are read with one direct ibsim client ([`weft_testbed::SmpClient`], the
+//! same SubnGet(P_KeyTable) SMPs `smpquery` sends, checked against it in weft-testbed's
+//! tests) instead of a process per port: that is what lets hundreds of files run in CI.
+//!
+//! The SMs run with `keep_pkey_indexes FALSE`. With OpenSM's default (TRUE) every key a
+//! port ever held keeps its index slot (`accum_pkeys` in `osm_pkey_mgr.c`) and new keys
+//! go past the highest one, so on a long-running SM that has seen many files the slots
+//! of a switch's 8-entry port 0 run out; a key that then has to move (Default, pushed off
+//! index 0 by an `indx0` statement naming the switches) is not programmed at all
+//! ("Pkey table is full"). That is seed 14 of the first run: after 13 files it lost
+//! 0x7fff on every switch's port 0, under plain OpenSM as under weft. It depends on the
+//! SM's history, not on the file, so a differential of files needs SMs without it; the
+//! test `a_long_running_sm_runs_out_of_index_slots_on_switch_port_0` shows the effect.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use weft_fabric::{Inventory, SmOptions, conf, expected_mcast};
 use weft_testbed::partitions::random_partitions;
-use weft_testbed::{SUBNET_UP, Topology, parse_ibnetdiscover_ports, wait_for_log};
+use weft_testbed::{
+    DumpedGroup, SUBNET_UP, SmpClient, Topology, parse_ibnetdiscover_ports,
+    parse_sa_dump_groups, wait_for_log,
+};
 
 use super::{Live, live_on, text, weft};
 
 /// What the fabric shows: (LID, port) -> table in index order.
 type Tables = BTreeMap<(u16, u8), Vec<u16>>;
 
+/// A group as compared between runs: every dumped field but the MLID.
+type Group = (String, u32, u8, u8, u16, u8, u8, u32, u8, bool);
+
 /// The file every comparison starts from, so that both runs of a file see the same history.
 const BASE: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
+
+/// How long a sweep's SA dump may take to appear after its `SUBNET UP` line (OpenSM
+/// writes it right after; it writes none when no group changed).
+const DUMP_WAIT: Duration = Duration::from_millis(200);
 
 /// A long-lived fat tree (2 leaves, 2 spines, 8 HCAs, every 4th dual-port) with a primary
 /// and a standby SM.
@@ -34,12 +59,25 @@ struct Diff {
     cas: Vec<u64>,
     /// CA port GUIDs other than the SMs' ports, for hand-written files.
     tenants: Vec<u64>,
+    /// The fabric as weft reads it, for the multicast model.
+    inventory: Inventory,
+    smp: RefCell<SmpClient>,
+}
+
+fn dump_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .and_then(|m| Some((m.modified().ok()?, m.len())))
 }
 
 impl Diff {
     fn start() -> Diff {
+        Diff::start_with(&[("sa_db_dump", "TRUE"), ("keep_pkey_indexes", "FALSE")])
+    }
+
+    fn start_with(extra: &[(&str, &str)]) -> Diff {
         let topo = Topology::fat_tree(2, 2, 8, 4);
-        let live = live_on(&topo, 2, &[]);
+        let live = live_on(&topo, 2, extra);
         let out = live
             .fabric
             .diag("node1", "ibnetdiscover", &["-p"])
@@ -61,16 +99,29 @@ impl Diff {
             .copied()
             .filter(|g| !sm_ports.contains(g))
             .collect();
+        let diag = weft_opensm::DiagTools {
+            env: live.fabric.client_env("node1"),
+            cwd: Some(live.fabric.dir().to_path_buf()),
+            ..weft_opensm::DiagTools::default()
+        };
+        let inventory = diag.snapshot().expect("snapshot").inventory;
+        let smp = RefCell::new(live.fabric.smp_client("node1").expect("SMP client"));
         Diff {
             live,
             ports: ports.into_iter().collect(),
             cas: cas.into_iter().collect(),
             tenants,
+            inventory,
+            smp,
         }
     }
 
     fn dir(&self) -> &Path {
         self.live.fabric.dir()
+    }
+
+    fn dump_path(&self) -> PathBuf {
+        self.live.sms[0].0.dir.join("opensm-sa.dump")
     }
 
     /// Plain OpenSM: the file to both SMs, SIGHUP to the master, wait for its sweep.
@@ -85,40 +136,33 @@ impl Diff {
             .expect("sweep after SIGHUP");
     }
 
-    /// Every port's table, read with smpquery (a few at a time: ibsim serves 10 clients).
+    /// Every port's table, read with SMPs.
     fn tables(&self) -> Tables {
-        let chunk = self.ports.len().div_ceil(5);
-        std::thread::scope(|s| {
-            let workers: Vec<_> = self
-                .ports
-                .chunks(chunk)
-                .map(|group| {
-                    s.spawn(move || {
-                        group
-                            .iter()
-                            .map(|&(lid, port)| {
-                                let out = self
-                                    .live
-                                    .fabric
-                                    .diag(
-                                        "node1",
-                                        "smpquery",
-                                        &["pkeys", &lid.to_string(), &port.to_string()],
-                                    )
-                                    .expect("smpquery");
-                                let (t, _) =
-                                    weft_opensm::parse_smpquery_pkeys(&out).expect("pkeys");
-                                ((lid, port), t)
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().expect("reader thread"))
-                .collect()
-        })
+        let mut smp = self.smp.borrow_mut();
+        self.ports
+            .iter()
+            .map(|&(lid, port)| {
+                let t = smp
+                    .pkeys(lid, port)
+                    .unwrap_or_else(|e| panic!("LID {lid} port {port}: {e}"));
+                ((lid, port), t)
+            })
+            .collect()
+    }
+
+    /// The master's multicast groups after the sweep that followed `before` (the dump's
+    /// stamp taken before the sweep was asked for): the dump once rewritten, or as it
+    /// is when no rewrite comes within [`DUMP_WAIT`] (no group changed).
+    fn groups(&self, before: Option<(SystemTime, u64)>) -> Vec<DumpedGroup> {
+        let path = self.dump_path();
+        let deadline = Instant::now() + DUMP_WAIT;
+        while dump_stamp(&path) == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut g = parse_sa_dump_groups(&text);
+        g.sort();
+        g
     }
 
     /// Through weft: import the file, apply the plan. Returns the plan's TOML.
@@ -146,14 +190,59 @@ impl Diff {
         plan
     }
 
+    /// Groups of `conf` that weft's model expects and the dump lacks or holds otherwise.
+    fn model_misses(&self, conf_text: &str, dumped: &[DumpedGroup]) -> Vec<String> {
+        let Ok(c) = conf::parse(conf_text) else {
+            return vec!["weft cannot read the file the SM holds".into()];
+        };
+        let mut out = Vec::new();
+        for (mgid, r) in expected_mcast(&c, &self.inventory, SmOptions::default()) {
+            let want = (
+                r.pkey,
+                r.qkey,
+                r.mtu,
+                r.rate,
+                (u32::from(r.sl) << 28) | (r.flow_label << 8) | u32::from(r.hop_limit),
+                r.scope,
+                r.tclass,
+            );
+            match dumped.iter().find(|d| d.mgid == mgid.0) {
+                Some(d) => {
+                    let got = (
+                        d.pkey,
+                        d.qkey,
+                        d.mtu & 0x3f,
+                        d.rate & 0x3f,
+                        d.sl_flow_hop,
+                        d.scope_state >> 4,
+                        d.tclass,
+                    );
+                    if got != want {
+                        out.push(format!(
+                            "group {mgid}: model (pkey, qkey, mtu, rate, sl_flow_hop, scope, tclass) {want:x?}, OpenSM {got:x?}"
+                        ));
+                    }
+                }
+                None => out.push(format!("group {mgid}: expected by the model, not in OpenSM's dump")),
+            }
+        }
+        out
+    }
+
     /// Both runs of one file; `Err` says every difference.
     fn compare(&self, text: &str, import_args: &[&str]) -> Result<(), String> {
+        let dump = self.dump_path();
         self.plain(BASE);
+        let before = dump_stamp(&dump);
         self.plain(text);
         let t1 = self.tables();
+        let g1 = self.groups(before);
         self.plain(BASE);
+        let before = dump_stamp(&dump);
         let plan = self.through_weft(text, import_args);
         let t2 = self.tables();
+        let g2 = self.groups(before);
+        let rendered = std::fs::read_to_string(&self.live.sms[0].1).unwrap_or_default();
         let mut diffs = Vec::new();
         for (port, a) in &t1 {
             let b = t2.get(port).cloned().unwrap_or_default();
@@ -169,57 +258,119 @@ impl Diff {
                 ));
             }
         }
+        let key = |g: &DumpedGroup| -> Group {
+            (
+                g.mgid.to_string(),
+                g.qkey,
+                g.mtu,
+                g.tclass,
+                g.pkey,
+                g.rate,
+                g.pkt_life,
+                g.sl_flow_hop,
+                g.scope_state,
+                g.well_known,
+            )
+        };
+        let s1: BTreeSet<Group> = g1.iter().map(key).collect();
+        let s2: BTreeSet<Group> = g2.iter().map(key).collect();
+        for g in s1.difference(&s2) {
+            diffs.push(format!("multicast group only under plain OpenSM: {g:x?}"));
+        }
+        for g in s2.difference(&s1) {
+            diffs.push(format!("multicast group only through weft: {g:x?}"));
+        }
+        if s1.is_empty() {
+            diffs.push("OpenSM's SA dump shows no multicast group at all".into());
+        }
+        diffs.extend(
+            self.model_misses(text, &g1)
+                .into_iter()
+                .map(|m| format!("plain OpenSM, {m}")),
+        );
+        diffs.extend(
+            self.model_misses(&rendered, &g2)
+                .into_iter()
+                .map(|m| format!("through weft, {m}")),
+        );
         if diffs.is_empty() {
             Ok(())
         } else {
             Err(format!(
-                "{}\n--- file\n{text}--- plan\n{plan}",
+                "{}\n--- file\n{text}--- plan\n{plan}--- rendered\n{rendered}",
                 diffs.join("\n")
             ))
         }
     }
 }
 
-/// Generated files, as many as fit in the time budget (`WEFT_IMPORT_DIFF_SECS`, default
-/// 150 s; at least 5 files), seeds from `WEFT_IMPORT_DIFF_SEED` (default 1) upward.
-///
-/// Known failure, left open in issue 14: seed 14 (a split partition with `ALL_SWITCHES=both`
-/// under an isolating Default) applies through weft and then fails verification on the four
-/// switches' port 0 (weft expects 0x7fff there that OpenSM does not program the same way),
-/// and the apply rolls back. Reproduce with
-/// `WEFT_IMPORT_DIFF_SEED=14 cargo test -p weft --test it import:: -- --ignored`.
+/// Generated files, `WEFT_IMPORT_DIFF_FILES` of them (default 200), seeds from
+/// `WEFT_IMPORT_DIFF_SEED` (default 1) upward, on one fabric reread between files. A
+/// failure names its seed; rerun that one alone with
+/// `WEFT_IMPORT_DIFF_SEED=<seed> WEFT_IMPORT_DIFF_FILES=1 cargo test -p weft --test it generated_files`.
 #[test]
-#[ignore = "seed 14 finds a real mismatch of switch port 0 tables (issue 14, open); run with --ignored"]
 fn import_then_apply_matches_plain_opensm_on_generated_files() {
     let d = Diff::start();
-    let budget = Duration::from_secs(
-        std::env::var("WEFT_IMPORT_DIFF_SECS")
+    let env = |k: &str, default: u64| {
+        std::env::var(k)
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(150),
-    );
-    let base: u64 = std::env::var("WEFT_IMPORT_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+            .unwrap_or(default)
+    };
+    let count = env("WEFT_IMPORT_DIFF_FILES", 200).max(1);
+    let base = env("WEFT_IMPORT_DIFF_SEED", 1);
     let start = Instant::now();
-    let mut files = 0u64;
-    while files < 5 || start.elapsed() < budget {
-        let seed = base + files;
+    for seed in base..base + count {
         let text = random_partitions(seed, &d.cas);
         if let Err(e) = d.compare(&text, &[]) {
             panic!(
-                "seed {seed} (rerun with WEFT_IMPORT_DIFF_SEED={seed}): import then apply differs from plain OpenSM:\n{e}"
+                "seed {seed} (rerun with WEFT_IMPORT_DIFF_SEED={seed} WEFT_IMPORT_DIFF_FILES=1): import then apply differs from plain OpenSM:\n{e}"
             );
         }
-        files += 1;
     }
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "import differential: {files} generated files (seeds {base}..{}) matched plain OpenSM in {secs:.1} s, {:.1} files/min",
-        base + files - 1,
-        files as f64 * 60.0 / secs
+        "import differential: {count} generated files (seeds {base}..={}) matched plain OpenSM (tables and multicast groups) in {secs:.1} s, {:.1} files/min",
+        base + count - 1,
+        count as f64 * 60.0 / secs
     );
+}
+
+/// Why the differential runs its SMs with `keep_pkey_indexes FALSE` (see the module
+/// doc): under OpenSM's default a long-running SM that has given a switch's port 0 (8
+/// entries in ibsim) more keys over time than it has slots cannot move Default off index
+/// 0 for an `indx0` statement naming the switches, and drops it, while a fresh SM
+/// programs it. Here: seven single-key files on the switches, then the `indx0` one.
+#[test]
+fn a_long_running_sm_runs_out_of_index_slots_on_switch_port_0() {
+    let d = Diff::start_with(&[]);
+    let switch0: Vec<(u16, u8)> = d.ports.iter().copied().filter(|p| p.1 == 0).collect();
+    assert!(!switch0.is_empty());
+    let last = "Default=0x7fff : ALL=limited, SELF=full ;\nx=0x0100, indx0 : ALL_SWITCHES=full ;\n";
+    for k in 1..=7u16 {
+        d.plain(&format!(
+            "Default=0x7fff : ALL=limited, SELF=full ;\ns{k}=0x{:04x} : ALL_SWITCHES=full ;\n",
+            0x0200 + k
+        ));
+    }
+    d.plain(last);
+    let t = d.tables();
+    for p in &switch0 {
+        let keys = &t[p];
+        assert_eq!(keys.first(), Some(&0x8100), "LID {} port 0: {keys:04x?}", p.0);
+        assert!(
+            !keys.contains(&0x7fff),
+            "LID {} port 0 still holds Default: {keys:04x?} (OpenSM no longer drops it; the differential could use OpenSM's defaults)",
+            p.0
+        );
+    }
+    // A freshly started SM programs the same file in full.
+    let fresh = Diff::start_with(&[]);
+    fresh.plain(last);
+    let t = fresh.tables();
+    for p in fresh.ports.iter().filter(|p| p.1 == 0) {
+        assert!(t[p].contains(&0x7fff), "LID {} port 0: {:04x?}", p.0, t[p]);
+    }
 }
 
 /// Tricky files people keep by hand. `{1}`..`{4}` are CA port GUIDs of the fabric.

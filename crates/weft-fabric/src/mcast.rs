@@ -1,0 +1,227 @@
+//! The multicast groups OpenSM 3.3.23 creates up front for a partitions config (the
+//! IPoIB broadcast group of each `ipoib` partition and every `mgid=` line), with the
+//! fields of the MCMemberRecord it stores: what weft expects OpenSM's SA to hold after a
+//! reread, to compare with OpenSM's own dump.
+//!
+//! Followed from OpenSM's `osm_prtn_config.c` and `osm_prtn.c`: a statement with `ipoib`
+//! makes the broadcast group `ff12:401b:<P_Key|0x8000>::ffff:ffff` with the statement's
+//! mtu (default 4), rate (default 3), Q_Key (default 0x0b1b), TClass and FlowLabel; an
+//! `mgid=` line inherits the statement's mtu, rate, sl, Q_Key, FlowLabel and scope (not
+//! its TClass) and overrides them with its own; an IP group (signature 0x401b or 0x601b)
+//! gets the partition's key in bytes 4..6 and Q_Key 0x0b1b when none is given. Without
+//! QoS OpenSM sets a statement's sl to 0 before the groups are made, so only an `mgid=`
+//! line's own `sl=` survives. Each scope gives its own group (the scope nibble of the
+//! MGID is set to it; default 2, link-local, hop limit 0, otherwise 0xff). An MGID that
+//! exists already keeps the group made first. Groups of a partition that ends up with
+//! no port are deleted with it.
+
+use std::collections::BTreeMap;
+use std::net::Ipv6Addr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::conf::{Conf, Gid};
+use crate::tables::{SmOptions, expected_tables};
+use crate::types::{Inventory, PKey};
+
+const DEFAULT_RATE: u8 = 3;
+const DEFAULT_MTU: u8 = 4;
+const DEFAULT_SCOPE: u8 = 2;
+const IPOIB_QKEY: u32 = 0x0b1b;
+/// OpenSM's `osm_ipoib_broadcast_mgid`, before the P_Key is put in.
+const BROADCAST: [u8; 16] = [
+    0xff, 0x12, 0x40, 0x1b, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+];
+
+/// One group as OpenSM stores it (the fields of its MCMemberRecord that the config
+/// decides; the MLID is allocated at run time and not part of it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct McastRecord {
+    /// The MGID, scope nibble set.
+    pub mgid: Gid,
+    /// The partition's key with the full-member bit.
+    pub pkey: u16,
+    /// Q_Key.
+    pub qkey: u32,
+    /// MTU code (without the selector bits).
+    pub mtu: u8,
+    /// Rate code (without the selector bits).
+    pub rate: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Flow label.
+    pub flow_label: u32,
+    /// Hop limit (0 for link-local scope, 0xff otherwise).
+    pub hop_limit: u8,
+    /// Scope 1..=15.
+    pub scope: u8,
+    /// Traffic class.
+    pub tclass: u8,
+}
+
+struct Params {
+    mtu: u8,
+    rate: u8,
+    sl: u8,
+    qkey: u32,
+    tclass: u8,
+    flow_label: u32,
+    scope: Option<u8>,
+}
+
+fn scoped(mgid: [u8; 16], scope: u8) -> Gid {
+    let mut o = mgid;
+    o[1] = (o[1] & 0xf0) | (scope & 0x0f);
+    Gid(Ipv6Addr::from(o))
+}
+
+fn create(out: &mut BTreeMap<Gid, (PKey, McastRecord)>, key: PKey, mgid: [u8; 16], p: &Params) {
+    let scope = p.scope.unwrap_or(DEFAULT_SCOPE);
+    let gid = scoped(mgid, scope);
+    out.entry(gid).or_insert_with(|| {
+        (
+            key,
+            McastRecord {
+                mgid: gid,
+                pkey: key.base() | 0x8000,
+                qkey: p.qkey,
+                mtu: p.mtu,
+                rate: p.rate,
+                sl: p.sl,
+                flow_label: p.flow_label,
+                hop_limit: if scope == DEFAULT_SCOPE { 0 } else { 0xff },
+                scope,
+                tclass: p.tclass,
+            },
+        )
+    });
+}
+
+/// The groups OpenSM 3.3.23 (QoS off) creates for `conf` on a fabric of `inventory`,
+/// by MGID, as a freshly started SM would: groups made for an earlier config survive a
+/// reread while their partition exists, which only the SM's own state shows.
+pub fn expected_mcast(
+    conf: &Conf,
+    inventory: &Inventory,
+    opts: SmOptions,
+) -> BTreeMap<Gid, McastRecord> {
+    let keys = conf.effective_pkeys();
+    let mut out: BTreeMap<Gid, (PKey, McastRecord)> = BTreeMap::new();
+    for (part, key) in conf.partitions.iter().zip(keys) {
+        let Some(key) = key else { continue };
+        let f = &part.flags;
+        let full = (key.base() | 0x8000).to_be_bytes();
+        if f.ipoib {
+            let mut mgid = BROADCAST;
+            mgid[4..6].copy_from_slice(&full);
+            let p = Params {
+                mtu: f.mtu.unwrap_or(DEFAULT_MTU),
+                rate: f.rate.unwrap_or(DEFAULT_RATE),
+                sl: 0,
+                qkey: f.qkey.unwrap_or(IPOIB_QKEY),
+                tclass: f.tclass.unwrap_or(0),
+                flow_label: f.flow_label.unwrap_or(0),
+                scope: f.scope,
+            };
+            create(&mut out, key, mgid, &p);
+        }
+        for g in &part.mcast_groups {
+            let mut mgid = g.mgid.0.octets();
+            let ip = g.mgid.is_ip();
+            if ip {
+                mgid[4..6].copy_from_slice(&full);
+            }
+            let qkey = g.qkey.or(f.qkey).unwrap_or(0);
+            let p = Params {
+                mtu: g.mtu.or(f.mtu).unwrap_or(DEFAULT_MTU),
+                rate: g.rate.or(f.rate).unwrap_or(DEFAULT_RATE),
+                sl: g.sl.unwrap_or(0),
+                qkey: if ip && qkey == 0 { IPOIB_QKEY } else { qkey },
+                tclass: g.tclass.unwrap_or(0),
+                flow_label: g.flow_label.or(f.flow_label).unwrap_or(0),
+                scope: g.scope.or(f.scope),
+            };
+            // OpenSM skips an mgid line whose MGID (as written, scope not yet set) exists.
+            if out.contains_key(&Gid(Ipv6Addr::from(mgid))) {
+                continue;
+            }
+            create(&mut out, key, mgid, &p);
+        }
+    }
+    // Partitions left without a port are deleted, and their groups with them.
+    let tables = expected_tables(conf, inventory, opts);
+    let populated = |k: PKey| {
+        k.is_default()
+            || tables
+                .0
+                .values()
+                .any(|set| set.iter().any(|&e| e & 0x7fff == k.base()))
+    };
+    out.into_iter()
+        .filter(|(_, (k, _))| populated(*k))
+        .map(|(g, (_, r))| (g, r))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conf::parse;
+    use crate::types::{Guid, NodeType, Port};
+
+    fn inv() -> Inventory {
+        Inventory {
+            ports: vec![Port {
+                node_guid: Guid(0x100),
+                port_guid: Guid(0x101),
+                port_num: 1,
+                lid: 1,
+                node_type: NodeType::Ca,
+                node_desc: "n1".into(),
+                pkey_capacity: 64,
+            }],
+            sm_port_guid: Some(Guid(0x101)),
+        }
+    }
+
+    #[test]
+    fn broadcast_and_mgid_groups_with_inherited_and_own_options() {
+        let c = parse(
+            "Default=0x7fff, ipoib, mtu=5, rate=6 : ALL=full ;\n\
+             a=0x0a0a, ipoib, sl=3, Q_Key=0x11, TClass=7, scope=5 :\n    mgid=ff12:a01b::1,sl=4\n    mgid=ff12:601b::2\n    0x101=full ;\n\
+             empty=0x0b0b, ipoib : NONE ;\n",
+        )
+        .unwrap();
+        let g = expected_mcast(&c, &inv(), SmOptions::default());
+        let keys: Vec<String> = g.keys().map(|k| k.to_string()).collect();
+        assert_eq!(
+            keys,
+            [
+                "ff12:401b:ffff::ffff:ffff",
+                "ff15:401b:8a0a::ffff:ffff",
+                "ff15:601b:8a0a::2",
+                "ff15:a01b::1"
+            ]
+        );
+        let d = &g[&"ff12:401b:ffff::ffff:ffff".parse().unwrap()];
+        assert_eq!((d.mtu, d.rate, d.qkey, d.hop_limit), (5, 6, 0x0b1b, 0));
+        let b = &g[&"ff15:401b:8a0a::ffff:ffff".parse().unwrap()];
+        // Without QoS the statement's sl is 0; its TClass and Q_Key are the group's.
+        assert_eq!((b.sl, b.qkey, b.tclass, b.hop_limit), (0, 0x11, 7, 0xff));
+        let m = &g[&"ff15:a01b::1".parse().unwrap()];
+        // An mgid line keeps its own sl, inherits Q_Key, not TClass.
+        assert_eq!((m.sl, m.qkey, m.tclass, m.pkey), (4, 0x11, 0, 0x8a0a));
+        let ip = &g[&"ff15:601b:8a0a::2".parse().unwrap()];
+        assert_eq!(ip.qkey, 0x11);
+    }
+
+    #[test]
+    fn the_first_statement_to_make_a_group_decides_it() {
+        let c = parse(
+            "a=0x0a0a, ipoib, mtu=3 : 0x101=full ;\na=0x0a0a, ipoib, mtu=5 : 0x101=full ;\n",
+        )
+        .unwrap();
+        let g = expected_mcast(&c, &inv(), SmOptions::default());
+        assert_eq!(g[&"ff12:401b:8a0a::ffff:ffff".parse().unwrap()].mtu, 3);
+    }
+}
