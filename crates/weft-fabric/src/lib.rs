@@ -41,7 +41,7 @@ mod types;
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
 pub use import::{ImportOptions, Imported, auto_keyed};
-pub use mcast::{McastRecord, expected_mcast};
+pub use mcast::{McastRecord, expected_mcast, expected_mcast_after};
 pub use plan::{
     DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
 };

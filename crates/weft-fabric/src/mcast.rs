@@ -5,17 +5,23 @@
 //!
 //! Followed from OpenSM's `osm_prtn_config.c` and `osm_prtn.c`: a statement with `ipoib`
 //! makes the broadcast group `ff12:401b:<P_Key|0x8000>::ffff:ffff` with the statement's
-//! mtu (default 4), rate (default 3), Q_Key (default 0x0b1b), TClass and FlowLabel; an
+//! mtu (default 4), rate (default 3), Q_Key (default 0x0b1b), TClass and FlowLabel, at
+//! link-local scope whatever the statement's `scope` (OpenSM passes it no scope); an
 //! `mgid=` line inherits the statement's mtu, rate, sl, Q_Key, FlowLabel and scope (not
 //! its TClass) and overrides them with its own; an IP group (signature 0x401b or 0x601b)
 //! gets the partition's key in bytes 4..6 and Q_Key 0x0b1b when none is given. Without
 //! QoS OpenSM sets a statement's sl to 0 before the groups are made, so only an `mgid=`
 //! line's own `sl=` survives. Each scope gives its own group (the scope nibble of the
 //! MGID is set to it; default 2, link-local, hop limit 0, otherwise 0xff). An MGID that
-//! exists already keeps the group made first. Groups of a partition that ends up with
-//! no port are deleted with it.
+//! exists already keeps the group made first. OpenSM's SA then refuses to create (and
+//! the reread drops without a word) a non-IP group with reserved flag bits or with the
+//! SA-assigned signature 0xa01b at link-local scope (`validate_requested_mgid`), and an
+//! IP group other than the broadcast group when the broadcast group of its scope and
+//! P_Key does not exist yet (OpenSM's default `ipoib_mcgroup_creation_validation`).
+//! Groups of a partition that ends up with no port are deleted with it; groups made for
+//! an earlier config stay while their partition exists ([`expected_mcast_after`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
@@ -75,9 +81,26 @@ fn scoped(mgid: [u8; 16], scope: u8) -> Gid {
     Gid(Ipv6Addr::from(o))
 }
 
+/// Whether OpenSM's SA accepts creating the group `gid` now.
+fn creatable(out: &BTreeMap<Gid, (PKey, McastRecord)>, gid: Gid) -> bool {
+    let o = gid.0.octets();
+    if gid.is_ip() {
+        let mut bcast = BROADCAST;
+        bcast[1] = (bcast[1] & 0xf0) | (o[1] & 0x0f);
+        bcast[4..6].copy_from_slice(&o[4..6]);
+        return o == bcast || out.contains_key(&Gid(Ipv6Addr::from(bcast)));
+    }
+    let reserved_flags = o[1] & 0xe0 != 0;
+    let sa_signature_link_local = o[2] == 0xa0 && o[3] == 0x1b && o[1] & 0x0f == DEFAULT_SCOPE;
+    !reserved_flags && !sa_signature_link_local
+}
+
 fn create(out: &mut BTreeMap<Gid, (PKey, McastRecord)>, key: PKey, mgid: [u8; 16], p: &Params) {
     let scope = p.scope.unwrap_or(DEFAULT_SCOPE);
     let gid = scoped(mgid, scope);
+    if out.contains_key(&gid) || !creatable(out, gid) {
+        return;
+    }
     out.entry(gid).or_insert_with(|| {
         (
             key,
@@ -105,8 +128,27 @@ pub fn expected_mcast(
     inventory: &Inventory,
     opts: SmOptions,
 ) -> BTreeMap<Gid, McastRecord> {
+    expected_mcast_after(&BTreeMap::new(), conf, inventory, opts)
+}
+
+/// [`expected_mcast`] for an SM that held the groups `before` (from the config it read
+/// last): those of partitions that `conf` keeps stay as they were made, and a group
+/// `conf` describes again is not remade.
+pub fn expected_mcast_after(
+    before: &BTreeMap<Gid, McastRecord>,
+    conf: &Conf,
+    inventory: &Inventory,
+    opts: SmOptions,
+) -> BTreeMap<Gid, McastRecord> {
     let keys = conf.effective_pkeys();
-    let mut out: BTreeMap<Gid, (PKey, McastRecord)> = BTreeMap::new();
+    let kept: BTreeSet<u16> = keys.iter().flatten().map(|k| k.base()).collect();
+    let mut out: BTreeMap<Gid, (PKey, McastRecord)> = before
+        .iter()
+        .filter_map(|(g, r)| {
+            let k = PKey::new(r.pkey & 0x7fff).ok()?;
+            (k.is_default() || kept.contains(&k.base())).then(|| (*g, (k, r.clone())))
+        })
+        .collect();
     for (part, key) in conf.partitions.iter().zip(keys) {
         let Some(key) = key else { continue };
         let f = &part.flags;
@@ -121,7 +163,8 @@ pub fn expected_mcast(
                 qkey: f.qkey.unwrap_or(IPOIB_QKEY),
                 tclass: f.tclass.unwrap_or(0),
                 flow_label: f.flow_label.unwrap_or(0),
-                scope: f.scope,
+                // `partition_create` gives the broadcast group no scope mask.
+                scope: None,
             };
             create(&mut out, key, mgid, &p);
         }
@@ -197,22 +240,47 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "ff12:401b:8a0a::ffff:ffff",
                 "ff12:401b:ffff::ffff:ffff",
-                "ff15:401b:8a0a::ffff:ffff",
-                "ff15:601b:8a0a::2",
                 "ff15:a01b::1"
             ]
         );
         let d = &g[&"ff12:401b:ffff::ffff:ffff".parse().unwrap()];
         assert_eq!((d.mtu, d.rate, d.qkey, d.hop_limit), (5, 6, 0x0b1b, 0));
-        let b = &g[&"ff15:401b:8a0a::ffff:ffff".parse().unwrap()];
+        let b = &g[&"ff12:401b:8a0a::ffff:ffff".parse().unwrap()];
         // Without QoS the statement's sl is 0; its TClass and Q_Key are the group's.
-        assert_eq!((b.sl, b.qkey, b.tclass, b.hop_limit), (0, 0x11, 7, 0xff));
+        assert_eq!((b.sl, b.qkey, b.tclass, b.hop_limit), (0, 0x11, 7, 0));
         let m = &g[&"ff15:a01b::1".parse().unwrap()];
         // An mgid line keeps its own sl, inherits Q_Key, not TClass.
         assert_eq!((m.sl, m.qkey, m.tclass, m.pkey), (4, 0x11, 0, 0x8a0a));
-        let ip = &g[&"ff15:601b:8a0a::2".parse().unwrap()];
-        assert_eq!(ip.qkey, 0x11);
+        // The IP group takes the statement's scope 5, and no broadcast group of scope 5
+        // exists: the SA refuses it.
+        assert!(!g.contains_key(&"ff15:601b:8a0a::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn groups_the_sa_refuses_are_not_expected() {
+        let c = parse(
+            "a=0x0a0a : \n    mgid=ff12:a01b::9\n    mgid=ff12:601b::1\n    mgid=ff15:a01b::7\n    mgid=ff12:a01b::8,scope=5\n    0x101=full ;\n",
+        )
+        .unwrap();
+        let g = expected_mcast(&c, &inv(), SmOptions::default());
+        // Link-local 0xa01b is refused (the written scope nibble is replaced by the
+        // scope flag, default 2), an IP group needs its broadcast group first.
+        let keys: Vec<String> = g.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["ff15:a01b::8"]);
+    }
+
+    #[test]
+    fn groups_of_an_earlier_config_stay_while_their_partition_does() {
+        let base = parse("Default=0x7fff, ipoib : ALL=full ;\nold=0x0b0b, ipoib : 0x101 ;\n").unwrap();
+        let before = expected_mcast(&base, &inv(), SmOptions::default());
+        assert_eq!(before.len(), 2);
+        let c = parse("Default=0x7fff, ipoib, mtu=5 : ALL=full ;\n").unwrap();
+        let g = expected_mcast_after(&before, &c, &inv(), SmOptions::default());
+        assert_eq!(g.len(), 1);
+        // Default's broadcast group is the one made first, mtu 4.
+        assert_eq!(g.values().next().unwrap().mtu, 4);
     }
 
     #[test]

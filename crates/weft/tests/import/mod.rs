@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use weft_fabric::{Inventory, SmOptions, conf, expected_mcast};
+use weft_fabric::{Inventory, SmOptions, conf, expected_mcast, expected_mcast_after};
 use weft_testbed::partitions::random_partitions;
 use weft_testbed::{
     DumpedGroup, SUBNET_UP, SmpClient, Topology, parse_ibnetdiscover_ports,
@@ -47,7 +47,7 @@ const BASE: &str = "Default=0x7fff, ipoib : ALL=full ;\n";
 
 /// How long a sweep's SA dump may take to appear after its `SUBNET UP` line (OpenSM
 /// writes it right after; it writes none when no group changed).
-const DUMP_WAIT: Duration = Duration::from_millis(200);
+const DUMP_WAIT: Duration = Duration::from_millis(300);
 
 /// A long-lived fat tree (2 leaves, 2 spines, 8 HCAs, every 4th dual-port) with a primary
 /// and a standby SM.
@@ -131,9 +131,22 @@ impl Diff {
         }
         let (h, _) = &self.live.sms[0];
         let offset = std::fs::metadata(&h.log_file).map_or(0, |m| m.len());
+        let before = dump_stamp(&self.dump_path());
         kill(Pid::from_raw(h.pid as i32), Signal::SIGHUP).unwrap();
         wait_for_log(&h.log_file, SUBNET_UP, offset, Duration::from_secs(10))
             .expect("sweep after SIGHUP");
+        self.settle(before);
+    }
+
+    /// Waits for the SA dump of the sweep that followed `before` (the dump's stamp taken
+    /// before the sweep was asked for): OpenSM writes it right after `SUBNET UP`, and
+    /// none when no group changed, so at most [`DUMP_WAIT`].
+    fn settle(&self, before: Option<(SystemTime, u64)>) {
+        let path = self.dump_path();
+        let deadline = Instant::now() + DUMP_WAIT;
+        while dump_stamp(&path) == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Every port's table, read with SMPs.
@@ -150,16 +163,10 @@ impl Diff {
             .collect()
     }
 
-    /// The master's multicast groups after the sweep that followed `before` (the dump's
-    /// stamp taken before the sweep was asked for): the dump once rewritten, or as it
-    /// is when no rewrite comes within [`DUMP_WAIT`] (no group changed).
-    fn groups(&self, before: Option<(SystemTime, u64)>) -> Vec<DumpedGroup> {
-        let path = self.dump_path();
-        let deadline = Instant::now() + DUMP_WAIT;
-        while dump_stamp(&path) == before && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
+    /// The master's multicast groups, from its SA dump (settled by [`Diff::plain`] and
+    /// [`Diff::through_weft`]).
+    fn groups(&self) -> Vec<DumpedGroup> {
+        let text = std::fs::read_to_string(self.dump_path()).unwrap_or_default();
         let mut g = parse_sa_dump_groups(&text);
         g.sort();
         g
@@ -180,7 +187,9 @@ impl Diff {
         );
         let plan = String::from_utf8_lossy(&o.stdout).into_owned();
         std::fs::write(dir.join("plan.toml"), &plan).unwrap();
+        let before = dump_stamp(&self.dump_path());
         let o = weft(dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
+        self.settle(before);
         assert_eq!(
             o.status.code(),
             Some(0),
@@ -196,7 +205,21 @@ impl Diff {
             return vec!["weft cannot read the file the SM holds".into()];
         };
         let mut out = Vec::new();
-        for (mgid, r) in expected_mcast(&c, &self.inventory, SmOptions::default()) {
+        let Ok(base) = conf::parse(BASE) else {
+            return vec!["weft cannot read the base file".into()];
+        };
+        let opts = SmOptions::default();
+        let before = expected_mcast(&base, &self.inventory, opts);
+        let model = expected_mcast_after(&before, &c, &self.inventory, opts);
+        for d in dumped {
+            if !model.keys().any(|g| g.0 == d.mgid) {
+                out.push(format!(
+                    "group {} (pkey {:#06x}) is in OpenSM's dump, not expected by the model",
+                    d.mgid, d.pkey
+                ));
+            }
+        }
+        for (mgid, r) in model {
             let want = (
                 r.pkey,
                 r.qkey,
@@ -231,17 +254,14 @@ impl Diff {
 
     /// Both runs of one file; `Err` says every difference.
     fn compare(&self, text: &str, import_args: &[&str]) -> Result<(), String> {
-        let dump = self.dump_path();
         self.plain(BASE);
-        let before = dump_stamp(&dump);
         self.plain(text);
         let t1 = self.tables();
-        let g1 = self.groups(before);
+        let g1 = self.groups();
         self.plain(BASE);
-        let before = dump_stamp(&dump);
         let plan = self.through_weft(text, import_args);
         let t2 = self.tables();
-        let g2 = self.groups(before);
+        let g2 = self.groups();
         let rendered = std::fs::read_to_string(&self.live.sms[0].1).unwrap_or_default();
         let mut diffs = Vec::new();
         for (port, a) in &t1 {
