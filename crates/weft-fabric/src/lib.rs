@@ -40,8 +40,8 @@ mod types;
 
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
-pub use import::{ImportOptions, Imported, auto_keyed};
-pub use mcast::{McastRecord, expected_mcast, expected_mcast_after};
+pub use import::{ImportOptions, Imported, auto_keyed, keys_from_tables};
+pub use mcast::{McastRecord, expected_mcast, expected_mcast_after, mgid_refusal, mgid_scopes};
 pub use plan::{
     DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
 };

@@ -72,13 +72,74 @@ struct Params {
     qkey: u32,
     tclass: u8,
     flow_label: u32,
-    scope: Option<u8>,
+    /// OpenSM's scope mask: every `scope=` of the statement and of the line; empty means
+    /// the default scope.
+    scopes: Vec<u8>,
+}
+
+/// The scopes an `mgid=` line's groups get: OpenSM ORs the line's `scope=` into the
+/// mask it inherits from its statement, one group per scope; none given is scope 2.
+pub fn mgid_scopes(statement: Option<u8>, line: Option<u8>) -> Vec<u8> {
+    let mut v: Vec<u8> = statement.into_iter().chain(line).collect();
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        v.push(DEFAULT_SCOPE);
+    }
+    v
 }
 
 fn scoped(mgid: [u8; 16], scope: u8) -> Gid {
     let mut o = mgid;
     o[1] = (o[1] & 0xf0) | (scope & 0x0f);
     Gid(Ipv6Addr::from(o))
+}
+
+/// Why OpenSM 3.3.23 would create no group for an `mgid=` line (its MGID as written,
+/// `scopes` from [`mgid_scopes`]), read after an `ipoib` header of its partition or not
+/// (`broadcast`: the partition's broadcast group exists then); `None` when it creates
+/// one at some scope. OpenSM drops such a line without a word.
+pub fn mgid_refusal(mgid: &Gid, scopes: &[u8], broadcast: bool) -> Option<String> {
+    let mut why = None;
+    for &scope in scopes {
+        match refusal_at(mgid, scope, broadcast) {
+            None => return None,
+            Some(w) => why = Some(w),
+        }
+    }
+    why
+}
+
+fn refusal_at(mgid: &Gid, scope: u8, broadcast: bool) -> Option<String> {
+    let o = mgid.0.octets();
+    if mgid.is_ip() {
+        let is_bcast = o[2] == 0x40 && o[6..12] == [0; 6] && o[12..16] == [0xff; 4];
+        if is_bcast {
+            return None;
+        }
+        if scope != DEFAULT_SCOPE {
+            return Some(format!(
+                "an IP group at scope {scope} needs the IPoIB broadcast group of that scope, and OpenSM makes a partition's broadcast group at scope {DEFAULT_SCOPE} only"
+            ));
+        }
+        if !broadcast {
+            return Some(
+                "an IP group needs its partition's IPoIB broadcast group, which OpenSM has not made when it reads this line (no `ipoib` on this or an earlier statement of the partition)"
+                    .into(),
+            );
+        }
+        return None;
+    }
+    if o[1] & 0xe0 != 0 {
+        return Some("its flag bits (the high three of byte 1) are reserved".into());
+    }
+    if o[2] == 0xa0 && o[3] == 0x1b && scope == DEFAULT_SCOPE {
+        return Some(
+            "signature 0xa01b (SA-assigned) at link-local scope 2 is refused by OpenSM's SA; give it scope=5 or another"
+                .into(),
+        );
+    }
+    None
 }
 
 /// Whether OpenSM's SA accepts creating the group `gid` now.
@@ -96,7 +157,23 @@ fn creatable(out: &BTreeMap<Gid, (PKey, McastRecord)>, gid: Gid) -> bool {
 }
 
 fn create(out: &mut BTreeMap<Gid, (PKey, McastRecord)>, key: PKey, mgid: [u8; 16], p: &Params) {
-    let scope = p.scope.unwrap_or(DEFAULT_SCOPE);
+    let scopes = if p.scopes.is_empty() {
+        vec![DEFAULT_SCOPE]
+    } else {
+        p.scopes.clone()
+    };
+    for scope in scopes {
+        create_one(out, key, mgid, p, scope);
+    }
+}
+
+fn create_one(
+    out: &mut BTreeMap<Gid, (PKey, McastRecord)>,
+    key: PKey,
+    mgid: [u8; 16],
+    p: &Params,
+    scope: u8,
+) {
     let gid = scoped(mgid, scope);
     if out.contains_key(&gid) || !creatable(out, gid) {
         return;
@@ -164,7 +241,7 @@ pub fn expected_mcast_after(
                 tclass: f.tclass.unwrap_or(0),
                 flow_label: f.flow_label.unwrap_or(0),
                 // `partition_create` gives the broadcast group no scope mask.
-                scope: None,
+                scopes: Vec::new(),
             };
             create(&mut out, key, mgid, &p);
         }
@@ -182,7 +259,7 @@ pub fn expected_mcast_after(
                 qkey: if ip && qkey == 0 { IPOIB_QKEY } else { qkey },
                 tclass: g.tclass.unwrap_or(0),
                 flow_label: g.flow_label.or(f.flow_label).unwrap_or(0),
-                scope: g.scope.or(f.scope),
+                scopes: mgid_scopes(f.scope, g.scope),
             };
             // OpenSM skips an mgid line whose MGID (as written, scope not yet set) exists.
             if out.contains_key(&Gid(Ipv6Addr::from(mgid))) {
@@ -281,6 +358,14 @@ mod tests {
         assert_eq!(g.len(), 1);
         // Default's broadcast group is the one made first, mtu 4.
         assert_eq!(g.values().next().unwrap().mtu, 4);
+    }
+
+    #[test]
+    fn a_line_scope_adds_to_the_statement_scope() {
+        let c = parse("a=0x0a0a, scope=8 :\n    mgid=ff12:a01b::1,scope=14\n    0x101=full ;\n").unwrap();
+        let g = expected_mcast(&c, &inv(), SmOptions::default());
+        let keys: Vec<String> = g.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["ff18:a01b::1", "ff1e:a01b::1"]);
     }
 
     #[test]

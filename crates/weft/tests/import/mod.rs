@@ -132,7 +132,9 @@ impl Diff {
         let (h, _) = &self.live.sms[0];
         let offset = std::fs::metadata(&h.log_file).map_or(0, |m| m.len());
         let before = dump_stamp(&self.dump_path());
-        kill(Pid::from_raw(h.pid as i32), Signal::SIGHUP).unwrap();
+        // The test bed may have restarted the master in place (new pid) since `live_on`.
+        let pid = self.live.fabric.sm(&h.name).map_or(h.pid, |s| s.pid);
+        kill(Pid::from_raw(pid as i32), Signal::SIGHUP).unwrap();
         wait_for_log(&h.log_file, SUBNET_UP, offset, Duration::from_secs(10))
             .expect("sweep after SIGHUP");
         self.settle(before);
@@ -402,7 +404,7 @@ const CORPUS: &[&str] = &[
     // every group keyword in tenant partitions, defmember
     "Default=0x7fff : ALL_CAS=full ;\nc6=0x0506 : ALL_SWITCHES=full, SELF=limited ;\nc7=0x0407, defmember=full : ALL, {3}=limited ;\nc8=0x0608 : ALL_CAS=both ;\n",
     // mgid groups with options, comments and continuation lines
-    "# site file\nDefault=0x7fff, ipoib, mtu=5 : ALL=full ; # open\n\nc9=0x0109, ipoib, rate=6, sl=3, Q_Key=0x11 :\n    mgid=ff12:a01b::1,mtu=3\n    mgid=ff12:601b::5\n    {1}=full, # first\n    {2} ;\nca=0x0bad : mgid=ff12:a01b::2,sl=1\n    NONE ;\n",
+    "# site file\nDefault=0x7fff, ipoib, mtu=5 : ALL=full ; # open\n\nc9=0x0109, ipoib, rate=6, sl=3, Q_Key=0x11 :\n    mgid=ff12:a01b::1,mtu=3,scope=5\n    mgid=ff12:601b::5\n    mgid=ff12:a01b::3\n    {1}=full, # first\n    {2} ;\nca=0x0bad : mgid=ff12:a01b::2,sl=1,scope=8\n    NONE ;\ncb=0x0bae : mgid=ff12:601b::6\n    {3} ;\ncb=0x0bae, ipoib : {4} ;\n",
     // no Default at all; a keyless split Default; Default after the tenants
     "cb=0x0a0b : {1}=full, {4}=full ;\n",
     "Default, defmember=full : ALL, ALL_SWITCHES=limited ;\ncc=0x0a0c : {1} ;\n",
@@ -498,4 +500,92 @@ fn removal_and_empty_plan_are_refused_and_nothing_is_written() {
     let o = weft(dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("snapshot"), "{}", text(&o));
+}
+
+/// The failover case: a long-running master keeps the P_Key it assigned a partition by
+/// name across rereads, so after a file that adds an unkeyed partition before it, the
+/// master's keys are not those a freshly started standby counts out (the standby would
+/// swap them when it takes over). `weft fabric import --live` reads the master's keys
+/// from the ports, the applied plan pins them in both SMs' files, and after kill -9 of
+/// the master the standby's sweep leaves every port as it was.
+#[test]
+fn failover_after_import_live_keeps_every_port_with_auto_assigned_keys() {
+    let mut d = Diff::start_with(&[]);
+    let (t0, t1) = (d.tenants[0], d.tenants[1]);
+    d.plain(&format!(
+        "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\nxa : {t0:#018x}=full ;\n"
+    ));
+    let b = format!(
+        "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\nyb, ipoib : {t1:#018x}=full ;\nxa : {t0:#018x}=full ;\n"
+    );
+    d.plain(&b);
+    let lid_of = |g: u64| {
+        d.inventory
+            .ports
+            .iter()
+            .find(|p| p.port_guid.0 == g)
+            .map(|p| (p.lid, p.port_num))
+            .expect("port in the inventory")
+    };
+    let t = d.tables();
+    // The master kept xa's first key; a fresh SM would count yb=0x0001, xa=0x0002.
+    assert!(t[&lid_of(t0)].contains(&0x8001), "{:04x?}", t[&lid_of(t0)]);
+    assert!(t[&lid_of(t1)].contains(&0x8002), "{:04x?}", t[&lid_of(t1)]);
+    let fresh = conf::parse(&b).unwrap().effective_pkeys();
+    assert_eq!(fresh[1].map(|k| k.base()), Some(0x0001));
+
+    let dir = d.dir().to_path_buf();
+    std::fs::write(dir.join("b.conf"), &b).unwrap();
+    let o = weft(&dir, &["fabric", "import", "b.conf", "--live"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let plan = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(plan.contains("pkey = \"0x0001\""), "{plan}");
+    let xa = plan.find("name = \"xa\"").unwrap();
+    assert!(plan[xa..].contains("pkey = \"0x0001\""), "{plan}");
+    std::fs::write(dir.join("plan.toml"), &plan).unwrap();
+    let o = weft(&dir, &["fabric", "apply", "plan.toml", "--allow-removal"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for (_, file) in &d.live.sms {
+        let f = std::fs::read_to_string(file).unwrap();
+        assert!(f.contains("xa=0x0001") && f.contains("yb=0x0002"), "{f}");
+    }
+    let before = d.tables();
+
+    let standby_log = d.live.sms[1].0.log_file.clone();
+    let offset = std::fs::metadata(&standby_log).map_or(0, |m| m.len());
+    d.live
+        .fabric
+        .kill_sm("primary", Signal::SIGKILL)
+        .expect("kill -9 the master");
+    d.live
+        .fabric
+        .wait_master("node1", "standby", Duration::from_secs(60))
+        .expect("the standby takes over");
+    wait_for_log(&standby_log, SUBNET_UP, offset, Duration::from_secs(30))
+        .expect("the new master's sweep");
+    let after = d.tables();
+    // `SELF=full` follows the SM: only Default's membership bit may move (old master's
+    // port and its switch port to limited, the new master's to full).
+    let set = |t: &[u16]| -> BTreeSet<u16> {
+        t.iter()
+            .map(|&k| if k & 0x7fff == 0x7fff { 0x7fff } else { k })
+            .filter(|&k| k != 0)
+            .collect()
+    };
+    let mut default_moved = 0;
+    for (port, a) in &before {
+        let b = &after[port];
+        assert!(
+            set(a) == set(b) && a.first().map(|k| k & 0x7fff) == b.first().map(|k| k & 0x7fff),
+            "LID {} port {} changed at failover: {a:04x?} -> {b:04x?}",
+            port.0,
+            port.1
+        );
+        default_moved += usize::from(a != b);
+    }
+    assert!(after[&lid_of(t0)].contains(&0x8001));
+    assert!(after[&lid_of(t1)].contains(&0x8002));
+    let standby_port = lid_of(d.live.sms[1].0.port_guid);
+    assert!(after[&standby_port].contains(&0xffff), "{:04x?}", after[&standby_port]);
+    assert!(default_moved <= 4, "{default_moved} ports changed their Default entry");
 }
