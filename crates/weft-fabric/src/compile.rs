@@ -82,7 +82,13 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
             }
         }
         check_options(&part_subject(&p.name), &options_of(p), &mut errs);
-        check_mcast(&part_subject(&p.name), &p.mcast, p.scope, p.ipoib, &mut errs);
+        check_mcast(
+            &part_subject(&p.name),
+            &p.mcast,
+            p.scope,
+            p.ipoib,
+            &mut errs,
+        );
     }
     check_mcast(
         "partition `Default`",
@@ -442,10 +448,14 @@ fn check_mcast(
     errs: &mut Vec<Violation>,
 ) {
     for g in groups {
-        if let Some(why) = crate::mgid_refusal(&g.mgid, &crate::mgid_scopes(scope, g.scope), ipoib) {
+        if let Some(why) = crate::mgid_refusal(&g.mgid, &crate::mgid_scopes(scope, g.scope), ipoib)
+        {
             errs.push(v(
                 subject.to_string(),
-                format!("mgid {}: OpenSM 3.3.23 does not create this group: {why}", g.mgid),
+                format!(
+                    "mgid {}: OpenSM 3.3.23 does not create this group: {why}",
+                    g.mgid
+                ),
             ));
         }
     }

@@ -192,27 +192,23 @@ impl Building {
                         describe(&new),
                         new.membership.unwrap_or(Membership::Full),
                         if old.indx0 && !new.indx0 {
-                            " and the earlier indx0"
+                            ", and drops the earlier indx0"
                         } else {
                             ""
                         }
                     ),
                 ));
-                let mut new = new;
-                new.indx0 |= old.indx0;
                 self.members.push(new);
             } else {
                 self.members.push(new);
             }
         }
         for g in &p.mcast_groups {
-            if let Some(why) =
-                crate::mcast::mgid_refusal(
+            if let Some(why) = crate::mcast::mgid_refusal(
                 &g.mgid,
                 &crate::mcast::mgid_scopes(p.flags.scope, g.scope),
                 self.ipoib,
-            )
-            {
+            ) {
                 notes.push(at(
                     span.line,
                     span.column,
@@ -522,7 +518,11 @@ pub fn keys_from_tables(
         }
         c
     };
-    let matches = |c: &Conf| expected_tables(c, inventory, opts).compare(observed).is_empty();
+    let matches = |c: &Conf| {
+        expected_tables(c, inventory, opts)
+            .compare(observed)
+            .is_empty()
+    };
     // Keys on the fabric that no explicit statement claims.
     let explicit: BTreeSet<u16> = conf
         .partitions

@@ -350,7 +350,8 @@ mod tests {
 
     #[test]
     fn groups_of_an_earlier_config_stay_while_their_partition_does() {
-        let base = parse("Default=0x7fff, ipoib : ALL=full ;\nold=0x0b0b, ipoib : 0x101 ;\n").unwrap();
+        let base =
+            parse("Default=0x7fff, ipoib : ALL=full ;\nold=0x0b0b, ipoib : 0x101 ;\n").unwrap();
         let before = expected_mcast(&base, &inv(), SmOptions::default());
         assert_eq!(before.len(), 2);
         let c = parse("Default=0x7fff, ipoib, mtu=5 : ALL=full ;\n").unwrap();
@@ -362,7 +363,8 @@ mod tests {
 
     #[test]
     fn a_line_scope_adds_to_the_statement_scope() {
-        let c = parse("a=0x0a0a, scope=8 :\n    mgid=ff12:a01b::1,scope=14\n    0x101=full ;\n").unwrap();
+        let c = parse("a=0x0a0a, scope=8 :\n    mgid=ff12:a01b::1,scope=14\n    0x101=full ;\n")
+            .unwrap();
         let g = expected_mcast(&c, &inv(), SmOptions::default());
         let keys: Vec<String> = g.keys().map(|k| k.to_string()).collect();
         assert_eq!(keys, ["ff18:a01b::1", "ff1e:a01b::1"]);
@@ -370,10 +372,9 @@ mod tests {
 
     #[test]
     fn the_first_statement_to_make_a_group_decides_it() {
-        let c = parse(
-            "a=0x0a0a, ipoib, mtu=3 : 0x101=full ;\na=0x0a0a, ipoib, mtu=5 : 0x101=full ;\n",
-        )
-        .unwrap();
+        let c =
+            parse("a=0x0a0a, ipoib, mtu=3 : 0x101=full ;\na=0x0a0a, ipoib, mtu=5 : 0x101=full ;\n")
+                .unwrap();
         let g = expected_mcast(&c, &inv(), SmOptions::default());
         assert_eq!(g[&"ff12:401b:8a0a::ffff:ffff".parse().unwrap()].mtu, 3);
     }

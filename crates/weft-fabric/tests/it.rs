@@ -973,7 +973,7 @@ fn generated_files_import_losslessly_under_the_model() {
 const CORPUS: &[&str] = &[
     // split definition, second statement without its key, indx0 in one of two statements
     "Default=0x7fff, ipoib : ALL=full ;\nt1=0x0101, indx0 : 0x0101=full ;\nt1 : 0x0201=full ;\nt2=0x0202 : 0x0101=full, 0x0201 ;",
-    // the same port again in a later statement: last membership, earlier indx0 kept
+    // the same port again in a later statement: last membership, the later indx0
     "Default=0x7fff : ALL=full ;\nt1=0x0101 : 0x0101=full ;\nt1=0x0101, indx0 : 0x0101=limited ;\nt2=0x0202, indx0 : 0x0201=full ;\nt3=0x0303, indx0 : 0x0201=full ;",
     // every group keyword in tenant partitions, defmember
     "Default=0x7fff : ALL_CAS=full ;\nt5=0x0505 : ALL_SWITCHES=full, SELF=limited ;\nt4=0x0404, defmember=full : ALL, 0x0301=limited ;\nt6=0x0606 : ALL_CAS=both, ALL_ROUTERS ;",
@@ -1015,8 +1015,18 @@ fn mgid_lines_opensm_drops_are_noted_at_import_and_refused_in_a_plan() {
         .collect();
     assert_eq!(kept, ["ff12:a01b::8"]);
     let notes: Vec<&str> = imported.notes.iter().map(|n| n.message.as_str()).collect();
-    assert!(notes.iter().any(|n| n.contains("ff12:601b::1") && n.contains("broadcast group")), "{notes:?}");
-    assert!(notes.iter().any(|n| n.contains("ff12:a01b::7") && n.contains("link-local")), "{notes:?}");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("ff12:601b::1") && n.contains("broadcast group")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("ff12:a01b::7") && n.contains("link-local")),
+        "{notes:?}"
+    );
     let plan = Plan::from_toml(
         "[[partition]]\nname = \"t\"\ntenant = \"t\"\npkey = 0x0a0a\n[[partition.mcast]]\nmgid = \"ff12:a01b::7\"\n",
     )

@@ -129,7 +129,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             let before = applier.diag.snapshot()?;
             let snapshot = t0.elapsed();
-            let r = applier.apply(&confs[current], &before)?.with_snapshot(snapshot);
+            let r = applier
+                .apply(&confs[current], &before)?
+                .with_snapshot(snapshot);
             verified = r.ports_verified;
             totals.push(r.total_ms);
             phases.push((r.snapshot_ms, r.write_ms, r.sweep_ms, r.verify_ms));

@@ -75,7 +75,14 @@ mod tests {
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].mgid.to_string(), "ff12:401b:ffff::ffff:ffff");
         assert_eq!(
-            (g[0].qkey, g[0].mtu, g[0].pkey, g[0].rate, g[0].scope_state, g[0].mlid),
+            (
+                g[0].qkey,
+                g[0].mtu,
+                g[0].pkey,
+                g[0].rate,
+                g[0].scope_state,
+                g[0].mlid
+            ),
             (0xb1b, 0x84, 0xffff, 0x83, 0x21, 0xc000)
         );
         assert!(g[0].well_known);

@@ -341,6 +341,10 @@ fn smp_reader_reads_what_smpquery_reads() {
     drop(smp);
     for _ in 0..10 {
         let mut c = f.smp_client("node2").unwrap();
-        assert!(!c.pkeys(ports.iter().next().unwrap().0, 0).unwrap().is_empty());
+        assert!(
+            !c.pkeys(ports.iter().next().unwrap().0, 0)
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -30,8 +30,8 @@ use nix::unistd::Pid;
 use weft_fabric::{Inventory, SmOptions, conf, expected_mcast, expected_mcast_after};
 use weft_testbed::partitions::random_partitions;
 use weft_testbed::{
-    DumpedGroup, SUBNET_UP, SmpClient, Topology, parse_ibnetdiscover_ports,
-    parse_sa_dump_groups, wait_for_log,
+    DumpedGroup, SUBNET_UP, SmpClient, Topology, parse_ibnetdiscover_ports, parse_sa_dump_groups,
+    wait_for_log,
 };
 
 use super::{Live, live_on, text, weft};
@@ -248,7 +248,9 @@ impl Diff {
                         ));
                     }
                 }
-                None => out.push(format!("group {mgid}: expected by the model, not in OpenSM's dump")),
+                None => out.push(format!(
+                    "group {mgid}: expected by the model, not in OpenSM's dump"
+                )),
             }
         }
         out
@@ -379,7 +381,12 @@ fn a_long_running_sm_runs_out_of_index_slots_on_switch_port_0() {
     let t = d.tables();
     for p in &switch0 {
         let keys = &t[p];
-        assert_eq!(keys.first(), Some(&0x8100), "LID {} port 0: {keys:04x?}", p.0);
+        assert_eq!(
+            keys.first(),
+            Some(&0x8100),
+            "LID {} port 0: {keys:04x?}",
+            p.0
+        );
         assert!(
             !keys.contains(&0x7fff),
             "LID {} port 0 still holds Default: {keys:04x?} (OpenSM no longer drops it; the differential could use OpenSM's defaults)",
@@ -401,6 +408,8 @@ const CORPUS: &[&str] = &[
     "Default=0x7fff, ipoib : ALL=full ;\nc1=0x0101, indx0 : {1}=full ;\nc1 : {2}=full ;\nc2=0x0202 : {1}=full, {2} ;\n",
     // the same port again in a later statement; indx0 on two partitions of one port
     "Default=0x7fff : ALL=full ;\nc3=0x0103 : {1}=full ;\nc3=0x0103, indx0 : {1}=limited ;\nc4=0x0204, indx0 : {2}=full ;\nc5=0x0305, indx0 : {2}=full ;\n",
+    // indx0 given, then the same port again without it in the same partition (cleared)
+    "Default=0x7fff : ALL=limited, SELF=full ;\nc4=0x0104, indx0 : {1}=full, {2}=full ;\nc4=0x0104 : {1}=limited ;\n",
     // every group keyword in tenant partitions, defmember
     "Default=0x7fff : ALL_CAS=full ;\nc6=0x0506 : ALL_SWITCHES=full, SELF=limited ;\nc7=0x0407, defmember=full : ALL, {3}=limited ;\nc8=0x0608 : ALL_CAS=both ;\n",
     // mgid groups with options, comments and continuation lines
@@ -586,6 +595,13 @@ fn failover_after_import_live_keeps_every_port_with_auto_assigned_keys() {
     assert!(after[&lid_of(t0)].contains(&0x8001));
     assert!(after[&lid_of(t1)].contains(&0x8002));
     let standby_port = lid_of(d.live.sms[1].0.port_guid);
-    assert!(after[&standby_port].contains(&0xffff), "{:04x?}", after[&standby_port]);
-    assert!(default_moved <= 4, "{default_moved} ports changed their Default entry");
+    assert!(
+        after[&standby_port].contains(&0xffff),
+        "{:04x?}",
+        after[&standby_port]
+    );
+    assert!(
+        default_moved <= 4,
+        "{default_moved} ports changed their Default entry"
+    );
 }
