@@ -1196,3 +1196,49 @@ fn removals_list_partitions_and_members_taken_away() {
         ]
     );
 }
+
+/// `keys_from_tables`: the keys a long-running master uses for unkeyed partitions are
+/// read from the ports, also when they are not the ones a fresh SM counts out; keys the
+/// ports cannot tell apart are refused with a reason.
+#[test]
+fn keys_of_unkeyed_partitions_are_read_from_the_ports() {
+    let port = |n: u64| Port {
+        node_guid: g(n << 8),
+        port_guid: g((n << 8) | 1),
+        port_num: 1,
+        lid: n as u16,
+        node_type: NodeType::Ca,
+        node_desc: format!("node{n}"),
+        pkey_capacity: 64,
+    };
+    let inv = Inventory {
+        ports: (1..=3).map(port).collect(),
+        sm_port_guid: Some(g(0x101)),
+    };
+    let c = conf::parse(
+        "Default=0x7fff : ALL=limited, SELF=full ;\nyb : 0x201=full ;\nxa : 0x301=full ;\n",
+    )
+    .unwrap();
+    // A fresh SM would give yb 0x0001 and xa 0x0002; this master kept xa at 0x0001.
+    let observed = ObservedTables(BTreeMap::from([
+        (g(0x101), vec![0xffff]),
+        (g(0x201), vec![0x7fff, 0x8002]),
+        (g(0x301), vec![0x7fff, 0x8001]),
+    ]));
+    let keys = weft_fabric::keys_from_tables(&c, &inv, &observed, SmOptions::default()).unwrap();
+    assert_eq!(keys["xa"].base(), 0x0001);
+    assert_eq!(keys["yb"].base(), 0x0002);
+    // Two partitions with the same members: which key is whose cannot be read.
+    let same = conf::parse(
+        "Default=0x7fff : ALL=limited, SELF=full ;\nyb : 0x201=full ;\nxa : 0x201=full ;\n",
+    )
+    .unwrap();
+    let observed = ObservedTables(BTreeMap::from([
+        (g(0x101), vec![0xffff]),
+        (g(0x201), vec![0x7fff, 0x8002, 0x8001]),
+        (g(0x301), vec![0x7fff]),
+    ]));
+    let e =
+        weft_fabric::keys_from_tables(&same, &inv, &observed, SmOptions::default()).unwrap_err();
+    assert!(e.contains("cannot be told apart"), "{e}");
+}
