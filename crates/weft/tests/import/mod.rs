@@ -328,7 +328,7 @@ impl Diff {
     }
 }
 
-/// Generated files, `WEFT_IMPORT_DIFF_FILES` of them (default 150: about 9 minutes at 17 files a minute on the loaded 2-core machine), seeds from
+/// Generated files, `WEFT_IMPORT_DIFF_FILES` of them (default 150: 5.4 minutes at 28 files a minute on the loaded 2-core machine, 2.3 at 65), seeds from
 /// `WEFT_IMPORT_DIFF_SEED` (default 1) upward, on one fabric reread between files. A
 /// failure names its seed; rerun that one alone with
 /// `WEFT_IMPORT_DIFF_SEED=<seed> WEFT_IMPORT_DIFF_FILES=1 cargo test -p weft --test it generated_files`.
