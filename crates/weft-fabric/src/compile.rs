@@ -82,7 +82,21 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
             }
         }
         check_options(&part_subject(&p.name), &options_of(p), &mut errs);
+        check_mcast(
+            &part_subject(&p.name),
+            &p.mcast,
+            p.scope,
+            p.ipoib,
+            &mut errs,
+        );
     }
+    check_mcast(
+        "partition `Default`",
+        &plan.default.mcast,
+        plan.default.scope,
+        plan.default.ipoib,
+        &mut errs,
+    );
     check_options(
         "partition `Default`",
         &default_options(&plan.default),
@@ -422,6 +436,28 @@ fn flags_of(o: &Options, ipoib: bool) -> Flags {
         tclass: o.tclass,
         flow_label: o.flow_label,
         defmember: None,
+    }
+}
+
+/// Groups OpenSM would drop without a word ([`crate::mgid_refusal`]) are refused.
+fn check_mcast(
+    subject: &str,
+    groups: &[conf::McastGroup],
+    scope: Option<u8>,
+    ipoib: bool,
+    errs: &mut Vec<Violation>,
+) {
+    for g in groups {
+        if let Some(why) = crate::mgid_refusal(&g.mgid, &crate::mgid_scopes(scope, g.scope), ipoib)
+        {
+            errs.push(v(
+                subject.to_string(),
+                format!(
+                    "mgid {}: OpenSM 3.3.23 does not create this group: {why}",
+                    g.mgid
+                ),
+            ));
+        }
     }
 }
 

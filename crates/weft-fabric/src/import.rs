@@ -192,20 +192,33 @@ impl Building {
                         describe(&new),
                         new.membership.unwrap_or(Membership::Full),
                         if old.indx0 && !new.indx0 {
-                            " and the earlier indx0"
+                            ", and drops the earlier indx0"
                         } else {
                             ""
                         }
                     ),
                 ));
-                let mut new = new;
-                new.indx0 |= old.indx0;
                 self.members.push(new);
             } else {
                 self.members.push(new);
             }
         }
         for g in &p.mcast_groups {
+            if let Some(why) = crate::mcast::mgid_refusal(
+                &g.mgid,
+                &crate::mcast::mgid_scopes(p.flags.scope, g.scope),
+                self.ipoib,
+            ) {
+                notes.push(at(
+                    span.line,
+                    span.column,
+                    format!(
+                        "mgid {} of partition `{name}` is left out: OpenSM 3.3.23 does not create it ({why})",
+                        g.mgid
+                    ),
+                ));
+                continue;
+            }
             if self.mcast.iter().any(|o| o.mgid == g.mgid) {
                 errs.push(at(
                     span.line,
@@ -477,4 +490,117 @@ fn import_conf(
         errs.truncate(conf::MAX_ERRORS);
         Err(errs)
     }
+}
+
+/// The P_Keys a running master uses for the partitions `conf` gives none
+/// ([`auto_keyed`]), read from the ports: each such partition's key is the one key whose
+/// members on the fabric are exactly the partition's (full and limited as the file says),
+/// and the whole file with those keys must then give every port the table it shows. A
+/// long-running OpenSM keeps a key it assigned by name across rereads, so these are not
+/// always the keys a freshly started SM would count out. `Err` says why no unique answer
+/// was found.
+pub fn keys_from_tables(
+    conf: &Conf,
+    inventory: &crate::types::Inventory,
+    observed: &crate::tables::ObservedTables,
+    opts: crate::tables::SmOptions,
+) -> Result<BTreeMap<String, PKey>, String> {
+    use crate::tables::expected_tables;
+    let auto = auto_keyed(conf);
+    let with_keys = |keys: &BTreeMap<String, PKey>| {
+        let mut c = conf.clone();
+        for p in &mut c.partitions {
+            if p.pkey.is_none()
+                && let Some(k) = keys.get(&p.name)
+            {
+                p.pkey = Some(*k);
+            }
+        }
+        c
+    };
+    let matches = |c: &Conf| {
+        expected_tables(c, inventory, opts)
+            .compare(observed)
+            .is_empty()
+    };
+    // Keys on the fabric that no explicit statement claims.
+    let explicit: BTreeSet<u16> = conf
+        .partitions
+        .iter()
+        .filter_map(|p| p.pkey.map(PKey::base))
+        .collect();
+    let seen: BTreeSet<u16> = observed
+        .0
+        .values()
+        .flat_map(|t| t.iter().map(|&e| e & 0x7fff))
+        .filter(|&k| k != 0 && k != PKey::DEFAULT.base() && !explicit.contains(&k))
+        .collect();
+    // Who holds key `k`, and how: (port, entries with the membership bit).
+    let holders = |k: u16, tables: &BTreeMap<Guid, Vec<u16>>| -> BTreeSet<(Guid, u16)> {
+        tables
+            .iter()
+            .flat_map(|(g, t)| {
+                t.iter()
+                    .filter(move |&&e| e & 0x7fff == k)
+                    .map(move |&e| (*g, e))
+            })
+            .collect()
+    };
+    let observed_tables: BTreeMap<Guid, Vec<u16>> = observed.0.clone();
+    let placeholder = (1..0x7fffu16)
+        .rev()
+        .find(|k| !seen.contains(k) && !explicit.contains(k))
+        .and_then(|k| PKey::new(k).ok())
+        .ok_or("no free P_Key to compute with")?;
+    let mut keys = BTreeMap::new();
+    let mut taken = BTreeSet::new();
+    for name in &auto {
+        let mut trial = BTreeMap::new();
+        trial.insert(name.clone(), placeholder);
+        let mut only = with_keys(&trial);
+        only.partitions
+            .retain(|p| p.name == *name || p.name == "Default");
+        let want: BTreeMap<Guid, Vec<u16>> = expected_tables(&only, inventory, opts)
+            .0
+            .into_iter()
+            .map(|(g, s)| (g, s.into_iter().collect()))
+            .collect();
+        let want = holders(placeholder.base(), &want);
+        let shape = |set: &BTreeSet<(Guid, u16)>| -> BTreeSet<(Guid, bool)> {
+            set.iter().map(|(g, e)| (*g, e & 0x8000 != 0)).collect()
+        };
+        let candidates: Vec<u16> = seen
+            .iter()
+            .copied()
+            .filter(|&k| shape(&holders(k, &observed_tables)) == shape(&want))
+            .collect();
+        match candidates.as_slice() {
+            [k] if !taken.contains(k) => {
+                taken.insert(*k);
+                keys.insert(name.clone(), PKey::new(*k).map_err(|e| e.to_string())?);
+            }
+            [] => {
+                return Err(format!(
+                    "no P_Key on the fabric has exactly the members of partition `{name}`"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "partition `{name}`: several P_Keys on the fabric have exactly its members ({}); the key it uses cannot be told apart",
+                    candidates
+                        .iter()
+                        .map(|k| format!("0x{k:04x}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    if !matches(&with_keys(&keys)) {
+        return Err(
+            "with the keys read from the ports, the file does not give every port the table it shows"
+                .into(),
+        );
+    }
+    Ok(keys)
 }

@@ -33,13 +33,15 @@ mod compile;
 pub mod conf;
 mod guard;
 mod import;
+mod mcast;
 mod plan;
 mod tables;
 mod types;
 
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
-pub use import::{ImportOptions, Imported, auto_keyed};
+pub use import::{ImportOptions, Imported, auto_keyed, keys_from_tables};
+pub use mcast::{McastRecord, expected_mcast, expected_mcast_after, mgid_refusal, mgid_scopes};
 pub use plan::{
     DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
 };

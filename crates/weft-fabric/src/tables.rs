@@ -185,8 +185,8 @@ fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
 }
 
 /// The entry OpenSM 3.3.23 puts at index 0 of each end port's table: the key of the
-/// last `indx0` statement that adds the port (an `indx0` kept when a later statement
-/// adds the port again without it), else the Default key; full or limited as the port
+/// last `indx0` statement that adds the port (cleared when a later statement of the same
+/// partition adds the port again without `indx0`), else the Default key; full or limited as the port
 /// ends up in that partition. Seen with the real OpenSM: `indx0` applies to the
 /// members of its own statement only.
 pub fn expected_index0(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> BTreeMap<Guid, u16> {
@@ -197,9 +197,6 @@ pub fn expected_index0(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> B
     let mut idx0: BTreeMap<Guid, u16> = BTreeMap::new();
     for (part, key) in conf.partitions.iter().zip(keys) {
         let Some(key) = key else { continue };
-        if !part.flags.indx0 {
-            continue;
-        }
         for m in &part.members {
             let ports: Vec<Guid> = match &m.selector {
                 Selector::Guid(g) => index.contains(g).then_some(*g).into_iter().collect(),
@@ -210,7 +207,13 @@ pub fn expected_index0(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> B
                 Selector::AllRouters => of_type(inventory, NodeType::Router),
             };
             for g in ports {
-                idx0.insert(g, key.base());
+                if part.flags.indx0 {
+                    idx0.insert(g, key.base());
+                } else if idx0.get(&g) == Some(&key.base()) {
+                    // `osm_prtn_add_port`: the same partition adding the port again
+                    // without indx0 clears it.
+                    idx0.remove(&g);
+                }
             }
         }
     }

@@ -973,12 +973,12 @@ fn generated_files_import_losslessly_under_the_model() {
 const CORPUS: &[&str] = &[
     // split definition, second statement without its key, indx0 in one of two statements
     "Default=0x7fff, ipoib : ALL=full ;\nt1=0x0101, indx0 : 0x0101=full ;\nt1 : 0x0201=full ;\nt2=0x0202 : 0x0101=full, 0x0201 ;",
-    // the same port again in a later statement: last membership, earlier indx0 kept
+    // the same port again in a later statement: last membership, the later indx0
     "Default=0x7fff : ALL=full ;\nt1=0x0101 : 0x0101=full ;\nt1=0x0101, indx0 : 0x0101=limited ;\nt2=0x0202, indx0 : 0x0201=full ;\nt3=0x0303, indx0 : 0x0201=full ;",
     // every group keyword in tenant partitions, defmember
     "Default=0x7fff : ALL_CAS=full ;\nt5=0x0505 : ALL_SWITCHES=full, SELF=limited ;\nt4=0x0404, defmember=full : ALL, 0x0301=limited ;\nt6=0x0606 : ALL_CAS=both, ALL_ROUTERS ;",
     // mgid groups with options, comments and continuation lines
-    "# site file\nDefault=0x7fff, ipoib, mtu=5 : ALL=full ; # open\n\nt1=0x0101, ipoib, rate=6, sl=3, Q_Key=0x11 :\n    mgid=ff12:a01b::1,mtu=3\n    mgid=ff12:601b::5\n    0x0101=full, # first\n    0x0201 ;\nmc=0x0bad : mgid=ff12:a01b::2,sl=1\n    NONE ;",
+    "# site file\nDefault=0x7fff, ipoib, mtu=5 : ALL=full ; # open\n\nt1=0x0101, ipoib, rate=6, sl=3, Q_Key=0x11 :\n    mgid=ff12:a01b::1,mtu=3,scope=5\n    mgid=ff12:601b::5\n    0x0101=full, # first\n    0x0201 ;\nmc=0x0bad : mgid=ff12:a01b::2,sl=1,scope=8\n    NONE ;",
     // Default forms: none at all, keyless, split
     "t=0x0a0a : 0x0101=full ;",
     "Default, defmember=full : ALL, ALL_SWITCHES=limited ;\nt=0x0a0a : 0x0101 ;",
@@ -1000,6 +1000,39 @@ fn corpus_imports_losslessly_under_the_model() {
             conf::render(&rendered)
         );
     }
+}
+
+/// Groups OpenSM 3.3.23 does not create (it drops the line without a word) are left out
+/// of an import with a note naming why, and refused in a plan.
+#[test]
+fn mgid_lines_opensm_drops_are_noted_at_import_and_refused_in_a_plan() {
+    let text = "t=0x0a0a : mgid=ff12:601b::1\n    mgid=ff12:a01b::7\n    mgid=ff12:a01b::8,scope=5\n    0x0101=full ;\nt=0x0a0a, ipoib : 0x0201 ;";
+    let imported = Plan::import(text, &Default::default()).unwrap();
+    let kept: Vec<String> = imported.plan.partitions[0]
+        .mcast
+        .iter()
+        .map(|g| g.mgid.to_string())
+        .collect();
+    assert_eq!(kept, ["ff12:a01b::8"]);
+    let notes: Vec<&str> = imported.notes.iter().map(|n| n.message.as_str()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("ff12:601b::1") && n.contains("broadcast group")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("ff12:a01b::7") && n.contains("link-local")),
+        "{notes:?}"
+    );
+    let plan = Plan::from_toml(
+        "[[partition]]\nname = \"t\"\ntenant = \"t\"\npkey = 0x0a0a\n[[partition.mcast]]\nmgid = \"ff12:a01b::7\"\n",
+    )
+    .unwrap();
+    let e = compile(&plan, None).unwrap_err();
+    assert!(e[0].message.contains("does not create"), "{e:?}");
 }
 
 #[test]
@@ -1075,7 +1108,7 @@ fn import_refuses_what_a_plan_cannot_say_with_line_and_column() {
             "other options",
         ),
         (
-            "t=0x10 : mgid=ff12:601b::1\n  NONE ;\nt=0x10 : mgid=ff12:601b::1\n  NONE ;",
+            "t=0x10, ipoib : mgid=ff12:601b::1\n  NONE ;\nt=0x10, ipoib : mgid=ff12:601b::1\n  NONE ;",
             3,
             1,
             "given again",
@@ -1162,4 +1195,50 @@ fn removals_list_partitions_and_members_taken_away() {
             "- ALL goes from full to limited in partition `Default` (0x7fff)",
         ]
     );
+}
+
+/// `keys_from_tables`: the keys a long-running master uses for unkeyed partitions are
+/// read from the ports, also when they are not the ones a fresh SM counts out; keys the
+/// ports cannot tell apart are refused with a reason.
+#[test]
+fn keys_of_unkeyed_partitions_are_read_from_the_ports() {
+    let port = |n: u64| Port {
+        node_guid: g(n << 8),
+        port_guid: g((n << 8) | 1),
+        port_num: 1,
+        lid: n as u16,
+        node_type: NodeType::Ca,
+        node_desc: format!("node{n}"),
+        pkey_capacity: 64,
+    };
+    let inv = Inventory {
+        ports: (1..=3).map(port).collect(),
+        sm_port_guid: Some(g(0x101)),
+    };
+    let c = conf::parse(
+        "Default=0x7fff : ALL=limited, SELF=full ;\nyb : 0x201=full ;\nxa : 0x301=full ;\n",
+    )
+    .unwrap();
+    // A fresh SM would give yb 0x0001 and xa 0x0002; this master kept xa at 0x0001.
+    let observed = ObservedTables(BTreeMap::from([
+        (g(0x101), vec![0xffff]),
+        (g(0x201), vec![0x7fff, 0x8002]),
+        (g(0x301), vec![0x7fff, 0x8001]),
+    ]));
+    let keys = weft_fabric::keys_from_tables(&c, &inv, &observed, SmOptions::default()).unwrap();
+    assert_eq!(keys["xa"].base(), 0x0001);
+    assert_eq!(keys["yb"].base(), 0x0002);
+    // Two partitions with the same members: which key is whose cannot be read.
+    let same = conf::parse(
+        "Default=0x7fff : ALL=limited, SELF=full ;\nyb : 0x201=full ;\nxa : 0x201=full ;\n",
+    )
+    .unwrap();
+    let observed = ObservedTables(BTreeMap::from([
+        (g(0x101), vec![0xffff]),
+        (g(0x201), vec![0x7fff, 0x8002, 0x8001]),
+        (g(0x301), vec![0x7fff]),
+    ]));
+    let e =
+        weft_fabric::keys_from_tables(&same, &inv, &observed, SmOptions::default()).unwrap_err();
+    assert!(e.contains("cannot be told apart"), "{e}");
 }

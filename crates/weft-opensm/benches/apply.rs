@@ -1,11 +1,14 @@
-//! Apply-to-verified and SM failover times on a 32-HCA simulated fabric.
+//! Apply-to-verified and SM failover times on a 48-HCA simulated fabric.
 //!
-//! `cargo bench -p weft-opensm --bench apply` (add `-- --runs N` for more apply rounds).
-//! A two-level fat tree (4 leaves, 2 spines, 32 HCAs, every 4th dual-ported) under the
+//! `cargo bench -p weft-opensm --bench apply` (add `-- --runs N` for more apply rounds,
+//! `--apply-only` to skip the SSH and failover parts).
+//! A two-level fat tree (4 leaves, 2 spines, 48 HCAs, every 4th dual-ported) under the
 //! real OpenSM with a primary and a standby. Each round alternates between two plans
 //! that move one node between tenants, so every apply changes the fabric. Reported: the
-//! median, min and max of `Applier::apply` (write to both SMs, reread, sweep, every end
-//! port read back and compared), and the time from kill -9 of the master to the standby
+//! median, min and max of apply to verified as `weft fabric apply` does it, the snapshot
+//! included (ibnetdiscover, sminfo and every end port's table read before the apply,
+//! then `Applier::apply`: write to both SMs, reread, sweep, the chosen ports read back
+//! and compared), and the time from kill -9 of the master to the standby
 //! being master and every port verified. Targets (issue: partitions as code): apply
 //! under 1 s; failover reported. Then the same apply with both SMs reached over SSH
 //! (each behind its own real sshd on loopback), with and without connection
@@ -19,16 +22,18 @@ use weft_opensm::{
 };
 use weft_testbed::{Signal, SimFabric, SmSpec, Sshd, Topology};
 
-/// Two tenants of 16 nodes; after the move, node5 belongs to bob.
+const HCAS: usize = 48;
+
+/// Two tenants of 24 nodes; after the move, node5 belongs to bob.
 fn plan(moved: bool) -> String {
     let owner = |n: usize| match n {
         5 if moved => "bob",
-        1..=16 => "alice",
+        1..=24 => "alice",
         _ => "bob",
     };
     let mut text = String::from("[default]\npolicy = \"isolate\"\n");
     for tenant in ["alice", "bob"] {
-        let members: Vec<String> = (1..=32)
+        let members: Vec<String> = (1..=HCAS)
             .filter(|&n| owner(n) == tenant)
             .map(|n| format!("{{ node = \"node{n}\" }}"))
             .collect();
@@ -54,7 +59,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|n| n.parse().ok())
         .unwrap_or(15);
 
-    let topology = Topology::fat_tree(4, 2, 32, 4);
+    let topology = Topology::fat_tree(4, 2, HCAS, 4);
+    let apply_only = args.iter().any(|a| a == "--apply-only");
     let mut fabric = SimFabric::start(&topology)?;
     let mut sms = Vec::new();
     for (name, host, prio) in [("primary", "smhost", 10u8), ("standby", "smhost2", 5)] {
@@ -115,26 +121,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             runs
         };
         let mut totals = Vec::new();
+        let mut phases: Vec<(f64, f64, f64, f64)> = Vec::new();
         let mut verified = 0;
         for _ in 0..rounds {
             current = (current + 1) % 2;
-            // As `weft fabric apply` does: read the fabric first (not timed), then apply.
+            // As `weft fabric apply` does: read the fabric first, then apply; both timed.
+            let t0 = Instant::now();
             let before = applier.diag.snapshot()?;
-            let r = applier.apply(&confs[current], &before)?;
+            let snapshot = t0.elapsed();
+            let r = applier
+                .apply(&confs[current], &before)?
+                .with_snapshot(snapshot);
             verified = r.ports_verified;
             totals.push(r.total_ms);
+            phases.push((r.snapshot_ms, r.write_ms, r.sweep_ms, r.verify_ms));
         }
         let m = median(totals.clone());
         println!(
-            "apply to verified ({scope:?} scope: {verified} of {} end ports read back), {} HCAs, 2 SMs, {rounds} runs: median {m:.0} ms, min {:.0} ms, max {:.0} ms; target 1000 ms; median/target = {:.2}",
+            "apply to verified, snapshot included ({scope:?} scope: {verified} of {} end ports read back), {} HCAs, 2 SMs, {rounds} runs: median {m:.0} ms (snapshot {:.0}, write {:.0}, sweep {:.0}, verify {:.0}), min {:.0} ms, max {:.0} ms; target 1000 ms; median/target = {:.2}",
             inventory.ports.len(),
             topology.hcas().len(),
+            median(phases.iter().map(|p| p.0).collect()),
+            median(phases.iter().map(|p| p.1).collect()),
+            median(phases.iter().map(|p| p.2).collect()),
+            median(phases.iter().map(|p| p.3).collect()),
             totals.iter().cloned().fold(f64::INFINITY, f64::min),
             totals.iter().cloned().fold(0.0, f64::max),
             m / 1000.0
         );
     }
     applier.verify_scope = VerifyScope::All;
+    if apply_only {
+        return Ok(());
+    }
 
     // The same applies with each SM behind its own real sshd on loopback (strict host
     // keys, key auth), with and without OpenSSH connection multiplexing.

@@ -205,6 +205,10 @@ pub fn random_partitions(seed: u64, ca_ports: &[u64]) -> String {
                     ));
                 } else {
                     let mut m = format!("mgid=ff12:a01b::{:x}:{:x}", i + 1, j + 1);
+                    // Without a scope OpenSM's SA refuses an 0xa01b group (link-local).
+                    if rng.chance(60) {
+                        m.push_str(&format!(",scope={}", rng.pick(&[5, 8, 14])));
+                    }
                     if rng.chance(40) {
                         m.push_str(&format!(",mtu={}", 1 + rng.below(5)));
                     }

@@ -273,3 +273,78 @@ fn diag_retries_when_ibsim_client_slots_are_full() {
         t0.elapsed()
     );
 }
+
+/// The direct SMP reader ([`weft_testbed::SmpClient`]) reads, port by port, what
+/// `smpquery pkeys` reads: every cabled port and every switch's port 0 of a fat tree with
+/// tenant partitions, full and limited, `indx0` included.
+#[test]
+fn smp_reader_reads_what_smpquery_reads() {
+    let topo = Topology::fat_tree(2, 2, 6, 3);
+    let mut f = SimFabric::start(&topo).unwrap();
+    let n1 = topo.port_guid("node1", 1).unwrap();
+    let n3 = topo.port_guid("node3", 2).unwrap();
+    let parts = write_partitions(
+        &f,
+        &format!(
+            "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\n\
+             a=0x0a0a, indx0 : {n1:#018x}=full, {n3:#018x} ;\n\
+             b=0x0b0b : ALL_SWITCHES=full, {n1:#018x}=limited ;\n"
+        ),
+    );
+    f.start_sm(SmSpec::new("sm1", "smhost", 10, &parts))
+        .unwrap();
+    let out = f.diag("node1", "ibnetdiscover", &["-p"]).unwrap();
+    let mut ports: BTreeSet<(u16, u8)> = BTreeSet::new();
+    for p in weft_testbed::parse_ibnetdiscover_ports(&out) {
+        ports.insert((p.lid, p.port));
+        if p.is_switch {
+            ports.insert((p.lid, 0));
+        }
+    }
+    assert!(ports.len() > 20, "{out}");
+    let mut smp = f.smp_client("node1").unwrap();
+    let mut keys_seen = BTreeSet::new();
+    for &(lid, port) in &ports {
+        let text = f
+            .diag(
+                "node1",
+                "smpquery",
+                &["pkeys", &lid.to_string(), &port.to_string()],
+            )
+            .unwrap();
+        let mut want: Vec<u16> = Vec::new();
+        let mut capacity = 0usize;
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(n) = line.strip_suffix("pkeys capacity for this port") {
+                capacity = n.trim().parse().unwrap();
+            } else if let Some((_, vals)) = line.split_once(':') {
+                want.extend(
+                    vals.split_whitespace()
+                        .map(|v| u16::from_str_radix(v.trim_start_matches("0x"), 16).unwrap()),
+                );
+            }
+        }
+        want.truncate(capacity);
+        let mut got = smp.pkeys(lid, port).unwrap();
+        assert!(got.len() >= capacity, "LID {lid} port {port}: {got:x?}");
+        assert!(got[capacity..].iter().all(|&k| k == 0));
+        got.truncate(capacity);
+        assert_eq!(got, want, "LID {lid} port {port}:\n{text}");
+        keys_seen.extend(got.iter().copied().filter(|&k| k != 0));
+    }
+    // The comparison saw the partitions: full, limited, both tenant keys.
+    for k in [0xffff, 0x7fff, 0x8a0a, 0x0a0a, 0x8b0b, 0x0b0b] {
+        assert!(keys_seen.contains(&k), "{k:#06x} not seen: {keys_seen:x?}");
+    }
+    // The client gives its ibsim slot back: ten more attach one after another.
+    drop(smp);
+    for _ in 0..10 {
+        let mut c = f.smp_client("node2").unwrap();
+        assert!(
+            !c.pkeys(ports.iter().next().unwrap().0, 0)
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

@@ -544,50 +544,32 @@ fn import(
     Ok(EXIT_OK)
 }
 
-/// The P_Keys the master uses for the partitions `parsed` gives none: those a fresh
-/// OpenSM assigns, confirmed on the fabric's tables (every end port must hold exactly
-/// what the file with those keys programs). The inner `Err` says why they could not be
-/// confirmed.
+/// The P_Keys the master uses for the partitions `parsed` gives none, read from the
+/// fabric's tables ([`weft_fabric::keys_from_tables`]: a long-running master keeps keys it
+/// assigned earlier, so they need not be those a fresh SM counts out). The inner `Err`
+/// says why they could not be read.
 fn live_keys(
     fc: &FabricConfig,
     parsed: &Conf,
 ) -> Result<std::result::Result<std::collections::BTreeMap<String, weft_fabric::PKey>, String>> {
     let a = applier(fc, None)?;
     let snapshot = a.diag.snapshot()?;
-    let v = a.compare(parsed, &snapshot);
     let auto = weft_fabric::auto_keyed(parsed);
-    if !v.mismatches.is_empty() {
-        return Ok(Err(format!(
-            "partitions {} give no P_Key, and the fabric's tables do not match the keys a freshly started OpenSM assigns ({} port(s) differ, first {}): the master keeps keys it assigned earlier; write the keys the ports show into the file",
+    Ok(weft_fabric::keys_from_tables(
+        parsed,
+        &snapshot.inventory,
+        &snapshot.tables,
+        a.sm_options,
+    )
+    .map_err(|why| {
+        format!(
+            "partitions {} give no P_Key and the keys the master uses cannot be read from the ports: {why}; write the keys into the file",
             auto.iter()
                 .map(|n| format!("`{n}`"))
                 .collect::<Vec<_>>()
-                .join(", "),
-            v.mismatches.len(),
-            v.mismatches[0]
-        )));
-    }
-    let mut keys = std::collections::BTreeMap::new();
-    for (p, k) in parsed.partitions.iter().zip(parsed.effective_pkeys()) {
-        if let Some(k) = k
-            && auto.contains(&p.name)
-        {
-            // A key that no port holds cannot be confirmed by the tables.
-            let seen = snapshot
-                .tables
-                .0
-                .values()
-                .any(|t| t.iter().any(|&e| e & 0x7fff == k.base()));
-            if !seen {
-                return Ok(Err(format!(
-                    "partition `{}` gives no P_Key and no port of the fabric is a member, so the key the master uses cannot be read; write it into the file",
-                    p.name
-                )));
-            }
-            keys.entry(p.name.clone()).or_insert(k);
-        }
-    }
-    Ok(Ok(keys))
+                .join(", ")
+        )
+    }))
 }
 
 /// An apply that would remove something, without --allow-removal: shows what it would
