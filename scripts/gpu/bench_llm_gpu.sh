@@ -4,18 +4,17 @@
 # OpenAI-compatible server on transformers (`transformers serve` needs fastapi and uvicorn, which
 # the GPU machine lacks, and nothing can be installed there from outside).
 #
-# Wheels (llama-benchy and what it needs beyond torch/transformers/tokenizers/numpy), fetched on
-# the build machine for the GPU machine's Python 3.12:
+# Wheels: llama-benchy with its dependencies, fetched on the build machine for the GPU
+# machine's Python 3.12, less what the GPU machine already has (torch, transformers and theirs):
 #
 #   pip download -d wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-#       --no-deps llama-benchy aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict \
-#       propcache yarl idna tabulate openai distro jiter sniffio anyio httpx httpcore h11 \
-#       pydantic pydantic-core annotated-types typing-inspection typing-extensions requests \
-#       certifi charset-normalizer urllib3
+#       llama-benchy
+#   cd wheels && rm -f numpy* transformers* tokenizers* huggingface_hub* hf_xet* safetensors* \
+#       regex* pyyaml* fsspec* filelock* tqdm* packaging* rich* pygments* markdown_it* mdurl* \
+#       typer* click* shellingham*
 #
-# (9.5 MB, 28 wheels; pip installs from the folder only what is missing there. llama-benchy
-# wants transformers>=5.2: if the GPU machine's is older, add transformers and huggingface-hub.) Then, from the
+# (30 wheels, 9.5 MB; llama-benchy wants transformers>=5.2.) Then, from the
 # repository root, with a weft binary built here (cargo build --release -p weft):
 #
 #   WHEELS=wheels WEFT=target/release/weft bash scripts/gpu/bench_llm_gpu.sh
