@@ -680,25 +680,12 @@ fn since(t: Option<u64>) -> String {
     }
 }
 
-/// Unix seconds as `2026-01-31 12:00:00Z` (civil-from-days, proleptic Gregorian).
+/// Unix seconds as `2026-01-31 12:00:00Z` (RFC 3339 with a space, as tables show it).
 fn utc(t: u64) -> String {
-    let days = (t / 86_400) as i64;
-    let secs = t % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t);
+    humantime::format_rfc3339_seconds(at)
+        .to_string()
+        .replacen('T', " ", 1)
 }
 
 /// Prints an operation. `delivers` is whether the controller delivers to SMs: under
