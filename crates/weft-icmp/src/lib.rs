@@ -140,47 +140,74 @@ pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::R
         if left.is_zero() {
             return Ok(Echo::NoReply);
         }
-        let tv = libc::timeval {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
-        };
-        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
-        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
-        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.0,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&mut from as *mut libc::sockaddr_in).cast(),
-                &mut flen,
-            )
-        };
-        if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EAGAIN | libc::EINTR) => continue,
-                Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
-                    return Ok(Echo::NoReply);
-                }
-                _ => return Err(io::Error::last_os_error()),
-            }
-        }
-        let p = &buf[..n as usize];
-        if p.len() < 20 {
-            continue;
-        }
-        let ihl = usize::from(p[0] & 0x0f) * 4;
-        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
-            continue;
-        }
-        let icmp = &p[ihl..];
-        if icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() {
-            return Ok(Echo::Reply(start.elapsed()));
+        match recv_reply(&fd, &mut buf, left, dst, id)? {
+            Received::Reply(_) => return Ok(Echo::Reply(start.elapsed())),
+            Received::Other => continue,
+            Received::Unreachable => return Ok(Echo::NoReply),
         }
     }
+}
+
+/// What one wait for a datagram on an ICMP socket gave.
+enum Received<'a> {
+    /// An echo reply from the destination with our id: its ICMP message.
+    Reply(&'a [u8]),
+    /// Nothing within the wait, an interrupted wait, or a datagram that is not our reply.
+    Other,
+    /// The kernel reported the destination unreachable (or the message too big).
+    Unreachable,
+}
+
+/// Waits up to `left` (bounded by SO_RCVTIMEO) for one datagram on `fd` and says whether it
+/// is an echo reply from `dst` with identifier `id`.
+fn recv_reply<'a>(
+    fd: &Fd,
+    buf: &'a mut [u8],
+    left: Duration,
+    dst: Ipv4Addr,
+    id: u16,
+) -> io::Result<Received<'a>> {
+    let tv = libc::timeval {
+        tv_sec: left.as_secs() as libc::time_t,
+        tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+    };
+    setopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+    // SAFETY: zeroed sockaddr_in is valid as an out parameter.
+    let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
+    let n = unsafe {
+        libc::recvfrom(
+            fd.0,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&mut from as *mut libc::sockaddr_in).cast(),
+            &mut flen,
+        )
+    };
+    if n < 0 {
+        return match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EAGAIN | libc::EINTR) => Ok(Received::Other),
+            Some(libc::EMSGSIZE | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                Ok(Received::Unreachable)
+            }
+            _ => Err(io::Error::last_os_error()),
+        };
+    }
+    let p = &buf[..n as usize];
+    if p.len() < 20 {
+        return Ok(Received::Other);
+    }
+    let ihl = usize::from(p[0] & 0x0f) * 4;
+    if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
+        return Ok(Received::Other);
+    }
+    let icmp = &p[ihl..];
+    if icmp[0] != 0 || icmp[4..6] != id.to_be_bytes() {
+        return Ok(Received::Other);
+    }
+    Ok(Received::Reply(icmp))
 }
 
 /// What a train of echoes found ([`echo_train`]).
@@ -302,49 +329,10 @@ pub fn echo_train(
             }
             continue;
         }
-        let tv = libc::timeval {
-            tv_sec: left.as_secs() as libc::time_t,
-            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+        let icmp = match recv_reply(&fd, &mut buf, left, dst, id)? {
+            Received::Reply(icmp) => icmp,
+            Received::Other | Received::Unreachable => continue,
         };
-        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
-        // SAFETY: zeroed sockaddr_in is valid as an out parameter.
-        let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut flen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `buf`, `from` and `flen` are live and sized for the call.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.0,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&mut from as *mut libc::sockaddr_in).cast(),
-                &mut flen,
-            )
-        };
-        if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
-                Some(
-                    libc::EAGAIN
-                    | libc::EINTR
-                    | libc::EMSGSIZE
-                    | libc::EHOSTUNREACH
-                    | libc::ENETUNREACH,
-                ) => continue,
-                _ => return Err(io::Error::last_os_error()),
-            }
-        }
-        let p = &buf[..n as usize];
-        if p.len() < 20 {
-            continue;
-        }
-        let ihl = usize::from(p[0] & 0x0f) * 4;
-        if p.len() < ihl + 8 || u32::from_be(from.sin_addr.s_addr) != u32::from(dst) {
-            continue;
-        }
-        let icmp = &p[ihl..];
-        if icmp[0] != 0 || icmp[4..6] != id.to_be_bytes() {
-            continue;
-        }
         let seq = usize::from(u16::from_be_bytes([icmp[6], icmp[7]]));
         if let (Some(false), Some(Some(t))) = (answered.get(seq).copied(), sent_at.get(seq)) {
             answered[seq] = true;
