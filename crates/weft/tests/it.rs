@@ -32,6 +32,27 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// The stdout of a run that must exit 0 (else the assertion shows stdout and stderr).
+fn ok(o: Output) -> String {
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Polls `f` every 10 ms until it gives a value, failing after `limit` with `what`.
+fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn every_command_has_help_with_an_example() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::text;
 use weft_llmbench::scripted::{Fault, Script, ScriptedServer, start};
 
 fn llm(dir: &Path, args: &[&str]) -> Output {
@@ -19,14 +20,6 @@ fn llm(dir: &Path, args: &[&str]) -> Output {
         .env_remove("OPENAI_API_KEY")
         .output()
         .expect("weft runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A scripted server on its own runtime, alive as long as the returned pair.

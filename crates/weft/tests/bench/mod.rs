@@ -3,6 +3,7 @@
 
 mod llm;
 
+use crate::text;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -31,14 +32,6 @@ fn bench(args: &[&str]) -> Output {
         .env_remove("NCCL_ALGO")
         .output()
         .expect("weft runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::{ok, text, until};
 use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
 use weft_controller::auth::Secret;
 use weft_controller::client::Client;
@@ -44,19 +45,6 @@ fn weft(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
         c.env(k, v);
     }
     c.output().expect("weft runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(o: Output) -> String {
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 struct Bed {
@@ -327,20 +315,6 @@ fn start_controller_with(dir: &Path, port: u16, extra: &[&str]) -> Proc {
         .expect("the controller says where it listens");
     assert!(line.contains(&listen), "{line}");
     Proc(child)
-}
-
-fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn rt() -> tokio::runtime::Runtime {

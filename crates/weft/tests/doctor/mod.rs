@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
 
+use crate::text;
 use weft_netns::{Cluster, ClusterSpec, Shape};
 
 mod faults;
@@ -20,14 +21,6 @@ fn weft(args: &[&str]) -> Output {
         .env_remove("WEFT_MGMT_IFNAME")
         .output()
         .expect("weft runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The cluster of the issue, or `None` (with a note) where namespaces are not available.

@@ -4,9 +4,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
+use crate::{ok, text, until};
 use weft_agent::Gpu;
 use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
 use weft_fabric::Guid;
@@ -31,33 +32,6 @@ fn weft_cmd(dir: &Path, url: &str, token: &str, args: &[&str]) -> Command {
         .env("WEFT_CONTROLLER", url)
         .env("WEFT_TOKEN", token);
     c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(o: Output) -> String {
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A header-only checkpoint of a real config (fixtures of weft-plan).
