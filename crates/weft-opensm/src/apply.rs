@@ -7,7 +7,7 @@ use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Guid, Inventory, PortMismatch, SmOptions, expected_tables};
 
-use crate::diag::{DiagError, DiagTools, FabricSnapshot};
+use crate::diag::{DiagError, DiagTools, FabricSnapshot, TableReader};
 use crate::sm::{SmError, SmHost, SmLock, checksum, unique_suffix};
 
 /// Why an apply or a verification did not succeed.
@@ -61,6 +61,8 @@ pub struct ApplyReport {
     pub write_ms: f64,
     pub sweep_ms: f64,
     pub verify_ms: f64,
+    /// How the ports were read back: one SMP client, or `smpquery` per port (and why).
+    pub read_by: TableReader,
     /// Everything from the start of the snapshot (once added) to the last port verified.
     pub total_ms: f64,
 }
@@ -81,6 +83,8 @@ pub struct Verification {
     pub master: Guid,
     pub ports_checked: usize,
     pub mismatches: Vec<PortMismatch>,
+    /// How the tables compared were read.
+    pub read_by: TableReader,
 }
 
 /// Which ports an apply reads back after the reread.
@@ -158,6 +162,7 @@ impl Applier {
             master: snapshot.inventory.sm_port_guid.unwrap_or(Guid(0)),
             ports_checked: expected.0.len(),
             mismatches: expected.compare(&snapshot.tables),
+            read_by: snapshot.read_by.clone(),
         }
     }
 
@@ -227,13 +232,15 @@ impl Applier {
             .0
             .retain(|g, _| ports.iter().any(|p| p.port_guid == *g));
         loop {
-            let tables = self.diag.read_tables(ports)?;
-            let observed =
-                weft_fabric::ObservedTables(tables.into_iter().map(|(g, (t, _))| (g, t)).collect());
+            let read = self.diag.read_tables(ports)?;
+            let observed = weft_fabric::ObservedTables(
+                read.tables.into_iter().map(|(g, (t, _))| (g, t)).collect(),
+            );
             let v = Verification {
                 master: inventory.sm_port_guid.unwrap_or(Guid(0)),
                 ports_checked: expected.0.len(),
                 mismatches: expected.compare(&observed),
+                read_by: read.read_by,
             };
             if v.mismatches.is_empty() || Instant::now() >= deadline {
                 return Ok(v);
@@ -423,6 +430,7 @@ impl Applier {
                 write_ms: ms(write),
                 sweep_ms: ms(sweep),
                 verify_ms: ms(start.elapsed() - write - sweep),
+                read_by: v.read_by,
                 total_ms: ms(start.elapsed()),
             }),
             Ok((_, _, v)) => Err(self.roll_back(

@@ -4,20 +4,30 @@
 //! `smpquery pkeys LID PORT` reads one port's P_Key table and its capacity with SMPs;
 //! `sminfo` names the master SM. SMPs are used rather than SA queries on purpose: they
 //! need no SA key and read what the ports hold, not what the SM believes it wrote.
+//!
+//! The tables and the master are read with one in-process SMP client
+//! ([`crate::SmpReader`]) when it can attach (the kernel's umad device, or the ibsim
+//! that the tools' environment names), and with `smpquery` and `sminfo`, one process
+//! per port, when it cannot; [`TableReader`] says which ran.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use serde::Serialize;
 use std::time::Duration;
 
 use weft_fabric::{Guid, Inventory, NodeType, ObservedTables, Port};
 
 use crate::process::{Invocation, ProcessError, run_bounded};
+use crate::smp::{SmpError, SmpPath, SmpReader};
 
 /// A diagnostic tool failed, or printed something this module cannot read.
 #[derive(Debug, thiserror::Error)]
 pub enum DiagError {
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error("SMP read: {0}")]
+    Smp(#[from] SmpError),
     #[error("cannot read the output of `{tool}`, line {line}: {message}")]
     Parse {
         tool: &'static str,
@@ -53,6 +63,36 @@ impl Default for DiagTools {
 pub struct FabricSnapshot {
     pub inventory: Inventory,
     pub tables: ObservedTables,
+    /// How the tables and the master SM were read.
+    pub read_by: TableReader,
+}
+
+/// How P_Key tables were read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TableReader {
+    /// One in-process SMP client for every port.
+    Smp { path: String },
+    /// `smpquery pkeys`, one process per port, because the one-client path could not
+    /// be used (`reason`).
+    Smpquery { reason: String },
+}
+
+impl std::fmt::Display for TableReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TableReader::Smp { path } => write!(f, "one SMP client ({path})"),
+            TableReader::Smpquery { reason } => write!(f, "smpquery per port ({reason})"),
+        }
+    }
+}
+
+/// Tables read, with how.
+#[derive(Debug, Clone)]
+pub struct TablesRead {
+    /// Each port's table (holes as 0x0000, up to its capacity) and capacity.
+    pub tables: BTreeMap<Guid, (Vec<u16>, u16)>,
+    pub read_by: TableReader,
 }
 
 impl DiagTools {
@@ -70,33 +110,79 @@ impl DiagTools {
         parse_sminfo(&self.run("sminfo", &[])?)
     }
 
+    /// The one-client SMP reader for these tools' fabric, or why there is none.
+    pub fn smp_reader(&self) -> Result<SmpReader, SmpError> {
+        let path = SmpPath::from_env(&self.env)
+            .ok_or_else(|| SmpError::Unavailable("WEFT_SMP=off".into()))?;
+        SmpReader::open(&path, self.timeout)
+    }
+
     /// Every node and port, the master SM, and every end port's P_Key table.
     pub fn snapshot(&self) -> Result<FabricSnapshot, DiagError> {
         let mut ports = parse_ibnetdiscover(&self.run("ibnetdiscover", &[])?)?;
-        let sm_port_guid = Some(self.master_sm()?);
-        let tables = self.read_tables(&ports)?;
+        let (sm_port_guid, read) = match self.smp_reader() {
+            Ok(mut reader) => match reader
+                .master_sm()
+                .map(Guid)
+                .and_then(|master| Ok((master, self.tables_by_smp(&mut reader, &ports)?)))
+            {
+                Ok(done) => done,
+                Err(e) => (self.master_sm()?, self.tables_by_tools(&ports, e)?),
+            },
+            Err(e) => (self.master_sm()?, self.tables_by_tools(&ports, e)?),
+        };
         for port in &mut ports {
-            if let Some((_, capacity)) = tables.get(&port.port_guid) {
+            if let Some((_, capacity)) = read.tables.get(&port.port_guid) {
                 port.pkey_capacity = *capacity;
             }
         }
-        let tables = ObservedTables(tables.into_iter().map(|(g, (t, _))| (g, t)).collect());
+        let tables = ObservedTables(read.tables.into_iter().map(|(g, (t, _))| (g, t)).collect());
         Ok(FabricSnapshot {
             inventory: Inventory {
                 ports,
-                sm_port_guid,
+                sm_port_guid: Some(sm_port_guid),
             },
             tables,
+            read_by: read.read_by,
         })
     }
 
-    /// Reads the P_Key tables (with capacities) of `ports`, a few tools at a time.
-    pub fn read_tables(
+    /// Reads the P_Key tables (with capacities) of `ports`: with one SMP client when it
+    /// attaches and reads, else with `smpquery`, a few processes at a time.
+    pub fn read_tables(&self, ports: &[Port]) -> Result<TablesRead, DiagError> {
+        let by_smp = self
+            .smp_reader()
+            .and_then(|mut reader| self.tables_by_smp(&mut reader, ports));
+        match by_smp {
+            Ok(read) => Ok(read),
+            Err(e) => self.tables_by_tools(ports, e),
+        }
+    }
+
+    fn tables_by_smp(
         &self,
+        reader: &mut SmpReader,
         ports: &[Port],
-    ) -> Result<BTreeMap<Guid, (Vec<u16>, u16)>, DiagError> {
+    ) -> Result<TablesRead, SmpError> {
+        let addrs: Vec<(u16, u8)> = ports.iter().map(|p| (p.lid, p.port_num)).collect();
+        let tables = reader.read_tables(&addrs)?;
+        Ok(TablesRead {
+            tables: ports.iter().map(|p| p.port_guid).zip(tables).collect(),
+            read_by: TableReader::Smp {
+                path: reader.path().to_string(),
+            },
+        })
+    }
+
+    /// The fallback: `smpquery pkeys` per port; `why` is why the SMP client was not used.
+    fn tables_by_tools(&self, ports: &[Port], why: SmpError) -> Result<TablesRead, DiagError> {
+        if matches!(why, SmpError::Unavailable(_)) {
+            tracing::debug!("reading P_Key tables with smpquery: {why}");
+        } else {
+            tracing::warn!("the SMP client failed ({why}); reading P_Key tables with smpquery");
+        }
         let chunk = ports.len().div_ceil(self.parallel.max(1)).max(1);
-        std::thread::scope(|s| {
+        let tables = std::thread::scope(|s| {
             let workers: Vec<_> = ports
                 .chunks(chunk)
                 .map(|group| {
@@ -122,7 +208,13 @@ impl DiagTools {
                 })??;
                 all.extend(part);
             }
-            Ok(all)
+            Ok::<_, DiagError>(all)
+        })?;
+        Ok(TablesRead {
+            tables,
+            read_by: TableReader::Smpquery {
+                reason: why.to_string(),
+            },
         })
     }
 }

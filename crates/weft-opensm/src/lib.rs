@@ -26,7 +26,8 @@
 //! # Ok(()) }
 //! ```
 
-#![forbid(unsafe_code)]
+// The umad transport's two ioctls are the crate's only unsafe code (see `umad.rs`).
+#![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod apply;
@@ -34,13 +35,18 @@ mod diag;
 mod owner;
 mod process;
 mod sm;
+mod smp;
 mod ssh;
+#[allow(unsafe_code)]
+mod umad;
 
 pub use apply::{Applier, ApplyError, ApplyReport, SmState, Verification, VerifyScope};
 pub use diag::{
-    DiagError, DiagTools, FabricSnapshot, parse_ibnetdiscover, parse_sminfo, parse_smpquery_pkeys,
+    DiagError, DiagTools, FabricSnapshot, TableReader, TablesRead, parse_ibnetdiscover,
+    parse_sminfo, parse_smpquery_pkeys,
 };
 pub use owner::{OWNER_PREFIX, owner_of, with_owner};
 pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
 pub use sm::{LocalSm, SmError, SmHost, SmLock, checksum, lock_file_name, write_atomically};
+pub use smp::{PkeyTable, SmpError, SmpPath, SmpReader};
 pub use ssh::{RemotePaths, SshConfig, SshSm, shell_quote};

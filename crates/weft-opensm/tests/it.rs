@@ -345,6 +345,7 @@ fn a_one_node_move_reads_back_only_what_it_touches() {
     assert!(a.verify(&moved).unwrap().mismatches.is_empty());
 }
 
+mod smp;
 mod ssh;
 
 /// Regression: two `weft fabric apply` at once lost a change reported done (in 17 of 26

@@ -231,13 +231,6 @@ impl SimFabric {
         &self.sockname
     }
 
-    /// A direct SMP client attached at `sim_host` ([`crate::SmpClient`]): reads P_Key
-    /// tables without a diag tool process per port. It holds one of ibsim's 10 client
-    /// slots until dropped; waits are bounded by the diag timeout.
-    pub fn smp_client(&self, sim_host: &str) -> Result<crate::SmpClient, TestbedError> {
-        crate::SmpClient::connect(&self.sockname, sim_host, self.diag_timeout)
-    }
-
     /// The topology it was started with.
     pub fn topology(&self) -> &Topology {
         &self.topology

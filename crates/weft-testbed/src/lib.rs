@@ -53,7 +53,6 @@ mod error;
 mod fabric;
 pub mod partitions;
 mod sadump;
-mod smp;
 mod sshd;
 mod topology;
 
@@ -65,7 +64,6 @@ pub use fabric::{
 /// Signals for [`SimFabric::kill_sm`] (re-exported from `nix`).
 pub use nix::sys::signal::Signal;
 pub use sadump::{DumpedGroup, parse_sa_dump_groups};
-pub use smp::SmpClient;
 pub use sshd::{SSHD, Sshd, SshdOptions};
 pub use topology::{
     GUID_PREFIX, SM_HOST, SM_HOST2, SimHca, SimSwitch, Topology, hca_node_guid, sm_host_node_guid,

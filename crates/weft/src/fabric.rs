@@ -207,6 +207,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                                 "; the file was already current"
                             }
                         );
+                        println!("tables read by {}", r.read_by);
                         print_sm_states(&r.sms);
                         print_degraded(&r);
                     }
@@ -300,6 +301,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                     "mismatches": v.mismatches,
                     "against": against,
                     "file_drift": file_drift,
+                    "read_by": v.read_by,
                     "ok": ok,
                 }))?;
             } else {
@@ -308,8 +310,8 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 }
                 if v.mismatches.is_empty() {
                     println!(
-                        "verified: all {} ports hold the P_Keys of {against} (master SM port {})",
-                        v.ports_checked, v.master
+                        "verified: all {} ports hold the P_Keys of {against} (master SM port {}; read by {})",
+                        v.ports_checked, v.master, v.read_by
                     );
                 } else {
                     println!("compared with {against}:");

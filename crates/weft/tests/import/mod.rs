@@ -6,9 +6,9 @@
 //! the run-time MLID). Both are also held against weft's own models
 //! (`weft_fabric::expected_mcast`). OpenSM is the oracle; nothing here is scripted.
 //!
-//! The tables are read with one direct ibsim client ([`weft_testbed::SmpClient`], the
-//! same SubnGet(P_KeyTable) SMPs `smpquery` sends, checked against it in weft-testbed's
-//! tests) instead of a process per port: that is what lets hundreds of files run in CI.
+//! The tables are read with one in-process SMP client ([`weft_opensm::SmpReader`], the
+//! same SubnGet SMPs `smpquery pkeys` sends, checked against it in weft-opensm's tests)
+//! instead of a process per port: that is what lets hundreds of files run in CI.
 //!
 //! The SMs run with `keep_pkey_indexes FALSE`. With OpenSM's default (TRUE) every key a
 //! port ever held keeps its index slot (`accum_pkeys` in `osm_pkey_mgr.c`) and new keys
@@ -30,8 +30,7 @@ use nix::unistd::Pid;
 use weft_fabric::{Inventory, SmOptions, conf, expected_mcast, expected_mcast_after};
 use weft_testbed::partitions::random_partitions;
 use weft_testbed::{
-    DumpedGroup, SUBNET_UP, SmpClient, Topology, parse_ibnetdiscover_ports, parse_sa_dump_groups,
-    wait_for_log,
+    DumpedGroup, SUBNET_UP, Topology, parse_ibnetdiscover_ports, parse_sa_dump_groups, wait_for_log,
 };
 
 use super::{Live, live_on, text, weft};
@@ -61,7 +60,7 @@ struct Diff {
     tenants: Vec<u64>,
     /// The fabric as weft reads it, for the multicast model.
     inventory: Inventory,
-    smp: RefCell<SmpClient>,
+    smp: RefCell<weft_opensm::SmpReader>,
 }
 
 fn dump_stamp(path: &Path) -> Option<(SystemTime, u64)> {
@@ -105,7 +104,7 @@ impl Diff {
             ..weft_opensm::DiagTools::default()
         };
         let inventory = diag.snapshot().expect("snapshot").inventory;
-        let smp = RefCell::new(live.fabric.smp_client("node1").expect("SMP client"));
+        let smp = RefCell::new(diag.smp_reader().expect("SMP client"));
         Diff {
             live,
             ports: ports.into_iter().collect(),
@@ -153,15 +152,15 @@ impl Diff {
 
     /// Every port's table, read with SMPs.
     fn tables(&self) -> Tables {
-        let mut smp = self.smp.borrow_mut();
+        let tables = self
+            .smp
+            .borrow_mut()
+            .read_tables(&self.ports)
+            .unwrap_or_else(|e| panic!("reading {} ports: {e}", self.ports.len()));
         self.ports
             .iter()
-            .map(|&(lid, port)| {
-                let t = smp
-                    .pkeys(lid, port)
-                    .unwrap_or_else(|e| panic!("LID {lid} port {port}: {e}"));
-                ((lid, port), t)
-            })
+            .copied()
+            .zip(tables.into_iter().map(|(t, _)| t))
             .collect()
     }
 
