@@ -1,12 +1,13 @@
 //! Apply-to-verified and SM failover times on a 48-HCA simulated fabric.
 //!
 //! `cargo bench -p weft-opensm --bench apply` (add `-- --runs N` for more apply rounds,
-//! `--apply-only` to skip the SSH and failover parts).
+//! `--apply-only` to skip the SSH and failover parts, `--smpquery` to read the tables
+//! with one `smpquery` per port, the fallback, instead of the one SMP client).
 //! A two-level fat tree (4 leaves, 2 spines, 48 HCAs, every 4th dual-ported) under the
 //! real OpenSM with a primary and a standby. Each round alternates between two plans
 //! that move one node between tenants, so every apply changes the fabric. Reported: the
 //! median, min and max of apply to verified as `weft fabric apply` does it, the snapshot
-//! included (ibnetdiscover, sminfo and every end port's table read before the apply,
+//! included (ibnetdiscover, the master SM and every end port's table read before the apply,
 //! then `Applier::apply`: write to both SMs, reread, sweep, the chosen ports read back
 //! and compared), and the time from kill -9 of the master to the standby
 //! being master and every port verified. Targets (issue: partitions as code): apply
@@ -61,6 +62,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let topology = Topology::fat_tree(4, 2, HCAS, 4);
     let apply_only = args.iter().any(|a| a == "--apply-only");
+    // `--smpquery`: read the tables with the tools' fallback (one process per port), to
+    // compare with the one-client path on the same machine.
+    let tools_only = args.iter().any(|a| a == "--smpquery");
     let mut fabric = SimFabric::start(&topology)?;
     let mut sms = Vec::new();
     for (name, host, prio) in [("primary", "smhost", 10u8), ("standby", "smhost2", 5)] {
@@ -90,7 +94,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|s| Box::new(s) as Box<dyn SmHost>)
             .collect(),
         diag: DiagTools {
-            env: fabric.client_env("node1"),
+            env: {
+                let mut env = fabric.client_env("node1");
+                if tools_only {
+                    env.push(("WEFT_SMP".into(), "off".into()));
+                }
+                env
+            },
             cwd: Some(fabric.dir().to_path_buf()),
             timeout: Duration::from_secs(10),
             parallel: 6,
@@ -123,6 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut totals = Vec::new();
         let mut phases: Vec<(f64, f64, f64, f64)> = Vec::new();
         let mut verified = 0;
+        let mut read_by = None;
         for _ in 0..rounds {
             current = (current + 1) % 2;
             // As `weft fabric apply` does: read the fabric first, then apply; both timed.
@@ -133,6 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .apply(&confs[current], &before)?
                 .with_snapshot(snapshot);
             verified = r.ports_verified;
+            read_by = Some((before.read_by.clone(), r.read_by.clone()));
             totals.push(r.total_ms);
             phases.push((r.snapshot_ms, r.write_ms, r.sweep_ms, r.verify_ms));
         }
@@ -149,6 +161,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             totals.iter().cloned().fold(0.0, f64::max),
             m / 1000.0
         );
+        if let Some((snapshot, verify)) = read_by {
+            println!("  tables read by: snapshot {snapshot}; verify {verify}");
+        }
     }
     applier.verify_scope = VerifyScope::All;
     if apply_only {

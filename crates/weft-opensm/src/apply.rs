@@ -524,7 +524,7 @@ impl Applier {
         }
     }
 
-    /// Waits until `sminfo` names a master among the configured SMs other than `not`;
+    /// Waits until [`DiagTools::master_sm`] names a master among the configured SMs other than `not`;
     /// returns its index and how long it took. Used to observe a failover.
     pub fn wait_for_new_master(
         &self,

@@ -105,8 +105,20 @@ impl DiagTools {
         Ok(run_bounded(program, args, &inv)?)
     }
 
-    /// The GUID of the master SM's port, from `sminfo`.
+    /// The GUID of the master SM's port: with the SMP client (the SMInfo at the local
+    /// port's MasterSMLID), or from `sminfo` when the client cannot attach or read.
     pub fn master_sm(&self) -> Result<Guid, DiagError> {
+        match self.smp_reader().and_then(|mut r| r.master_sm()) {
+            Ok(guid) => Ok(Guid(guid)),
+            Err(e) => {
+                tracing::debug!("asking sminfo for the master SM: {e}");
+                self.sminfo()
+            }
+        }
+    }
+
+    /// The GUID of the master SM's port, from `sminfo`.
+    fn sminfo(&self) -> Result<Guid, DiagError> {
         parse_sminfo(&self.run("sminfo", &[])?)
     }
 
@@ -120,16 +132,13 @@ impl DiagTools {
     /// Every node and port, the master SM, and every end port's P_Key table.
     pub fn snapshot(&self) -> Result<FabricSnapshot, DiagError> {
         let mut ports = parse_ibnetdiscover(&self.run("ibnetdiscover", &[])?)?;
-        let (sm_port_guid, read) = match self.smp_reader() {
-            Ok(mut reader) => match reader
-                .master_sm()
-                .map(Guid)
-                .and_then(|master| Ok((master, self.tables_by_smp(&mut reader, &ports)?)))
-            {
-                Ok(done) => done,
-                Err(e) => (self.master_sm()?, self.tables_by_tools(&ports, e)?),
-            },
-            Err(e) => (self.master_sm()?, self.tables_by_tools(&ports, e)?),
+        let by_smp = self.smp_reader().and_then(|mut reader| {
+            let master = Guid(reader.master_sm()?);
+            Ok((master, self.tables_by_smp(&mut reader, &ports)?))
+        });
+        let (sm_port_guid, read) = match by_smp {
+            Ok(done) => done,
+            Err(e) => (self.sminfo()?, self.tables_by_tools(&ports, e)?),
         };
         for port in &mut ports {
             if let Some((_, capacity)) = read.tables.get(&port.port_guid) {

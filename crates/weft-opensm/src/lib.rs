@@ -4,8 +4,9 @@
 //! It owns the mechanics and none of the policy: atomic writes of `partitions.conf`
 //! on each SM host, checksums compared between primary and standby, the reread
 //! (SIGHUP, which makes OpenSM run a heavy sweep), waiting for that sweep in the SM's
-//! log rather than sleeping, reading every end port's P_Key table back with the
-//! diagnostic tools, and restoring the previous file when anything fails. What the
+//! log rather than sleeping, reading every end port's P_Key table back (with one
+//! in-process SMP client, [`SmpReader`], or the diagnostic tools when it cannot attach),
+//! and restoring the previous file when anything fails. What the
 //! partitions should be is decided by `weft-fabric`; this crate never edits a config.
 //!
 //! ```no_run

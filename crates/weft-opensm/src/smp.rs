@@ -222,7 +222,7 @@ impl SmpReader {
     /// packets in flight, as `smpquery` bounds each of its packets).
     pub fn open(path: &SmpPath, timeout: Duration) -> Result<SmpReader, SmpError> {
         let transport: Box<dyn Transport + Send> = match path {
-            SmpPath::Umad { device } => Box::new(UmadDevice::open(device.as_deref(), timeout)?),
+            SmpPath::Umad { device } => Box::new(UmadDevice::open(device.as_deref())?),
             SmpPath::Ibsim { sockname, host } => {
                 Box::new(IbsimClient::connect(sockname, host, timeout)?)
             }

@@ -106,7 +106,7 @@ fn first_active_device() -> Result<PathBuf, SmpError> {
 impl UmadDevice {
     /// Opens `device` (or the first active one) and registers one agent per subnet
     /// management class on it.
-    pub(crate) fn open(device: Option<&Path>, _timeout: Duration) -> Result<UmadDevice, SmpError> {
+    pub(crate) fn open(device: Option<&Path>) -> Result<UmadDevice, SmpError> {
         let path = match device {
             Some(d) => d.to_path_buf(),
             None => first_active_device()?,

@@ -159,7 +159,10 @@ impl Default for FabricConfig {
 #[serde(deny_unknown_fields)]
 pub struct DiagConfig {
     /// Environment of every diagnostic tool (`smpquery`, `ibnetdiscover`, ...), e.g. the
-    /// ibsim preload on a simulated fabric.
+    /// ibsim preload on a simulated fabric. weft's own SMP client reads it too: with
+    /// `IBSIM_SOCKNAME` and `SIM_HOST` it attaches to that ibsim, else to the first active
+    /// `/dev/infiniband/umadN`; `WEFT_SMP` names another device, or `off` (one `smpquery`
+    /// per port instead).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Working directory of the tools.
