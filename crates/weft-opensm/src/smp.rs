@@ -632,6 +632,129 @@ mod tests {
         assert_eq!(local.dlid(), PERMISSIVE_LID);
     }
 
+    /// A scripted stand-in for a fabric, to measure the reader's own matching: every CA
+    /// has 2 ports and a capacity of 40 (two blocks), a block's first entry says whose
+    /// block it is, answers come back last-sent first, each after a stray packet.
+    struct ScriptedFabric {
+        pending: Vec<[u8; MAD_SIZE]>,
+        stray_next: bool,
+        answer: bool,
+    }
+
+    impl Transport for ScriptedFabric {
+        fn send(&mut self, dlid: u16, mad: &[u8; MAD_SIZE]) -> Result<(), SmpError> {
+            let mut resp = *mad;
+            resp[3] = METHOD_GET_RESP;
+            let data = &mut resp[SMP_DATA];
+            match be16(mad, 16) {
+                ATTR_NODE_INFO => {
+                    data[2] = 1;
+                    data[3] = 2;
+                    data[28..30].copy_from_slice(&40u16.to_be_bytes());
+                }
+                ATTR_PKEY_TABLE => {
+                    let block = u16::from_be_bytes([mad[22], mad[23]]);
+                    let port = u16::from(mad[21]);
+                    let tag = (dlid << 8) | (port << 4) | block;
+                    data[0..2].copy_from_slice(&tag.to_be_bytes());
+                }
+                _ => resp[5] = 0x1c, // unsupported attribute
+            }
+            if self.answer {
+                self.pending.push(resp);
+            }
+            Ok(())
+        }
+
+        fn recv(&mut self, wait: Duration) -> Result<Option<Answer>, SmpError> {
+            self.stray_next = !self.stray_next;
+            if self.stray_next {
+                let mut stray = [0u8; MAD_SIZE];
+                stray[3] = METHOD_GET_RESP;
+                stray[12..16].copy_from_slice(&0xdead_0000u32.to_be_bytes());
+                return Ok(Some(Answer {
+                    mad: stray,
+                    status: 0,
+                }));
+            }
+            match self.pending.pop() {
+                Some(mad) => Ok(Some(Answer { mad, status: 0 })),
+                None => {
+                    std::thread::sleep(wait.min(Duration::from_millis(20)));
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    fn scripted(answer: bool, timeout: Duration) -> SmpReader {
+        SmpReader {
+            transport: Box::new(ScriptedFabric {
+                pending: Vec::new(),
+                stray_next: false,
+                answer,
+            }),
+            path: SmpPath::Umad { device: None },
+            timeout,
+            tid: 0,
+        }
+    }
+
+    #[test]
+    fn scripted_fabric_answers_out_of_order_with_strays_and_each_lands_on_its_request() {
+        let mut r = scripted(true, Duration::from_secs(2));
+        let ports = [(3u16, 1u8), (3, 2), (9, 1), (4, 2), (12, 1)];
+        let tables = r.read_tables(&ports).unwrap();
+        assert_eq!(tables.len(), ports.len());
+        for ((lid, port), (table, cap)) in ports.iter().zip(&tables) {
+            assert_eq!(*cap, 40);
+            assert_eq!(table.len(), 40, "truncated to the capacity");
+            let tag = |block: u16| (lid << 8) | (u16::from(*port) << 4) | block;
+            assert_eq!(
+                (table[0], table[32]),
+                (tag(0), tag(1)),
+                "LID {lid} port {port}"
+            );
+        }
+        // An attribute the port refuses is an error naming it, not an empty answer.
+        let err = r.master_sm().unwrap_err();
+        assert!(
+            matches!(&err, SmpError::Refused { what, status: 0x1c } if what.contains("PortInfo")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn scripted_fabric_that_never_answers_times_out_within_the_bound() {
+        let mut r = scripted(false, Duration::from_millis(300));
+        let t0 = Instant::now();
+        let err = r.read_tables(&[(3, 1), (4, 1)]).unwrap_err();
+        assert!(matches!(err, SmpError::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains("NodeInfo"), "{err}");
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_umad_device_is_unavailable_and_named() {
+        let device = PathBuf::from("/dev/infiniband/umad-weft-test-none");
+        let err = SmpReader::open(
+            &SmpPath::Umad {
+                device: Some(device.clone()),
+            },
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(matches!(err, SmpError::Unavailable(_)), "{err}");
+        assert!(
+            err.to_string().contains(&device.display().to_string()),
+            "{err}"
+        );
+    }
+
     #[test]
     fn an_absent_simulator_is_unavailable_not_a_hang() {
         let t0 = Instant::now();
