@@ -36,6 +36,20 @@ struct RegReq {
     rmpp_version: u8,
 }
 
+// The layout the kernel's `<rdma/ib_user_mad.h>` gives `struct ib_user_mad_reg_req`
+// (the ioctl number below encodes its size too), checked at compile time.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<RegReq>() == 28);
+    assert!(offset_of!(RegReq, id) == 0);
+    assert!(offset_of!(RegReq, method_mask) == 4);
+    assert!(offset_of!(RegReq, qpn) == 20);
+    assert!(offset_of!(RegReq, mgmt_class) == 21);
+    assert!(offset_of!(RegReq, mgmt_class_version) == 22);
+    assert!(offset_of!(RegReq, oui) == 23);
+    assert!(offset_of!(RegReq, rmpp_version) == 26);
+};
+
 const IB_IOCTL_MAGIC: u8 = 0x1b;
 nix::ioctl_readwrite!(register_agent, IB_IOCTL_MAGIC, 1, RegReq);
 
