@@ -1,12 +1,13 @@
 //! The API's JSON types, shared by the server, the client, the CLI and the tests.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use weft_fabric::Guid;
 
 use crate::auth::Secret;
 
 /// Whether a server's agent is reporting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Liveness {
     /// Reported within the stale bound.
@@ -29,9 +30,10 @@ impl Liveness {
 }
 
 /// One port a server owns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PortView {
     /// Port GUID.
+    #[schema(value_type = String, example = "0x0002c90300000101")]
     pub guid: Guid,
     /// RDMA device name (`mlx5_0`).
     pub device: String,
@@ -44,7 +46,7 @@ pub struct PortView {
 }
 
 /// A server (one agent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ServerView {
     /// Its name (the host name it enrolled with).
     pub name: String,
@@ -57,11 +59,12 @@ pub struct ServerView {
     /// The group it belongs to, if any.
     pub group: Option<String>,
     /// GUIDs it reported that another server owns (held pending).
+    #[schema(value_type = Vec<String>)]
     pub pending_claims: Vec<Guid>,
 }
 
 /// A tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TenantView {
     /// Its name.
     pub name: String,
@@ -70,16 +73,17 @@ pub struct TenantView {
 }
 
 /// The answer to creating a tenant: its first API token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TenantCreated {
     /// The tenant.
     pub tenant: TenantView,
     /// A tenant-role API token; only its hash is kept.
+    #[schema(value_type = String)]
     pub token: Secret,
 }
 
 /// A group: one partition, owned by a tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
     /// Its name (the partition's name).
     pub name: String,
@@ -90,11 +94,12 @@ pub struct GroupView {
     /// Its servers.
     pub members: Vec<String>,
     /// The port GUIDs of its servers.
+    #[schema(value_type = Vec<String>)]
     pub ports: Vec<Guid>,
 }
 
 /// An operation's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OpState {
     /// Committed to the desired state, not yet verified on the fabric.
@@ -104,7 +109,7 @@ pub enum OpState {
 }
 
 /// A change an operator asked for, and how far it got.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct OperationView {
     /// Its id.
     pub id: i64,
@@ -133,7 +138,7 @@ pub struct OperationView {
 }
 
 /// One line of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AuditEntry {
     /// Its id (increasing).
     pub id: i64,
@@ -154,11 +159,12 @@ pub struct AuditEntry {
 }
 
 /// A GUID a server reported that another server already owns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClaimView {
     /// Its id.
     pub id: i64,
     /// The port GUID.
+    #[schema(value_type = String, example = "0x0002c90300000101")]
     pub guid: Guid,
     /// The server that reported it.
     pub claimant: String,
@@ -171,7 +177,7 @@ pub struct ClaimView {
 }
 
 /// The controller's view of desired against observed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StatusView {
     /// Generation of the desired state (bumped by every change).
     pub desired_generation: i64,
@@ -196,7 +202,7 @@ pub struct StatusView {
 }
 
 /// Whether the fabric still holds what the controller applied.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DriftState {
     /// Not checked yet (nothing applied, no fabric, or no check done).
@@ -220,7 +226,7 @@ impl DriftState {
 }
 
 /// The drift check's last findings (`GET /v1/status`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DriftView {
     /// The verdict.
@@ -240,58 +246,64 @@ pub struct DriftView {
 }
 
 /// `POST /v1/agents/enroll`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The one-time enrollment token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// The host name the agent discovered.
     pub hostname: String,
 }
 
 /// The answer to enrolling: the agent's secret, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Enrolled {
     /// The server name the controller knows this agent by.
     pub server: String,
     /// The per-agent secret for every later report.
+    #[schema(value_type = String)]
     pub secret: Secret,
 }
 
 /// `POST /v1/enrollments`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnrollmentRequest {
     /// Bind the token to one host name.
     #[serde(default)]
     pub server: Option<String>,
-    /// Seconds the token stays valid (default one day).
+    /// Seconds the token stays valid, 60 to 2 592 000 (30 days); default one day.
     #[serde(default)]
+    #[schema(minimum = 60, maximum = 2_592_000)]
     pub ttl_s: Option<u64>,
 }
 
 /// A one-time enrollment token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EnrollmentToken {
     /// The token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// Unix seconds when it expires.
     pub expires: u64,
 }
 
 /// What the controller made of a report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReportAck {
     /// The server name.
     pub server: String,
     /// Ports it now owns.
+    #[schema(value_type = Vec<String>)]
     pub owned: Vec<Guid>,
     /// Ports held pending because another server owns them.
+    #[schema(value_type = Vec<String>)]
     pub pending: Vec<Guid>,
 }
 
 /// `POST /v1/tenants`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     /// The name.
@@ -299,7 +311,7 @@ pub struct CreateTenant {
 }
 
 /// `POST /v1/groups`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateGroup {
     /// The name (a partitions.conf name).
@@ -309,7 +321,7 @@ pub struct CreateGroup {
 }
 
 /// `POST /v1/groups/{group}/members`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
     /// The server.
@@ -317,7 +329,7 @@ pub struct AddMember {
 }
 
 /// `POST /v1/moves`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveServer {
     /// The server.
@@ -327,7 +339,7 @@ pub struct MoveServer {
 }
 
 /// The scope of an API token as a request names it: always explicit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenRole {
     /// Everything.
@@ -339,7 +351,7 @@ pub enum TokenRole {
 /// `POST /v1/tokens`: `{"role": "admin"}` or `{"role": "tenant", "tenant": "alice"}`.
 /// The role is required: a body without it (or with a field the API does not know, such
 /// as a misspelled `tenat`) is refused, never read as an admin token.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// `admin` or `tenant`.
@@ -350,13 +362,15 @@ pub struct CreateToken {
     /// Seconds the token stays valid, 60 to 315 360 000 (ten years). Tenant tokens
     /// default to 90 days; admin tokens made here without it never expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 60, maximum = 315_360_000)]
     pub ttl_s: Option<u64>,
 }
 
 /// A fresh API token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenCreated {
     /// The token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// Its id in `GET /v1/tokens` (the first 16 hex digits of its SHA-256).
     pub id: String,
@@ -365,7 +379,7 @@ pub struct TokenCreated {
 }
 
 /// One API token as `GET /v1/tokens` lists it: metadata only, never the token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TokenView {
     /// The first 16 hex digits of the token's SHA-256: what `DELETE /v1/tokens/{id}` takes.
     pub id: String,
@@ -384,14 +398,14 @@ pub struct TokenView {
 }
 
 /// The answer to a change: the operation it created (absent when nothing changed).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Accepted {
     /// The operation to poll at `/v1/operations/{id}`.
     pub operation: Option<OperationView>,
 }
 
 /// An error answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// What went wrong (for 5xx, only that it did).
     pub error: String,
@@ -399,7 +413,7 @@ pub struct ErrorBody {
 
 /// A member of a group as a job sees it: liveness and the GPUs its agent reported
 /// (`GET /v1/groups/{group}/nodes`, for `weft plan --group` and `weft run --group`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct NodeView {
     /// The server's name (its host name).
     pub name: String,
@@ -408,5 +422,24 @@ pub struct NodeView {
     /// Unix seconds of the last report or heartbeat.
     pub last_seen: Option<u64>,
     /// The GPUs of its last report; empty when it reported none.
+    #[schema(value_type = Vec<GpuSchema>)]
     pub gpus: Vec<weft_agent::Gpu>,
+}
+
+/// The schema of [`weft_agent::Gpu`] in the API document (weft-agent does not depend on
+/// utoipa); a test checks it names exactly the fields a serialized `Gpu` has.
+#[derive(ToSchema)]
+#[schema(as = Gpu)]
+#[allow(dead_code)]
+pub(crate) struct GpuSchema {
+    /// NVML device index.
+    index: u32,
+    /// Product name, for example `NVIDIA H200`.
+    name: String,
+    /// `GPU-...` UUID.
+    uuid: Option<String>,
+    /// Total memory in bytes; `null` where NVML does not report it (GB10's unified memory).
+    memory_total_bytes: Option<u64>,
+    /// PCI address in sysfs form (`0000:01:00.0`).
+    pci: Option<String>,
 }

@@ -121,18 +121,29 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                EXIT_ENVIRONMENT
-            } else {
-                EXIT_OK
-            };
-            if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
-                // A script that asked for JSON gets JSON, even for a usage error.
-                print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+        Err(e) => return usage_error(e),
+    };
+    // `[bench]` of weft.toml gives the defaults of the bench and doctor flags: parsed
+    // again with them (a flag or its variable still wins).
+    let cli = match bench_section(&cli) {
+        Ok(None) => cli,
+        Ok(Some(section)) => {
+            let cmd = section.apply(<Cli as clap::CommandFactory>::command());
+            match cmd
+                .try_get_matches()
+                .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m))
+            {
+                Ok(c) => c,
+                Err(e) => return usage_error(e),
             }
-            let _ = e.print();
-            return ExitCode::from(code);
+        }
+        Err(e) => {
+            if cli.json {
+                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+                print_json_error(&e.to_string(), &causes);
+            }
+            eprintln!("weft: error: {e:#}");
+            return ExitCode::from(EXIT_ENVIRONMENT);
         }
     };
     tracing_subscriber::fmt()
@@ -206,6 +217,40 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// A command-line error: usage (exit 2, JSON too under `--json`), or `--help` (exit 0).
+fn usage_error(e: clap::Error) -> ExitCode {
+    let code = if e.use_stderr() {
+        EXIT_ENVIRONMENT
+    } else {
+        EXIT_OK
+    };
+    if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
+        // A script that asked for JSON gets JSON, even for a usage error.
+        print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+    }
+    let _ = e.print();
+    ExitCode::from(code)
+}
+
+/// The `[bench]` section, for the commands whose flags it gives defaults to (bench p2p,
+/// collectives, llm, doctor), when the file has one; other commands never read it. A rank
+/// of a collectives run takes what its launcher passes, not its host's file.
+fn bench_section(cli: &Cli) -> anyhow::Result<Option<config::BenchFileConfig>> {
+    use bench::BenchCommand as B;
+    let reads = match &cli.command {
+        Command::Doctor(_) => true,
+        Command::Bench(B::P2p(_)) => true,
+        Command::Bench(B::Llm(a)) => a.cmd.is_none(),
+        Command::Bench(B::Collectives(_)) => !std::env::args().any(|a| a == "--rank"),
+        _ => false,
+    };
+    if !reads {
+        return Ok(None);
+    }
+    let section = config::BenchFileConfig::load(cli.config.as_deref())?;
+    Ok((!section.defaults().is_empty()).then_some(section))
 }
 
 /// `--config` (or `$WEFT_CONFIG`), for the commands that read weft.toml only on demand.
