@@ -30,6 +30,9 @@ pub struct Config {
     /// Defaults for `weft bench` and `weft doctor`: the hosts and how to reach them, and
     /// each benchmark's sizes, timeouts and endpoint.
     #[serde(default)]
+    // Those commands read it alone ([`BenchFileConfig::load`]); here it is checked by
+    // `weft config check` and documented by the reference.
+    #[allow(dead_code)]
     pub bench: BenchFileConfig,
 }
 
@@ -679,9 +682,14 @@ fn doc_lines(schema: &serde_json::Value, out: &mut String) {
 /// A TOML value for the key: its default, else an example of its type.
 fn example(root: &serde_json::Value, schema: &serde_json::Value) -> String {
     let s = resolve(root, schema);
+    // An empty list says less than its example (`hosts = ["node1", "node2"]`).
+    let empty_list = |d: &&serde_json::Value| {
+        !(d.as_array().is_some_and(|a| a.is_empty()) && schema.get("examples").is_some())
+    };
     let value = schema
         .get("default")
         .or_else(|| s.get("default"))
+        .filter(empty_list)
         .cloned()
         .or_else(|| schema.get("examples").and_then(|e| e.get(0)).cloned())
         .or_else(|| s.get("enum").and_then(|e| e.get(0)).cloned())
@@ -993,14 +1001,21 @@ retries = 1
         std::fs::write(&file, "[bench]\nvia = \"ssh\"\n\n[bench.p2p]\nstream = 2\n").unwrap();
         let err = format!("{:#}", BenchFileConfig::load(Some(&file)).unwrap_err());
         assert!(
-            err.contains(&file.display().to_string()) && err.contains("stream") && err.contains("line 5"),
+            err.contains(&file.display().to_string())
+                && err.contains("stream")
+                && err.contains("line 5"),
             "{err}"
         );
         std::fs::write(&file, "[bench.p2p]\nstreams = \"two\"\n").unwrap();
         let err = format!("{:#}", BenchFileConfig::load(Some(&file)).unwrap_err());
         assert!(err.contains("streams") && err.contains("line 2"), "{err}");
         std::fs::write(&file, "[fabric]\n").unwrap();
-        assert!(BenchFileConfig::load(Some(&file)).unwrap().defaults().is_empty());
+        assert!(
+            BenchFileConfig::load(Some(&file))
+                .unwrap()
+                .defaults()
+                .is_empty()
+        );
     }
 
     #[test]
