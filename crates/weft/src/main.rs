@@ -146,10 +146,23 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_ENVIRONMENT);
         }
     };
+    // The services log what they do (enrolled, reported, applied) at INFO, for journald;
+    // a command a person types only warns.
+    let service = matches!(
+        cli.command,
+        Command::Cluster(
+            cluster::ClusterCommand::Controller(_) | cluster::ClusterCommand::Agent(_)
+        )
+    );
+    let default_level = if service {
+        "warn,weft=info,weft_controller=info,weft_agent=info,weft_opensm=info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         // Colour only for a person: a log file, a pipe or journald gets plain text.
