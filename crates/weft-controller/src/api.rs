@@ -564,7 +564,7 @@ async fn list_servers(
     path = "/v1/servers/{server}",
     tag = "servers",
     security(("admin" = [])),
-    params(("server" = String, Path, description = "the server's name (its host name)")),
+    params(("server" = String, Path, description = "the server's name (its host name)", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 204, description = "forgotten"), Invalid, AdminOnly, Missing, Conflicting)
 )]
 async fn remove_server(
@@ -699,7 +699,7 @@ async fn create_tenant(
     path = "/v1/tenants/{tenant}",
     tag = "tenants",
     security(("admin" = [])),
-    params(("tenant" = String, Path, description = "the tenant's name")),
+    params(("tenant" = String, Path, description = "the tenant's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 204, description = "deleted, with its tokens"), Invalid, AdminOnly, Missing, Conflicting)
 )]
 async fn delete_tenant(
@@ -735,7 +735,7 @@ async fn list_tokens(
     path = "/v1/tokens/{id}",
     tag = "tenants",
     security(("admin" = [])),
-    params(("id" = String, Path, description = "the token's id: the first 16 hex digits of its SHA-256")),
+    params(("id" = String, Path, description = "the token's id: the first 16 hex digits of its SHA-256", pattern = "^[0-9a-f]{16}$")),
     responses((status = 204, description = "revoked"), Invalid, AdminOnly, Missing)
 )]
 async fn revoke_token(
@@ -856,7 +856,7 @@ async fn list_groups(
     path = "/v1/groups/{group}",
     tag = "groups",
     security(("api" = [])),
-    params(("group" = String, Path, description = "the group's name")),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 200, description = "the group", body = GroupView), Authed, Missing)
 )]
 async fn get_group(
@@ -880,7 +880,7 @@ async fn get_group(
     path = "/v1/groups/{group}/nodes",
     tag = "groups",
     security(("api" = [])),
-    params(("group" = String, Path, description = "the group's name")),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 200, description = "its members", body = Vec<NodeView>), Authed, Missing)
 )]
 async fn group_nodes(
@@ -945,7 +945,7 @@ async fn create_group(
     path = "/v1/groups/{group}",
     tag = "groups",
     security(("admin" = [])),
-    params(("group" = String, Path, description = "the group's name")),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 202, description = "accepted; the operation to poll", body = Accepted), Invalid, AdminOnly, Missing, Conflicting)
 )]
 async fn delete_group(
@@ -963,7 +963,7 @@ async fn delete_group(
     path = "/v1/groups/{group}/members",
     tag = "groups",
     security(("admin" = [])),
-    params(("group" = String, Path, description = "the group's name")),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     request_body = AddMember,
     responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), BodyErrors, AdminOnly, Missing, Conflicting)
 )]
@@ -991,7 +991,7 @@ async fn add_member(
     path = "/v1/groups/{group}/members/{server}",
     tag = "groups",
     security(("admin" = [])),
-    params(("group" = String, Path, description = "the group's name"), ("server" = String, Path, description = "the server's name (its host name)")),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$"), ("server" = String, Path, description = "the server's name (its host name)", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
     responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), Invalid, AdminOnly, Missing, Conflicting)
 )]
 async fn remove_member(

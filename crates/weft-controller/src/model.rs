@@ -253,6 +253,7 @@ pub struct EnrollRequest {
     #[schema(value_type = String)]
     pub token: Secret,
     /// The host name the agent discovered.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub hostname: String,
 }
 
@@ -272,6 +273,7 @@ pub struct Enrolled {
 pub struct EnrollmentRequest {
     /// Bind the token to one host name.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: Option<String>,
     /// Seconds the token stays valid, 60 to 2 592 000 (30 days); default one day.
     #[serde(default)]
@@ -307,6 +309,7 @@ pub struct ReportAck {
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     /// The name.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub name: String,
 }
 
@@ -315,8 +318,10 @@ pub struct CreateTenant {
 #[serde(deny_unknown_fields)]
 pub struct CreateGroup {
     /// The name (a partitions.conf name).
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub name: String,
     /// The owning tenant.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub tenant: String,
 }
 
@@ -325,6 +330,7 @@ pub struct CreateGroup {
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
     /// The server.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: String,
 }
 
@@ -333,8 +339,10 @@ pub struct AddMember {
 #[serde(deny_unknown_fields)]
 pub struct MoveServer {
     /// The server.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: String,
     /// The group it goes to.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub to: String,
 }
 
@@ -358,6 +366,7 @@ pub struct CreateToken {
     pub role: TokenRole,
     /// The tenant, for (and only for) `"role": "tenant"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub tenant: Option<String>,
     /// Seconds the token stays valid, 60 to 315 360 000 (ten years). Tenant tokens
     /// default to 90 days; admin tokens made here without it never expire.
