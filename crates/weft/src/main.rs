@@ -121,6 +121,17 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {
+            // `--help` of a bench or doctor command shows `[bench]`'s values as defaults.
+            let with_file = help_bench_section().map(|s| {
+                s.apply(<Cli as clap::CommandFactory>::command())
+                    .try_get_matches()
+            });
+            return match with_file {
+                Some(Err(help)) => usage_error(help),
+                _ => usage_error(e),
+            };
+        }
         Err(e) => return usage_error(e),
     };
     // `[bench]` of weft.toml gives the defaults of the bench and doctor flags: parsed
@@ -264,6 +275,35 @@ fn bench_section(cli: &Cli) -> anyhow::Result<Option<config::BenchFileConfig>> {
     }
     let section = config::BenchFileConfig::load(cli.config.as_deref())?;
     Ok((!section.defaults().is_empty()).then_some(section))
+}
+
+/// For `--help`, where no command line was parsed: `[bench]` when the words name a command
+/// it gives defaults to and the file reads without fault (else the built-in help).
+fn help_bench_section() -> Option<config::BenchFileConfig> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = std::env::var_os("WEFT_CONFIG").map(PathBuf::from);
+    let mut words = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            config = it.next().map(PathBuf::from);
+        } else if let Some(p) = a.strip_prefix("--config=") {
+            config = Some(PathBuf::from(p));
+        } else if !a.starts_with('-') {
+            words.push(a.as_str());
+        }
+    }
+    let reads = match words.as_slice() {
+        ["doctor", ..] | ["bench", "p2p" | "collectives", ..] => true,
+        ["bench", "llm", rest @ ..] => rest.first() != Some(&"compare"),
+        _ => false,
+    };
+    if !reads {
+        return None;
+    }
+    config::BenchFileConfig::load(config.as_deref())
+        .ok()
+        .filter(|s| !s.defaults().is_empty())
 }
 
 /// `--config` (or `$WEFT_CONFIG`), for the commands that read weft.toml only on demand.

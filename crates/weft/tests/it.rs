@@ -161,6 +161,14 @@ fn bench_takes_its_defaults_from_weft_toml_and_env_and_flags_win() {
     let o = run(&[], &["bench", "llm", "--runs", "1"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("127.0.0.1:9/v1"), "{}", text(&o));
+    // `--help` shows the file's values as the defaults.
+    let o = run(&[], &["bench", "llm", "--model", "x", "--help"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("[default: http://127.0.0.1:9/v1]"),
+        "{}",
+        text(&o)
+    );
     let o = run(
         &[("WEFT_LLM_URL", "http://127.0.0.1:10/v1")],
         &["bench", "llm", "--runs", "1"],
