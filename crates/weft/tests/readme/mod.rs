@@ -10,8 +10,8 @@
 //! `weft` binary comes first on `PATH`; `WEFT_CONFIG` points at the test fabric's weft.toml
 //! (the README's weft.toml names `/etc` paths of a real host), which also gives `weft agent`
 //! the sysfs tree of a fixture host `node1` whose port GUIDs are the fabric's (`[agent]
-//! sysfs_root`); `/etc/opensm/partitions.conf` is the primary SM's file; port `7100` is a
-//! free port. Whatever a block leaves running in the background (`weft controller &`) is
+//! sysfs_root`); `/etc/opensm/partitions.conf` is the primary SM's file; ports `7100` and
+//! `7101` are free ports. Whatever a block leaves running in the background (`weft controller &`) is
 //! stopped with its process group when the block ends. Blocks that stay unmarked need what
 //! no test machine has; each says why in [`UNMARKED`].
 
@@ -264,7 +264,8 @@ fn every_runnable_readme_command_works_on_the_simulated_fabric() {
         let port = free_port();
         let script = block
             .replace("/etc/opensm/partitions.conf", &master_file)
-            .replace(":7100", &format!(":{port}"));
+            .replace(":7100", &format!(":{port}"))
+            .replace(":7101", &format!(":{}", free_port()));
         let (ok, out) = run_block(
             &script,
             dir,
