@@ -53,10 +53,12 @@ pub struct ServerView {
     /// Whether its agent reports.
     pub liveness: Liveness,
     /// Unix seconds of the last report or heartbeat.
+    #[schema(required = true)]
     pub last_seen: Option<u64>,
     /// The InfiniBand ports it owns.
     pub ports: Vec<PortView>,
     /// The group it belongs to, if any.
+    #[schema(required = true)]
     pub group: Option<String>,
     /// GUIDs it reported that another server owns (held pending).
     #[schema(value_type = Vec<String>)]
@@ -124,12 +126,14 @@ pub struct OperationView {
     /// Failed delivery attempts so far.
     pub attempts: i64,
     /// The last error, if an attempt failed.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// The partitions.conf diff it made (`-`/`+` lines).
     pub diff: String,
     /// Unix seconds.
     pub created: u64,
     /// Unix seconds when it was verified on the fabric.
+    #[schema(required = true)]
     pub finished: Option<u64>,
     /// What the delivery could not verify: ports of its servers that are not on the
     /// fabric, by GUID.
@@ -184,6 +188,7 @@ pub struct StatusView {
     /// Generation last delivered and verified.
     pub applied_generation: i64,
     /// Checksum of the partitions file last verified.
+    #[schema(required = true)]
     pub applied_checksum: Option<String>,
     /// Operations not yet applied.
     pub pending_operations: i64,
@@ -192,12 +197,15 @@ pub struct StatusView {
     /// Whether the controller delivers to subnet managers and verifies on ports; `false`
     /// under `weft controller --no-fabric`, where "applied" means recorded only.
     #[serde(default)]
+    #[schema(required = true)]
     pub delivers: bool,
     /// Whether the SMs' files and the ports still hold what was applied.
     #[serde(default)]
+    #[schema(required = true)]
     pub drift: DriftView,
     /// The partitions file last verified (what `weft fabric verify` compares against).
     #[serde(default)]
+    #[schema(required = true)]
     pub applied_conf: Option<String>,
 }
 
@@ -232,8 +240,10 @@ pub struct DriftView {
     /// The verdict.
     pub state: DriftState,
     /// When the SMs' files were last read (Unix seconds).
+    #[schema(required = true)]
     pub files_checked_at: Option<u64>,
     /// When the ports' tables were last read (Unix seconds).
+    #[schema(required = true)]
     pub ports_checked_at: Option<u64>,
     /// SMs whose file is not the applied one.
     pub files: Vec<String>,
@@ -384,6 +394,7 @@ pub struct TokenCreated {
     /// Its id in `GET /v1/tokens` (the first 16 hex digits of its SHA-256).
     pub id: String,
     /// Unix seconds when it stops working; `None`: never.
+    #[schema(required = true)]
     pub expires: Option<u64>,
 }
 
@@ -395,14 +406,17 @@ pub struct TokenView {
     /// `admin` or `tenant`.
     pub role: TokenRole,
     /// The tenant of a tenant token.
+    #[schema(required = true)]
     pub tenant: Option<String>,
     /// `bootstrap` (the controller's `WEFT_ADMIN_TOKEN`) or `api` (made through the API).
     pub source: String,
     /// Unix seconds.
     pub created: u64,
     /// Unix seconds when it stops working; `None`: never.
+    #[schema(required = true)]
     pub expires: Option<u64>,
     /// Unix seconds when it was revoked.
+    #[schema(required = true)]
     pub revoked: Option<u64>,
 }
 
@@ -410,6 +424,7 @@ pub struct TokenView {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Accepted {
     /// The operation to poll at `/v1/operations/{id}`.
+    #[schema(required = true)]
     pub operation: Option<OperationView>,
 }
 
@@ -429,6 +444,7 @@ pub struct NodeView {
     /// Whether its agent reports.
     pub liveness: Liveness,
     /// Unix seconds of the last report or heartbeat.
+    #[schema(required = true)]
     pub last_seen: Option<u64>,
     /// The GPUs of its last report; empty when it reported none.
     #[schema(value_type = Vec<GpuSchema>)]
@@ -446,9 +462,12 @@ pub(crate) struct GpuSchema {
     /// Product name, for example `NVIDIA H200`.
     name: String,
     /// `GPU-...` UUID.
+    #[schema(required = true)]
     uuid: Option<String>,
     /// Total memory in bytes; `null` where NVML does not report it (GB10's unified memory).
+    #[schema(required = true)]
     memory_total_bytes: Option<u64>,
     /// PCI address in sysfs form (`0000:01:00.0`).
+    #[schema(required = true)]
     pci: Option<String>,
 }

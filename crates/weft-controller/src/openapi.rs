@@ -312,6 +312,21 @@ mod tests {
             assert_eq!(s[body]["additionalProperties"], false, "{body}");
         }
         assert_eq!(s["CreateToken"]["required"], serde_json::json!(["role"]));
+        // What a response always carries is required, `null` or not.
+        for (schema, field) in [
+            ("ServerView", "last_seen"),
+            ("TokenView", "revoked"),
+            ("Accepted", "operation"),
+            ("StatusView", "drift"),
+        ] {
+            let req = s[schema]["required"].as_array().unwrap();
+            assert!(req.iter().any(|r| r == field), "{schema}.{field}: {req:?}");
+        }
+        let op = s["OperationView"]["required"].as_array().unwrap();
+        assert!(
+            !op.iter().any(|r| r == "warning"),
+            "sent only when there is one"
+        );
         assert_eq!(
             s["TokenRole"]["enum"],
             serde_json::json!(["admin", "tenant"])
