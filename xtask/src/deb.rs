@@ -10,6 +10,11 @@
 //! already uses, installs the package with `dpkg -i` (so its dependencies must be in that
 //! minimal system), runs `weft --version` and `weft doctor --via local` inside it, and checks
 //! the units with `systemd-analyze verify` against that root (which holds Debian's systemd).
+//! Then it boots that root with systemd as PID 1 (`systemd-nspawn -b`; `--register=no
+//! --keep-unit` as this machine has no systemd of its own to register with) and runs
+//! `packaging/deb-test/weft-services-test.sh` there as a unit: `systemctl start
+//! weft-controller weft-agent`, the controller answering `/healthz` and the API, the agent
+//! enrolled and reporting, both logging at INFO, both stopped.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -86,6 +91,14 @@ pub fn build(root: &Path, how: Build) -> Result<PathBuf> {
     put(
         &root.join("README.md"),
         "usr/share/doc/weft/README.md",
+        0o644,
+    )?;
+    // The controller's unit reads /etc/weft/weft.toml: the commented reference (every
+    // setting at its default), a conffile that upgrades never overwrite once edited.
+    put(&root.join("docs/weft.toml"), "etc/weft/weft.toml", 0o644)?;
+    write(
+        &stage.join("DEBIAN/conffiles"),
+        "/etc/weft/weft.toml\n",
         0o644,
     )?;
     write(
@@ -169,9 +182,12 @@ pub fn test(root: &Path, how: Build) -> Result<()> {
     crate::ensure(&[
         ("debootstrap", "/usr/sbin/debootstrap"),
         ("systemd", "/usr/bin/systemd-analyze"),
+        ("systemd-container", "/usr/bin/systemd-nspawn"),
     ])?;
     let chroot = std::env::temp_dir().join(format!("weft-deb-test-{}", std::process::id()));
-    let result = in_clean_debian(&chroot, &deb);
+    let result = in_clean_debian(&chroot, &deb)
+        .and_then(|()| unmount_all(&chroot))
+        .and_then(|()| services_under_systemd(root, &chroot));
     let cleanup = unmount_all(&chroot).and_then(|()| {
         fs::remove_dir_all(&chroot).with_context(|| format!("cannot remove {}", chroot.display()))
     });
@@ -184,8 +200,13 @@ fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
     let mirror = apt_mirror(&suite)?;
     eprintln!("xtask: debootstrap {suite} from the mirror apt uses");
     run(Command::new("debootstrap")
-        // systemd's own units, so that `systemd-analyze verify` checks ours against them
-        .args(["--variant=minbase", "--include=systemd", &suite])
+        // systemd's own units, so that `systemd-analyze verify` checks ours against them, and
+        // what booting it with systemd as PID 1 needs
+        .args([
+            "--variant=minbase",
+            "--include=systemd,systemd-sysv,dbus",
+            &suite,
+        ])
         .arg(chroot)
         .arg(&mirror))?;
     fs::copy(deb, chroot.join("weft.deb")).context("cannot copy the package into the chroot")?;
@@ -246,6 +267,75 @@ fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
             "weft-agent.service",
         ]))?;
     eprintln!("xtask: clean Debian: package installed, weft ran, units verified");
+    Ok(())
+}
+
+/// The longest a boot of the clean Debian may take, the services' test included.
+const BOOT_LIMIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Boots the clean Debian (the package installed) with systemd as PID 1 and runs
+/// `packaging/deb-test/weft-services-test.sh` there as a unit that powers the machine off
+/// when it ends; its verdict and log are read from the root afterwards.
+fn services_under_systemd(root: &Path, chroot: &Path) -> Result<()> {
+    let dir = root.join("packaging/deb-test");
+    fs::copy(
+        dir.join("weft-services-test.sh"),
+        chroot.join("weft-services-test.sh"),
+    )
+    .context("cannot copy the services test into the clean system")?;
+    let unit = "weft-services-test.service";
+    let units = chroot.join("etc/systemd/system");
+    fs::copy(dir.join(unit), units.join(unit))
+        .context("cannot copy the services test's unit into the clean system")?;
+    let wants = units.join("multi-user.target.wants");
+    fs::create_dir_all(&wants)?;
+    std::os::unix::fs::symlink(format!("/etc/systemd/system/{unit}"), wants.join(unit))
+        .context("cannot enable the services test's unit")?;
+    eprintln!("xtask: clean Debian: booting it with systemd as PID 1 (systemd-nspawn -b)");
+    let mut child = Command::new("systemd-nspawn")
+        .args([
+            "--quiet",
+            "--register=no",
+            "--keep-unit",
+            "--console=passive",
+        ])
+        .arg("--directory")
+        .arg(chroot)
+        .arg("--boot")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("cannot start systemd-nspawn")?;
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() > BOOT_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "the clean Debian booted with systemd-nspawn did not power off within {BOOT_LIMIT:?}; its log: {}",
+                fs::read_to_string(chroot.join("weft-services-test.log")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let verdict = fs::read_to_string(chroot.join("weft-services-test.result")).unwrap_or_default();
+    let log = fs::read_to_string(chroot.join("weft-services-test.log")).unwrap_or_default();
+    if verdict.trim() != "PASS" {
+        bail!(
+            "the services under systemd in the clean Debian: {} (systemd-nspawn {status}); the test's log:\n{log}",
+            if verdict.is_empty() {
+                "no verdict (the test did not run or did not finish)"
+            } else {
+                verdict.trim()
+            }
+        );
+    }
+    eprintln!(
+        "xtask: clean Debian under systemd: weft-controller and weft-agent started with systemctl, /healthz answered, the agent enrolled and reported, both logged at INFO and stopped ({:.1} s)",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -322,7 +412,11 @@ fn unmount_all(chroot: &Path) -> Result<()> {
     for dst in ["dev", "sys", "proc"] {
         let p = chroot.join(dst);
         // Not mounted (debootstrap failed early) is fine; `-l` so a busy mount still goes.
-        let _ = Command::new("umount").arg("-l").arg(&p).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&p)
+            .stderr(std::process::Stdio::null())
+            .status();
     }
     Ok(())
 }

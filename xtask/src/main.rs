@@ -33,6 +33,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("rsync", "/usr/bin/rsync"),
     // `promtool check metrics` checks what the controller's and agent's /metrics serve.
     ("prometheus", "/usr/bin/promtool"),
+    // `cargo xtask deb-test`: a clean Debian, its units verified, then booted with systemd.
+    ("debootstrap", "/usr/sbin/debootstrap"),
+    ("systemd", "/usr/bin/systemd-analyze"),
+    ("systemd-container", "/usr/bin/systemd-nspawn"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

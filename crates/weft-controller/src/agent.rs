@@ -248,6 +248,12 @@ pub async fn run(
     else {
         return Ok(());
     };
+    tracing::info!(
+        server = %ack.server,
+        owned = ack.owned.len(),
+        pending = ack.pending.len(),
+        "reported this host's ports"
+    );
     if !ack.pending.is_empty() {
         tracing::warn!(pending = ?ack.pending, "ports another server owns are held pending an admin's approval");
     }

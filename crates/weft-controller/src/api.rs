@@ -33,17 +33,21 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
+use utoipa::{IntoParams, OpenApi};
+use utoipa_axum::{router::OpenApiRouter, routes};
 use weft_agent::HostReport;
 
 use crate::auth::{self, Principal, Role, TokenKind};
 use crate::input::{self, Limiter};
 use crate::metrics::{Metrics, Request as RequestLabels, Route};
 use crate::model::*;
+use crate::openapi::{
+    AdminOnly, Authed, BodyErrors, Conflicting, HostReportSchema, Invalid, Missing, RateLimited,
+};
 use crate::reconcile::Event;
 use crate::store::{Change, ReportedPort, Store, StoreError};
 
@@ -203,27 +207,109 @@ fn admin(p: &Principal) -> ApiResult<()> {
 /// KiB); a larger one is refused with 413 before it is parsed.
 pub const MAX_BODY: usize = 1 << 20;
 
-/// The whole API, without a listener: tests and `serve` call this.
-pub fn app(state: AppState) -> Router {
-    // What answers without a token is rate-limited per source address.
-    let open = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/openapi.json",
-            get(|| async { Json(crate::openapi::document()) }),
-        )
-        .route("/v1/agents/enroll", post(enroll))
-        .route_layer(middleware::from_fn_with_state(state.clone(), rate_limited));
-    Router::new()
-        .merge(open)
+/// Every route with its description: the router and the OpenAPI document come from
+/// these `routes!` lists together (see [`crate::openapi`]), so a route served here is a
+/// route described there. Without the layers, which need the state.
+pub(crate) fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .merge(open())
         .merge(agents())
         .merge(servers())
         .merge(tenants())
         .merge(groups())
         .merge(records())
+}
+
+/// The whole API, without a listener: tests and `serve` call this.
+pub fn app(state: AppState) -> Router {
+    let (router, _) = OpenApiRouter::new()
+        // What answers without a token is rate-limited per source address.
+        .merge(open().route_layer(middleware::from_fn_with_state(state.clone(), rate_limited)))
+        .merge(agents())
+        .merge(servers())
+        .merge(tenants())
+        .merge(groups())
+        .merge(records())
+        .split_for_parts();
+    router
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+// ------------------------------------------------------------------ open
+
+fn open() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
+        .routes(routes!(enroll))
+}
+
+/// Liveness: `ok` while the controller serves.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    responses((status = 200, description = "the controller is up", content_type = "text/plain", body = String), RateLimited)
+)]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// This document (OpenAPI 3.1).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "meta",
+    responses((status = 200, description = "this document", body = Object), RateLimited)
+)]
+async fn openapi_json() -> Json<&'static serde_json::Value> {
+    Json(crate::openapi::document())
+}
+
+/// A path parameter; one that does not parse (`/v1/operations/x`) is a 400 with the
+/// JSON error body, like every other refusal.
+pub struct Param<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Param<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(Param(v)),
+            Err(e) => Err(bad(format!(
+                "path: {}",
+                input::escape_control(&e.body_text())
+            ))),
+        }
+    }
+}
+
+/// A query string; one that does not parse (an unknown field, `?limit=x`) is a 400 with
+/// the JSON error body.
+pub struct QueryParams<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for QueryParams<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(QueryParams(v)),
+            Err(e) => Err(bad(format!(
+                "query: {}",
+                input::escape_control(&e.body_text())
+            ))),
+        }
+    }
 }
 
 /// Refuses a request whose source address went past [`AppState::limiter`]. A request that
@@ -302,13 +388,21 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
 
 // ------------------------------------------------------------------ agents
 
-fn agents() -> Router<AppState> {
-    Router::new()
-        .route("/v1/agents/report", post(report))
-        .route("/v1/agents/heartbeat", post(heartbeat))
-        .route("/v1/enrollments", post(create_enrollment))
+fn agents() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(report))
+        .routes(routes!(heartbeat))
+        .routes(routes!(create_enrollment))
 }
 
+/// Enrolls an agent with a one-time token; returns its secret once.
+#[utoipa::path(
+    post,
+    path = "/v1/agents/enroll",
+    tag = "agents",
+    request_body = EnrollRequest,
+    responses((status = 200, description = "enrolled; the secret is shown once", body = Enrolled), BodyErrors, RateLimited, (status = 401, description = "an enrollment token that is unknown, used, expired or bound to another host", body = ErrorBody), (status = 500, description = "something inside failed (the detail is in the controller's log)", body = ErrorBody))
+)]
 async fn enroll(
     State(state): State<AppState>,
     Body(req): Body<EnrollRequest>,
@@ -351,6 +445,15 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
         .collect()
 }
 
+/// Reports a host's ports (weft-agent's HostReport).
+#[utoipa::path(
+    post,
+    path = "/v1/agents/report",
+    tag = "agents",
+    security(("agent" = [])),
+    request_body = HostReportSchema,
+    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
+)]
 async fn report(
     State(state): State<AppState>,
     Agent(server): Agent,
@@ -384,11 +487,28 @@ async fn report(
     Ok(Json(outcome.ack))
 }
 
+/// Tells the controller this agent is alive.
+#[utoipa::path(
+    post,
+    path = "/v1/agents/heartbeat",
+    tag = "agents",
+    security(("agent" = [])),
+    responses((status = 204, description = "seen"), Authed)
+)]
 async fn heartbeat(State(state): State<AppState>, Agent(server): Agent) -> ApiResult<StatusCode> {
     db(&state, move |s| s.heartbeat(&server, now())).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Creates a one-time enrollment token.
+#[utoipa::path(
+    post,
+    path = "/v1/enrollments",
+    tag = "agents",
+    security(("admin" = [])),
+    request_body = EnrollmentRequest,
+    responses((status = 200, description = "the one-time token, shown once", body = EnrollmentToken), BodyErrors, AdminOnly)
+)]
 async fn create_enrollment(
     State(state): State<AppState>,
     p: Principal,
@@ -412,15 +532,23 @@ async fn create_enrollment(
 
 // ------------------------------------------------------------------ servers and claims
 
-fn servers() -> Router<AppState> {
-    Router::new()
-        .route("/v1/servers", get(list_servers))
-        .route("/v1/servers/{server}", delete(remove_server))
-        .route("/v1/claims", get(list_claims))
-        .route("/v1/claims/{id}/approve", post(approve_claim))
-        .route("/v1/claims/{id}/reject", post(reject_claim))
+fn servers() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_servers))
+        .routes(routes!(remove_server))
+        .routes(routes!(list_claims))
+        .routes(routes!(approve_claim))
+        .routes(routes!(reject_claim))
 }
 
+/// Servers, their ports, liveness and group.
+#[utoipa::path(
+    get,
+    path = "/v1/servers",
+    tag = "servers",
+    security(("admin" = [])),
+    responses((status = 200, description = "every server", body = Vec<ServerView>), AdminOnly)
+)]
 async fn list_servers(
     State(state): State<AppState>,
     p: Principal,
@@ -430,10 +558,19 @@ async fn list_servers(
     Ok(Json(db(&state, move |s| s.servers(now(), stale)).await?))
 }
 
+/// Forgets a server that is in no group.
+#[utoipa::path(
+    delete,
+    path = "/v1/servers/{server}",
+    tag = "servers",
+    security(("admin" = [])),
+    params(("server" = String, Path, description = "the server's name (its host name)", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 204, description = "forgotten"), Invalid, AdminOnly, Missing, Conflicting)
+)]
 async fn remove_server(
     State(state): State<AppState>,
     p: Principal,
-    Path(server): Path<String>,
+    Param(server): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
     input::name("server", &server).map_err(bad)?;
@@ -441,6 +578,14 @@ async fn remove_server(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// GUID claims: ports a server reported that another server owns.
+#[utoipa::path(
+    get,
+    path = "/v1/claims",
+    tag = "servers",
+    security(("admin" = [])),
+    responses((status = 200, description = "every claim", body = Vec<ClaimView>), AdminOnly)
+)]
 async fn list_claims(
     State(state): State<AppState>,
     p: Principal,
@@ -449,19 +594,37 @@ async fn list_claims(
     Ok(Json(db(&state, |s| s.claims()).await?))
 }
 
+/// Gives a claimed GUID to its claimant.
+#[utoipa::path(
+    post,
+    path = "/v1/claims/{id}/approve",
+    tag = "servers",
+    security(("admin" = [])),
+    params(("id" = i64, Path, description = "the claim's id")),
+    responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), Invalid, AdminOnly, Missing, Conflicting)
+)]
 async fn approve_claim(
     State(state): State<AppState>,
     p: Principal,
-    Path(id): Path<i64>,
+    Param(id): Param<i64>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(&state, p, Change::ApproveClaim { id }).await
 }
 
+/// Rejects a claim.
+#[utoipa::path(
+    post,
+    path = "/v1/claims/{id}/reject",
+    tag = "servers",
+    security(("admin" = [])),
+    params(("id" = i64, Path, description = "the claim's id")),
+    responses((status = 204, description = "rejected"), Invalid, AdminOnly, Missing)
+)]
 async fn reject_claim(
     State(state): State<AppState>,
     p: Principal,
-    Path(id): Path<i64>,
+    Param(id): Param<i64>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
     db(&state, move |s| s.reject_claim(&p.actor, id, now())).await?;
@@ -470,14 +633,22 @@ async fn reject_claim(
 
 // ------------------------------------------------------------------ tenants and tokens
 
-fn tenants() -> Router<AppState> {
-    Router::new()
-        .route("/v1/tenants", get(list_tenants).post(create_tenant))
-        .route("/v1/tenants/{tenant}", delete(delete_tenant))
-        .route("/v1/tokens", get(list_tokens).post(create_token))
-        .route("/v1/tokens/{id}", delete(revoke_token))
+fn tenants() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_tenants, create_tenant))
+        .routes(routes!(delete_tenant))
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
 }
 
+/// Tenants (a tenant token sees its own).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "tenants",
+    security(("api" = [])),
+    responses((status = 200, description = "tenants this token may see", body = Vec<TenantView>), Authed)
+)]
 async fn list_tenants(
     State(state): State<AppState>,
     p: Principal,
@@ -490,6 +661,15 @@ async fn list_tenants(
     ))
 }
 
+/// Creates a tenant; returns its first token once.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants",
+    tag = "tenants",
+    security(("admin" = [])),
+    request_body = CreateTenant,
+    responses((status = 201, description = "created; its first token is shown once", body = TenantCreated), BodyErrors, AdminOnly, Conflicting)
+)]
 async fn create_tenant(
     State(state): State<AppState>,
     p: Principal,
@@ -513,10 +693,19 @@ async fn create_tenant(
     Ok((StatusCode::CREATED, Json(TenantCreated { tenant, token })))
 }
 
+/// Deletes a tenant that owns no group, and its tokens.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    security(("admin" = [])),
+    params(("tenant" = String, Path, description = "the tenant's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 204, description = "deleted, with its tokens"), Invalid, AdminOnly, Missing, Conflicting)
+)]
 async fn delete_tenant(
     State(state): State<AppState>,
     p: Principal,
-    Path(tenant): Path<String>,
+    Param(tenant): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
     input::name("tenant", &tenant).map_err(bad)?;
@@ -524,6 +713,14 @@ async fn delete_tenant(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// API tokens: ids and metadata, never a token.
+#[utoipa::path(
+    get,
+    path = "/v1/tokens",
+    tag = "tenants",
+    security(("admin" = [])),
+    responses((status = 200, description = "every token's metadata", body = Vec<TokenView>), AdminOnly)
+)]
 async fn list_tokens(
     State(state): State<AppState>,
     p: Principal,
@@ -532,16 +729,34 @@ async fn list_tokens(
     Ok(Json(db(&state, |s| s.tokens()).await?))
 }
 
+/// Revokes a token by its id.
+#[utoipa::path(
+    delete,
+    path = "/v1/tokens/{id}",
+    tag = "tenants",
+    security(("admin" = [])),
+    params(("id" = String, Path, description = "the token's id: the first 16 hex digits of its SHA-256", pattern = "^[0-9a-f]{16}$")),
+    responses((status = 204, description = "revoked"), Invalid, AdminOnly, Missing)
+)]
 async fn revoke_token(
     State(state): State<AppState>,
     p: Principal,
-    Path(id): Path<String>,
+    Param(id): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
     db(&state, move |s| s.revoke_token(&p.actor, &id, now())).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Creates an API token; the role is always explicit.
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "tenants",
+    security(("admin" = [])),
+    request_body = CreateToken,
+    responses((status = 201, description = "created; the token is shown once", body = TokenCreated), BodyErrors, AdminOnly, Missing)
+)]
 async fn create_token(
     State(state): State<AppState>,
     p: Principal,
@@ -593,14 +808,14 @@ pub const MAX_TOKEN_TTL_S: u64 = 3650 * 86_400;
 
 // ------------------------------------------------------------------ groups
 
-fn groups() -> Router<AppState> {
-    Router::new()
-        .route("/v1/groups", get(list_groups).post(create_group))
-        .route("/v1/groups/{group}", get(get_group).delete(delete_group))
-        .route("/v1/groups/{group}/nodes", get(group_nodes))
-        .route("/v1/groups/{group}/members", post(add_member))
-        .route("/v1/groups/{group}/members/{server}", delete(remove_member))
-        .route("/v1/moves", post(move_server))
+fn groups() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_groups, create_group))
+        .routes(routes!(get_group, delete_group))
+        .routes(routes!(group_nodes))
+        .routes(routes!(add_member))
+        .routes(routes!(remove_member))
+        .routes(routes!(move_server))
 }
 
 async fn change(
@@ -615,6 +830,14 @@ async fn change(
     Ok((StatusCode::ACCEPTED, Json(Accepted { operation })))
 }
 
+/// Groups (a tenant token sees its own).
+#[utoipa::path(
+    get,
+    path = "/v1/groups",
+    tag = "groups",
+    security(("api" = [])),
+    responses((status = 200, description = "groups this token may see", body = Vec<GroupView>), Authed)
+)]
 async fn list_groups(
     State(state): State<AppState>,
     p: Principal,
@@ -627,10 +850,19 @@ async fn list_groups(
     ))
 }
 
+/// One group.
+#[utoipa::path(
+    get,
+    path = "/v1/groups/{group}",
+    tag = "groups",
+    security(("api" = [])),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 200, description = "the group", body = GroupView), Authed, Missing)
+)]
 async fn get_group(
     State(state): State<AppState>,
     p: Principal,
-    Path(group): Path<String>,
+    Param(group): Param<String>,
 ) -> ApiResult<Json<GroupView>> {
     let all = db(&state, |s| s.groups()).await?;
     // Another tenant's group answers exactly like a group that does not exist.
@@ -640,12 +872,21 @@ async fn get_group(
         .ok_or_else(|| ApiError::NotFound(format!("no group `{group}`")))
 }
 
-/// The members of a group with their liveness and reported GPUs; visible to whoever may
-/// see the group.
+/// A group's members with their liveness and the GPUs their agents reported.
+///
+/// Visible to whoever may see the group.
+#[utoipa::path(
+    get,
+    path = "/v1/groups/{group}/nodes",
+    tag = "groups",
+    security(("api" = [])),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 200, description = "its members", body = Vec<NodeView>), Authed, Missing)
+)]
 async fn group_nodes(
     State(state): State<AppState>,
     p: Principal,
-    Path(group): Path<String>,
+    Param(group): Param<String>,
 ) -> ApiResult<Json<Vec<NodeView>>> {
     let stale = state.stale_after_s;
     let (groups, servers, mut gpus) = db(&state, move |s| {
@@ -672,6 +913,15 @@ async fn group_nodes(
     ))
 }
 
+/// Creates a group (a partition with a fresh P_Key).
+#[utoipa::path(
+    post,
+    path = "/v1/groups",
+    tag = "groups",
+    security(("admin" = [])),
+    request_body = CreateGroup,
+    responses((status = 202, description = "accepted; the operation to poll", body = Accepted), BodyErrors, AdminOnly, Missing, Conflicting)
+)]
 async fn create_group(
     State(state): State<AppState>,
     p: Principal,
@@ -689,19 +939,38 @@ async fn create_group(
     .await
 }
 
+/// Deletes a group.
+#[utoipa::path(
+    delete,
+    path = "/v1/groups/{group}",
+    tag = "groups",
+    security(("admin" = [])),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 202, description = "accepted; the operation to poll", body = Accepted), Invalid, AdminOnly, Missing, Conflicting)
+)]
 async fn delete_group(
     State(state): State<AppState>,
     p: Principal,
-    Path(group): Path<String>,
+    Param(group): Param<String>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(&state, p, Change::DeleteGroup { group }).await
 }
 
+/// Adds a server to a group.
+#[utoipa::path(
+    post,
+    path = "/v1/groups/{group}/members",
+    tag = "groups",
+    security(("admin" = [])),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    request_body = AddMember,
+    responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), BodyErrors, AdminOnly, Missing, Conflicting)
+)]
 async fn add_member(
     State(state): State<AppState>,
     p: Principal,
-    Path(group): Path<String>,
+    Param(group): Param<String>,
     Body(req): Body<AddMember>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
@@ -716,15 +985,33 @@ async fn add_member(
     .await
 }
 
+/// Removes a server from a group.
+#[utoipa::path(
+    delete,
+    path = "/v1/groups/{group}/members/{server}",
+    tag = "groups",
+    security(("admin" = [])),
+    params(("group" = String, Path, description = "the group's name", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$"), ("server" = String, Path, description = "the server's name (its host name)", pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")),
+    responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), Invalid, AdminOnly, Missing, Conflicting)
+)]
 async fn remove_member(
     State(state): State<AppState>,
     p: Principal,
-    Path((group, server)): Path<(String, String)>,
+    Param((group, server)): Param<(String, String)>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
     admin(&p)?;
     change(&state, p, Change::RemoveMember { group, server }).await
 }
 
+/// Moves a server to another group in one step.
+#[utoipa::path(
+    post,
+    path = "/v1/moves",
+    tag = "groups",
+    security(("admin" = [])),
+    request_body = MoveServer,
+    responses((status = 202, description = "accepted; the operation to poll (absent when nothing changed)", body = Accepted), BodyErrors, AdminOnly, Missing, Conflicting)
+)]
 async fn move_server(
     State(state): State<AppState>,
     p: Principal,
@@ -744,55 +1031,94 @@ async fn move_server(
 
 // ------------------------------------------------------------------ operations, audit, status
 
-fn records() -> Router<AppState> {
-    Router::new()
-        .route("/v1/operations", get(list_operations))
-        .route("/v1/operations/{id}", get(get_operation))
-        .route("/v1/audit", get(list_audit))
-        .route("/v1/status", get(status))
+fn records() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_operations))
+        .routes(routes!(get_operation))
+        .routes(routes!(list_audit))
+        .routes(routes!(status))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct OpsQuery {
+    /// Only the operations not yet applied.
     #[serde(default)]
     pending: bool,
 }
 
+/// Operations, newest first (`?pending=true`: only those not yet applied).
+#[utoipa::path(
+    get,
+    path = "/v1/operations",
+    tag = "records",
+    security(("admin" = [])),
+    params(OpsQuery),
+    responses((status = 200, description = "operations, newest first", body = Vec<OperationView>), Invalid, AdminOnly)
+)]
 async fn list_operations(
     State(state): State<AppState>,
     p: Principal,
-    Query(q): Query<OpsQuery>,
+    QueryParams(q): QueryParams<OpsQuery>,
 ) -> ApiResult<Json<Vec<OperationView>>> {
     admin(&p)?;
     Ok(Json(db(&state, move |s| s.operations(q.pending)).await?))
 }
 
+/// One operation.
+#[utoipa::path(
+    get,
+    path = "/v1/operations/{id}",
+    tag = "records",
+    security(("admin" = [])),
+    params(("id" = i64, Path, description = "the operation's id")),
+    responses((status = 200, description = "the operation", body = OperationView), Invalid, AdminOnly, Missing)
+)]
 async fn get_operation(
     State(state): State<AppState>,
     p: Principal,
-    Path(id): Path<i64>,
+    Param(id): Param<i64>,
 ) -> ApiResult<Json<OperationView>> {
     admin(&p)?;
     Ok(Json(db(&state, move |s| s.operation(id)).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// The most entries to return (default 100, at most 10 000).
     limit: Option<usize>,
 }
 
+/// The audit log, oldest first (`?limit=N`, default 100, at most 10 000).
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "records",
+    security(("admin" = [])),
+    params(AuditQuery),
+    responses((status = 200, description = "audit entries, oldest first", body = Vec<AuditEntry>), Invalid, AdminOnly)
+)]
 async fn list_audit(
     State(state): State<AppState>,
     p: Principal,
-    Query(q): Query<AuditQuery>,
+    QueryParams(q): QueryParams<AuditQuery>,
 ) -> ApiResult<Json<Vec<AuditEntry>>> {
     admin(&p)?;
     let limit = q.limit.unwrap_or(100).min(10_000);
     Ok(Json(db(&state, move |s| s.audit(limit)).await?))
 }
 
+/// Desired against observed, and the drift check's findings.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "records",
+    security(("admin" = [])),
+    responses((status = 200, description = "desired against observed", body = StatusView), AdminOnly)
+)]
 async fn status(State(state): State<AppState>, p: Principal) -> ApiResult<Json<StatusView>> {
     admin(&p)?;
     let stale = state.stale_after_s;

@@ -1,12 +1,13 @@
 //! The API's JSON types, shared by the server, the client, the CLI and the tests.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use weft_fabric::Guid;
 
 use crate::auth::Secret;
 
 /// Whether a server's agent is reporting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Liveness {
     /// Reported within the stale bound.
@@ -29,9 +30,10 @@ impl Liveness {
 }
 
 /// One port a server owns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PortView {
     /// Port GUID.
+    #[schema(value_type = String, example = "0x0002c90300000101")]
     pub guid: Guid,
     /// RDMA device name (`mlx5_0`).
     pub device: String,
@@ -44,24 +46,27 @@ pub struct PortView {
 }
 
 /// A server (one agent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ServerView {
     /// Its name (the host name it enrolled with).
     pub name: String,
     /// Whether its agent reports.
     pub liveness: Liveness,
     /// Unix seconds of the last report or heartbeat.
+    #[schema(required = true)]
     pub last_seen: Option<u64>,
     /// The InfiniBand ports it owns.
     pub ports: Vec<PortView>,
     /// The group it belongs to, if any.
+    #[schema(required = true)]
     pub group: Option<String>,
     /// GUIDs it reported that another server owns (held pending).
+    #[schema(value_type = Vec<String>)]
     pub pending_claims: Vec<Guid>,
 }
 
 /// A tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TenantView {
     /// Its name.
     pub name: String,
@@ -70,16 +75,17 @@ pub struct TenantView {
 }
 
 /// The answer to creating a tenant: its first API token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TenantCreated {
     /// The tenant.
     pub tenant: TenantView,
     /// A tenant-role API token; only its hash is kept.
+    #[schema(value_type = String)]
     pub token: Secret,
 }
 
 /// A group: one partition, owned by a tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
     /// Its name (the partition's name).
     pub name: String,
@@ -90,11 +96,12 @@ pub struct GroupView {
     /// Its servers.
     pub members: Vec<String>,
     /// The port GUIDs of its servers.
+    #[schema(value_type = Vec<String>)]
     pub ports: Vec<Guid>,
 }
 
 /// An operation's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OpState {
     /// Committed to the desired state, not yet verified on the fabric.
@@ -104,7 +111,7 @@ pub enum OpState {
 }
 
 /// A change an operator asked for, and how far it got.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct OperationView {
     /// Its id.
     pub id: i64,
@@ -119,12 +126,14 @@ pub struct OperationView {
     /// Failed delivery attempts so far.
     pub attempts: i64,
     /// The last error, if an attempt failed.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// The partitions.conf diff it made (`-`/`+` lines).
     pub diff: String,
     /// Unix seconds.
     pub created: u64,
     /// Unix seconds when it was verified on the fabric.
+    #[schema(required = true)]
     pub finished: Option<u64>,
     /// What the delivery could not verify: ports of its servers that are not on the
     /// fabric, by GUID.
@@ -133,7 +142,7 @@ pub struct OperationView {
 }
 
 /// One line of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AuditEntry {
     /// Its id (increasing).
     pub id: i64,
@@ -154,11 +163,12 @@ pub struct AuditEntry {
 }
 
 /// A GUID a server reported that another server already owns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClaimView {
     /// Its id.
     pub id: i64,
     /// The port GUID.
+    #[schema(value_type = String, example = "0x0002c90300000101")]
     pub guid: Guid,
     /// The server that reported it.
     pub claimant: String,
@@ -171,13 +181,14 @@ pub struct ClaimView {
 }
 
 /// The controller's view of desired against observed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StatusView {
     /// Generation of the desired state (bumped by every change).
     pub desired_generation: i64,
     /// Generation last delivered and verified.
     pub applied_generation: i64,
     /// Checksum of the partitions file last verified.
+    #[schema(required = true)]
     pub applied_checksum: Option<String>,
     /// Operations not yet applied.
     pub pending_operations: i64,
@@ -186,17 +197,20 @@ pub struct StatusView {
     /// Whether the controller delivers to subnet managers and verifies on ports; `false`
     /// under `weft controller --no-fabric`, where "applied" means recorded only.
     #[serde(default)]
+    #[schema(required = true)]
     pub delivers: bool,
     /// Whether the SMs' files and the ports still hold what was applied.
     #[serde(default)]
+    #[schema(required = true)]
     pub drift: DriftView,
     /// The partitions file last verified (what `weft fabric verify` compares against).
     #[serde(default)]
+    #[schema(required = true)]
     pub applied_conf: Option<String>,
 }
 
 /// Whether the fabric still holds what the controller applied.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DriftState {
     /// Not checked yet (nothing applied, no fabric, or no check done).
@@ -220,14 +234,16 @@ impl DriftState {
 }
 
 /// The drift check's last findings (`GET /v1/status`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DriftView {
     /// The verdict.
     pub state: DriftState,
     /// When the SMs' files were last read (Unix seconds).
+    #[schema(required = true)]
     pub files_checked_at: Option<u64>,
     /// When the ports' tables were last read (Unix seconds).
+    #[schema(required = true)]
     pub ports_checked_at: Option<u64>,
     /// SMs whose file is not the applied one.
     pub files: Vec<String>,
@@ -240,94 +256,108 @@ pub struct DriftView {
 }
 
 /// `POST /v1/agents/enroll`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The one-time enrollment token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// The host name the agent discovered.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub hostname: String,
 }
 
 /// The answer to enrolling: the agent's secret, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Enrolled {
     /// The server name the controller knows this agent by.
     pub server: String,
     /// The per-agent secret for every later report.
+    #[schema(value_type = String)]
     pub secret: Secret,
 }
 
 /// `POST /v1/enrollments`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnrollmentRequest {
     /// Bind the token to one host name.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: Option<String>,
-    /// Seconds the token stays valid (default one day).
+    /// Seconds the token stays valid, 60 to 2 592 000 (30 days); default one day.
     #[serde(default)]
+    #[schema(minimum = 60, maximum = 2_592_000)]
     pub ttl_s: Option<u64>,
 }
 
 /// A one-time enrollment token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EnrollmentToken {
     /// The token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// Unix seconds when it expires.
     pub expires: u64,
 }
 
 /// What the controller made of a report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReportAck {
     /// The server name.
     pub server: String,
     /// Ports it now owns.
+    #[schema(value_type = Vec<String>)]
     pub owned: Vec<Guid>,
     /// Ports held pending because another server owns them.
+    #[schema(value_type = Vec<String>)]
     pub pending: Vec<Guid>,
 }
 
 /// `POST /v1/tenants`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     /// The name.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub name: String,
 }
 
 /// `POST /v1/groups`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateGroup {
     /// The name (a partitions.conf name).
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub name: String,
     /// The owning tenant.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub tenant: String,
 }
 
 /// `POST /v1/groups/{group}/members`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
     /// The server.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: String,
 }
 
 /// `POST /v1/moves`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveServer {
     /// The server.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub server: String,
     /// The group it goes to.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub to: String,
 }
 
 /// The scope of an API token as a request names it: always explicit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenRole {
     /// Everything.
@@ -339,59 +369,67 @@ pub enum TokenRole {
 /// `POST /v1/tokens`: `{"role": "admin"}` or `{"role": "tenant", "tenant": "alice"}`.
 /// The role is required: a body without it (or with a field the API does not know, such
 /// as a misspelled `tenat`) is refused, never read as an admin token.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// `admin` or `tenant`.
     pub role: TokenRole,
     /// The tenant, for (and only for) `"role": "tenant"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_.-]{0,30}$")]
     pub tenant: Option<String>,
     /// Seconds the token stays valid, 60 to 315 360 000 (ten years). Tenant tokens
     /// default to 90 days; admin tokens made here without it never expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 60, maximum = 315_360_000)]
     pub ttl_s: Option<u64>,
 }
 
 /// A fresh API token, shown once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenCreated {
     /// The token.
+    #[schema(value_type = String)]
     pub token: Secret,
     /// Its id in `GET /v1/tokens` (the first 16 hex digits of its SHA-256).
     pub id: String,
     /// Unix seconds when it stops working; `None`: never.
+    #[schema(required = true)]
     pub expires: Option<u64>,
 }
 
 /// One API token as `GET /v1/tokens` lists it: metadata only, never the token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TokenView {
     /// The first 16 hex digits of the token's SHA-256: what `DELETE /v1/tokens/{id}` takes.
     pub id: String,
     /// `admin` or `tenant`.
     pub role: TokenRole,
     /// The tenant of a tenant token.
+    #[schema(required = true)]
     pub tenant: Option<String>,
     /// `bootstrap` (the controller's `WEFT_ADMIN_TOKEN`) or `api` (made through the API).
     pub source: String,
     /// Unix seconds.
     pub created: u64,
     /// Unix seconds when it stops working; `None`: never.
+    #[schema(required = true)]
     pub expires: Option<u64>,
     /// Unix seconds when it was revoked.
+    #[schema(required = true)]
     pub revoked: Option<u64>,
 }
 
 /// The answer to a change: the operation it created (absent when nothing changed).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Accepted {
     /// The operation to poll at `/v1/operations/{id}`.
+    #[schema(required = true)]
     pub operation: Option<OperationView>,
 }
 
 /// An error answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// What went wrong (for 5xx, only that it did).
     pub error: String,
@@ -399,14 +437,37 @@ pub struct ErrorBody {
 
 /// A member of a group as a job sees it: liveness and the GPUs its agent reported
 /// (`GET /v1/groups/{group}/nodes`, for `weft plan --group` and `weft run --group`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct NodeView {
     /// The server's name (its host name).
     pub name: String,
     /// Whether its agent reports.
     pub liveness: Liveness,
     /// Unix seconds of the last report or heartbeat.
+    #[schema(required = true)]
     pub last_seen: Option<u64>,
     /// The GPUs of its last report; empty when it reported none.
+    #[schema(value_type = Vec<GpuSchema>)]
     pub gpus: Vec<weft_agent::Gpu>,
+}
+
+/// The schema of [`weft_agent::Gpu`] in the API document (weft-agent does not depend on
+/// utoipa); a test checks it names exactly the fields a serialized `Gpu` has.
+#[derive(ToSchema)]
+#[schema(as = Gpu)]
+#[allow(dead_code)]
+pub(crate) struct GpuSchema {
+    /// NVML device index.
+    index: u32,
+    /// Product name, for example `NVIDIA H200`.
+    name: String,
+    /// `GPU-...` UUID.
+    #[schema(required = true)]
+    uuid: Option<String>,
+    /// Total memory in bytes; `null` where NVML does not report it (GB10's unified memory).
+    #[schema(required = true)]
+    memory_total_bytes: Option<u64>,
+    /// PCI address in sysfs form (`0000:01:00.0`).
+    #[schema(required = true)]
+    pci: Option<String>,
 }

@@ -1,200 +1,355 @@
-//! The OpenAPI 3.1 description served at `/openapi.json`, written by hand next to the
-//! routes it describes (a test checks every route of the router is in it).
+//! The OpenAPI 3.1 description served at `/openapi.json`, generated from the handlers:
+//! each handler in [`crate::api`] carries a `#[utoipa::path]` (method, path, parameters,
+//! body, every status it answers with) and every type of [`crate::model`] derives
+//! `ToSchema`; utoipa-axum builds the router and the document from the same `routes!`
+//! lists, so a route cannot be served without being described. What lives here is what
+//! the handlers share: the document's head, its security schemes, the error answers
+//! (as sets a handler names in its `responses(...)`), and the schema of the agent's
+//! report, whose type lives in weft-agent.
 
-use serde_json::{Value, json};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
-fn op(summary: &str, security: &str, body: Option<&str>, response: &str) -> Value {
-    let mut o = json!({
-        "summary": summary,
-        "responses": {
-            "200": { "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{response}") } } } },
-            "401": { "description": "no or unknown token", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } },
-            "403": { "description": "the token's role does not allow this" },
-            "404": { "description": "not found, or not visible to this token" },
-            "409": { "description": "contradicts the current state" },
-            "400": { "description": "a body or parameter the API refuses (unknown field, bad name, number out of range)" },
-            "413": { "description": "a body over 1 MiB" },
-            "429": { "description": "too many requests without a token from this source" }
-        }
-    });
-    if security != "none" {
-        o["security"] = json!([{ security: [] }]);
-    }
-    if let Some(b) = body {
-        o["requestBody"] = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{b}") } } } });
-    }
-    o
-}
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::{IntoResponses, Modify, OpenApi, PartialSchema, ToSchema};
 
-fn obj(props: &[(&str, &str)]) -> Value {
-    let mut p = serde_json::Map::new();
-    for (name, ty) in props {
-        let schema = match *ty {
-            "string" | "integer" | "boolean" | "object" => json!({ "type": ty }),
-            "string[]" => json!({ "type": "array", "items": { "type": "string" } }),
-            other if other.ends_with("[]") => {
-                json!({ "type": "array", "items": { "$ref": format!("#/components/schemas/{}", other.trim_end_matches("[]")) } })
-            }
-            other => json!({ "$ref": format!("#/components/schemas/{other}") }),
-        };
-        p.insert(name.to_string(), schema);
-    }
-    json!({ "type": "object", "properties": p })
-}
+use crate::model::ErrorBody;
 
-/// A request body's schema: the API refuses a field not listed, and one `required` lacks.
-fn req(props: &[(&str, &str)], required: &[&str]) -> Value {
-    let mut o = obj(props);
-    o["additionalProperties"] = json!(false);
-    o["required"] = json!(required);
-    o
-}
+/// The document's head: title, version, the error body, the security schemes. The paths
+/// and their schemas come from the router ([`crate::api::documented`]).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "weft fabric controller",
+        version = "1",
+        description = "Agents report their hosts' ports; tenants own groups (partitions); the controller renders, delivers and verifies the partitions."
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&SecuritySchemes)
+)]
+pub(crate) struct ApiDoc;
 
-/// The document, with every `{param}` of a path declared on its operations.
-pub fn document() -> Value {
-    let mut doc = paths_and_schemas();
-    if let Some(paths) = doc["paths"].as_object_mut() {
-        for (path, item) in paths.iter_mut() {
-            let params: Vec<Value> = path
-                .split('/')
-                .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-                .map(|name| {
-                    // Claim and operation ids are integers; a token id is 16 hex digits.
-                    let integer = name == "id" && !path.starts_with("/v1/tokens");
-                    json!({
-                        "name": name,
-                        "in": "path",
-                        "required": true,
-                        "schema": { "type": if integer { "integer" } else { "string" } }
-                    })
-                })
-                .collect();
-            if params.is_empty() {
-                continue;
-            }
-            if let Some(ops) = item.as_object_mut() {
-                for op in ops.values_mut() {
-                    op["parameters"] = json!(params);
-                }
-            }
+/// The three bearer schemes: an admin token, an admin or tenant token, an agent secret.
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        for (name, what) in [
+            ("admin", "an admin API token"),
+            ("api", "an admin or tenant API token"),
+            ("agent", "an enrolled agent's secret"),
+        ] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .description(Some(what))
+                        .build(),
+                ),
+            );
         }
     }
-    doc
 }
 
-fn paths_and_schemas() -> Value {
-    let mut doc = core_paths_and_schemas();
-    // Added beside the macro, which is at its recursion limit.
-    doc["paths"]["/v1/groups/{group}/nodes"] = json!({ "get": op("a group's members with liveness and the GPUs their agents reported", "api", None, "NodeList") });
-    let schemas = &mut doc["components"]["schemas"];
-    schemas["Gpu"] = obj(&[
-        ("index", "integer"),
-        ("name", "string"),
-        ("uuid", "string"),
-        ("memory_total_bytes", "integer"),
-        ("pci", "string"),
-    ]);
-    schemas["Node"] = obj(&[
-        ("name", "string"),
-        ("liveness", "string"),
-        ("last_seen", "integer"),
-        ("gpus", "Gpu[]"),
-    ]);
-    schemas["NodeList"] =
-        json!({ "type": "array", "items": { "$ref": "#/components/schemas/Node" } });
-    doc
-}
-
-fn core_paths_and_schemas() -> Value {
-    json!({
-        "openapi": "3.1.0",
-        "info": { "title": "weft fabric controller", "version": "1" },
-        "paths": {
-            "/healthz": { "get": { "summary": "liveness", "responses": { "200": { "description": "ok" } } } },
-            "/v1/agents/enroll": { "post": op("enroll an agent with a one-time token; returns its secret once", "none", Some("EnrollRequest"), "Enrolled") },
-            "/v1/agents/report": { "post": op("report a host's ports (weft-agent HostReport)", "agent", Some("HostReport"), "ReportAck") },
-            "/v1/agents/heartbeat": { "post": op("heartbeat", "agent", None, "Empty") },
-            "/v1/enrollments": { "post": op("create a one-time enrollment token", "admin", Some("EnrollmentRequest"), "EnrollmentToken") },
-            "/v1/servers": { "get": op("servers, their ports, liveness and group", "admin", None, "ServerList") },
-            "/v1/claims": { "get": op("GUID claims", "admin", None, "ClaimList") },
-            "/v1/claims/{id}/approve": { "post": op("give a claimed GUID to its claimant", "admin", None, "Accepted") },
-            "/v1/claims/{id}/reject": { "post": op("reject a claim", "admin", None, "Empty") },
-            "/v1/tenants": {
-                "get": op("tenants (a tenant token sees its own)", "api", None, "TenantList"),
-                "post": op("create a tenant; returns its first token once", "admin", Some("CreateTenant"), "TenantCreated")
-            },
-            "/v1/tenants/{tenant}": { "delete": op("delete a tenant that owns no group, and its tokens", "admin", None, "Empty") },
-            "/v1/tokens": {
-                "get": op("API tokens: ids and metadata, never a token", "admin", None, "TokenList"),
-                "post": op("create an API token; the role is always explicit", "admin", Some("CreateToken"), "TokenCreated")
-            },
-            "/v1/tokens/{id}": { "delete": op("revoke a token by its id", "admin", None, "Empty") },
-            "/v1/servers/{server}": { "delete": op("forget a server that is in no group", "admin", None, "Empty") },
-            "/v1/groups": {
-                "get": op("groups (a tenant token sees its own)", "api", None, "GroupList"),
-                "post": op("create a group (a partition with a fresh P_Key)", "admin", Some("CreateGroup"), "Accepted")
-            },
-            "/v1/groups/{group}": {
-                "get": op("one group", "api", None, "Group"),
-                "delete": op("delete a group", "admin", None, "Accepted")
-            },
-            "/v1/groups/{group}/members": { "post": op("add a server to a group", "admin", Some("AddMember"), "Accepted") },
-            "/v1/groups/{group}/members/{server}": { "delete": op("remove a server from a group", "admin", None, "Accepted") },
-            "/v1/moves": { "post": op("move a server to another group in one step", "admin", Some("MoveServer"), "Accepted") },
-            "/v1/operations": { "get": op("operations, newest first (?pending=true)", "admin", None, "OperationList") },
-            "/v1/operations/{id}": { "get": op("one operation", "admin", None, "Operation") },
-            "/v1/audit": { "get": op("the audit log, oldest first (?limit=N)", "admin", None, "AuditList") },
-            "/v1/status": { "get": op("desired against observed", "admin", None, "Status") }
-        },
-        "components": {
-            "securitySchemes": {
-                "admin": { "type": "http", "scheme": "bearer", "description": "an admin API token" },
-                "api": { "type": "http", "scheme": "bearer", "description": "an admin or tenant API token" },
-                "agent": { "type": "http", "scheme": "bearer", "description": "an enrolled agent's secret" }
-            },
-            "schemas": {
-                "Empty": { "type": "object" },
-                "Error": obj(&[("error", "string")]),
-                "EnrollRequest": req(&[("token", "string"), ("hostname", "string")], &["token", "hostname"]),
-                "Enrolled": obj(&[("server", "string"), ("secret", "string")]),
-                "HostReport": { "type": "object", "description": "weft_agent::HostReport: hostname, rdma, netdevs, gpus" },
-                "ReportAck": obj(&[("server", "string"), ("owned", "string[]"), ("pending", "string[]")]),
-                "EnrollmentRequest": req(&[("server", "string"), ("ttl_s", "integer")], &[]),
-                "EnrollmentToken": obj(&[("token", "string"), ("expires", "integer")]),
-                "Port": obj(&[("guid", "string"), ("device", "string"), ("num", "integer"), ("lid", "integer"), ("state", "string")]),
-                "Server": obj(&[("name", "string"), ("liveness", "string"), ("last_seen", "integer"), ("ports", "Port[]"), ("group", "string"), ("pending_claims", "string[]")]),
-                "ServerList": { "type": "array", "items": { "$ref": "#/components/schemas/Server" } },
-                "Claim": obj(&[("id", "integer"), ("guid", "string"), ("claimant", "string"), ("owner", "string"), ("state", "string"), ("created", "integer")]),
-                "ClaimList": { "type": "array", "items": { "$ref": "#/components/schemas/Claim" } },
-                "Tenant": obj(&[("name", "string"), ("groups", "string[]")]),
-                "TenantList": { "type": "array", "items": { "$ref": "#/components/schemas/Tenant" } },
-                "CreateTenant": req(&[("name", "string")], &["name"]),
-                "TenantCreated": obj(&[("tenant", "Tenant"), ("token", "string")]),
-                "CreateToken": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["role"],
-                    "properties": {
-                        "role": { "type": "string", "enum": ["admin", "tenant"] },
-                        "tenant": { "type": "string", "description": "for and only for role tenant" },
-                        "ttl_s": { "type": "integer", "minimum": 60, "maximum": 315_360_000u64 }
-                    }
-                },
-                "TokenCreated": obj(&[("token", "string"), ("id", "string"), ("expires", "integer")]),
-                "Token": obj(&[("id", "string"), ("role", "string"), ("tenant", "string"), ("source", "string"), ("created", "integer"), ("expires", "integer"), ("revoked", "integer")]),
-                "TokenList": { "type": "array", "items": { "$ref": "#/components/schemas/Token" } },
-                "Group": obj(&[("name", "string"), ("tenant", "string"), ("pkey", "string"), ("members", "string[]"), ("ports", "string[]")]),
-                "GroupList": { "type": "array", "items": { "$ref": "#/components/schemas/Group" } },
-                "CreateGroup": req(&[("name", "string"), ("tenant", "string")], &["name", "tenant"]),
-                "AddMember": req(&[("server", "string")], &["server"]),
-                "MoveServer": req(&[("server", "string"), ("to", "string")], &["server", "to"]),
-                "Operation": obj(&[("id", "integer"), ("actor", "string"), ("action", "string"), ("generation", "integer"), ("state", "string"), ("attempts", "integer"), ("last_error", "string"), ("diff", "string"), ("created", "integer"), ("finished", "integer"), ("warning", "string")]),
-                "OperationList": { "type": "array", "items": { "$ref": "#/components/schemas/Operation" } },
-                "Accepted": obj(&[("operation", "Operation")]),
-                "AuditEntry": obj(&[("id", "integer"), ("at", "integer"), ("actor", "string"), ("action", "string"), ("subject", "string"), ("diff", "string"), ("outcome", "string"), ("detail", "string")]),
-                "AuditList": { "type": "array", "items": { "$ref": "#/components/schemas/AuditEntry" } },
-                "Status": obj(&[("desired_generation", "integer"), ("applied_generation", "integer"), ("applied_checksum", "string"), ("pending_operations", "integer"), ("stale_servers", "string[]"), ("delivers", "boolean"), ("drift", "object"), ("applied_conf", "string")])
-            }
-        }
+/// The document, built once.
+pub fn document() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let (_, doc) = crate::api::documented().split_for_parts();
+        // Serializing a document of plain maps and strings cannot fail; `Null` would make
+        // every validator fail loudly rather than serve half a document.
+        serde_json::to_value(&doc).unwrap_or(serde_json::Value::Null)
     })
+}
+
+/// An error answer: `{"error": "..."}`.
+fn error(description: &str) -> RefOr<Response> {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+        .into()
+}
+
+macro_rules! error_set {
+    ($(#[$doc:meta])* $name:ident: $($code:literal => $what:literal),+ $(,)?) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                [$(($code, $what)),+]
+                    .into_iter()
+                    .map(|(code, what)| (code.to_string(), error(what)))
+                    .collect()
+            }
+        }
+    };
+}
+
+error_set!(
+    /// What every route with a token can answer.
+    Authed:
+    "401" => "no token, one the controller does not know, or one that expired or was revoked",
+    "500" => "something inside failed (the detail is in the controller's log)",
+);
+error_set!(
+    /// What every admin-only route can answer.
+    AdminOnly:
+    "401" => "no token, one the controller does not know, or one that expired or was revoked",
+    "403" => "the token's role does not allow this (it needs an admin token)",
+    "500" => "something inside failed (the detail is in the controller's log)",
+);
+error_set!(
+    /// A parameter or a stored-state rule refuses the request.
+    Invalid:
+    "400" => "a parameter the API refuses (a bad name, an id that is not a number, an unknown query field)",
+);
+error_set!(
+    /// A JSON body that does not parse or is too large.
+    BodyErrors:
+    "400" => "a body the API refuses (an unknown or missing field, a bad name, a number out of range)",
+    "413" => "a body over 1 MiB",
+);
+error_set!(
+    /// Something named that is not there.
+    Missing:
+    "404" => "not found, or not visible to this token",
+);
+error_set!(
+    /// A change that contradicts the current state.
+    Conflicting:
+    "409" => "contradicts the current state (exists already, still in use, no free P_Key)",
+);
+
+/// What the routes without a token can answer past their limit.
+pub(crate) struct RateLimited;
+
+impl IntoResponses for RateLimited {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        let r = ResponseBuilder::new()
+            .description("too many requests without a token from this source")
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(ObjectBuilder::new().schema_type(Type::Integer))
+                    .description(Some("seconds to wait"))
+                    .build(),
+            )
+            .build();
+        BTreeMap::from([("429".to_string(), r.into())])
+    }
+}
+
+/// The schema of `weft_agent::HostReport` in the document: an object whose fields the
+/// agent's type defines (weft-agent does not depend on utoipa).
+pub(crate) struct HostReportSchema;
+
+impl PartialSchema for HostReportSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "weft_agent::HostReport: `hostname`, `rdma` (devices and their ports), `netdevs`, `gpus`; an unknown field is refused",
+            ))
+            .required("hostname")
+            .required("rdma")
+            .required("netdevs")
+            .required("gpus")
+            .property("hostname", ObjectBuilder::new().schema_type(Type::String))
+            .property(
+                "rdma",
+                utoipa::openapi::schema::ArrayBuilder::new()
+                    .items(ObjectBuilder::new().schema_type(Type::Object)),
+            )
+            .property(
+                "netdevs",
+                utoipa::openapi::schema::ArrayBuilder::new()
+                    .items(ObjectBuilder::new().schema_type(Type::Object)),
+            )
+            .property(
+                "gpus",
+                utoipa::openapi::schema::ArrayBuilder::new()
+                    .items(Ref::from_schema_name("Gpu")),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for HostReportSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("HostReport")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((
+            "Gpu".to_string(),
+            <crate::model::GpuSchema as PartialSchema>::schema(),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::document;
+
+    fn ops(doc: &Value) -> Vec<(String, String, &Value)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((path.clone(), method.clone(), op));
+            }
+        }
+        out
+    }
+
+    /// Every `{param}` of a path is declared on each of its operations, in the path.
+    #[test]
+    fn every_path_parameter_is_declared() {
+        let doc = document();
+        for (path, method, op) in ops(doc) {
+            let declared: Vec<&str> = op["parameters"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .filter(|p| p["in"] == "path" && p["required"] == true)
+                        .filter_map(|p| p["name"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let wanted: Vec<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            assert_eq!(declared, wanted, "{method} {path}");
+        }
+    }
+
+    /// What a token-taking route answers without a good token (401) and when the store
+    /// fails (500) is documented on every one, with the error body; admin routes also
+    /// document 403, and routes with a JSON body 400 and 413.
+    #[test]
+    fn every_operation_documents_its_refusals() {
+        let doc = document();
+        let mut n = 0;
+        for (path, method, op) in ops(doc) {
+            let codes: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
+            let has = |c: &str| codes.iter().any(|k| k.as_str() == c);
+            let security = op["security"].as_array();
+            if let Some(sec) = security {
+                n += 1;
+                assert!(has("401") && has("500"), "{method} {path}: {codes:?}");
+                if sec.iter().any(|s| s.get("admin").is_some()) {
+                    assert!(has("403"), "{method} {path}: {codes:?}");
+                }
+                assert_eq!(
+                    op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"],
+                    "#/components/schemas/ErrorBody"
+                );
+            } else {
+                // What answers without a token is rate-limited.
+                assert!(has("429"), "{method} {path}: {codes:?}");
+            }
+            if op.get("requestBody").is_some() {
+                assert!(has("400") && has("413"), "{method} {path}: {codes:?}");
+            }
+            if path.contains('{') {
+                assert!(
+                    has("400") || method == "get" && !path.contains("{id}"),
+                    "{method} {path}: {codes:?}"
+                );
+            }
+        }
+        assert!(n >= 25, "{n} operations with a token");
+    }
+
+    /// A field the server may send as `null` is nullable in the schema, and a schema
+    /// of a request body refuses unknown fields as the API does.
+    #[test]
+    fn nullable_fields_and_closed_request_bodies() {
+        let s = &document()["components"]["schemas"];
+        for (schema, field) in [
+            ("ServerView", "last_seen"),
+            ("ServerView", "group"),
+            ("OperationView", "finished"),
+            ("OperationView", "last_error"),
+            ("TokenCreated", "expires"),
+            ("TokenView", "revoked"),
+            ("StatusView", "applied_conf"),
+            ("Gpu", "memory_total_bytes"),
+        ] {
+            let ty = &s[schema]["properties"][field]["type"];
+            assert!(
+                ty.as_array().is_some_and(|t| t.iter().any(|t| t == "null")),
+                "{schema}.{field}: {ty}"
+            );
+        }
+        for body in [
+            "EnrollRequest",
+            "CreateToken",
+            "CreateGroup",
+            "MoveServer",
+            "AddMember",
+        ] {
+            assert_eq!(s[body]["additionalProperties"], false, "{body}");
+        }
+        assert_eq!(s["CreateToken"]["required"], serde_json::json!(["role"]));
+        // What a response always carries is required, `null` or not.
+        for (schema, field) in [
+            ("ServerView", "last_seen"),
+            ("TokenView", "revoked"),
+            ("Accepted", "operation"),
+            ("StatusView", "drift"),
+        ] {
+            let req = s[schema]["required"].as_array().unwrap();
+            assert!(req.iter().any(|r| r == field), "{schema}.{field}: {req:?}");
+        }
+        let op = s["OperationView"]["required"].as_array().unwrap();
+        assert!(
+            !op.iter().any(|r| r == "warning"),
+            "sent only when there is one"
+        );
+        assert_eq!(
+            s["TokenRole"]["enum"],
+            serde_json::json!(["admin", "tenant"])
+        );
+    }
+
+    /// The hand-kept `Gpu` schema names exactly the fields a serialized
+    /// `weft_agent::Gpu` has.
+    #[test]
+    fn the_gpu_schema_matches_the_agent_type() {
+        let gpu = weft_agent::Gpu {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: None,
+            memory_total_bytes: None,
+            pci: None,
+        };
+        let value = serde_json::to_value(&gpu).unwrap();
+        let mut sent: Vec<&String> = value.as_object().unwrap().keys().collect();
+        let schema = &document()["components"]["schemas"]["Gpu"]["properties"];
+        let mut documented: Vec<&String> = schema.as_object().unwrap().keys().collect();
+        sent.sort();
+        documented.sort();
+        assert_eq!(sent, documented);
+    }
 }

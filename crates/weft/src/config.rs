@@ -27,6 +27,13 @@ pub struct Config {
     /// How `weft agent` runs.
     #[serde(default)]
     pub agent: AgentFileConfig,
+    /// Defaults for `weft bench` and `weft doctor`: the hosts and how to reach them, and
+    /// each benchmark's sizes, timeouts and endpoint.
+    #[serde(default)]
+    // Those commands read it alone ([`BenchFileConfig::load`]); here it is checked by
+    // `weft config check` and documented by the reference.
+    #[allow(dead_code)]
+    pub bench: BenchFileConfig,
 }
 
 /// `[controller]`: defaults for `--controller`, `--ca-file`, `--pin` and
@@ -107,6 +114,282 @@ pub struct AgentFileConfig {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[schemars(example = &"127.0.0.1:7102")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// `[bench]`: defaults for the flags of `weft bench p2p`, `weft bench collectives` and
+/// `weft doctor` (the same names as the flags; `WEFT_*` variables and flags win). Only
+/// these commands read this section, and only this section.
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchFileConfig {
+    /// The hosts (`--hosts`), one per entry; `netns:` before the first for namespaces.
+    #[serde(default)]
+    #[schemars(example = &["node1", "node2"])]
+    pub hosts: Vec<String>,
+    /// How to reach the hosts: ssh, netns, local (`--via`).
+    #[schemars(example = &"ssh")]
+    pub via: Option<String>,
+    /// The weft binary on the hosts, for ssh (`--remote-weft`).
+    #[schemars(example = &"weft")]
+    pub remote_weft: Option<String>,
+    /// Data interfaces, NCCL syntax (`--data-if`; `WEFT_DATA_IFNAME` wins).
+    #[schemars(example = &"=data0")]
+    pub data_if: Option<String>,
+    /// Management interface, NCCL syntax (`--mgmt-if`; `WEFT_MGMT_IFNAME` wins).
+    #[schemars(example = &"eth0")]
+    pub mgmt_if: Option<String>,
+    /// An ssh_config file for every `ssh` to the hosts (`--ssh-config`).
+    #[schemars(example = &"/etc/weft/ssh_config")]
+    pub ssh_config: Option<PathBuf>,
+    /// Extra `-o KEY=VALUE` options for every `ssh` to the hosts (`--ssh-option`).
+    #[serde(default)]
+    #[schemars(example = &["ConnectTimeout=5"])]
+    pub ssh_options: Vec<String>,
+    /// `weft bench p2p` and `weft doctor`: bound in seconds on each helper run on a host
+    /// (`--timeout`, 30).
+    #[schemars(example = 30)]
+    pub timeout_s: Option<u64>,
+    /// `weft bench p2p`.
+    #[serde(default)]
+    pub p2p: BenchP2pConfig,
+    /// `weft bench collectives`.
+    #[serde(default)]
+    pub collectives: BenchCollConfig,
+    /// `weft bench llm` (not `compare`).
+    #[serde(default)]
+    pub llm: BenchLlmConfig,
+}
+
+/// `[bench.p2p]`: defaults for `weft bench p2p`.
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchP2pConfig {
+    /// TCP streams per pair (`--streams`, 4).
+    #[schemars(example = 4)]
+    pub streams: Option<usize>,
+    /// Seconds of bulk transfer per pair (`--duration`, 2).
+    #[schemars(example = 2.0)]
+    pub duration_s: Option<f64>,
+    /// Ping-pong round trips per pair (`--pings`, 50).
+    #[schemars(example = 50)]
+    pub pings: Option<usize>,
+    /// A pair below this fraction of its reference is slow (`--threshold`, 0.5).
+    #[schemars(example = 0.5)]
+    pub threshold: Option<f64>,
+    /// Expected link speed of every data interface, Mb/s (`--expect-speed`).
+    #[schemars(example = 200000)]
+    pub expect_speed: Option<u32>,
+}
+
+/// `[bench.collectives]`: defaults for `weft bench collectives`.
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchCollConfig {
+    /// The NCCL net plugin (`--plugin`; `WEFT_PLUGIN` wins).
+    #[schemars(example = &"/usr/lib/x86_64-linux-gnu/libnccl-net-weft.so")]
+    pub plugin: Option<PathBuf>,
+    /// Smallest size, bytes with K, M, G suffixes (`--minbytes`, 32M).
+    #[schemars(example = &"32M")]
+    pub min_bytes: Option<String>,
+    /// Largest size (`--maxbytes`, 32M).
+    #[schemars(example = &"32M")]
+    pub max_bytes: Option<String>,
+    /// Timed iterations per size (`--iters`, 20).
+    #[schemars(example = 20)]
+    pub iters: Option<usize>,
+    /// Local rank processes without hosts (`--nranks`, 2).
+    #[schemars(example = 2)]
+    pub nranks: Option<usize>,
+    /// Fail when the average bus bandwidth is below this, GB/s (`--min-bw`;
+    /// `NCCL_TESTS_MIN_BW` wins).
+    #[schemars(example = 10.0)]
+    pub min_bw: Option<f64>,
+    /// Bound in seconds on the rendezvous, each transfer and (x4) the run (`--timeout`, 120).
+    #[schemars(example = 120)]
+    pub timeout_s: Option<u64>,
+    /// Bytes each way of the link check before the collectives; 0 skips it
+    /// (`--link-bytes`, 4M).
+    #[schemars(example = &"4M")]
+    pub link_bytes: Option<String>,
+}
+
+/// `[bench.llm]`: defaults for `weft bench llm`.
+#[derive(Debug, Default, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchLlmConfig {
+    /// Base URL of the OpenAI-compatible API, ending in /v1 (`--base-url`; `WEFT_LLM_URL`
+    /// wins).
+    #[schemars(example = &"http://127.0.0.1:8000/v1")]
+    pub base_url: Option<String>,
+    /// Model name as the server lists it in /v1/models (`--model`).
+    #[schemars(example = &"Qwen/Qwen3-8B")]
+    pub model: Option<String>,
+    /// chat or completions (`--api`, chat).
+    #[schemars(example = &"chat")]
+    pub api: Option<String>,
+    /// A Hugging Face tokenizer.json, or its folder (`--tokenizer`).
+    #[schemars(example = &"/models/qwen3/tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// Prompt sizes in tokens (`--pp`, 2048).
+    #[serde(default)]
+    #[schemars(example = &[2048])]
+    pub pp: Vec<u64>,
+    /// Tokens to generate (`--tg`, 32).
+    #[serde(default)]
+    #[schemars(example = &[32])]
+    pub tg: Vec<u64>,
+    /// Context depths in tokens (`--depth`, 0).
+    #[serde(default)]
+    #[schemars(example = &[0, 4096])]
+    pub depth: Vec<u64>,
+    /// Requests sent together (`--concurrency`, 1).
+    #[serde(default)]
+    #[schemars(example = &[1])]
+    pub concurrency: Vec<u32>,
+    /// Runs of each test (`--runs`, 3).
+    #[schemars(example = 3)]
+    pub runs: Option<u32>,
+    /// Seconds to connect (`--connect-timeout`, 10).
+    #[schemars(example = 10)]
+    pub connect_timeout_s: Option<u64>,
+    /// Seconds to the first byte of an answer (`--first-byte-timeout`, 600).
+    #[schemars(example = 600)]
+    pub first_byte_timeout_s: Option<u64>,
+    /// Seconds between two chunks of a stream (`--chunk-timeout`, 60).
+    #[schemars(example = 60)]
+    pub chunk_timeout_s: Option<u64>,
+    /// Retries of a request answered 429 or 5xx, or refused (`--retries`, 3).
+    #[schemars(example = 3)]
+    pub retries: Option<u32>,
+}
+
+impl BenchFileConfig {
+    /// Every default this section gives, as (subcommand path, the flag's argument id,
+    /// values): what [`BenchFileConfig::apply`] puts into the command line's defaults.
+    pub fn defaults(&self) -> Vec<(&'static [&'static str], &'static str, Vec<String>)> {
+        fn one<T: ToString>(v: &Option<T>) -> Option<Vec<String>> {
+            v.as_ref().map(|v| vec![v.to_string()])
+        }
+        fn path(v: &Option<PathBuf>) -> Option<Vec<String>> {
+            v.as_ref().map(|p| vec![p.display().to_string()])
+        }
+        fn many<T: ToString>(v: &[T]) -> Option<Vec<String>> {
+            (!v.is_empty()).then(|| v.iter().map(ToString::to_string).collect())
+        }
+        const P2P: &[&str] = &["bench", "p2p"];
+        const COLL: &[&str] = &["bench", "collectives"];
+        const DOCTOR: &[&str] = &["doctor"];
+        const LLM: &[&str] = &["bench", "llm"];
+        let mut out = Vec::new();
+        let hosts = (!self.hosts.is_empty()).then(|| vec![self.hosts.join(",")]);
+        for (id, v) in [
+            ("hosts", hosts),
+            ("via", one(&self.via)),
+            ("remote_weft", one(&self.remote_weft)),
+            ("data_if", one(&self.data_if)),
+            ("mgmt_if", one(&self.mgmt_if)),
+            ("ssh_config", path(&self.ssh_config)),
+            ("ssh_options", many(&self.ssh_options)),
+        ] {
+            if let Some(v) = v {
+                for cmd in [P2P, COLL, DOCTOR] {
+                    out.push((cmd, id, v.clone()));
+                }
+            }
+        }
+        if let Some(v) = one(&self.timeout_s) {
+            out.push((P2P, "timeout", v.clone()));
+            out.push((DOCTOR, "timeout", v));
+        }
+        let p = &self.p2p;
+        let c = &self.collectives;
+        let l = &self.llm;
+        for (cmd, id, v) in [
+            (P2P, "streams", one(&p.streams)),
+            (P2P, "duration", one(&p.duration_s)),
+            (P2P, "pings", one(&p.pings)),
+            (P2P, "threshold", one(&p.threshold)),
+            (P2P, "expect_speed", one(&p.expect_speed)),
+            (COLL, "plugin", path(&c.plugin)),
+            (COLL, "min_bytes", one(&c.min_bytes)),
+            (COLL, "max_bytes", one(&c.max_bytes)),
+            (COLL, "iters", one(&c.iters)),
+            (COLL, "nranks", one(&c.nranks)),
+            (COLL, "min_bw", one(&c.min_bw)),
+            (COLL, "timeout", one(&c.timeout_s)),
+            (COLL, "link_bytes", one(&c.link_bytes)),
+            (LLM, "base_url", one(&l.base_url)),
+            (LLM, "model", one(&l.model)),
+            (LLM, "api", one(&l.api)),
+            (LLM, "tokenizer", path(&l.tokenizer)),
+            (LLM, "pp", many(&l.pp)),
+            (LLM, "tg", many(&l.tg)),
+            (LLM, "depth", many(&l.depth)),
+            (LLM, "concurrency", many(&l.concurrency)),
+            (LLM, "runs", one(&l.runs)),
+            (LLM, "connect_timeout", one(&l.connect_timeout_s)),
+            (LLM, "first_byte_timeout", one(&l.first_byte_timeout_s)),
+            (LLM, "chunk_timeout", one(&l.chunk_timeout_s)),
+            (LLM, "retries", one(&l.retries)),
+        ] {
+            if let Some(v) = v {
+                out.push((cmd, id, v));
+            }
+        }
+        out
+    }
+
+    /// `cmd` (weft's whole command line) with this section's values as the defaults of the
+    /// flags they name: a flag or its environment variable still wins, and `--help` shows
+    /// the file's value as the default.
+    pub fn apply(&self, mut cmd: clap::Command) -> clap::Command {
+        for (path, id, values) in self.defaults() {
+            cmd = mut_arg_at(cmd, path, id, values);
+        }
+        cmd
+    }
+
+    /// Reads `[bench]` alone from the config file (`--config`, `$WEFT_CONFIG`, else
+    /// `./weft.toml` when present): a fault elsewhere in the file does not stop a benchmark,
+    /// and one in `[bench]` names the file, the line and the key.
+    pub fn load(explicit: Option<&Path>) -> Result<BenchFileConfig> {
+        #[derive(Deserialize)]
+        struct BenchOnly {
+            #[serde(default)]
+            bench: BenchFileConfig,
+            #[serde(flatten)]
+            _rest: toml::Table,
+        }
+        let (path, required) = match explicit {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from("weft.toml"), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(BenchFileConfig::default());
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let b: BenchOnly =
+            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
+        Ok(b.bench)
+    }
+}
+
+fn mut_arg_at(
+    cmd: clap::Command,
+    path: &[&'static str],
+    id: &'static str,
+    values: Vec<String>,
+) -> clap::Command {
+    match path.split_first() {
+        Some((first, rest)) => {
+            let rest = rest.to_vec();
+            cmd.mut_subcommand(*first, move |sub| mut_arg_at(sub, &rest, id, values))
+        }
+        None => cmd.mut_arg(id, move |a| a.default_values(values)),
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -402,9 +685,14 @@ fn doc_lines(schema: &serde_json::Value, out: &mut String) {
 /// A TOML value for the key: its default, else an example of its type.
 fn example(root: &serde_json::Value, schema: &serde_json::Value) -> String {
     let s = resolve(root, schema);
+    // An empty list says less than its example (`hosts = ["node1", "node2"]`).
+    let empty_list = |d: &&serde_json::Value| {
+        !(d.as_array().is_some_and(|a| a.is_empty()) && schema.get("examples").is_some())
+    };
     let value = schema
         .get("default")
         .or_else(|| s.get("default"))
+        .filter(empty_list)
         .cloned()
         .or_else(|| schema.get("examples").and_then(|e| e.get(0)).cloned())
         .or_else(|| s.get("enum").and_then(|e| e.get(0)).cloned())
@@ -586,6 +874,151 @@ mod tests {
         ] {
             assert!(checked_in.contains(&format!("# {key} = ")), "{key}");
         }
+    }
+
+    const BENCH: &str = r#"
+[fabric]
+sweep_timeout = "a fault [bench] readers never see"
+
+[bench]
+hosts = ["netns:ns1", "ns2"]
+via = "netns"
+remote_weft = "/opt/weft/bin/weft"
+data_if = "=data0"
+mgmt_if = "mgmt0"
+ssh_config = "/etc/weft/ssh_config"
+ssh_options = ["ConnectTimeout=5", "BatchMode=yes"]
+timeout_s = 7
+
+[bench.p2p]
+streams = 2
+duration_s = 0.5
+pings = 9
+threshold = 0.25
+expect_speed = 100000
+
+[bench.collectives]
+plugin = "/usr/lib/libnccl-net-weft.so"
+min_bytes = "1K"
+max_bytes = "1M"
+iters = 3
+nranks = 4
+min_bw = 1.5
+timeout_s = 60
+link_bytes = "0"
+
+[bench.llm]
+base_url = "http://127.0.0.1:9/v1"
+model = "tiny"
+api = "completions"
+tokenizer = "/models/tok.json"
+pp = [128, 256]
+tg = [8]
+depth = [0, 1024]
+concurrency = [1, 2]
+runs = 2
+connect_timeout_s = 3
+first_byte_timeout_s = 30
+chunk_timeout_s = 5
+retries = 1
+"#;
+
+    fn bench_section() -> BenchFileConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("weft.toml");
+        std::fs::write(&file, BENCH).unwrap();
+        BenchFileConfig::load(Some(&file)).unwrap()
+    }
+
+    fn matches_of(section: &BenchFileConfig, argv: &[&str]) -> clap::ArgMatches {
+        let cmd = section.apply(<crate::Cli as clap::CommandFactory>::command());
+        cmd.try_get_matches_from(argv).unwrap()
+    }
+
+    fn raw(m: &clap::ArgMatches, path: &[&str], id: &str) -> Vec<String> {
+        let mut m = m;
+        for p in path {
+            m = m.subcommand_matches(p).unwrap();
+        }
+        m.get_raw(id)
+            .map(|v| v.map(|s| s.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every key of `[bench]` becomes the default of the flag it names on each command it
+    /// is for (an id that no longer exists in bench.rs or doctor.rs panics here), and
+    /// the command then parses into weft's own argument types with those values; a fault
+    /// in another section does not stop `[bench]` from being read.
+    #[test]
+    fn every_bench_key_is_the_default_of_its_flag() {
+        let section = bench_section();
+        let defaults = section.defaults();
+        assert_eq!(defaults.len(), 7 * 3 + 2 + 5 + 8 + 13, "{defaults:#?}");
+        for (path, id, values) in &defaults {
+            let mut argv = vec!["weft"];
+            argv.extend(path.iter());
+            let m = matches_of(&section, &argv);
+            assert_eq!(&raw(&m, path, id), values, "{path:?} {id}");
+        }
+        let m = matches_of(&section, &["weft", "bench", "p2p"]);
+        assert_eq!(raw(&m, &["bench", "p2p"], "hosts"), ["netns:ns1,ns2"]);
+        let m = matches_of(&section, &["weft", "bench", "collectives"]);
+        let sub = m.subcommand_matches("bench").unwrap();
+        let coll = sub.subcommand_matches("collectives").unwrap();
+        assert_eq!(coll.get_one::<usize>("min_bytes"), Some(&1024));
+        assert_eq!(coll.get_one::<u64>("timeout"), Some(&60));
+        // The whole command line parses into weft's types with the file's defaults.
+        for argv in [
+            &["weft", "bench", "p2p"][..],
+            &["weft", "bench", "collectives"],
+            &["weft", "bench", "llm"],
+            &["weft", "doctor"],
+        ] {
+            let m = matches_of(&section, argv);
+            <crate::Cli as clap::FromArgMatches>::from_arg_matches(&m)
+                .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        }
+    }
+
+    /// A flag on the command line wins over the file.
+    #[test]
+    fn a_flag_wins_over_bench_in_the_file() {
+        let section = bench_section();
+        let m = matches_of(
+            &section,
+            &["weft", "bench", "p2p", "--streams", "8", "--hosts", "a,b"],
+        );
+        assert_eq!(raw(&m, &["bench", "p2p"], "streams"), ["8"]);
+        assert_eq!(raw(&m, &["bench", "p2p"], "hosts"), ["a,b"]);
+        assert_eq!(raw(&m, &["bench", "p2p"], "pings"), ["9"]);
+        let m = matches_of(&section, &["weft", "bench", "llm", "--pp", "64"]);
+        assert_eq!(raw(&m, &["bench", "llm"], "pp"), ["64"]);
+        assert_eq!(raw(&m, &["bench", "llm"], "depth"), ["0", "1024"]);
+    }
+
+    /// A fault in `[bench]` names the file, the line and the key; no file, no section.
+    #[test]
+    fn a_bad_bench_key_names_the_file_line_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("weft.toml");
+        std::fs::write(&file, "[bench]\nvia = \"ssh\"\n\n[bench.p2p]\nstream = 2\n").unwrap();
+        let err = format!("{:#}", BenchFileConfig::load(Some(&file)).unwrap_err());
+        assert!(
+            err.contains(&file.display().to_string())
+                && err.contains("stream")
+                && err.contains("line 5"),
+            "{err}"
+        );
+        std::fs::write(&file, "[bench.p2p]\nstreams = \"two\"\n").unwrap();
+        let err = format!("{:#}", BenchFileConfig::load(Some(&file)).unwrap_err());
+        assert!(err.contains("streams") && err.contains("line 2"), "{err}");
+        std::fs::write(&file, "[fabric]\n").unwrap();
+        assert!(
+            BenchFileConfig::load(Some(&file))
+                .unwrap()
+                .defaults()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -121,24 +121,59 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                EXIT_ENVIRONMENT
-            } else {
-                EXIT_OK
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {
+            // `--help` of a bench or doctor command shows `[bench]`'s values as defaults.
+            let with_file = help_bench_section().map(|s| {
+                s.apply(<Cli as clap::CommandFactory>::command())
+                    .try_get_matches()
+            });
+            return match with_file {
+                Some(Err(help)) => usage_error(help),
+                _ => usage_error(e),
             };
-            if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
-                // A script that asked for JSON gets JSON, even for a usage error.
-                print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
-            }
-            let _ = e.print();
-            return ExitCode::from(code);
         }
+        Err(e) => return usage_error(e),
+    };
+    // `[bench]` of weft.toml gives the defaults of the bench and doctor flags: parsed
+    // again with them (a flag or its variable still wins).
+    let cli = match bench_section(&cli) {
+        Ok(None) => cli,
+        Ok(Some(section)) => {
+            let cmd = section.apply(<Cli as clap::CommandFactory>::command());
+            match cmd
+                .try_get_matches()
+                .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m))
+            {
+                Ok(c) => c,
+                Err(e) => return usage_error(e),
+            }
+        }
+        Err(e) => {
+            if cli.json {
+                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+                print_json_error(&e.to_string(), &causes);
+            }
+            eprintln!("weft: error: {e:#}");
+            return ExitCode::from(EXIT_ENVIRONMENT);
+        }
+    };
+    // The services log what they do (enrolled, reported, applied) at INFO, for journald;
+    // a command a person types only warns.
+    let service = matches!(
+        cli.command,
+        Command::Cluster(
+            cluster::ClusterCommand::Controller(_) | cluster::ClusterCommand::Agent(_)
+        )
+    );
+    let default_level = if service {
+        "warn,weft=info,weft_controller=info,weft_agent=info,weft_opensm=info"
+    } else {
+        "warn"
     };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         // Colour only for a person: a log file, a pipe or journald gets plain text.
@@ -206,6 +241,69 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// A command-line error: usage (exit 2, JSON too under `--json`), or `--help` (exit 0).
+fn usage_error(e: clap::Error) -> ExitCode {
+    let code = if e.use_stderr() {
+        EXIT_ENVIRONMENT
+    } else {
+        EXIT_OK
+    };
+    if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
+        // A script that asked for JSON gets JSON, even for a usage error.
+        print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+    }
+    let _ = e.print();
+    ExitCode::from(code)
+}
+
+/// The `[bench]` section, for the commands whose flags it gives defaults to (bench p2p,
+/// collectives, llm, doctor), when the file has one; other commands never read it. A rank
+/// of a collectives run takes what its launcher passes, not its host's file.
+fn bench_section(cli: &Cli) -> anyhow::Result<Option<config::BenchFileConfig>> {
+    use bench::BenchCommand as B;
+    let reads = match &cli.command {
+        Command::Doctor(_) => true,
+        Command::Bench(B::P2p(_)) => true,
+        Command::Bench(B::Llm(a)) => a.cmd.is_none(),
+        Command::Bench(B::Collectives(_)) => !std::env::args().any(|a| a == "--rank"),
+        _ => false,
+    };
+    if !reads {
+        return Ok(None);
+    }
+    let section = config::BenchFileConfig::load(cli.config.as_deref())?;
+    Ok((!section.defaults().is_empty()).then_some(section))
+}
+
+/// For `--help`, where no command line was parsed: `[bench]` when the words name a command
+/// it gives defaults to and the file reads without fault (else the built-in help).
+fn help_bench_section() -> Option<config::BenchFileConfig> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = std::env::var_os("WEFT_CONFIG").map(PathBuf::from);
+    let mut words = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            config = it.next().map(PathBuf::from);
+        } else if let Some(p) = a.strip_prefix("--config=") {
+            config = Some(PathBuf::from(p));
+        } else if !a.starts_with('-') {
+            words.push(a.as_str());
+        }
+    }
+    let reads = match words.as_slice() {
+        ["doctor", ..] | ["bench", "p2p" | "collectives", ..] => true,
+        ["bench", "llm", rest @ ..] => rest.first() != Some(&"compare"),
+        _ => false,
+    };
+    if !reads {
+        return None;
+    }
+    config::BenchFileConfig::load(config.as_deref())
+        .ok()
+        .filter(|s| !s.defaults().is_empty())
 }
 
 /// `--config` (or `$WEFT_CONFIG`), for the commands that read weft.toml only on demand.

@@ -136,6 +136,67 @@ fn a_broken_weft_toml_stops_only_the_commands_that_read_it() {
     assert!(text(&o).contains("weft.toml"), "{}", text(&o));
 }
 
+/// `[bench]` gives the bench commands their defaults through the binary: the file's endpoint
+/// is used, `WEFT_LLM_URL` wins over it, a flag over both; a fault in another section does
+/// not stop a benchmark, one in `[bench]` is named with the file and the line.
+#[test]
+fn bench_takes_its_defaults_from_weft_toml_and_env_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("weft.toml"),
+        "[fabric]\nsweep_ms = 1\n\n[bench.llm]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nretries = 0\nconnect_timeout_s = 2\n",
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
+        c.args(args)
+            .current_dir(dir.path())
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_LLM_URL");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("weft runs")
+    };
+    let o = run(&[], &["bench", "llm", "--runs", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("127.0.0.1:9/v1"), "{}", text(&o));
+    // `--help` shows the file's values as the defaults.
+    let o = run(&[], &["bench", "llm", "--model", "x", "--help"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("[default: http://127.0.0.1:9/v1]"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        &[("WEFT_LLM_URL", "http://127.0.0.1:10/v1")],
+        &["bench", "llm", "--runs", "1"],
+    );
+    assert!(text(&o).contains("127.0.0.1:10/v1"), "{}", text(&o));
+    let o = run(
+        &[("WEFT_LLM_URL", "http://127.0.0.1:10/v1")],
+        &[
+            "bench",
+            "llm",
+            "--runs",
+            "1",
+            "--base-url",
+            "http://127.0.0.1:11/v1",
+        ],
+    );
+    assert!(text(&o).contains("127.0.0.1:11/v1"), "{}", text(&o));
+    std::fs::write(dir.path().join("weft.toml"), "[bench]\nvia = 3\n").unwrap();
+    let o = run(&[], &["bench", "p2p", "--json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON error");
+    let all = v.to_string();
+    assert!(
+        all.contains("weft.toml") && all.contains("line 2") && all.contains("via"),
+        "{all}"
+    );
+}
+
 #[test]
 fn the_controller_takes_its_settings_from_weft_toml_and_flags_win() {
     use std::io::BufRead;
