@@ -569,7 +569,6 @@ fn drive_chain(
         .sum();
     let t_start = Instant::now();
     let mut files: BTreeMap<usize, File> = BTreeMap::new();
-    let mut buf = vec![0u8; 9 + m.chunk_size as usize];
     progress(Progress {
         sent: sent_before,
         total: sent_before + total,
@@ -579,33 +578,46 @@ fn drive_chain(
         if !union.get(i) {
             continue;
         }
+        let p = src.join(&m.files[c.file].path);
         let f = match files.entry(c.file) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
-                let p = src.join(&m.files[c.file].path);
                 v.insert(File::open(&p).map_err(io(format!("open {}", p.display())))?)
             }
         };
-        let frame = &mut buf[..9 + c.len as usize];
-        frame[0] = Kind::Data as u8;
-        frame[1..5].copy_from_slice(&((c.len + 4) as u32).to_le_bytes());
-        frame[5..9].copy_from_slice(&(i as u32).to_le_bytes());
-        let p = src.join(&m.files[c.file].path);
-        f.read_exact_at(&mut frame[9..], c.offset)
-            .map_err(io(format!("read {}", p.display())))?;
         // The bytes were hashed by the scan; a file whose stamp is still the one taken
-        // before that hashing has not been written since, so the chunk is not hashed again
-        // (every node verifies it against the manifest before keeping it anyway).
-        let now = f.metadata().map_err(io(format!("stat {}", p.display())))?;
-        if Stamp::of(&now) != stamps[c.file] {
-            return Err(LaunchError::Usage(format!(
-                "{} changed while it was being synced; run again",
-                p.display()
-            )));
-        }
-        if let Err(e) = w.write_all(frame) {
-            broken = Some(wire::peer_err(&peer, "send data", e));
-            break;
+        // before that hashing has not been written since, so the chunk is neither hashed
+        // again nor read here: it goes from the page cache to the socket (every node
+        // verifies it against the manifest before keeping it).
+        let unchanged = |f: &File| -> Result<(), LaunchError> {
+            let now = f.metadata().map_err(io(format!("stat {}", p.display())))?;
+            if Stamp::of(&now) != stamps[c.file] {
+                return Err(LaunchError::Usage(format!(
+                    "{} changed while it was being synced; run again",
+                    p.display()
+                )));
+            }
+            Ok(())
+        };
+        unchanged(f)?;
+        let mut head = [0u8; 9];
+        head[0] = Kind::Data as u8;
+        head[1..5].copy_from_slice(&((c.len + 4) as u32).to_le_bytes());
+        head[5..9].copy_from_slice(&(i as u32).to_le_bytes());
+        let sent = w
+            .write_all(&head)
+            .map_err(SendError::Peer)
+            .and_then(|_| send_range(&w, f, c.offset, c.len));
+        match sent {
+            Ok(()) => {}
+            Err(SendError::Peer(e)) => {
+                broken = Some(wire::peer_err(&peer, "send data", e));
+                break;
+            }
+            Err(SendError::File(e)) => {
+                unchanged(f)?;
+                return Err(io(format!("read {}", p.display()))(e));
+            }
         }
         result.sent += c.len;
         progress(Progress {
@@ -640,6 +652,48 @@ fn drive_chain(
     result.nodes = report.nodes;
     result.lost = lost;
     Ok(result)
+}
+
+/// Why [`send_range`] stopped: the peer (the socket) or the source file.
+enum SendError {
+    Peer(std::io::Error),
+    File(std::io::Error),
+}
+
+/// Sends `len` bytes of `f` from `offset` on `sock` with sendfile(2): from the page cache to
+/// the socket, with no copy through this process. The socket's send timeout bounds it.
+fn send_range(sock: &TcpStream, f: &File, offset: u64, len: u64) -> Result<(), SendError> {
+    use std::os::fd::AsRawFd as _;
+    let mut off = libc::off_t::try_from(offset).map_err(|e| SendError::File(io_other(e)))?;
+    let mut left = usize::try_from(len).map_err(|e| SendError::File(io_other(e)))?;
+    while left > 0 {
+        // SAFETY: both descriptors are open for the whole call (`sock` and `f` are
+        // borrowed), and `off` is a valid, exclusive pointer to a local for its duration.
+        let n = unsafe { libc::sendfile(sock.as_raw_fd(), f.as_raw_fd(), &mut off, left) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // The file's side: a read error, or a file that is not one sendfile reads.
+                Some(libc::EIO | libc::EINVAL | libc::ENOMEM | libc::EOVERFLOW) => {
+                    return Err(SendError::File(e));
+                }
+                _ => return Err(SendError::Peer(e)),
+            }
+        }
+        if n == 0 {
+            return Err(SendError::File(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file is shorter than when it was scanned",
+            )));
+        }
+        left -= n as usize;
+    }
+    Ok(())
+}
+
+fn io_other(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
+    std::io::Error::other(e)
 }
 
 fn expect(got: Kind, want: Kind, peer: &str) -> Result<(), LaunchError> {
@@ -1327,3 +1381,6 @@ fn finish_file(
         final_path.display()
     )))
 }
+
+#[cfg(test)]
+mod tests;

@@ -269,10 +269,27 @@ fn sync_benchmark_against_rsync() {
     let src = tmp.path().join("src");
     let total = make_source(&src, mib.saturating_sub(7).max(1));
     let src_s = src.display().to_string();
-    let weft_sync = |hosts: &[String], tag: &str| -> f64 {
+    // CPU seconds of the processes this test has waited for: `weft sync` reaps its helpers,
+    // so a run's difference is the CPU of the whole chain (source and every node), a
+    // per-byte cost that the machine's load changes far less than the wall time.
+    let tick: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0);
+    let children_cpu = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        // Fields 16 and 17 of stat(5) (cutime, cstime); after the comm, the 3rd is field 3.
+        let f: Vec<&str> = after_comm.split_whitespace().collect();
+        (f[13].parse::<f64>().unwrap() + f[14].parse::<f64>().unwrap()) / tick
+    };
+    let weft_sync = |hosts: &[String], tag: &str| -> (f64, f64) {
         let dest = format!("{}/{tag}/{{host}}", tmp.path().display());
         let _ = std::fs::remove_dir_all(tmp.path().join(tag));
         let hs = hosts.join(",");
+        let cpu0 = children_cpu();
         let t0 = Instant::now();
         let o = std::process::Command::new("ip")
             .args(["netns", "exec", &names[0], &exe])
@@ -297,14 +314,15 @@ fn sync_benchmark_against_rsync() {
             .output()
             .expect("weft runs");
         let t = t0.elapsed().as_secs_f64();
+        let cpu = children_cpu() - cpu0;
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         let v = json(&o);
         assert_eq!(v["bytes_sent"].as_u64(), Some(total), "{v:#}");
         eprintln!(
-            "weft sync {tag}: {t:.2} s wall, data phase {} s",
+            "weft sync {tag}: {t:.2} s wall, data phase {} s, {cpu:.2} CPU s",
             v["transfer_s"]
         );
-        t
+        (t, cpu)
     };
     // rsync daemons on hosts 1..=4, on their data addresses.
     let mut daemons = Vec::new();
@@ -363,9 +381,12 @@ fn sync_benchmark_against_rsync() {
     };
 
     let (mut ones, mut fours, mut seqs, mut pars) = (vec![], vec![], vec![], vec![]);
+    let (mut cpu_ones, mut cpu_fours) = (vec![], vec![]);
     for run in 1..=runs {
-        let one = weft_sync(&names[1..2], "one");
-        let four = weft_sync(&names[1..], "four");
+        let (one, cpu_one) = weft_sync(&names[1..2], "one");
+        let (four, cpu_four) = weft_sync(&names[1..], "four");
+        cpu_ones.push(cpu_one);
+        cpu_fours.push(cpu_four);
         clear_rsync();
         let t0 = Instant::now();
         for i in 1..5 {
@@ -404,17 +425,20 @@ fn sync_benchmark_against_rsync() {
         median(&mut seqs),
         median(&mut pars),
     );
+    let (cpu_one, cpu_four) = (median(&mut cpu_ones), median(&mut cpu_fours));
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!(
         "BENCH medians of {runs}, {} MiB, {rate} links, {cpus} CPUs, load average {load_before} \
          before / {} after, weft {exe}: weft one host {one:.2} s; weft 4 hosts {four:.2} s \
          ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); rsync all at once \
-         {par:.2} s ({:.2}x weft)",
+         {par:.2} s ({:.2}x weft); CPU of the whole chain: one host {cpu_one:.2} s, \
+         4 hosts {cpu_four:.2} s ({:.2} s per GiB per node beyond the first)",
         total >> 20,
         loadavg(),
         four / one,
         seq / four,
-        par / four
+        par / four,
+        (cpu_four - cpu_one) / 3.0 / (total as f64 / f64::from(1u32 << 30))
     );
     drop(daemons);
     assert!(
