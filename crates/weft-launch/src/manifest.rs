@@ -103,6 +103,31 @@ pub struct Manifest {
     pub files: Vec<FileEntry>,
 }
 
+/// What changes when a file's bytes do: its identity, size, and modification and change
+/// times (nanoseconds). Taken before a file is hashed, so that a write during the hashing
+/// shows as a different stamp afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Stamp {
+    pub fn of(m: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt as _;
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
+}
+
 /// Where a chunk lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRef {
@@ -115,6 +140,15 @@ impl Manifest {
     /// Scans `dir`: every regular file under it (symbolic links followed), sorted by path.
     /// `.weft-sync` and `*.weft-part` are left out.
     pub fn scan(dir: &Path, chunk_size: u64) -> Result<Manifest, LaunchError> {
+        Self::scan_stamped(dir, chunk_size).map(|(m, _)| m)
+    }
+
+    /// [`Manifest::scan`], with each file's [`Stamp`] as it was before its bytes were hashed:
+    /// a source that finds the same stamp when it sends a chunk need not hash the chunk again.
+    pub fn scan_stamped(
+        dir: &Path,
+        chunk_size: u64,
+    ) -> Result<(Manifest, Vec<Stamp>), LaunchError> {
         if chunk_size == 0 {
             return Err(LaunchError::Usage("chunk size 0".into()));
         }
@@ -129,17 +163,16 @@ impl Manifest {
         walk(dir, "", &mut paths, 0)?;
         paths.sort();
         let mut files = Vec::with_capacity(paths.len());
+        let mut stamps = Vec::with_capacity(paths.len());
         for rel in paths {
             let full = dir.join(&rel);
+            let meta = std::fs::metadata(&full).map_err(io(full.display().to_string()))?;
             let (chunks, size) = hash_chunks(&full, chunk_size, None)?;
             let mode = {
                 use std::os::unix::fs::PermissionsExt as _;
-                std::fs::metadata(&full)
-                    .map_err(io(full.display().to_string()))?
-                    .permissions()
-                    .mode()
-                    & 0o7777
+                meta.permissions().mode() & 0o7777
             };
+            stamps.push(Stamp::of(&meta));
             files.push(FileEntry {
                 hash: file_hash(&chunks),
                 path: rel,
@@ -148,7 +181,7 @@ impl Manifest {
                 chunks,
             });
         }
-        Ok(Manifest { chunk_size, files })
+        Ok((Manifest { chunk_size, files }, stamps))
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -631,6 +664,27 @@ mod tests {
         u.set(5);
         u.union(&b);
         assert_eq!(u.count(), 3);
+    }
+
+    #[test]
+    fn a_stamp_stays_while_a_file_is_unchanged_and_moves_when_it_is_written() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a"), b"0123456789").unwrap();
+        std::fs::write(d.path().join("b"), b"xyz").unwrap();
+        let (m, stamps) = Manifest::scan_stamped(d.path(), 4).unwrap();
+        assert_eq!(m, Manifest::scan(d.path(), 4).unwrap());
+        assert_eq!(stamps.len(), 2);
+        let now = |p: &str| Stamp::of(&std::fs::metadata(d.path().join(p)).unwrap());
+        // Reading does not move it.
+        let _ = std::fs::read(d.path().join("a")).unwrap();
+        assert_eq!(now("a"), stamps[0]);
+        // A write does (its size here; its times in general).
+        std::fs::write(d.path().join("a"), b"0123456789!").unwrap();
+        assert_ne!(now("a"), stamps[0]);
+        // A file replaced by another of the same size is another inode.
+        std::fs::write(d.path().join("b2"), b"xyw").unwrap();
+        std::fs::rename(d.path().join("b2"), d.path().join("b")).unwrap();
+        assert_ne!(now("b"), stamps[1]);
     }
 
     #[test]

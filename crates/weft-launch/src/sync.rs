@@ -4,7 +4,9 @@
 //! the data once, so N nodes take about one copy's time.
 //!
 //! A sync, as the source sees it:
-//! 1. [`crate::manifest::Manifest::scan`] of the source directory.
+//! 1. [`crate::manifest::Manifest::scan_stamped`] of the source directory: the only pass that
+//!    hashes the source's bytes; when a chunk is sent, its file's [`Stamp`] must be the one
+//!    taken before that pass, else the sync stops ("changed while it was being synced").
 //! 2. `weft sync-serve` started on every node through its [`HostRunner`]; it binds its data
 //!    address (the doctor's data interface, `--data-if`) on a free port and says which on its
 //!    first line. A node whose helper does not start in time is *unreachable* and named.
@@ -39,7 +41,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::hosts::{self, HostRunner};
-use crate::manifest::{self, Bits, Hash, Manifest, Need};
+use crate::manifest::{self, Bits, Hash, Manifest, Need, Stamp};
 use crate::wire::{self, Hello, Hop, Kind, NeedMsg, NodeNeed, NodeReport, ReportMsg};
 use crate::{LaunchError, io};
 
@@ -48,6 +50,9 @@ pub const LISTENING: &str = "weft-sync-serve listening on ";
 
 /// Size of the pieces a node reads and forwards a chunk in.
 const PIECE: usize = 256 << 10;
+
+/// Chunks a node has received and not yet written, at most (each a buffer of a chunk).
+const QUEUE: usize = 8;
 
 /// How often a waiting node tells the one before it that it is alive.
 const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -159,7 +164,7 @@ pub fn sync(
     if o.rounds == 0 {
         return Err(LaunchError::Usage("rounds must be at least 1".into()));
     }
-    let m = Manifest::scan(src, o.chunk_size)?;
+    let (m, stamps) = Manifest::scan_stamped(src, o.chunk_size)?;
     let refs = m.chunk_refs();
     let mut outcomes: BTreeMap<usize, NodeOutcome> = BTreeMap::new();
     let mut pending: Vec<usize> = (0..hosts.len()).collect();
@@ -189,7 +194,9 @@ pub fn sync(
         let result = if hops.is_empty() {
             None
         } else {
-            Some(drive_chain(&m, &refs, src, &hops, o, bytes_sent, progress))
+            Some(drive_chain(
+                &m, &stamps, &refs, src, &hops, o, bytes_sent, progress,
+            ))
         };
         for s in chain {
             s.stop(Duration::from_secs(2));
@@ -497,6 +504,7 @@ fn next_frame(
 #[allow(clippy::too_many_arguments)]
 fn drive_chain(
     m: &Manifest,
+    stamps: &[Stamp],
     refs: &[manifest::ChunkRef],
     src: &Path,
     hops: &[Hop],
@@ -561,7 +569,6 @@ fn drive_chain(
         .sum();
     let t_start = Instant::now();
     let mut files: BTreeMap<usize, File> = BTreeMap::new();
-    let mut buf = vec![0u8; 9 + m.chunk_size as usize];
     progress(Progress {
         sent: sent_before,
         total: sent_before + total,
@@ -571,29 +578,48 @@ fn drive_chain(
         if !union.get(i) {
             continue;
         }
+        let p = src.join(&m.files[c.file].path);
         let f = match files.entry(c.file) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
-                let p = src.join(&m.files[c.file].path);
                 v.insert(File::open(&p).map_err(io(format!("open {}", p.display())))?)
             }
         };
-        let frame = &mut buf[..9 + c.len as usize];
-        frame[0] = Kind::Data as u8;
-        frame[1..5].copy_from_slice(&((c.len + 4) as u32).to_le_bytes());
-        frame[5..9].copy_from_slice(&(i as u32).to_le_bytes());
-        let p = src.join(&m.files[c.file].path);
-        f.read_exact_at(&mut frame[9..], c.offset)
-            .map_err(io(format!("read {}", p.display())))?;
-        if Hash::of(&frame[9..]) != m.files[c.file].chunks[(c.offset / m.chunk_size) as usize] {
-            return Err(LaunchError::Usage(format!(
-                "{} changed while it was being synced; run again",
-                p.display()
-            )));
-        }
-        if let Err(e) = w.write_all(frame) {
-            broken = Some(wire::peer_err(&peer, "send data", e));
-            break;
+        // The bytes were hashed by the scan; a file whose stamp is still the one taken
+        // before that hashing has not been written since, so the chunk is neither hashed
+        // again nor read here: it goes from the page cache to the socket. The stamp is
+        // checked before and after. A write that leaves no trace in it (the same size,
+        // within the clock's granularity of the scan) is still caught: every node verifies
+        // each chunk against the manifest before keeping it, and fails, named, if it differs.
+        let unchanged = |f: &File| -> Result<(), LaunchError> {
+            let now = f.metadata().map_err(io(format!("stat {}", p.display())))?;
+            if Stamp::of(&now) != stamps[c.file] {
+                return Err(LaunchError::Usage(format!(
+                    "{} changed while it was being synced; run again",
+                    p.display()
+                )));
+            }
+            Ok(())
+        };
+        unchanged(f)?;
+        let mut head = [0u8; 9];
+        head[0] = Kind::Data as u8;
+        head[1..5].copy_from_slice(&((c.len + 4) as u32).to_le_bytes());
+        head[5..9].copy_from_slice(&(i as u32).to_le_bytes());
+        let sent = w
+            .write_all(&head)
+            .map_err(SendError::Peer)
+            .and_then(|_| send_range(&w, f, c.offset, c.len));
+        match sent {
+            Ok(()) => unchanged(f)?,
+            Err(SendError::Peer(e)) => {
+                broken = Some(wire::peer_err(&peer, "send data", e));
+                break;
+            }
+            Err(SendError::File(e)) => {
+                unchanged(f)?;
+                return Err(io(format!("read {}", p.display()))(e));
+            }
         }
         result.sent += c.len;
         progress(Progress {
@@ -628,6 +654,48 @@ fn drive_chain(
     result.nodes = report.nodes;
     result.lost = lost;
     Ok(result)
+}
+
+/// Why [`send_range`] stopped: the peer (the socket) or the source file.
+enum SendError {
+    Peer(std::io::Error),
+    File(std::io::Error),
+}
+
+/// Sends `len` bytes of `f` from `offset` on `sock` with sendfile(2): from the page cache to
+/// the socket, with no copy through this process. The socket's send timeout bounds it.
+fn send_range(sock: &TcpStream, f: &File, offset: u64, len: u64) -> Result<(), SendError> {
+    use std::os::fd::AsRawFd as _;
+    let mut off = libc::off_t::try_from(offset).map_err(|e| SendError::File(io_other(e)))?;
+    let mut left = usize::try_from(len).map_err(|e| SendError::File(io_other(e)))?;
+    while left > 0 {
+        // SAFETY: both descriptors are open for the whole call (`sock` and `f` are
+        // borrowed), and `off` is a valid, exclusive pointer to a local for its duration.
+        let n = unsafe { libc::sendfile(sock.as_raw_fd(), f.as_raw_fd(), &mut off, left) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // The file's side: a read error, or a file that is not one sendfile reads.
+                Some(libc::EIO | libc::EINVAL | libc::ENOMEM | libc::EOVERFLOW) => {
+                    return Err(SendError::File(e));
+                }
+                _ => return Err(SendError::Peer(e)),
+            }
+        }
+        if n == 0 {
+            return Err(SendError::File(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file is shorter than when it was scanned",
+            )));
+        }
+        left -= n as usize;
+    }
+    Ok(())
+}
+
+fn io_other(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
+    std::io::Error::other(e)
 }
 
 fn expect(got: Kind, want: Kind, peer: &str) -> Result<(), LaunchError> {
@@ -898,10 +966,11 @@ impl Node {
                             }
                         }
                         let mine = need.chunks.get(idx);
-                        // A chunk we keep is read straight into its buffer and forwarded
+                        // A chunk we keep is read straight into its buffer (one the writer
+                        // has given back, so no fresh allocation per chunk) and forwarded
                         // from there; one we only pass on goes through `piece`.
                         let mut keep = if mine {
-                            vec![0u8; clen as usize]
+                            writer.buffer(clen as usize)
                         } else {
                             Vec::new()
                         };
@@ -945,15 +1014,18 @@ impl Node {
                 }
             }
         })();
-        // The writer finishes what it has either way: complete files are renamed.
-        let done = writer.finish();
-        result?;
-        if let Some((n, w)) = &mut down
+        // The end goes on before this node's writer drains its queue, so that the nodes
+        // after it finish their writes at the same time as this one, not one after another.
+        if result.is_ok()
+            && let Some((n, w)) = &mut down
             && let Err(e) = wire::write_empty(w, Kind::End)
         {
             down_err = Some((n.clone(), format!("send end: {e}")));
             down = None;
         }
+        // The writer finishes what it has either way: complete files are renamed.
+        let done = writer.finish();
+        result?;
         let mut report = ReportMsg {
             nodes: vec![],
             lost: vec![],
@@ -1087,19 +1159,31 @@ struct Written {
 /// when its last chunk is in.
 struct Writer {
     tx: Option<mpsc::SyncSender<(usize, Vec<u8>)>>,
+    /// Buffers the writer is done with, to be filled again.
+    spare: mpsc::Receiver<Vec<u8>>,
     handle: Option<std::thread::JoinHandle<Result<Written, LaunchError>>>,
 }
 
 impl Writer {
     fn start(dest: PathBuf, m: Manifest, local: &manifest::Local, need: &Need) -> Writer {
-        let (tx, rx) = mpsc::sync_channel::<(usize, Vec<u8>)>(8);
+        let (tx, rx) = mpsc::sync_channel::<(usize, Vec<u8>)>(QUEUE);
+        let (back, spare) = mpsc::channel::<Vec<u8>>();
         let local = local.clone();
         let need = need.clone();
-        let handle = std::thread::spawn(move || write_loop(&dest, &m, &local, &need, &rx));
+        let handle = std::thread::spawn(move || write_loop(&dest, &m, &local, &need, &rx, &back));
         Writer {
             tx: Some(tx),
+            spare,
             handle: Some(handle),
         }
+    }
+
+    /// A buffer of `len` bytes to read a chunk into: one given back when there is one (its
+    /// old bytes are overwritten by the read), else a new one.
+    fn buffer(&self, len: usize) -> Vec<u8> {
+        let mut b = self.spare.try_recv().unwrap_or_default();
+        b.resize(len, 0);
+        b
     }
 
     fn send(&self, idx: usize, data: Vec<u8>) -> Result<(), LaunchError> {
@@ -1126,6 +1210,7 @@ fn write_loop(
     local: &manifest::Local,
     need: &Need,
     rx: &mpsc::Receiver<(usize, Vec<u8>)>,
+    back: &mpsc::Sender<Vec<u8>>,
 ) -> Result<Written, LaunchError> {
     let refs = m.chunk_refs();
     let mut first_chunk = Vec::with_capacity(m.files.len());
@@ -1181,6 +1266,8 @@ fn write_loop(
         }
         bytes += data.len() as u64;
         chunks += 1;
+        // The receiver may have stopped taking buffers back; then this one is dropped.
+        let _ = back.send(data);
         remaining[r.file] -= 1;
         if remaining[r.file] == 0 {
             let file = open.remove(&r.file);
@@ -1296,3 +1383,6 @@ fn finish_file(
         final_path.display()
     )))
 }
+
+#[cfg(test)]
+mod tests;

@@ -229,7 +229,9 @@ impl Drop for Daemon {
 /// rsync to the 4 hosts one after another and rsync to all 4 at once from the source (rsync
 /// daemons on the hosts' data addresses, so that no SSH cipher is in rsync's way), every
 /// data link limited to 1 Gbit/s (WEFT_SYNC_BENCH_RATE, tc syntax), in the same run. Size:
-/// WEFT_SYNC_BENCH_MIB (default 256).
+/// WEFT_SYNC_BENCH_MIB (default 256). WEFT_SYNC_BENCH_RUNS rounds of the four (default 1),
+/// interleaved, and the medians; WEFT_SYNC_BENCH_WEFT: the `weft` binary to measure (a
+/// release build; default the one this test was built with).
 #[test]
 #[ignore = "benchmark: a few minutes of wall time; run by hand (docs/benchmarks.md)"]
 fn sync_benchmark_against_rsync() {
@@ -238,11 +240,26 @@ fn sync_benchmark_against_rsync() {
         Path::new("/usr/bin/rsync").exists(),
         "install rsync (cargo xtask deps)"
     );
-    let mib: usize = std::env::var("WEFT_SYNC_BENCH_MIB")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(256);
+    let env_num = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let mib = env_num("WEFT_SYNC_BENCH_MIB", 256);
+    let runs = env_num("WEFT_SYNC_BENCH_RUNS", 1).max(1);
     let rate = std::env::var("WEFT_SYNC_BENCH_RATE").unwrap_or_else(|_| "1gbit".into());
+    let exe = std::env::var("WEFT_SYNC_BENCH_WEFT")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_weft").to_string());
+    let loadavg = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let load_before = loadavg();
     let c = Cluster::create(&ClusterSpec::new(5, 1)).expect("cluster");
     for i in 0..5 {
         c.shape(i, "data0", &Shape::rate(&rate)).expect("tc");
@@ -252,13 +269,31 @@ fn sync_benchmark_against_rsync() {
     let src = tmp.path().join("src");
     let total = make_source(&src, mib.saturating_sub(7).max(1));
     let src_s = src.display().to_string();
-    let weft_sync = |hosts: &[String], tag: &str| -> f64 {
+    // CPU seconds of the processes this test has waited for: `weft sync` reaps its helpers,
+    // so a run's difference is the CPU of the whole chain (source and every node), a
+    // per-byte cost that the machine's load changes far less than the wall time.
+    let tick: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0);
+    let children_cpu = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        // Fields 16 and 17 of stat(5) (cutime, cstime); after the comm, the 3rd is field 3.
+        let f: Vec<&str> = after_comm.split_whitespace().collect();
+        (f[13].parse::<f64>().unwrap() + f[14].parse::<f64>().unwrap()) / tick
+    };
+    let weft_sync = |hosts: &[String], tag: &str| -> (f64, f64) {
         let dest = format!("{}/{tag}/{{host}}", tmp.path().display());
+        let _ = std::fs::remove_dir_all(tmp.path().join(tag));
         let hs = hosts.join(",");
+        let cpu0 = children_cpu();
         let t0 = Instant::now();
-        let o = weft_in(
-            &names[0],
-            &[
+        let o = std::process::Command::new("ip")
+            .args(["netns", "exec", &names[0], &exe])
+            .args([
                 "sync",
                 &src_s,
                 "--hosts",
@@ -272,16 +307,22 @@ fn sync_benchmark_against_rsync() {
                 "--mgmt-if",
                 "=mgmt0",
                 "--json",
-            ],
-        );
+            ])
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_DATA_IFNAME")
+            .env_remove("WEFT_MGMT_IFNAME")
+            .output()
+            .expect("weft runs");
         let t = t0.elapsed().as_secs_f64();
+        let cpu = children_cpu() - cpu0;
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         let v = json(&o);
+        assert_eq!(v["bytes_sent"].as_u64(), Some(total), "{v:#}");
         eprintln!(
-            "weft sync {tag}: {t:.2} s wall, data phase {} s",
+            "weft sync {tag}: {t:.2} s wall, data phase {} s, {cpu:.2} CPU s",
             v["transfer_s"]
         );
-        t
+        (t, cpu)
     };
     // rsync daemons on hosts 1..=4, on their data addresses.
     let mut daemons = Vec::new();
@@ -339,30 +380,67 @@ fn sync_benchmark_against_rsync() {
         }
     };
 
-    let one = weft_sync(&names[1..2], "one");
-    let four = weft_sync(&names[1..], "four");
-    let t0 = Instant::now();
-    for i in 1..5 {
-        rsync_to(i);
-    }
-    let seq = t0.elapsed().as_secs_f64();
-    clear_rsync();
-    let t0 = Instant::now();
-    std::thread::scope(|s| {
+    let (mut ones, mut fours, mut seqs, mut pars) = (vec![], vec![], vec![], vec![]);
+    let (mut cpu_ones, mut cpu_fours) = (vec![], vec![]);
+    for run in 1..=runs {
+        let (one, cpu_one) = weft_sync(&names[1..2], "one");
+        let (four, cpu_four) = weft_sync(&names[1..], "four");
+        cpu_ones.push(cpu_one);
+        cpu_fours.push(cpu_four);
+        clear_rsync();
+        let t0 = Instant::now();
         for i in 1..5 {
-            s.spawn(move || rsync_to(i));
+            rsync_to(i);
         }
-    });
-    let par = t0.elapsed().as_secs_f64();
+        let seq = t0.elapsed().as_secs_f64();
+        clear_rsync();
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for i in 1..5 {
+                s.spawn(move || rsync_to(i));
+            }
+        });
+        let par = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "BENCH run {run}/{runs}, {} MiB, {rate} links: weft one host {one:.2} s; \
+             weft 4 hosts {four:.2} s ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); \
+             rsync all at once {par:.2} s ({:.2}x weft)",
+            total >> 20,
+            four / one,
+            seq / four,
+            par / four
+        );
+        ones.push(one);
+        fours.push(four);
+        seqs.push(seq);
+        pars.push(par);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (one, four, seq, par) = (
+        median(&mut ones),
+        median(&mut fours),
+        median(&mut seqs),
+        median(&mut pars),
+    );
+    let (cpu_one, cpu_four) = (median(&mut cpu_ones), median(&mut cpu_fours));
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!(
-        "BENCH {} MiB, {rate} links: weft one host {one:.2} s; \
-         weft 4 hosts {four:.2} s ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); \
-         rsync all at once {par:.2} s ({:.2}x weft)",
+        "BENCH medians of {runs}, {} MiB, {rate} links, {cpus} CPUs, load average {load_before} \
+         before / {} after, weft {exe}: weft one host {one:.2} s; weft 4 hosts {four:.2} s \
+         ({:.2}x one copy); rsync one by one {seq:.2} s ({:.2}x weft); rsync all at once \
+         {par:.2} s ({:.2}x weft); CPU of the whole chain: one host {cpu_one:.2} s, \
+         4 hosts {cpu_four:.2} s ({:.2} s per GiB per node beyond the first)",
         total >> 20,
+        loadavg(),
         four / one,
         seq / four,
-        par / four
+        par / four,
+        (cpu_four - cpu_one) / 3.0 / (total as f64 / f64::from(1u32 << 30))
     );
+    drop(daemons);
     assert!(
         four / one <= 1.25,
         "weft to 4 hosts took {:.2}x one copy",
