@@ -1025,3 +1025,157 @@ fn rings_of_3_to_8_processes() {
         }
     }
 }
+
+/// A receiving process: `weft-recv-late COUNT SIZE` with a 1 s timeout on loopback and `env`,
+/// its stdout lines, and the listen handle it printed.
+fn spawn_receiver(
+    count: usize,
+    size: usize,
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    Vec<u8>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-recv-late"))
+        .args([count.to_string(), size.to_string()])
+        .env("WEFT_MGMT_IFNAME", "=lo")
+        .env("WEFT_TIMEOUT_MS", "1000")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let hex = first
+        .strip_prefix("HANDLE ")
+        .unwrap_or_else(|| panic!("{first:?}"));
+    let handle = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    (child, lines, handle)
+}
+
+/// A frozen receiver (SIGSTOP: its kernel acknowledges every byte, its window stays closed)
+/// is an error for its sender about one timeout after the last byte moved, without
+/// `WEFT_TCP_USER_TIMEOUT_MS`; a live receiver that posts 2.5 timeouts late is not (it answers
+/// the sender's PROBE from its `alive` thread) and gets every byte. 1 s timeout, one 64 MiB
+/// message (far more than the socket buffers hold), helper threads off and on.
+#[test]
+fn a_frozen_receiver_is_an_error_and_a_late_one_is_not() {
+    let size = 64 << 20;
+    let msg = vec![0u8; size];
+    for nthreads in [0, 2] {
+        for frozen in [false, true] {
+            let what = format!("nthreads {nthreads}, frozen {frozen}");
+            let hold = if frozen { "60000" } else { "2500" };
+            let (mut child, mut lines, handle) =
+                spawn_receiver(1, size, &[("WEFT_TEST_HOLD_MS", hold)]);
+            let t = Transport::new(Config {
+                timeout: Duration::from_secs(1),
+                ..cfg(nthreads, 1)
+            })
+            .unwrap();
+            let mut tx = t.connect(0, &handle).unwrap().wait().unwrap();
+            assert_eq!(lines.next().unwrap().unwrap(), "ACCEPTED", "{what}");
+            if frozen {
+                // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+                assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+            }
+            // SAFETY: `msg` outlives `tx`, dropped below.
+            let id = unsafe { tx.isend(msg.as_ptr(), msg.len(), 0) }
+                .unwrap()
+                .unwrap();
+            let start = Instant::now();
+            let result = loop {
+                match tx.test(id) {
+                    Ok(Some(_)) => break Ok(start.elapsed()),
+                    Ok(None) => {}
+                    Err(e) => break Err((start.elapsed(), e)),
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "{what}: a hang");
+                thread::sleep(Duration::from_micros(200));
+            };
+            if frozen {
+                let (after, e) = result.expect_err("a frozen receiver went unnoticed");
+                eprintln!("{what}: {e} after {after:?}");
+                assert!(matches!(e, Error::Timeout { .. }), "{what}: {e}");
+                assert!(
+                    after >= Duration::from_millis(900) && after < Duration::from_secs(4),
+                    "{what}: after {after:?}"
+                );
+                // SAFETY: as above.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+            } else {
+                let after = result.unwrap_or_else(|(t, e)| panic!("{what}: {e} after {t:?}"));
+                assert!(
+                    after >= Duration::from_secs(2),
+                    "{what}: done after {after:?}"
+                );
+                assert_eq!(lines.next().unwrap().unwrap(), "OK", "{what}");
+                assert!(child.wait().unwrap().success(), "{what}");
+            }
+            drop(tx);
+        }
+    }
+}
+
+/// A frozen sender (SIGSTOP mid-message) is an error for its receiver after the timeout: the
+/// sender process hands over one 64 MiB message and is stopped; the receive fails with a
+/// timeout 1 to 4 s after it was posted (1 s timeout).
+#[test]
+fn a_sender_frozen_mid_message_is_an_error() {
+    use std::io::BufRead;
+    let t = Transport::new(Config {
+        timeout: Duration::from_secs(1),
+        ..cfg(0, 1)
+    })
+    .unwrap();
+    let mut l = t.listen(0).unwrap();
+    let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+    let size = 64 << 20;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-send-and-exit"))
+        .args([hex, "1".into(), size.to_string()])
+        .env("WEFT_MGMT_IFNAME", "=lo")
+        .env("WEFT_TIMEOUT_MS", "1000")
+        .env("WEFT_TEST_SAY_SENT", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut rx = l.wait().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "SENT");
+    // Let the message header and the first chunks reach our socket buffers.
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    let mut buf = vec![0u8; size];
+    let rb = RecvBuf {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        tag: 0,
+    };
+    // SAFETY: `buf` outlives `rx`, dropped below before it.
+    let id = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    let start = Instant::now();
+    let (after, e) = loop {
+        match rx.test(id) {
+            Ok(Some(_)) => panic!("a message from a stopped sender completed"),
+            Ok(None) => thread::sleep(Duration::from_micros(200)),
+            Err(e) => break (start.elapsed(), e),
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "a hang");
+    };
+    eprintln!("frozen sender: {e} after {after:?}");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(4),
+        "after {after:?}"
+    );
+    drop(rx);
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}

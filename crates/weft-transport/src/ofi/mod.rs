@@ -187,7 +187,6 @@
 // still share this file; the split into ofi/{wire,handshake,watch,lane,pool,send,recv}.rs is
 // issue 20's work.
 
-mod alive;
 pub mod fabric;
 mod shared;
 pub mod sys;
@@ -201,6 +200,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain as SockDomain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
+use crate::alive;
 use crate::config::Config;
 use crate::error::{Error, Link, Result, Stage};
 use crate::proto::{self, AbortReason, Frame, FrameDecoder, ListenHandle, RejectReason};

@@ -4,7 +4,9 @@
 //! CREDIT frames on the control stream; larger messages cut into chunks spread round-robin over
 //! the data streams. The handshake stream stays open as a side channel that carries nothing
 //! unless a side gives up (one ABORT frame), so the peer learns why even when the data network
-//! is what died; it has no keepalive, so a healthy connection sends no byte on it.
+//! is what died, or a sender's bytes stop moving (PROBE, answered by the receiver's process
+//! with ALIVE: a frozen receiver is told from a late one); it has no keepalive, so a connection
+//! that makes progress sends no byte on it.
 //!
 //! Two connections running opposite ways between the same addresses of one [`Transport`] share
 //! one control stream (module `ctrl`): the second one's handshake offers it (JOIN).
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
+use crate::alive::{self, Probe, ProbeStep};
 use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
@@ -662,6 +665,7 @@ impl Connecting {
                     },
                     old: None,
                     timeout: self.cfg.timeout,
+                    probe: Probe::new(self.cfg.timeout, now),
                 }))
             }
             Some(ConnectEvent::Rejected(r)) => Err(Error::Rejected {
@@ -873,7 +877,7 @@ impl Listener {
                     Ok(Accepted::Conn(RecvConn {
                         link: ctrl.link().clone(),
                         ctrl,
-                        side: SideChannel::new(hs, hs_link),
+                        side: SideChannel::new(hs, hs_link).answering(),
                         next_check: now,
                         engine,
                         msgs: VecDeque::new(),
@@ -946,8 +950,9 @@ pub(crate) fn write_all_until(
 }
 
 /// The management side channel of an established connection (the handshake stream): silent
-/// unless a side gives up, then one ABORT frame. It earns its place when the data network is
-/// what failed: the control stream cannot carry the ABORT then, this can.
+/// unless a side gives up (one ABORT frame) or a sender's bytes stop moving (PROBE, answered by
+/// ALIVE from the receiver's process; see [`crate::alive`]). It earns its place when the data
+/// network is what failed: the control stream cannot carry the ABORT then, this can.
 #[derive(Debug)]
 struct SideChannel {
     sock: TcpStream,
@@ -955,7 +960,16 @@ struct SideChannel {
     dec: FrameDecoder,
     /// EOF or an error: nothing more will come (not a failure by itself).
     done: bool,
+    /// A receiver's answers to PROBE while its application is not polling. Declared after
+    /// `sock`: the duplicate it watches closes after ours.
+    answering: Option<alive::Answering>,
+    /// An ALIVE came since [`SideChannel::take_alive`] was last called.
+    alive: bool,
 }
+
+/// Tag of the MSG frame (no payload) a TCP sender whose bytes have not moved for a while sends
+/// on the side channel: is the receiver's process running? (see [`crate::alive`]).
+const PROBE_TAG: i32 = 0x5443_5050; // "TCPP"
 
 impl SideChannel {
     fn new(sock: TcpStream, link: Link) -> SideChannel {
@@ -964,10 +978,20 @@ impl SideChannel {
             link,
             dec: FrameDecoder::new(),
             done: false,
+            answering: None,
+            alive: false,
         }
     }
 
+    /// A receiver's side channel: PROBE is answered with ALIVE, by the application's polls or,
+    /// while it does not poll, by the process's `alive` thread.
+    fn answering(mut self) -> SideChannel {
+        self.answering = alive::Answering::new(&self.sock);
+        self
+    }
+
     /// The peer's ABORT (or garbage) as an error, if one came. `who` names the peer's role.
+    /// Answers PROBE (a receiver) and notes ALIVE (a sender) on the way.
     fn poll_abort(&mut self, who: &str) -> Option<Error> {
         let mut buf = [0u8; 64];
         while !self.done {
@@ -979,25 +1003,51 @@ impl SideChannel {
                 Err(_) => self.done = true,
             }
         }
-        match self.dec.poll_frame() {
-            Ok(None) => None,
-            Ok(Some(Frame::Abort { reason, detail })) => Some(
-                self.link
-                    .aborted(format!("the {who} gave up: {}", reason.describe(detail))),
-            ),
-            Ok(Some(f)) => Some(self.link.protocol(
-                Stage::Data,
-                proto::FrameError::Unexpected {
-                    got: f.name(),
-                    expected: "ABORT",
-                },
-            )),
-            Err(e) => Some(self.link.protocol(Stage::Data, e)),
+        loop {
+            match self.dec.poll_frame() {
+                Ok(None) => return None,
+                Ok(Some(Frame::Abort { reason, detail })) => {
+                    return Some(
+                        self.link
+                            .aborted(format!("the {who} gave up: {}", reason.describe(detail))),
+                    );
+                }
+                Ok(Some(Frame::Msg(h))) if h.tag == alive::ALIVE_TAG => self.alive = true,
+                Ok(Some(Frame::Msg(h))) if h.tag == PROBE_TAG && self.answering.is_some() => {
+                    let mut pos = 0;
+                    flush_some(&self.sock, &alive::frame(), &mut pos);
+                }
+                Ok(Some(f)) => {
+                    return Some(self.link.protocol(
+                        Stage::Data,
+                        proto::FrameError::Unexpected {
+                            got: f.name(),
+                            expected: "ABORT",
+                        },
+                    ));
+                }
+                Err(e) => return Some(self.link.protocol(Stage::Data, e)),
+            }
         }
+    }
+
+    /// Whether an ALIVE came since the last call.
+    fn take_alive(&mut self) -> bool {
+        std::mem::take(&mut self.alive)
+    }
+
+    /// Best effort, never blocks: one PROBE (a few bytes on a socket that carries nothing
+    /// else; the next one follows a quarter of the timeout later if this did not fit).
+    fn send_probe(&mut self) {
+        let mut b = Vec::with_capacity(proto::FRAME_LEN);
+        Frame::encode_msg(&mut b, PROBE_TAG, Some(&[]), 0, 0);
+        let mut pos = 0;
+        flush_some(&self.sock, &b, &mut pos);
     }
 
     /// Best effort, never blocks: sends `abort` and ends the side channel.
     fn send_abort(&mut self, abort: Option<&Frame>) {
+        self.answering = None;
         if let Some(f) = abort {
             let mut b = Vec::with_capacity(proto::FRAME_LEN);
             f.encode(&mut b);
@@ -1042,6 +1092,8 @@ pub struct SendConn {
     /// The control stream left by a MOVE, until what was queued on it is delivered.
     old: Option<Arc<CtrlLink>>,
     timeout: Duration,
+    /// Whether the receiver's process still runs while our bytes do not move (PROBE/ALIVE).
+    probe: Probe,
 }
 
 /// Most MOVE requests one connection makes (refusals are normally transient: the race of two
@@ -1116,6 +1168,35 @@ impl SendConn {
                 .any(|r| r.chunks.remaining.load(Ordering::Acquire) > 0)
     }
 
+    /// Any number that changes when this connection's bytes move or credit comes back.
+    fn progress_mark(&self) -> u64 {
+        let chunks: usize = self
+            .reqs
+            .values()
+            .map(|r| r.chunks.remaining.load(Ordering::Acquire))
+            .sum();
+        self.ctrl.progress_mark().wrapping_add(chunks as u64)
+    }
+
+    /// Tells a frozen receiver (SIGSTOP: its kernel acknowledges, its window stays closed)
+    /// from a late one: PROBE once our bytes have not moved for a quarter of the timeout,
+    /// and an error when the receiver's process leaves one unanswered (see [`Probe`]).
+    fn watch_receiver(&mut self, now: Instant) -> Result<()> {
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let pending = self.work_pending();
+        let mark = if pending { self.progress_mark() } else { 0 };
+        match self.probe.check(now, pending, mark) {
+            ProbeStep::Wait => Ok(()),
+            ProbeStep::Send => {
+                self.side.send_probe();
+                Ok(())
+            }
+            ProbeStep::Frozen => Err(self.link.timeout(Stage::Data, self.timeout)),
+        }
+    }
+
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
@@ -1125,6 +1206,9 @@ impl SendConn {
         if check {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Some(e) = self.side.poll_abort("receiver") {
+                return Err(self.fail(e, false));
+            }
+            if let Err(e) = self.watch_receiver(now) {
                 return Err(self.fail(e, false));
             }
         }
