@@ -996,13 +996,15 @@ fn many_pairs_between_two_transports_open_transfer_and_close_in_random_orders() 
 }
 
 /// Sent means delivered: a sender process that closes and exits as soon as its 32 sends are
-/// reported done loses none of them (100 rounds; inline and chunked sizes).
+/// reported done loses none of them (100 rounds, `WEFT_TEST_ROUNDS` overrides; inline and
+/// chunked sizes).
 #[test]
 fn a_sender_that_exits_right_after_completion_loses_nothing() {
     let t = Transport::new(roomy(0, 1)).unwrap();
     let env = [("WEFT_MGMT_IFNAME", "=lo"), ("WEFT_TIMEOUT_MS", "20000")];
-    common::sender_exits_right_after_completion(&t, &env, 60, 32, 5000);
-    common::sender_exits_right_after_completion(&t, &env, 40, 8, 300_000);
+    let n = common::rounds(100);
+    common::sender_exits_right_after_completion(&t, &env, n * 3 / 5, 32, 5000);
+    common::sender_exits_right_after_completion(&t, &env, n * 2 / 5, 8, 300_000);
 }
 
 /// Rings of 3 to 8 rank processes on the TCP backend over loopback: every rank sends to the
@@ -1178,4 +1180,15 @@ fn a_sender_frozen_mid_message_is_an_error() {
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
+}
+
+/// Closing connections with requests in flight never harms the other connections between the
+/// same two transports (which share control streams), and the last one out closes cleanly:
+/// see [`common::closing_in_flight_leaves_the_busy_connections_alone`] (100 rounds,
+/// `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
+#[test]
+fn closing_in_flight_leaves_the_busy_connections_alone() {
+    let t = Transport::new(roomy(0, 1)).unwrap();
+    let u = Transport::new(roomy(0, 1)).unwrap();
+    common::closing_in_flight_leaves_the_busy_connections_alone("tcp", &t, &u, &u);
 }
