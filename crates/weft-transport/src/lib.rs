@@ -100,6 +100,7 @@
 
 mod alive;
 mod backend;
+mod common;
 pub mod config;
 mod error;
 pub mod iface;
@@ -110,9 +111,9 @@ mod slab;
 pub mod tcp;
 
 pub use backend::{Connecting, Listener, MemHandle, RecvConn, SendConn, Transport};
+pub use common::{
+    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
+};
 pub use config::{BackendKind, Config, ENV_VARS, IfSpec};
 pub use error::{Error, Result, Stage};
 pub use pingpong::{PingPong, ping_pong};
-pub use tcp::{
-    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
-};
