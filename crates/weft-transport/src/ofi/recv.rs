@@ -790,6 +790,13 @@ impl RailEvents for RecvConn {
 
 impl Drop for RecvConn {
     fn drop(&mut self) {
+        // A failure on the data path may have left the provider mid-message: the endpoint
+        // must never be closed (see `SharedEp`'s `Drop`).
+        if self.error.as_ref().is_some_and(|e| !e.is_usage()) {
+            for p in &self.eps {
+                p.taint();
+            }
+        }
         // Let queued CTS sends finish (bounded) so the endpoint closes with nothing of ours in
         // flight, then drop registrations before the endpoint.
         let deadline = Instant::now() + Duration::from_millis(200);

@@ -1033,6 +1033,13 @@ impl Drop for SendConn {
     /// complete reach the receiver, then closes the endpoint before its buffers go.
     fn drop(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(2);
+        // A failure on the data path may have left the provider mid-message: the endpoint
+        // must never be closed (see `SharedEp`'s `Drop`).
+        if self.error.as_ref().is_some_and(|e| !e.is_usage()) {
+            for p in &self.eps {
+                p.taint();
+            }
+        }
         // Writes in flight finish (no new ones are posted), and so do eager sends and the
         // lane, unless the receiver closed (EOF): then only the writes, which may still reach
         // its registrations, which it keeps until it hears STOPPED.
