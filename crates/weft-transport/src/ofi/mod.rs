@@ -36,7 +36,8 @@
 //! their 8-byte CQ data. A receiver with 4-byte remote CQ data (`verbs;ofi_rxm`) has no room
 //! for the slot and takes an endpoint of its own. A poll routes what it reads to the
 //! connections' inboxes under one lock; a connection closing on a shared endpoint waits for its
-//! own sends (bounded) and leaks their memory if they did not finish.
+//! own sends (bounded) and leaks their memory if they did not finish. An endpoint one of whose
+//! connections failed on the data path is never closed (see `shared::SharedEp`'s `Drop`).
 //!
 //! # Data path (data network), receiver-driven
 //!
