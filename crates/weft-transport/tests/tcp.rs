@@ -115,66 +115,11 @@ fn sizes_0_to_64mib_helper_threads() {
     transfer_all(roomy(1, 1));
 }
 
+/// The shared contract test (see `common`), over helper threads, 2 x 2 streams.
 #[test]
 fn thirty_two_in_flight_and_grouped_receives_by_tag() {
     let (mut tx, mut rx) = pair(roomy(2, 2));
-    let msgs: Vec<Vec<u8>> = (0..64)
-        .map(|i| pattern(1000 + i * 30_000, i as u8))
-        .collect();
-    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
-    // 32 grouped receives of 2 buffers, tags 1 and 2 (sends arrive tag 2 first, then 1).
-    let mut rreqs = Vec::new();
-    for pair in bufs.chunks_mut(2) {
-        let (a, b) = pair.split_at_mut(1);
-        let rb = [
-            RecvBuf {
-                ptr: a[0].as_mut_ptr(),
-                len: a[0].len(),
-                tag: 1,
-            },
-            RecvBuf {
-                ptr: b[0].as_mut_ptr(),
-                len: b[0].len(),
-                tag: 2,
-            },
-        ];
-        // SAFETY: the buffers outlive the requests, which are all tested to completion below.
-        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
-    }
-    let mut sreqs = Vec::new();
-    for (i, m) in msgs.iter().enumerate() {
-        let tag = if i % 2 == 0 { 2 } else { 1 };
-        // SAFETY: `msgs` outlives the requests, which are all tested to completion below.
-        sreqs.push(
-            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    assert!(tx.in_flight() >= 32);
-    let mut done_s = vec![false; sreqs.len()];
-    let mut done_r = vec![None; rreqs.len()];
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
-        assert!(Instant::now() < deadline);
-        for (i, r) in sreqs.iter().enumerate() {
-            if !done_s[i] {
-                done_s[i] = tx.test(*r).unwrap().is_some();
-            }
-        }
-        for (i, r) in rreqs.iter().enumerate() {
-            if done_r[i].is_none() {
-                done_r[i] = rx.test(*r).unwrap();
-            }
-        }
-    }
-    for (i, c) in done_r.iter().enumerate() {
-        let c = c.unwrap();
-        // Buffer 0 (tag 1) got message 2i+1, buffer 1 (tag 2) got message 2i.
-        assert_eq!(c.sizes(), &[msgs[2 * i + 1].len(), msgs[2 * i].len()]);
-        assert_eq!(&bufs[2 * i][..msgs[2 * i + 1].len()], &msgs[2 * i + 1][..]);
-        assert_eq!(&bufs[2 * i + 1][..msgs[2 * i].len()], &msgs[2 * i][..]);
-    }
+    common::thirty_two_in_flight_and_grouped_receives_by_tag("tcp", &mut tx, &mut rx);
 }
 
 #[test]

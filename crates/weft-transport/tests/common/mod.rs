@@ -474,3 +474,96 @@ fn close_in_flight(
         _ => std::thread::spawn(move || drop((rx, tx))).join().unwrap(),
     }
 }
+
+/// The contract test both backends run (tests/tcp.rs, tests/ofi.rs): 64 messages of 100 B to
+/// 1.9 MiB (inline or eager, chunked or RMA) all in flight at once (at least 32 sends), into 32
+/// grouped receives of two buffers (tags 1 and 2) posted first, the sends alternating tag 2
+/// then 1: each group gets its pair, each buffer the message of its tag, every byte checked.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn thirty_two_in_flight_and_grouped_receives_by_tag(
+    p: &str,
+    tx: &mut weft_transport::SendConn,
+    rx: &mut weft_transport::RecvConn,
+) {
+    use std::time::Instant;
+    use weft_transport::RecvBuf;
+    let msgs: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            pattern(
+                if i % 3 == 0 {
+                    100 + i
+                } else {
+                    1000 + i * 30_000
+                },
+                i as u8,
+            )
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
+    let mut rreqs = Vec::new();
+    for pair in bufs.chunks_mut(2) {
+        let (a, b) = pair.split_at_mut(1);
+        let rb = [
+            RecvBuf {
+                ptr: a[0].as_mut_ptr(),
+                len: a[0].len(),
+                tag: 1,
+            },
+            RecvBuf {
+                ptr: b[0].as_mut_ptr(),
+                len: b[0].len(),
+                tag: 2,
+            },
+        ];
+        // SAFETY: the buffers outlive the requests, all tested to completion below.
+        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
+    }
+    let mut sreqs = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let tag = if i % 2 == 0 { 2 } else { 1 };
+        // SAFETY: `msgs` outlives the requests, all tested to completion below.
+        sreqs.push(
+            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert!(tx.in_flight() >= 32, "{p}");
+    let mut done_s = vec![false; sreqs.len()];
+    let mut done_r = vec![None; rreqs.len()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: 32 in flight did not complete"
+        );
+        for (i, r) in sreqs.iter().enumerate() {
+            if !done_s[i] {
+                done_s[i] = tx.test(*r).unwrap().is_some();
+            }
+        }
+        for (i, r) in rreqs.iter().enumerate() {
+            if done_r[i].is_none() {
+                done_r[i] = rx.test(*r).unwrap();
+            }
+        }
+    }
+    for (i, c) in done_r.iter().enumerate() {
+        let c = c.unwrap();
+        assert_eq!(
+            c.sizes(),
+            &[msgs[2 * i + 1].len(), msgs[2 * i].len()],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i][..msgs[2 * i + 1].len()],
+            &msgs[2 * i + 1][..],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i + 1][..msgs[2 * i].len()],
+            &msgs[2 * i][..],
+            "{p}"
+        );
+    }
+}
