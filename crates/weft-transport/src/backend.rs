@@ -7,12 +7,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::common::{Completed, Device, MAX_RECVS, Rail, RecvBuf, RequestId};
 use crate::config::{BackendKind, Config};
 use crate::error::Result;
 use crate::iface::Interface;
 use crate::ofi;
 use crate::proto::{self, ListenHandle};
-use crate::tcp::{self, Completed, Device, Rail, RecvBuf, RequestId};
+use crate::tcp;
 
 /// The transport of this host: the management interface, the data devices, and the backend.
 #[derive(Debug, Clone)]
@@ -582,7 +583,7 @@ impl RecvConn {
             // SAFETY: forwarded under the same contract.
             R::Tcp(c) => unsafe { c.irecv(bufs) },
             R::Ofi(c) => {
-                let mut regs: [Option<&ofi::Registration>; tcp::MAX_RECVS] = [None; tcp::MAX_RECVS];
+                let mut regs: [Option<&ofi::Registration>; MAX_RECVS] = [None; MAX_RECVS];
                 for (r, h) in regs.iter_mut().zip(mhs) {
                     *r = h.and_then(|h| h.ofi.as_ref());
                 }
@@ -592,7 +593,7 @@ impl RecvConn {
         }
     }
 
-    /// Posts a receive of up to [`tcp::MAX_RECVS`] buffers. `Ok(None)`: busy, retry later.
+    /// Posts a receive of up to [`MAX_RECVS`] buffers. `Ok(None)`: busy, retry later.
     ///
     /// # Safety
     /// Every buffer must be writable for its `len` bytes and not be read or written by anyone

@@ -17,8 +17,10 @@
 //!
 //! * **Handshake stream** (management network): HELLO, then ACK or REJECT. Afterwards it is the
 //!   *side channel*: it carries nothing (no keepalive either) unless a side gives up, and then
-//!   one ABORT frame. It is kept for one reason: when the data network is what died, the
-//!   control stream cannot tell the peer why, the side channel can.
+//!   one ABORT frame, or a sender's bytes have not moved for a quarter of the timeout, and then
+//!   PROBE, which the receiver's process answers with ALIVE (see "A frozen receiver" below).
+//!   It is kept because when the data network is what died, the control stream cannot tell the
+//!   peer why, the side channel can.
 //! * **Control stream** (data network, to the listener's first data address): message headers,
 //!   messages up to `WEFT_INLINE_BYTES` inline, CREDIT frames back, ABORT.
 //! * **Data streams** (data network): the chunks of larger messages.
@@ -52,6 +54,17 @@
 //!   `WEFT_TCP_USER_TIMEOUT_MS` adds one for those who want that bound anyway). Like NCCL's own
 //!   socket transport, weft never times out a receiver that posts late; once it has posted, its
 //!   data must keep moving.
+//! * **A frozen receiver** (SIGSTOP, or a process hung in the kernel) looks like a slow one to
+//!   TCP: its kernel acknowledges, its window stays closed. So a sender whose bytes (control
+//!   stream or data streams) have not moved for `timeout / 4` asks on the side channel (PROBE,
+//!   again every `timeout / 4` while that lasts), and the receiver's process answers (ALIVE)
+//!   from its application's polls or, while the application does not call in, from a thread
+//!   that watches the side channels' unread bytes (module `alive`). A PROBE unanswered for
+//!   `3/4 timeout` fails the sender with a timeout: about `timeout` after its last byte moved.
+//!   A late receiver answers and is never an error. `WEFT_TCP_USER_TIMEOUT_MS` is not needed
+//!   for this. A frozen *sender* is caught by the receiver's stall timer once the message's
+//!   header is there (a sender stopped before it sent anything is indistinguishable from one
+//!   that has not sent yet, which is legitimate).
 //! * **The management network alone failing** during the data phase is not an error: the side
 //!   channel only carries news, and its loss is noticed only if an ABORT must travel on it.
 //!
@@ -85,7 +98,9 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod alive;
 mod backend;
+mod common;
 pub mod config;
 mod error;
 pub mod iface;
@@ -96,9 +111,9 @@ mod slab;
 pub mod tcp;
 
 pub use backend::{Connecting, Listener, MemHandle, RecvConn, SendConn, Transport};
+pub use common::{
+    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
+};
 pub use config::{BackendKind, Config, ENV_VARS, IfSpec};
 pub use error::{Error, Result, Stage};
 pub use pingpong::{PingPong, ping_pong};
-pub use tcp::{
-    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
-};

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::{RecvConn, SendConn};
+use crate::common::{RecvBuf, RequestId};
 use crate::error::{Error, Result, Stage};
-use crate::tcp::{RecvBuf, RequestId};
 
 /// What one side of [`ping_pong`] measured.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,7 @@
 //! the same slot. The index part of an id stays below the capacity, as NCCL's plugin API
 //! needs (it sizes its own tables by the in-flight limit).
 
-use crate::tcp::RequestId;
+use crate::common::RequestId;
 
 #[derive(Debug)]
 pub(crate) struct Slab<T> {

@@ -265,85 +265,7 @@ fn cq4_thirty_two_in_flight_and_grouped_receives_by_tag() {
 
 fn thirty_two_in_flight_and_grouped_receives_by_tag_on(p: &str, t: &Transport) {
     let (mut tx, mut rx) = pair_on(t);
-    let msgs: Vec<Vec<u8>> = (0..64)
-        .map(|i| {
-            pattern(
-                if i % 3 == 0 {
-                    100 + i
-                } else {
-                    1000 + i * 30_000
-                },
-                i as u8,
-            )
-        })
-        .collect();
-    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
-    let mut rreqs = Vec::new();
-    for pair in bufs.chunks_mut(2) {
-        let (a, b) = pair.split_at_mut(1);
-        let rb = [
-            RecvBuf {
-                ptr: a[0].as_mut_ptr(),
-                len: a[0].len(),
-                tag: 1,
-            },
-            RecvBuf {
-                ptr: b[0].as_mut_ptr(),
-                len: b[0].len(),
-                tag: 2,
-            },
-        ];
-        // SAFETY: the buffers outlive the requests, all tested to completion below.
-        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
-    }
-    let mut sreqs = Vec::new();
-    for (i, m) in msgs.iter().enumerate() {
-        let tag = if i % 2 == 0 { 2 } else { 1 };
-        // SAFETY: `msgs` outlives the requests, all tested to completion below.
-        sreqs.push(
-            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    assert!(tx.in_flight() >= 32, "{p}");
-    let mut done_s = vec![false; sreqs.len()];
-    let mut done_r = vec![None; rreqs.len()];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
-        assert!(
-            Instant::now() < deadline,
-            "{p}: 32 in flight did not complete"
-        );
-        for (i, r) in sreqs.iter().enumerate() {
-            if !done_s[i] {
-                done_s[i] = tx.test(*r).unwrap().is_some();
-            }
-        }
-        for (i, r) in rreqs.iter().enumerate() {
-            if done_r[i].is_none() {
-                done_r[i] = rx.test(*r).unwrap();
-            }
-        }
-    }
-    for (i, c) in done_r.iter().enumerate() {
-        let c = c.unwrap();
-        assert_eq!(
-            c.sizes(),
-            &[msgs[2 * i + 1].len(), msgs[2 * i].len()],
-            "{p}"
-        );
-        assert_eq!(
-            &bufs[2 * i][..msgs[2 * i + 1].len()],
-            &msgs[2 * i + 1][..],
-            "{p}"
-        );
-        assert_eq!(
-            &bufs[2 * i + 1][..msgs[2 * i].len()],
-            &msgs[2 * i][..],
-            "{p}"
-        );
-    }
+    common::thirty_two_in_flight_and_grouped_receives_by_tag(p, &mut tx, &mut rx);
 }
 
 /// Sends whose receive is not there yet, interleaved with tests, more than the eager credit:
@@ -1491,15 +1413,15 @@ fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport)
 
 /// Stray connections (garbage, connect and close, a health probe, half-open) on the ofi
 /// listener's port during a real connect, on each provider: discarded and named, the real
-/// connection comes up.
+/// connection comes up; 100 rounds (`WEFT_TEST_ROUNDS` overrides).
 #[test]
 fn stray_connections_are_discarded_while_the_real_peer_connects() {
-    each_provider(|_, t| common::strays_do_not_fail_a_real_connect(t, 20));
+    each_provider(|_, t| common::strays_do_not_fail_a_real_connect(t, common::rounds(100)));
 }
 
 /// Sent means delivered on each provider: a sender process that closes and exits as soon as
 /// its 32 sends of 5,000 bytes (eager) are reported done loses none of them; then 8 of
-/// 300,000 bytes (RMA), 30 and 10 rounds.
+/// 300,000 bytes (RMA): 45 and 15 rounds (`WEFT_TEST_ROUNDS` sets their sum).
 #[test]
 fn a_sender_that_exits_right_after_completion_loses_nothing() {
     each_provider(|p, t| {
@@ -1513,164 +1435,27 @@ fn a_sender_that_exits_right_after_completion_loses_nothing() {
         if !domain.is_empty() {
             env.push(("WEFT_OFI_DOMAIN", &domain));
         }
-        common::sender_exits_right_after_completion(t, &env, 30, 32, 5000);
-        common::sender_exits_right_after_completion(t, &env, 10, 8, 300_000);
+        let n = common::rounds(60);
+        common::sender_exits_right_after_completion(t, &env, n * 3 / 4, 32, 5000);
+        common::sender_exits_right_after_completion(t, &env, n / 4, 8, 300_000);
     });
 }
 
-/// Rounds of [`closing_in_flight_leaves_the_busy_connections_alone`] per provider
-/// (`WEFT_TEST_ROUNDS` overrides): enough to catch a 1-in-20 failure.
-fn in_flight_rounds() -> usize {
-    std::env::var("WEFT_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100)
-}
-
 /// Closing connections with requests in flight never harms the other connections of the
-/// process, and the last one out closes the endpoint cleanly: on each provider, a busy pair
-/// in its own thread moves messages of 1 B to 1 MiB (checked) the whole time, while the main
-/// thread, 100 rounds, opens a pair on the same endpoint, posts receives (their CTS leave) and
-/// sends of 64 B to 1 MiB (eager and RMA), tests them a varying number of times and closes
-/// both sides in a varying order (receiver first with writes coming, sender first with writes
-/// queued, or from another thread), with nothing completed. The busy pair sees no error.
+/// process, and the last one out closes the endpoint cleanly: on each provider, between two
+/// transports (endpoints of their own: as between two processes, every connection shares one
+/// provider connection), see [`common::closing_in_flight_leaves_the_busy_connections_alone`]
+/// (100 rounds, `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
 #[test]
 fn closing_in_flight_leaves_the_busy_connections_alone() {
-    each_provider(closing_in_flight_leaves_the_busy_connections_alone_on);
-}
-
-fn closing_in_flight_leaves_the_busy_connections_alone_on(p: &str, t: &Transport) {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    const SIZES: [usize; 5] = [64, 5000, 16384, 200_000, 1 << 20];
-    // A second transport has endpoints of its own: between the two, as between two
-    // processes, every connection shares one provider connection.
-    let u = transport(p, &t.config().ofi_domain.clone().unwrap_or_default()).unwrap();
-    let (mut btx, mut brx) = pair_between(t, &u);
-    let stop = Arc::new(AtomicBool::new(false));
-    let moved = Arc::new(AtomicUsize::new(0));
-    let busy = {
-        let (stop, moved, p) = (stop.clone(), moved.clone(), p.to_string());
-        thread::spawn(move || {
-            let mut dst = vec![0u8; 1 << 20];
-            let mut i = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                let n = [1, 4000, 16384, 100_000, 1 << 20][i % 5];
-                let src = pattern(n, i as u8);
-                let got = transfer_mr(&mut btx, &mut brx, &src, &mut dst, (None, None), i as i32);
-                assert_eq!(got, n, "{p}: busy message {i}");
-                assert!(dst[..n] == src[..], "{p}: busy message {i} differs");
-                i += 1;
-                moved.store(i, Ordering::Relaxed);
-            }
-            (btx, brx)
-        })
-    };
-    // Receive buffers stay valid past the closes: a write already on its way may still land.
-    let mut dst: Vec<Vec<u8>> = SIZES.iter().map(|&n| vec![0u8; n]).collect();
-    let src: Vec<Vec<u8>> = SIZES.iter().map(|&n| pattern(n, 7)).collect();
-    let mut x: u64 = 0x2545_f491;
-    let start = Instant::now();
-    for round in 0..in_flight_rounds() {
-        assert!(
-            !busy.is_finished(),
-            "{p}: round {round}: the busy pair failed"
-        );
-        let (a, b) = if round % 2 == 0 { (t, &u) } else { (&u, t) };
-        close_in_flight(a, b, round / 2, &mut x, &mut dst, &src);
-    }
-    let before = moved.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while moved.load(Ordering::Relaxed) < before + 5 && !busy.is_finished() {
-        assert!(
-            Instant::now() < deadline,
-            "{p}: the busy pair stopped moving"
-        );
-        thread::sleep(Duration::from_millis(1));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let (btx, brx) = busy
-        .join()
-        .unwrap_or_else(|_| panic!("{p}: the busy pair failed (see its panic above)"));
-    eprintln!(
-        "{p}: {} rounds in {:?}, {} busy messages",
-        in_flight_rounds(),
-        start.elapsed(),
-        moved.load(Ordering::Relaxed)
-    );
-    drop((btx, brx));
-    // The pair closed in flight is now the endpoint's only user: its close is the last one
-    // out, which closes the endpoint under whatever was still on its way.
-    // (With `shm`, within one transport: libfabric 1.17's `shm` progress reads the region of
-    // a peer endpoint of the same process that closed, SIGSEGV, which two processes never see.)
-    let v = if p == "shm" { t } else { &u };
-    for round in 0..in_flight_rounds() / 4 {
-        close_in_flight(t, v, round, &mut x, &mut dst, &src);
-    }
-    let (mut tx, mut rx) = pair_between(t, &u);
-    let got = transfer_mr(&mut tx, &mut rx, &src[4], &mut dst[4], (None, None), 1);
-    assert_eq!(got, src[4].len(), "{p}: a pair after the last close");
-}
-
-/// A connection from `a` to a listener of `b`.
-fn pair_between(a: &Transport, b: &Transport) -> (SendConn, RecvConn) {
-    let mut l = b.listen(0).unwrap();
-    let mut c = a.connect(0, &l.handle()).unwrap();
-    let (mut tx, mut rx) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tx.is_none() || rx.is_none() {
-        assert!(Instant::now() < deadline, "connect between transports");
-        if tx.is_none() {
-            tx = c.poll().unwrap();
-        }
-        if rx.is_none() {
-            rx = l.accept().unwrap();
-        }
-    }
-    (tx.unwrap(), rx.unwrap())
-}
-
-/// One round of [`closing_in_flight_leaves_the_busy_connections_alone`]: a pair with five
-/// receives and five sends posted, tested `x % 6` times, then closed in the order `round`
-/// picks.
-fn close_in_flight(
-    a: &Transport,
-    b: &Transport,
-    round: usize,
-    x: &mut u64,
-    dst: &mut [Vec<u8>],
-    src: &[Vec<u8>],
-) {
-    let (mut tx, mut rx) = pair_between(a, b);
-    let mut rids = Vec::new();
-    for (k, d) in dst.iter_mut().enumerate() {
-        let rb = RecvBuf {
-            ptr: d.as_mut_ptr(),
-            len: d.len(),
-            tag: k as i32,
-        };
-        // SAFETY: `dst` outlives the connection and any write still on its way (the caller's).
-        rids.push(unsafe { rx.irecv(&[rb]) }.unwrap().unwrap());
-    }
-    let mut sids = Vec::new();
-    for (k, s) in src.iter().enumerate() {
-        // SAFETY: `src` outlives the connection.
-        sids.push(unsafe { tx.isend(s.as_ptr(), s.len(), k as i32) }.unwrap());
-    }
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    for _ in 0..(*x % 6) {
-        let _ = rx.test(rids[0]);
-        if let Some(Some(s)) = sids.last() {
-            let _ = tx.test(*s);
-        }
-    }
-    match round % 3 {
-        0 => drop((rx, tx)),
-        1 => drop((tx, rx)),
-        _ => thread::spawn(move || drop((rx, tx))).join().unwrap(),
-    }
+    each_provider(|p, t| {
+        let u = transport(p, &t.config().ofi_domain.clone().unwrap_or_default()).unwrap();
+        // With `shm`, the last-out rounds stay within one transport: libfabric 1.17's `shm`
+        // progress reads the region of a peer endpoint of the same process that closed
+        // (SIGSEGV), which two processes never see.
+        let last_out = if p == "shm" { t } else { &u };
+        common::closing_in_flight_leaves_the_busy_connections_alone(p, t, &u, last_out);
+    });
 }
 
 /// Rings of 3 to 8 rank processes on each provider (`tcp;ofi_rxm` over loopback, `shm`):

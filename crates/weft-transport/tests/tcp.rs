@@ -115,66 +115,11 @@ fn sizes_0_to_64mib_helper_threads() {
     transfer_all(roomy(1, 1));
 }
 
+/// The shared contract test (see `common`), over helper threads, 2 x 2 streams.
 #[test]
 fn thirty_two_in_flight_and_grouped_receives_by_tag() {
     let (mut tx, mut rx) = pair(roomy(2, 2));
-    let msgs: Vec<Vec<u8>> = (0..64)
-        .map(|i| pattern(1000 + i * 30_000, i as u8))
-        .collect();
-    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
-    // 32 grouped receives of 2 buffers, tags 1 and 2 (sends arrive tag 2 first, then 1).
-    let mut rreqs = Vec::new();
-    for pair in bufs.chunks_mut(2) {
-        let (a, b) = pair.split_at_mut(1);
-        let rb = [
-            RecvBuf {
-                ptr: a[0].as_mut_ptr(),
-                len: a[0].len(),
-                tag: 1,
-            },
-            RecvBuf {
-                ptr: b[0].as_mut_ptr(),
-                len: b[0].len(),
-                tag: 2,
-            },
-        ];
-        // SAFETY: the buffers outlive the requests, which are all tested to completion below.
-        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
-    }
-    let mut sreqs = Vec::new();
-    for (i, m) in msgs.iter().enumerate() {
-        let tag = if i % 2 == 0 { 2 } else { 1 };
-        // SAFETY: `msgs` outlives the requests, which are all tested to completion below.
-        sreqs.push(
-            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    assert!(tx.in_flight() >= 32);
-    let mut done_s = vec![false; sreqs.len()];
-    let mut done_r = vec![None; rreqs.len()];
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
-        assert!(Instant::now() < deadline);
-        for (i, r) in sreqs.iter().enumerate() {
-            if !done_s[i] {
-                done_s[i] = tx.test(*r).unwrap().is_some();
-            }
-        }
-        for (i, r) in rreqs.iter().enumerate() {
-            if done_r[i].is_none() {
-                done_r[i] = rx.test(*r).unwrap();
-            }
-        }
-    }
-    for (i, c) in done_r.iter().enumerate() {
-        let c = c.unwrap();
-        // Buffer 0 (tag 1) got message 2i+1, buffer 1 (tag 2) got message 2i.
-        assert_eq!(c.sizes(), &[msgs[2 * i + 1].len(), msgs[2 * i].len()]);
-        assert_eq!(&bufs[2 * i][..msgs[2 * i + 1].len()], &msgs[2 * i + 1][..]);
-        assert_eq!(&bufs[2 * i + 1][..msgs[2 * i].len()], &msgs[2 * i][..]);
-    }
+    common::thirty_two_in_flight_and_grouped_receives_by_tag("tcp", &mut tx, &mut rx);
 }
 
 #[test]
@@ -996,13 +941,15 @@ fn many_pairs_between_two_transports_open_transfer_and_close_in_random_orders() 
 }
 
 /// Sent means delivered: a sender process that closes and exits as soon as its 32 sends are
-/// reported done loses none of them (100 rounds; inline and chunked sizes).
+/// reported done loses none of them (100 rounds, `WEFT_TEST_ROUNDS` overrides; inline and
+/// chunked sizes).
 #[test]
 fn a_sender_that_exits_right_after_completion_loses_nothing() {
     let t = Transport::new(roomy(0, 1)).unwrap();
     let env = [("WEFT_MGMT_IFNAME", "=lo"), ("WEFT_TIMEOUT_MS", "20000")];
-    common::sender_exits_right_after_completion(&t, &env, 60, 32, 5000);
-    common::sender_exits_right_after_completion(&t, &env, 40, 8, 300_000);
+    let n = common::rounds(100);
+    common::sender_exits_right_after_completion(&t, &env, n * 3 / 5, 32, 5000);
+    common::sender_exits_right_after_completion(&t, &env, n * 2 / 5, 8, 300_000);
 }
 
 /// Rings of 3 to 8 rank processes on the TCP backend over loopback: every rank sends to the
@@ -1024,4 +971,169 @@ fn rings_of_3_to_8_processes() {
             common::ring(n, &env, 12, 1 << 20);
         }
     }
+}
+
+/// A receiving process: `weft-recv-late COUNT SIZE` with a 1 s timeout on loopback and `env`,
+/// its stdout lines, and the listen handle it printed.
+fn spawn_receiver(
+    count: usize,
+    size: usize,
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    Vec<u8>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-recv-late"))
+        .args([count.to_string(), size.to_string()])
+        .env("WEFT_MGMT_IFNAME", "=lo")
+        .env("WEFT_TIMEOUT_MS", "1000")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let hex = first
+        .strip_prefix("HANDLE ")
+        .unwrap_or_else(|| panic!("{first:?}"));
+    let handle = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    (child, lines, handle)
+}
+
+/// A frozen receiver (SIGSTOP: its kernel acknowledges every byte, its window stays closed)
+/// is an error for its sender about one timeout after the last byte moved, without
+/// `WEFT_TCP_USER_TIMEOUT_MS`; a live receiver that posts 2.5 timeouts late is not (it answers
+/// the sender's PROBE from its `alive` thread) and gets every byte. 1 s timeout, one 64 MiB
+/// message (far more than the socket buffers hold), helper threads off and on.
+#[test]
+fn a_frozen_receiver_is_an_error_and_a_late_one_is_not() {
+    let size = 64 << 20;
+    let msg = vec![0u8; size];
+    for nthreads in [0, 2] {
+        for frozen in [false, true] {
+            let what = format!("nthreads {nthreads}, frozen {frozen}");
+            let hold = if frozen { "60000" } else { "2500" };
+            let (mut child, mut lines, handle) =
+                spawn_receiver(1, size, &[("WEFT_TEST_HOLD_MS", hold)]);
+            let t = Transport::new(Config {
+                timeout: Duration::from_secs(1),
+                ..cfg(nthreads, 1)
+            })
+            .unwrap();
+            let mut tx = t.connect(0, &handle).unwrap().wait().unwrap();
+            assert_eq!(lines.next().unwrap().unwrap(), "ACCEPTED", "{what}");
+            if frozen {
+                // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+                assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+            }
+            // SAFETY: `msg` outlives `tx`, dropped below.
+            let id = unsafe { tx.isend(msg.as_ptr(), msg.len(), 0) }
+                .unwrap()
+                .unwrap();
+            let start = Instant::now();
+            let result = loop {
+                match tx.test(id) {
+                    Ok(Some(_)) => break Ok(start.elapsed()),
+                    Ok(None) => {}
+                    Err(e) => break Err((start.elapsed(), e)),
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "{what}: a hang");
+                thread::sleep(Duration::from_micros(200));
+            };
+            if frozen {
+                let (after, e) = result.expect_err("a frozen receiver went unnoticed");
+                eprintln!("{what}: {e} after {after:?}");
+                assert!(matches!(e, Error::Timeout { .. }), "{what}: {e}");
+                assert!(
+                    after >= Duration::from_millis(900) && after < Duration::from_secs(4),
+                    "{what}: after {after:?}"
+                );
+                // SAFETY: as above.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+            } else {
+                let after = result.unwrap_or_else(|(t, e)| panic!("{what}: {e} after {t:?}"));
+                assert!(
+                    after >= Duration::from_secs(2),
+                    "{what}: done after {after:?}"
+                );
+                assert_eq!(lines.next().unwrap().unwrap(), "OK", "{what}");
+                assert!(child.wait().unwrap().success(), "{what}");
+            }
+            drop(tx);
+        }
+    }
+}
+
+/// A frozen sender (SIGSTOP mid-message) is an error for its receiver after the timeout: the
+/// sender process hands over one 64 MiB message and is stopped; the receive fails with a
+/// timeout 1 to 4 s after it was posted (1 s timeout).
+#[test]
+fn a_sender_frozen_mid_message_is_an_error() {
+    use std::io::BufRead;
+    let t = Transport::new(Config {
+        timeout: Duration::from_secs(1),
+        ..cfg(0, 1)
+    })
+    .unwrap();
+    let mut l = t.listen(0).unwrap();
+    let hex: String = l.handle().iter().map(|b| format!("{b:02x}")).collect();
+    let size = 64 << 20;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weft-send-and-exit"))
+        .args([hex, "1".into(), size.to_string()])
+        .env("WEFT_MGMT_IFNAME", "=lo")
+        .env("WEFT_TIMEOUT_MS", "1000")
+        .env("WEFT_TEST_SAY_SENT", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut rx = l.wait().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "SENT");
+    // Let the message header and the first chunks reach our socket buffers.
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on our own child's pid, which has not been waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    let mut buf = vec![0u8; size];
+    let rb = RecvBuf {
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        tag: 0,
+    };
+    // SAFETY: `buf` outlives `rx`, dropped below before it.
+    let id = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    let start = Instant::now();
+    let (after, e) = loop {
+        match rx.test(id) {
+            Ok(Some(_)) => panic!("a message from a stopped sender completed"),
+            Ok(None) => thread::sleep(Duration::from_micros(200)),
+            Err(e) => break (start.elapsed(), e),
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "a hang");
+    };
+    eprintln!("frozen sender: {e} after {after:?}");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(4),
+        "after {after:?}"
+    );
+    drop(rx);
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// Closing connections with requests in flight never harms the other connections between the
+/// same two transports (which share control streams), and the last one out closes cleanly:
+/// see [`common::closing_in_flight_leaves_the_busy_connections_alone`] (100 rounds,
+/// `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
+#[test]
+fn closing_in_flight_leaves_the_busy_connections_alone() {
+    let t = Transport::new(roomy(0, 1)).unwrap();
+    let u = Transport::new(roomy(0, 1)).unwrap();
+    common::closing_in_flight_leaves_the_busy_connections_alone("tcp", &t, &u, &u);
 }

@@ -4,6 +4,7 @@
 //! connection and exits at once. Configuration from the `WEFT_*` environment, as the plugin.
 //! Exit status 0 only when every send was reported done. `WEFT_TEST_HOLD_MS`: first stay
 //! that long without calling in (a live process whose application is busy elsewhere).
+//! `WEFT_TEST_SAY_SENT=1`: print `SENT` once every send is handed over (before testing any).
 
 use weft_transport::{Config, Transport};
 
@@ -43,6 +44,11 @@ fn run() -> Result<(), String> {
             }
         };
         ids.push(Some(id));
+    }
+    if std::env::var_os("WEFT_TEST_SAY_SENT").is_some() {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "SENT").and_then(|()| out.flush());
     }
     while ids.iter().any(Option::is_some) {
         for (k, id) in ids.iter_mut().enumerate() {

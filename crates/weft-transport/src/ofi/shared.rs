@@ -26,7 +26,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::fabric::{CqError, Domain, Endpoint, FiResult, Mr};
@@ -159,20 +160,23 @@ struct Routes {
     peers: HashMap<Vec<u8>, sys::fi_addr_t>,
 }
 
+/// Buried registrations, each with the instant it may go.
+type Graves = Mutex<Vec<(std::time::Instant, Vec<Arc<Mr>>)>>;
+
 /// An endpoint, its receive buffers and the routing of what it reads.
 pub struct SharedEp {
-    /// Declared first: closed before the pool's memory goes, and before the registrations
-    /// kept in `graves`.
-    ep: Endpoint,
+    /// Dropped first (see `Drop`): closed before the pool's memory goes, and before the
+    /// registrations kept in `graves`; never, with them, when `tainted`.
+    ep: ManuallyDrop<Endpoint>,
     /// Registrations of receives whose connection closed while its sender might still write
     /// into them (it had not said it stopped): a write that reaches a closed registration
     /// ends the provider's connection to that peer (with `tcp`), which every connection
     /// between the two processes shares. Each is kept until its instant, or until the
     /// endpoint closes.
-    graves: Mutex<Vec<(std::time::Instant, Vec<Arc<Mr>>)>>,
+    graves: ManuallyDrop<Graves>,
     /// One connection only (4-byte remote CQ data): every remote write is its own.
     private: bool,
-    routes: Mutex<(Routes, RxPool)>,
+    routes: ManuallyDrop<Mutex<(Routes, RxPool)>>,
     /// Receive buffers given back by dropped [`Held`] messages, to post again. Locked after
     /// `routes` when both are, never the other way.
     returned: Mutex<Vec<usize>>,
@@ -180,6 +184,9 @@ pub struct SharedEp {
     held: AtomicUsize,
     /// Most buffers that may be held at once: the rest keep receiving, whoever holds what.
     held_max: usize,
+    /// A connection of it failed on the data path (a peer gone, aborted or stalled, maybe
+    /// mid-message): the endpoint is never closed, and its memory never freed (see `Drop`).
+    tainted: AtomicBool,
 }
 
 // SAFETY: the raw pointers in queued completions and contexts are tokens (compared, or read by
@@ -217,10 +224,11 @@ impl SharedEp {
             idle: (0..slots).rev().collect(),
         };
         let sh = Arc::new(SharedEp {
-            ep,
+            ep: ManuallyDrop::new(ep),
             private,
-            routes: Mutex::new((Routes::default(), pool)),
-            graves: Mutex::new(Vec::new()),
+            routes: ManuallyDrop::new(Mutex::new((Routes::default(), pool))),
+            graves: ManuallyDrop::new(Mutex::new(Vec::new())),
+            tainted: AtomicBool::new(false),
             returned: Mutex::new(Vec::new()),
             held: AtomicUsize::new(0),
             held_max: slots / 2,
@@ -299,6 +307,11 @@ impl Drop for SharedEp {
     /// receiving a message (a peer that went away mid-write, or one still writing) with a
     /// SIGSEGV in `fi_close`; once the provider has read the rest, or the peer's close, it
     /// closes cleanly.
+    ///
+    /// That is not always enough (a peer that went away mid-write still crashes it now and
+    /// then), so an endpoint one of whose connections failed on the data path is not closed
+    /// at all: it and its memory are leaked, a bounded cost of a failure, rather than the
+    /// process.
     fn drop(&mut self) {
         let deadline = std::time::Instant::now() + CLOSE_DRAIN;
         let mut ents = [sys::fi_cq_data_entry::default(); 16];
@@ -311,6 +324,17 @@ impl Drop for SharedEp {
             } else {
                 quiet = 0;
             }
+        }
+        if self.tainted.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: each field is dropped once, here, and not used after (this is `drop`); the
+        // endpoint first, so the provider is done with the pool's memory and the buried
+        // registrations before they go.
+        unsafe {
+            ManuallyDrop::drop(&mut self.ep);
+            ManuallyDrop::drop(&mut self.routes);
+            ManuallyDrop::drop(&mut self.graves);
         }
     }
 }
@@ -394,6 +418,12 @@ impl Port {
     /// The endpoint (registrations).
     pub fn endpoint(&self) -> &Endpoint {
         &self.shared.ep
+    }
+
+    /// A connection of the endpoint failed on the data path: never close it (see
+    /// `SharedEp`'s `Drop`).
+    pub fn taint(&self) {
+        self.shared.tainted.store(true, Ordering::Release);
     }
 
     /// Whether the endpoint is this connection's alone.

@@ -426,6 +426,13 @@ impl CtrlLink {
         lock(&self.st).write_error.clone()
     }
 
+    /// A number that grows whenever bytes of this link reach the kernel or the peer reports
+    /// bytes read (CREDIT): the sender's progress on it.
+    pub fn progress_mark(&self) -> u64 {
+        let st = lock(&self.st);
+        st.flushed.wrapping_add(st.peer_consumed)
+    }
+
     /// Whether bytes wait to be written.
     pub fn pending_out(&self) -> bool {
         let st = lock(&self.st);

@@ -4,7 +4,9 @@
 //! CREDIT frames on the control stream; larger messages cut into chunks spread round-robin over
 //! the data streams. The handshake stream stays open as a side channel that carries nothing
 //! unless a side gives up (one ABORT frame), so the peer learns why even when the data network
-//! is what died; it has no keepalive, so a healthy connection sends no byte on it.
+//! is what died, or a sender's bytes stop moving (PROBE, answered by the receiver's process
+//! with ALIVE: a frozen receiver is told from a late one); it has no keepalive, so a connection
+//! that makes progress sends no byte on it.
 //!
 //! Two connections running opposite ways between the same addresses of one [`Transport`] share
 //! one control stream (module `ctrl`): the second one's handshake offers it (JOIN).
@@ -12,99 +14,36 @@
 //! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
 //! `Listener::accept`, `test`), except chunk I/O, which helper threads do when `nthreads > 0`.
 
-// tidy: long-file: backend-neutral types (RequestId, Device, PendingSock) still live here
-// beside the TCP engine; moving them to the crate root is issue 20's work.
-
 mod ctrl;
 mod engine;
 mod share;
+mod side;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 
+use crate::alive::{Probe, ProbeStep};
+use crate::common::{
+    Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
+};
+use crate::common::{PendingSock, Tune, random_u64, write_all_until};
 use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
 use crate::proto::{
     self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, End, Frame,
-    FrameDecoder, ListenHandle, MAX_DATA_ADDRS,
+    ListenHandle, MAX_DATA_ADDRS,
 };
 use crate::slab::Slab;
 use ctrl::CtrlLink;
 use engine::{Dir, Engine, ReqState, Stream, Task};
-
-/// Most buffers one grouped receive may have.
-pub const MAX_RECVS: usize = 8;
-/// Requests one receive connection keeps in flight.
-pub const MAX_RECV_REQUESTS: usize = 64;
-/// Requests one send connection keeps in flight (NCCL: 32 x maxRecvs).
-pub const MAX_SEND_REQUESTS: usize = 32 * MAX_RECVS;
-
-/// One data interface of a device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rail {
-    /// Interface name.
-    pub iface: String,
-    /// Address weft binds on it.
-    pub addr: IpAddr,
-}
-
-/// A device as NCCL sees it: one data interface, or all of them when rails are merged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
-    /// Name shown in logs (`eth1`, or `eth1+eth2` for merged rails).
-    pub name: String,
-    /// Data interfaces.
-    pub rails: Vec<Rail>,
-    /// Sum of the rails' link speeds in Mbit/s; 10000 per rail whose speed is unknown.
-    pub speed_mbps: u32,
-    /// PCI path of the first rail, if it is a PCI device.
-    pub pci_path: Option<String>,
-    /// Port identity of the first rail.
-    pub guid: u64,
-}
-
-/// Request handle returned by `isend` / `irecv`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RequestId(u64);
-
-impl RequestId {
-    /// The raw value (index and generation).
-    pub fn raw(self) -> u64 {
-        self.0
-    }
-    /// Rebuilds an id from [`RequestId::raw`].
-    pub fn from_raw(v: u64) -> RequestId {
-        RequestId(v)
-    }
-    /// Slot index: unique among the requests in flight on one connection.
-    pub fn index(self) -> usize {
-        (self.0 & 0xffff_ffff) as usize
-    }
-}
-
-pub(crate) fn random_u64() -> u64 {
-    let mut v = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into the live array.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 8, 0) };
-    if n != 8 {
-        // Fallback: time and address entropy; only uniqueness matters, not secrecy.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        return (t as u64)
-            ^ ((&v as *const _ as u64).rotate_left(32))
-            ^ u64::from(std::process::id());
-    }
-    u64::from_ne_bytes(v)
-}
+use side::SideChannel;
 
 /// Options of every socket before its role is known (data streams keep these; see
 /// [`tune_side`] and [`tune_ctrl`] for the others).
@@ -181,7 +120,7 @@ fn abort_frame(e: &Error) -> Option<Frame> {
 }
 
 /// Best effort, never blocks: writes `out[*pos..]` on `s`; returns false on a hard error.
-fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool {
+pub(super) fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool {
     while *pos < out.len() {
         match s.write(&out[*pos..]) {
             Ok(n) => *pos += n,
@@ -190,17 +129,6 @@ fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool {
         }
     }
     true
-}
-
-pub(crate) fn poll_fd(fd: i32, events: i16) -> i16 {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    if r > 0 { p.revents } else { 0 }
 }
 
 /// The TCP transport of this host: the management interface and the data devices.
@@ -422,8 +350,6 @@ impl Transport {
 }
 
 /// Socket options for a socket the sender opens, by what it is for (see [`PendingSock`]).
-pub(crate) type Tune = fn(&Socket, &Config) -> io::Result<()>;
-
 /// Management network: handshake, then the ABORT side channel.
 fn tune_handshake(s: &Socket, cfg: &Config) -> io::Result<()> {
     tune(s, cfg)?;
@@ -439,124 +365,6 @@ fn tune_ctrl_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
 /// Data network: chunks.
 fn tune_data_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
     tune(s, cfg)
-}
-
-/// A socket the sender opens: a non-blocking connect that retries while the listener refuses
-/// (it may not be up yet, until the caller's deadline), then writes `out`, the opening
-/// message. Every outgoing connection of both backends starts with one (the ofi backend's
-/// side channel too).
-pub(crate) struct PendingSock {
-    pub(crate) sock: Socket,
-    remote: SocketAddr,
-    local: Option<IpAddr>,
-    tune: Tune,
-    pub(crate) link: Link,
-    pub(crate) connected: bool,
-    retry_at: Option<Instant>,
-    pub(crate) out: Vec<u8>,
-    out_pos: usize,
-}
-
-impl std::fmt::Debug for PendingSock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "PendingSock({}, connected: {})",
-            self.remote, self.connected
-        )
-    }
-}
-
-impl PendingSock {
-    fn open(
-        remote: SocketAddr,
-        local: Option<IpAddr>,
-        cfg: &Config,
-        link: &Link,
-        tune: Tune,
-    ) -> Result<Socket> {
-        let s = Socket::new(
-            Domain::for_address(remote),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )
-        .map_err(|e| link.io("socket", Stage::Connect, &e))?;
-        s.set_nonblocking(true)
-            .map_err(|e| link.io("set_nonblocking", Stage::Connect, &e))?;
-        tune(&s, cfg).map_err(|e| link.io("setsockopt", Stage::Connect, &e))?;
-        if let Some(l) = local {
-            s.bind(&SocketAddr::new(l, 0).into())
-                .map_err(|e| link.io("bind", Stage::Connect, &e))?;
-        }
-        match s.connect(&SockAddr::from(remote)) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-            Err(e) => return Err(link.io("connect", Stage::Connect, &e)),
-        }
-        Ok(s)
-    }
-
-    pub(crate) fn new(
-        remote: SocketAddr,
-        local: Option<IpAddr>,
-        iface: String,
-        tune: Tune,
-        cfg: &Config,
-    ) -> Result<PendingSock> {
-        let link = Link {
-            peer: remote,
-            iface,
-        };
-        let sock = PendingSock::open(remote, local, cfg, &link, tune)?;
-        Ok(PendingSock {
-            sock,
-            remote,
-            local,
-            tune,
-            link,
-            connected: false,
-            retry_at: None,
-            out: Vec::new(),
-            out_pos: 0,
-        })
-    }
-
-    /// Advances connect + hello write. Returns true when connected and the hello is written.
-    pub(crate) fn poll(&mut self, now: Instant, cfg: &Config) -> Result<bool> {
-        if let Some(t) = self.retry_at {
-            if now < t {
-                return Ok(false);
-            }
-            self.retry_at = None;
-            self.sock = PendingSock::open(self.remote, self.local, cfg, &self.link, self.tune)?;
-        }
-        if !self.connected {
-            let rev = poll_fd(self.sock.as_raw_fd(), libc::POLLOUT);
-            if rev == 0 {
-                return Ok(false);
-            }
-            match self.sock.take_error() {
-                Ok(None) => self.connected = true,
-                Ok(Some(e)) | Err(e) => {
-                    if e.kind() == io::ErrorKind::ConnectionRefused {
-                        // The listener may not be up yet (or a stale handle): retry until the deadline.
-                        self.retry_at = Some(now + Duration::from_millis(100));
-                        return Ok(false);
-                    }
-                    return Err(self.link.io("connect", Stage::Connect, &e));
-                }
-            }
-        }
-        while self.out_pos < self.out.len() {
-            match (&self.sock).write(&self.out[self.out_pos..]) {
-                Ok(n) => self.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.link.io("send hello", Stage::Handshake, &e)),
-            }
-        }
-        Ok(true)
-    }
 }
 
 /// A connection being set up by the sender. Poll it until it yields a [`SendConn`].
@@ -662,6 +470,7 @@ impl Connecting {
                     },
                     old: None,
                     timeout: self.cfg.timeout,
+                    probe: Probe::new(self.cfg.timeout, now),
                 }))
             }
             Some(ConnectEvent::Rejected(r)) => Err(Error::Rejected {
@@ -873,7 +682,7 @@ impl Listener {
                     Ok(Accepted::Conn(RecvConn {
                         link: ctrl.link().clone(),
                         ctrl,
-                        side: SideChannel::new(hs, hs_link),
+                        side: SideChannel::new(hs, hs_link).answering(),
                         next_check: now,
                         engine,
                         msgs: VecDeque::new(),
@@ -920,94 +729,6 @@ enum Accepted {
     Nothing,
 }
 
-pub(crate) fn write_all_until(
-    mut s: &TcpStream,
-    mut b: &[u8],
-    deadline: Instant,
-) -> io::Result<()> {
-    while !b.is_empty() {
-        match s.write(b) {
-            Ok(n) => b = &b[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out"));
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// The management side channel of an established connection (the handshake stream): silent
-/// unless a side gives up, then one ABORT frame. It earns its place when the data network is
-/// what failed: the control stream cannot carry the ABORT then, this can.
-#[derive(Debug)]
-struct SideChannel {
-    sock: TcpStream,
-    link: Link,
-    dec: FrameDecoder,
-    /// EOF or an error: nothing more will come (not a failure by itself).
-    done: bool,
-}
-
-impl SideChannel {
-    fn new(sock: TcpStream, link: Link) -> SideChannel {
-        SideChannel {
-            sock,
-            link,
-            dec: FrameDecoder::new(),
-            done: false,
-        }
-    }
-
-    /// The peer's ABORT (or garbage) as an error, if one came. `who` names the peer's role.
-    fn poll_abort(&mut self, who: &str) -> Option<Error> {
-        let mut buf = [0u8; 64];
-        while !self.done {
-            match (&self.sock).read(&mut buf) {
-                Ok(0) => self.done = true,
-                Ok(n) => self.dec.handle_bytes(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => self.done = true,
-            }
-        }
-        match self.dec.poll_frame() {
-            Ok(None) => None,
-            Ok(Some(Frame::Abort { reason, detail })) => Some(
-                self.link
-                    .aborted(format!("the {who} gave up: {}", reason.describe(detail))),
-            ),
-            Ok(Some(f)) => Some(self.link.protocol(
-                Stage::Data,
-                proto::FrameError::Unexpected {
-                    got: f.name(),
-                    expected: "ABORT",
-                },
-            )),
-            Err(e) => Some(self.link.protocol(Stage::Data, e)),
-        }
-    }
-
-    /// Best effort, never blocks: sends `abort` and ends the side channel.
-    fn send_abort(&mut self, abort: Option<&Frame>) {
-        if let Some(f) = abort {
-            let mut b = Vec::with_capacity(proto::FRAME_LEN);
-            f.encode(&mut b);
-            let mut pos = 0;
-            flush_some(&self.sock, &b, &mut pos);
-        }
-        let _ = self.sock.shutdown(std::net::Shutdown::Write);
-    }
-}
-
 #[derive(Debug)]
 struct SendReq {
     /// Sequence number of its MSG frame on the control link.
@@ -1042,6 +763,8 @@ pub struct SendConn {
     /// The control stream left by a MOVE, until what was queued on it is delivered.
     old: Option<Arc<CtrlLink>>,
     timeout: Duration,
+    /// Whether the receiver's process still runs while our bytes do not move (PROBE/ALIVE).
+    probe: Probe,
 }
 
 /// Most MOVE requests one connection makes (refusals are normally transient: the race of two
@@ -1116,6 +839,35 @@ impl SendConn {
                 .any(|r| r.chunks.remaining.load(Ordering::Acquire) > 0)
     }
 
+    /// Any number that changes when this connection's bytes move or credit comes back.
+    fn progress_mark(&self) -> u64 {
+        let chunks: usize = self
+            .reqs
+            .values()
+            .map(|r| r.chunks.remaining.load(Ordering::Acquire))
+            .sum();
+        self.ctrl.progress_mark().wrapping_add(chunks as u64)
+    }
+
+    /// Tells a frozen receiver (SIGSTOP: its kernel acknowledges, its window stays closed)
+    /// from a late one: PROBE once our bytes have not moved for a quarter of the timeout,
+    /// and an error when the receiver's process leaves one unanswered (see [`Probe`]).
+    fn watch_receiver(&mut self, now: Instant) -> Result<()> {
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let pending = self.work_pending();
+        let mark = if pending { self.progress_mark() } else { 0 };
+        match self.probe.check(now, pending, mark) {
+            ProbeStep::Wait => Ok(()),
+            ProbeStep::Send => {
+                self.side.send_probe();
+                Ok(())
+            }
+            ProbeStep::Frozen => Err(self.link.timeout(Stage::Data, self.timeout)),
+        }
+    }
+
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
@@ -1125,6 +877,9 @@ impl SendConn {
         if check {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Some(e) = self.side.poll_abort("receiver") {
+                return Err(self.fail(e, false));
+            }
+            if let Err(e) = self.watch_receiver(now) {
                 return Err(self.fail(e, false));
             }
         }
@@ -1368,33 +1123,6 @@ impl Drop for SendConn {
             old.detach(End::Send, self.linger);
         }
         self.ctrl.detach(End::Send, self.linger);
-    }
-}
-
-/// One buffer of a receive.
-#[derive(Debug, Clone, Copy)]
-pub struct RecvBuf {
-    /// Start.
-    pub ptr: *mut u8,
-    /// Capacity.
-    pub len: usize,
-    /// Tag this buffer accepts.
-    pub tag: i32,
-}
-
-/// A finished receive: the byte count that landed in each buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Completed {
-    /// Number of buffers.
-    pub n: usize,
-    /// Bytes per buffer (first `n` valid).
-    pub sizes: [usize; MAX_RECVS],
-}
-
-impl Completed {
-    /// The valid sizes.
-    pub fn sizes(&self) -> &[usize] {
-        &self.sizes[..self.n]
     }
 }
 

@@ -248,3 +248,322 @@ pub fn ring(n: usize, env: &[(&str, &str)], rounds: usize, max: usize) {
         panic!("ring of {n}: {f}");
     }
 }
+
+/// `WEFT_TEST_ROUNDS` if set, else `default`: how many rounds a repeated scenario runs (the
+/// defaults catch a 1-in-20 failure with at least 95 % probability: 0.95^60 < 0.05).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn rounds(default: usize) -> usize {
+    std::env::var("WEFT_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Moves `src` into `dst` over `tx`/`rx` with `tag` (both polled here), within 20 s.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn transfer(
+    tx: &mut weft_transport::SendConn,
+    rx: &mut weft_transport::RecvConn,
+    src: &[u8],
+    dst: &mut [u8],
+    tag: i32,
+) -> usize {
+    use std::time::Instant;
+    let rb = weft_transport::RecvBuf {
+        ptr: dst.as_mut_ptr(),
+        len: dst.len(),
+        tag,
+    };
+    // SAFETY: `dst` and `src` outlive the requests, tested to completion below.
+    let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    // SAFETY: as above.
+    let sr = unsafe { tx.isend(src.as_ptr(), src.len(), tag) }
+        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut sd, mut rd) = (None, None);
+    while sd.is_none() || rd.is_none() {
+        assert!(Instant::now() < deadline, "transfer did not complete");
+        if sd.is_none() {
+            sd = tx.test(sr).unwrap();
+        }
+        if rd.is_none() {
+            rd = rx.test(rr).unwrap();
+        }
+    }
+    assert_eq!(sd, Some(src.len()));
+    rd.unwrap().sizes()[0]
+}
+
+/// A connection from `a` to a listener of `b`, both polled here, within 20 s.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn pair_between(
+    a: &Transport,
+    b: &Transport,
+) -> (weft_transport::SendConn, weft_transport::RecvConn) {
+    use std::time::Instant;
+    let mut l = b.listen(0).unwrap();
+    let mut c = a.connect(0, &l.handle()).unwrap();
+    let (mut tx, mut rx) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tx.is_none() || rx.is_none() {
+        assert!(Instant::now() < deadline, "connect between transports");
+        if tx.is_none() {
+            tx = c.poll().unwrap();
+        }
+        if rx.is_none() {
+            rx = l.accept().unwrap();
+        }
+    }
+    (tx.unwrap(), rx.unwrap())
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Closing connections with requests in flight never harms the other connections of the
+/// process, and the last one out closes cleanly. `WEFT_TEST_BUSY_PAIRS` pairs (default 1)
+/// between `t` and `u`, each in its own thread, move messages of 1 B to 1 MiB (checked) the
+/// whole time, while the main thread, [`rounds`] (100) rounds, opens a pair between the same
+/// two transports (directions alternating), posts receives and sends of 64 B to 1 MiB (inline
+/// or eager, chunked or RMA), tests them a varying number of times and closes both sides in a
+/// varying order (receiver first with data coming, sender first with data queued, or from
+/// another thread), with nothing completed. The busy pairs see no error and keep moving. Then,
+/// the busy pairs closed, a quarter as many rounds between `t` and `last_out` where the pair
+/// closed in flight is the only user of what it shares (its close is the last one out), and one
+/// pair after them works.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn closing_in_flight_leaves_the_busy_connections_alone(
+    what: &str,
+    t: &Transport,
+    u: &Transport,
+    last_out: &Transport,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::thread;
+    use std::time::Instant;
+    const SIZES: [usize; 5] = [64, 5000, 16384, 200_000, 1 << 20];
+    let npairs: usize = std::env::var("WEFT_TEST_BUSY_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for k in 0..npairs {
+        let (mut btx, mut brx) = if k % 2 == 0 {
+            pair_between(t, u)
+        } else {
+            pair_between(u, t)
+        };
+        let moved = Arc::new(AtomicUsize::new(0));
+        let (stop, m, p) = (
+            stop.clone(),
+            moved.clone(),
+            format!("{what}: busy pair {k}"),
+        );
+        let h = thread::spawn(move || {
+            let mut dst = vec![0u8; 1 << 20];
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let n = [1, 4000, 16384, 100_000, 1 << 20][(i + k) % 5];
+                let src = pattern(n, i as u8);
+                let got = transfer(&mut btx, &mut brx, &src, &mut dst, i as i32);
+                assert_eq!(got, n, "{p}: message {i}");
+                assert!(dst[..n] == src[..], "{p}: message {i} differs");
+                i += 1;
+                m.store(i, Ordering::Relaxed);
+            }
+            (btx, brx)
+        });
+        busy.push((h, moved));
+    }
+    // Receive buffers stay valid past the closes: data already on its way may still land.
+    let mut dst: Vec<Vec<u8>> = SIZES.iter().map(|&n| vec![0u8; n]).collect();
+    let src: Vec<Vec<u8>> = SIZES.iter().map(|&n| pattern(n, 7)).collect();
+    let mut x: u64 = 0x2545_f491;
+    let start = Instant::now();
+    let n = rounds(100);
+    for round in 0..n {
+        for (k, (h, _)) in busy.iter().enumerate() {
+            assert!(
+                !h.is_finished(),
+                "{what}: round {round}: busy pair {k} failed"
+            );
+        }
+        let (a, b) = if round % 2 == 0 { (t, u) } else { (u, t) };
+        close_in_flight(a, b, round / 2, &mut x, &mut dst, &src);
+    }
+    let before: Vec<usize> = busy
+        .iter()
+        .map(|(_, m)| m.load(Ordering::Relaxed))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (k, (h, m)) in busy.iter().enumerate() {
+        while m.load(Ordering::Relaxed) < before[k] + 5 && !h.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: busy pair {k} stopped moving"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for (k, (h, m)) in busy.into_iter().enumerate() {
+        total += m.load(Ordering::Relaxed);
+        let pair = h
+            .join()
+            .unwrap_or_else(|_| panic!("{what}: busy pair {k} failed (see its panic above)"));
+        drop(pair);
+    }
+    eprintln!(
+        "{what}: {n} rounds in {:?} beside {npairs} busy pairs, {total} busy messages",
+        start.elapsed()
+    );
+    for round in 0..n / 4 {
+        close_in_flight(t, last_out, round, &mut x, &mut dst, &src);
+    }
+    let (mut tx, mut rx) = pair_between(t, u);
+    let got = transfer(&mut tx, &mut rx, &src[4], &mut dst[4], 1);
+    assert_eq!(got, src[4].len(), "{what}: a pair after the last close");
+}
+
+/// One round of [`closing_in_flight_leaves_the_busy_connections_alone`]: a pair with five
+/// receives and five sends posted, tested `x % 6` times, then closed in the order `round`
+/// picks.
+fn close_in_flight(
+    a: &Transport,
+    b: &Transport,
+    round: usize,
+    x: &mut u64,
+    dst: &mut [Vec<u8>],
+    src: &[Vec<u8>],
+) {
+    let (mut tx, mut rx) = pair_between(a, b);
+    let mut rids = Vec::new();
+    for (k, d) in dst.iter_mut().enumerate() {
+        let rb = weft_transport::RecvBuf {
+            ptr: d.as_mut_ptr(),
+            len: d.len(),
+            tag: k as i32,
+        };
+        // SAFETY: `dst` outlives the connection and any data still on its way (the caller's).
+        rids.push(unsafe { rx.irecv(&[rb]) }.unwrap().unwrap());
+    }
+    let mut sids = Vec::new();
+    for (k, s) in src.iter().enumerate() {
+        // SAFETY: `src` outlives the connection.
+        sids.push(unsafe { tx.isend(s.as_ptr(), s.len(), k as i32) }.unwrap());
+    }
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    for _ in 0..(*x % 6) {
+        let _ = rx.test(rids[0]);
+        if let Some(Some(s)) = sids.last() {
+            let _ = tx.test(*s);
+        }
+    }
+    match round % 3 {
+        0 => drop((rx, tx)),
+        1 => drop((tx, rx)),
+        _ => std::thread::spawn(move || drop((rx, tx))).join().unwrap(),
+    }
+}
+
+/// The contract test both backends run (tests/tcp.rs, tests/ofi.rs): 64 messages of 100 B to
+/// 1.9 MiB (inline or eager, chunked or RMA) all in flight at once (at least 32 sends), into 32
+/// grouped receives of two buffers (tags 1 and 2) posted first, the sends alternating tag 2
+/// then 1: each group gets its pair, each buffer the message of its tag, every byte checked.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn thirty_two_in_flight_and_grouped_receives_by_tag(
+    p: &str,
+    tx: &mut weft_transport::SendConn,
+    rx: &mut weft_transport::RecvConn,
+) {
+    use std::time::Instant;
+    use weft_transport::RecvBuf;
+    let msgs: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            pattern(
+                if i % 3 == 0 {
+                    100 + i
+                } else {
+                    1000 + i * 30_000
+                },
+                i as u8,
+            )
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; 2_000_000]).collect();
+    let mut rreqs = Vec::new();
+    for pair in bufs.chunks_mut(2) {
+        let (a, b) = pair.split_at_mut(1);
+        let rb = [
+            RecvBuf {
+                ptr: a[0].as_mut_ptr(),
+                len: a[0].len(),
+                tag: 1,
+            },
+            RecvBuf {
+                ptr: b[0].as_mut_ptr(),
+                len: b[0].len(),
+                tag: 2,
+            },
+        ];
+        // SAFETY: the buffers outlive the requests, all tested to completion below.
+        rreqs.push(unsafe { rx.irecv(&rb) }.unwrap().unwrap());
+    }
+    let mut sreqs = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let tag = if i % 2 == 0 { 2 } else { 1 };
+        // SAFETY: `msgs` outlives the requests, all tested to completion below.
+        sreqs.push(
+            unsafe { tx.isend(m.as_ptr(), m.len(), tag) }
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert!(tx.in_flight() >= 32, "{p}");
+    let mut done_s = vec![false; sreqs.len()];
+    let mut done_r = vec![None; rreqs.len()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done_s.iter().any(|d| !d) || done_r.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: 32 in flight did not complete"
+        );
+        for (i, r) in sreqs.iter().enumerate() {
+            if !done_s[i] {
+                done_s[i] = tx.test(*r).unwrap().is_some();
+            }
+        }
+        for (i, r) in rreqs.iter().enumerate() {
+            if done_r[i].is_none() {
+                done_r[i] = rx.test(*r).unwrap();
+            }
+        }
+    }
+    for (i, c) in done_r.iter().enumerate() {
+        let c = c.unwrap();
+        assert_eq!(
+            c.sizes(),
+            &[msgs[2 * i + 1].len(), msgs[2 * i].len()],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i][..msgs[2 * i + 1].len()],
+            &msgs[2 * i + 1][..],
+            "{p}"
+        );
+        assert_eq!(
+            &bufs[2 * i + 1][..msgs[2 * i].len()],
+            &msgs[2 * i][..],
+            "{p}"
+        );
+    }
+}

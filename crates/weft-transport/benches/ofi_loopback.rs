@@ -1,9 +1,9 @@
-//! Benchmark (ignored by default): weft's ofi backend against `fi_pingpong` with the same
+//! Benchmark: weft's ofi backend against `fi_pingpong` with the same
 //! provider and message sizes, in the same run. Ping-pong over two one-way connections (A→B,
 //! B→A) in two threads; like fi_pingpong, "MB/s" counts both directions and "µs/xfer" is half a
 //! round trip.
 //!
-//! `cargo test --release -p weft-transport --test ofi_bench -- --ignored --nocapture`
+//! `cargo bench -p weft-transport --bench ofi_loopback`
 //! (`WEFT_BENCH_PROVIDERS="tcp;ofi_rxm:lo,shm:"` to choose).
 //!
 //! A quick look within one host only: one run, unpinned, fi_pingpong's figures uncorrected.
@@ -108,9 +108,7 @@ fn fi_pingpong(provider: &str, domain: &str, size: usize, port: u16) -> Option<(
     Some((f[5].parse().ok()?, f[6].parse().ok()?))
 }
 
-#[test]
-#[ignore = "benchmark: run with --ignored --nocapture in release mode"]
-fn ofi_backend_against_fi_pingpong() {
+fn main() {
     let provs =
         std::env::var("WEFT_BENCH_PROVIDERS").unwrap_or_else(|_| "tcp;ofi_rxm:lo,shm:".into());
     let sizes = [8usize, 1024, 8192, 65536, 1 << 20, 4 << 20, 16 << 20];

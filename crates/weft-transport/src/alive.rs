@@ -1,0 +1,289 @@
+//! Liveness answers from a process whose application is not calling in, for both backends.
+//!
+//! A frozen peer (SIGSTOP: its kernel still acknowledges every byte) and one that is merely
+//! late look the same from the other side, unless something in the peer's process that does
+//! not depend on the application answers. That is this module's thread: for every registered
+//! side channel (the management stream of a connection) it watches the unread bytes
+//! (`FIONREAD`, never reading them), and when they grow (a question arrived and the
+//! application has not read it) it writes one ALIVE frame. An application that reads the
+//! question itself answers too. A stopped process answers nothing, so the asking side fails
+//! once its question goes unanswered for a bound.
+//!
+//! Who asks whom:
+//! * **ofi**: a receiver whose receive stalls sends POSTED; the *sender's* process answers.
+//! * **TCP**: a sender whose pending bytes have not moved for a quarter of the timeout sends
+//!   PROBE ([`Probe`] decides when); the *receiver's* process answers. A receiver that is
+//!   late to post (its window closed) answers and is never an error; a frozen one does not.
+//!
+//! Only one side of a connection answers, and only to bytes that arrived: the two sides never
+//! answer each other, and a connection that makes progress puts no byte on the management
+//! network.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::proto::Frame;
+
+/// Tag of the MSG frame (no payload) that answers a question (ofi POSTED, TCP PROBE): the
+/// answering process runs.
+pub(crate) const ALIVE_TAG: i32 = 0x4f46_4941; // "OFIA"
+
+/// How often the thread looks at the side channels.
+const PERIOD: Duration = Duration::from_millis(20);
+
+struct Entry {
+    sock: TcpStream,
+    gone: Arc<AtomicBool>,
+    unread: usize,
+}
+
+fn registry() -> &'static Mutex<Vec<Entry>> {
+    static REG: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
+    REG.get_or_init(|| {
+        // No thread (no answers) only if the system refuses one; the receiver's bound then
+        // applies to a late sender too, which errs on the side of an error over a hang.
+        let _ = std::thread::Builder::new()
+            .name("weft-alive".into())
+            .spawn(run);
+        Mutex::new(Vec::new())
+    })
+}
+
+fn run() {
+    loop {
+        std::thread::sleep(PERIOD);
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.retain(|e| !e.gone.load(Ordering::Acquire));
+        for e in reg.iter_mut() {
+            let n = unread(&e.sock);
+            if n > e.unread {
+                let _ = (&e.sock).write(&frame());
+            }
+            e.unread = n;
+        }
+    }
+}
+
+/// Bytes waiting to be read on `s` (0 when unknown).
+fn unread(s: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer to a live c_int; the descriptor
+    // is owned by `s`, open while it lives.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// One ALIVE frame.
+pub(crate) fn frame() -> Vec<u8> {
+    let mut b = Vec::new();
+    Frame::encode_msg(&mut b, ALIVE_TAG, Some(&[]), 0, 0);
+    b
+}
+
+/// Answers on the side channel `sock` until the guard is dropped.
+#[derive(Debug)]
+pub(crate) struct Answering(Arc<AtomicBool>);
+
+impl Answering {
+    /// Registers `sock` (a duplicate of its descriptor is watched); `None` when it cannot be
+    /// duplicated (then only the application's polls answer).
+    pub fn new(sock: &TcpStream) -> Option<Answering> {
+        let dup = sock.try_clone().ok()?;
+        let gone = Arc::new(AtomicBool::new(false));
+        let unread = unread(&dup);
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Entry {
+                sock: dup,
+                gone: gone.clone(),
+                unread,
+            });
+        Some(Answering(gone))
+    }
+}
+
+impl Drop for Answering {
+    /// Stops answering and closes the duplicate at once (the connection's EOF is not held
+    /// back by it).
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| !Arc::ptr_eq(&e.gone, &self.0));
+    }
+}
+
+/// When a TCP sender asks its receiver's process whether it runs (PROBE on the side channel),
+/// and when the lack of an answer makes the receiver frozen: pure, time passed in.
+///
+/// A sender with bytes waiting for the receiver (`pending`) whose progress mark (any number
+/// that changes when bytes move or credit comes) stays the same for `timeout / 4` sends a
+/// PROBE, and again every `timeout / 4` while that lasts; any ALIVE answers every PROBE sent
+/// so far, and progress does too. A PROBE unanswered for [`Probe::answer_bound`] (three
+/// quarters of the timeout, at least 200 ms) is a frozen receiver. So a frozen receiver fails
+/// its sender about `timeout` after its last byte moved; a receiver that is late to post
+/// answers and is never an error, however late.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    timeout: Duration,
+    /// The progress mark last seen (None: nothing pending).
+    mark: Option<u64>,
+    /// When the next PROBE is due while nothing moves.
+    next: Instant,
+    /// The oldest PROBE no ALIVE has answered yet.
+    unanswered: Option<Instant>,
+}
+
+/// What [`Probe::check`] asks of the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProbeStep {
+    /// Nothing to do.
+    Wait,
+    /// Send one PROBE frame on the side channel.
+    Send,
+    /// The receiver's process has not answered for the bound: it is stopped.
+    Frozen,
+}
+
+impl Probe {
+    pub fn new(timeout: Duration, now: Instant) -> Probe {
+        Probe {
+            timeout,
+            mark: None,
+            next: now,
+            unanswered: None,
+        }
+    }
+
+    /// How long a PROBE may go unanswered: far longer than the answering thread's period
+    /// plus a round trip.
+    pub fn answer_bound(&self) -> Duration {
+        (self.timeout * 3 / 4).max(Duration::from_millis(200))
+    }
+
+    /// An ALIVE came: every PROBE so far is answered.
+    pub fn answered(&mut self) {
+        self.unanswered = None;
+    }
+
+    /// Called while the connection is polled: `pending`, whether bytes wait for the receiver;
+    /// `mark`, the progress mark.
+    pub fn check(&mut self, now: Instant, pending: bool, mark: u64) -> ProbeStep {
+        let quarter = self.timeout / 4;
+        if !pending || self.mark != Some(mark) {
+            self.mark = pending.then_some(mark);
+            self.next = now + quarter;
+            self.unanswered = None;
+            return ProbeStep::Wait;
+        }
+        if self
+            .unanswered
+            .is_some_and(|t| now.duration_since(t) >= self.answer_bound())
+        {
+            return ProbeStep::Frozen;
+        }
+        if now >= self.next {
+            self.next = now + quarter;
+            self.unanswered.get_or_insert(now);
+            return ProbeStep::Send;
+        }
+        ProbeStep::Wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(4);
+
+    #[test]
+    fn a_probe_goes_after_a_quarter_of_the_timeout_without_progress_only() {
+        let t0 = Instant::now();
+        let mut p = Probe::new(T, t0);
+        // Nothing pending: never a probe, however long.
+        assert_eq!(p.check(t0 + 10 * T, false, 0), ProbeStep::Wait);
+        // Pending and moving: no probe.
+        let t1 = t0 + 10 * T;
+        for k in 0..100u64 {
+            let now = t1 + Duration::from_millis(100 * k);
+            assert_eq!(p.check(now, true, k), ProbeStep::Wait, "step {k}");
+        }
+        // Pending and still: a probe once a quarter has passed, not before.
+        let t2 = t1 + Duration::from_millis(9_900);
+        assert_eq!(p.check(t2, true, 99), ProbeStep::Wait);
+        assert_eq!(
+            p.check(t2 + T / 4 - Duration::from_millis(1), true, 99),
+            ProbeStep::Wait
+        );
+        assert_eq!(p.check(t2 + T / 4, true, 99), ProbeStep::Send);
+        assert_eq!(p.check(t2 + T / 4, true, 99), ProbeStep::Wait);
+    }
+
+    #[test]
+    fn an_answered_receiver_is_never_frozen_however_late() {
+        let t0 = Instant::now();
+        let mut p = Probe::new(T, t0);
+        assert_eq!(p.check(t0, true, 7), ProbeStep::Wait);
+        let mut sent = 0;
+        // One hour without a byte moving, every probe answered 50 ms later.
+        let mut now = t0;
+        let end = t0 + Duration::from_secs(3600);
+        while now < end {
+            match p.check(now, true, 7) {
+                ProbeStep::Send => {
+                    sent += 1;
+                    p.answered();
+                }
+                ProbeStep::Wait => {}
+                ProbeStep::Frozen => panic!("answered receiver called frozen at {now:?}"),
+            }
+            now += Duration::from_millis(50);
+        }
+        // A probe every quarter of the timeout: 3600 s / 1 s.
+        assert!((3500..=3601).contains(&sent), "{sent} probes");
+    }
+
+    #[test]
+    fn an_unanswered_probe_is_a_frozen_receiver_about_a_timeout_after_the_last_byte() {
+        let t0 = Instant::now();
+        let mut p = Probe::new(T, t0);
+        assert_eq!(p.check(t0, true, 1), ProbeStep::Wait);
+        let mut now = t0;
+        let frozen_at = loop {
+            now += Duration::from_millis(10);
+            match p.check(now, true, 1) {
+                ProbeStep::Frozen => break now,
+                ProbeStep::Send | ProbeStep::Wait => {}
+            }
+            assert!(now < t0 + 2 * T, "never called frozen");
+        };
+        let after = frozen_at.duration_since(t0);
+        assert!(
+            after >= T && after <= T + Duration::from_millis(20),
+            "{after:?}"
+        );
+        // Progress (or an answer) clears it.
+        assert_eq!(p.check(now, true, 2), ProbeStep::Wait);
+        assert_eq!(p.check(now + T / 2, true, 2), ProbeStep::Send);
+        p.answered();
+        assert_eq!(p.check(now + T, true, 2), ProbeStep::Send);
+    }
+
+    #[test]
+    fn the_answer_bound_has_a_floor_for_tiny_timeouts() {
+        let p = Probe::new(Duration::from_millis(100), Instant::now());
+        assert_eq!(p.answer_bound(), Duration::from_millis(200));
+        assert_eq!(Probe::new(T, Instant::now()).answer_bound(), T * 3 / 4);
+    }
+}

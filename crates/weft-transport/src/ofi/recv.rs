@@ -1,0 +1,869 @@
+//! The receiving end of an ofi connection: CTS (deferred for small receives), eager and lane
+//! messages placed in sequence order, RMA write completions, POSTED, the close protocol.
+
+use super::*;
+
+// Receiver
+
+pub(super) struct RecvReq {
+    pub(super) bufs: Vec<RecvBuf>,
+    pub(super) first: u64,
+    /// Taken by a message (its first data or eager message arrived).
+    pub(super) filled: [bool; MAX_RECVS],
+    /// Data writes arrived per buffer.
+    pub(super) got: [usize; MAX_RECVS],
+    /// Data writes (stripes) the message of each buffer comes in (0: not known yet).
+    pub(super) parts: [usize; MAX_RECVS],
+    /// Messages without a buffer index (eager, early on the lane) placed: the first `prefix`.
+    pub(super) prefix: usize,
+    /// Size of the message per buffer, once known.
+    pub(super) known: [Option<usize>; MAX_RECVS],
+    /// Complete: all of the data and its size are there.
+    pub(super) complete: [bool; MAX_RECVS],
+    pub(super) sizes: [usize; MAX_RECVS],
+    pub(super) nfilled: usize,
+    pub(super) _mrs: Vec<Arc<Mr>>,
+}
+
+/// The receiving end of an ofi connection.
+pub struct RecvConn {
+    /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
+    pub(super) eps: Vec<Port>,
+    pub(super) link: Link,
+    pub(super) side: Side,
+    pub(super) ctx: Box<[Ctx]>,
+    pub(super) cts: Pool,
+    /// Events of one poll (kept for its allocation).
+    pub(super) events: Vec<Event>,
+    pub(super) cts_free: Vec<usize>,
+    pub(super) cts_queue: VecDeque<(usize, usize)>,
+    /// Registration cache per rail.
+    pub(super) caches: Vec<MrCache>,
+    pub(super) reqs: Slab<RecvReq>,
+    pub(super) order: VecDeque<RequestId>,
+    pub(super) next_seq: u64,
+    /// Messages that came before their receive, by sequence number: tag and bytes (copied
+    /// out of the endpoint's buffers, see [`Payload::release`]).
+    pub(super) unexpected: BTreeMap<u64, (i32, Payload)>,
+    pub(super) eager_consumed: u64,
+    pub(super) virt_addr: bool,
+    /// 4-byte protocol: the size table the senders write records into, one per buffer.
+    pub(super) table: Option<Pool>,
+    pub(super) id: u64,
+    /// The TCP lane, when the sender asked for one (WEFT_OFI_MIN_BYTES).
+    pub(super) lane: Option<LaneRx>,
+    /// The data path, as a stall names it.
+    pub(super) data: Link,
+    pub(super) stall: Stall,
+    /// Bounds the wait for the data of a receive whose CTS left, before POSTED is sent.
+    pub(super) quiet: Stall,
+    /// Per CTS slot, the sequence number its receive covers up to.
+    pub(super) cts_seq: [u64; CTS_TX_SLOTS],
+    /// The CTS of every receive before this sequence number has left (completed).
+    pub(super) cts_done: u64,
+    /// Small receives whose CTS waits (see "Small receives" in the module docs), in posting
+    /// order: request, its first sequence number, when the CTS goes if still incomplete.
+    pub(super) deferred: VecDeque<(RequestId, u64, Instant)>,
+    /// The eager consumption the latest CTS reported.
+    pub(super) eager_reported: u64,
+    /// CTS with buffers sent (statistics).
+    pub(super) cts_sent: u64,
+    pub(super) eof_at: Option<Instant>,
+    pub(super) error: Option<Error>,
+}
+
+impl std::fmt::Debug for RecvConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ofi::RecvConn({} via {})",
+            self.link.peer, self.link.iface
+        )
+    }
+}
+
+impl RecvConn {
+    pub(super) fn new(eps: Vec<Port>, link: Link, sock: TcpStream, cq4: bool) -> Result<RecvConn> {
+        let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Accept, m);
+        let ep = &eps[0];
+        let cts = Pool::messages(ep, CTS_TX_SLOTS, CTS_BUF, ep.peer_key()).map_err(e)?;
+        let table = if cq4 {
+            Some(Pool::new(ep, MAX_RECV_REQUESTS * MAX_RECVS, REC).map_err(e)?)
+        } else {
+            None
+        };
+        let key = ep.key();
+        let mut ctx = ctx_array(CTS_TX_SLOTS);
+        for (i, c) in ctx.iter_mut().enumerate() {
+            c.owner = key;
+            c.id = (C_CTS_TX << 32) | i as u64;
+        }
+        let virt_addr = ep.dom.info.mr_mode & (sys::FI_MR_VIRT_ADDR | sys::FI_MR_BASIC) != 0;
+        let caches = eps.iter().map(|_| MrCache::default()).collect();
+        let data = link.clone();
+        let r = RecvConn {
+            eps,
+            link,
+            side: Side::new(sock),
+            ctx,
+            cts,
+            events: Vec::new(),
+            cts_free: (0..CTS_TX_SLOTS).rev().collect(),
+            cts_queue: VecDeque::new(),
+            caches,
+            reqs: Slab::new(MAX_RECV_REQUESTS),
+            order: VecDeque::new(),
+            next_seq: 0,
+            unexpected: BTreeMap::new(),
+            eager_consumed: 0,
+            virt_addr,
+            table,
+            id: key,
+            lane: None,
+            data,
+            stall: Stall::new(Instant::now()),
+            quiet: Stall::new(Instant::now()),
+            cts_seq: [0; CTS_TX_SLOTS],
+            cts_done: 0,
+            deferred: VecDeque::new(),
+            eager_reported: 0,
+            cts_sent: 0,
+            eof_at: None,
+            error: None,
+        };
+        Ok(r)
+    }
+
+    /// Remote management address and "interface (ofi provider/domain)".
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        (self.link.peer, &self.link.iface)
+    }
+
+    /// Registration cache statistics: (hits, misses).
+    pub fn mr_stats(&self) -> (u64, u64) {
+        stats(&self.caches)
+    }
+
+    /// Rails (endpoints) of the connection.
+    pub fn rails(&self) -> usize {
+        self.eps.len()
+    }
+
+    /// Bytes of remote CQ data the connection uses (4 or 8).
+    pub fn cq_data_bytes(&self) -> usize {
+        if self.table.is_some() { 4 } else { 8 }
+    }
+
+    /// Connections of this process on the connection's rail-0 endpoint, itself included (1:
+    /// an endpoint of its own, as with 4-byte remote CQ data).
+    pub fn endpoint_users(&self) -> usize {
+        self.eps[0].users()
+    }
+
+    /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<Registration> {
+        register(&mut self.caches, &self.eps, self.id, ptr as usize, len)
+            .map_err(|m| self.fi("fi_mr_reg", m))
+    }
+
+    /// Releases a registration of [`RecvConn::reg_mr`]; see [`SendConn::dereg_mr`].
+    pub fn dereg_mr(&mut self, reg: Registration) {
+        if reg.owner == self.id {
+            for c in &mut self.caches {
+                c.invalidate(reg.ptr, reg.len);
+            }
+        }
+    }
+
+    /// Where senders write size records (address, or offset without FI_MR_VIRT_ADDR; key).
+    pub(super) fn table_remote(&self) -> Option<(u64, u64)> {
+        self.table.as_ref().map(|t| {
+            let addr = if self.virt_addr {
+                t.buf.as_ptr() as u64
+            } else {
+                (t.buf.as_ptr() as usize - t.mr.base) as u64
+            };
+            (addr, t.mr.key())
+        })
+    }
+
+    pub(super) fn fi(&self, op: &'static str, m: String) -> Error {
+        ofi_err(&self.link, op, Stage::Data, m)
+    }
+
+    pub(super) fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            self.side.send_abort(&e);
+        }
+        self.error.get_or_insert(e).clone()
+    }
+
+    /// Sends the queued CTS, in order.
+    pub(super) fn flush_cts(&mut self) -> Result<()> {
+        // Nothing new to a peer whose process has ended: with `shm` in one process its memory
+        // region is gone with its endpoint.
+        while let Some(&(slot, len)) = self.cts_queue.front().filter(|_| !self.side.eof) {
+            let p = self.cts.ptr(slot);
+            let desc = self.cts.mr.desc();
+            let c: *mut Ctx = &mut self.ctx[slot];
+            let n = self.cts.wire(len);
+            // SAFETY: CTS slot and context are reserved for this send until its completion
+            // returns the slot to `cts_free`.
+            let ok = unsafe { self.eps[0].send(p, n, desc, c.cast()) }
+                .map_err(|m| self.fi("fi_send", m))?;
+            if !ok {
+                break;
+            }
+            self.cts_queue.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Lands the messages that came without a buffer index (eager, or early on the TCP lane;
+    /// kept in `unexpected`) in their receives. Such messages are a prefix of their receive
+    /// (see the module docs), so each is placed only after the one before it, whichever way
+    /// they came: then both sides choose the same buffers.
+    pub(super) fn drain(&mut self) -> Result<()> {
+        let peer = self.link.peer;
+        for &id in &self.order {
+            let Some(r) = self.reqs.get_mut(id) else {
+                continue;
+            };
+            while r.prefix < r.bufs.len() {
+                let seq = r.first + r.prefix as u64;
+                let Some((tag, payload)) = self.unexpected.remove(&seq) else {
+                    break;
+                };
+                let payload = payload.bytes();
+                let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
+                let slot = proto::select_slot(&tags, &r.filled[..r.bufs.len()], tag)
+                    .ok_or(Error::TagMismatch { peer, tag })?;
+                let b = r.bufs[slot];
+                if payload.len() > b.len {
+                    return Err(Error::Truncated {
+                        peer,
+                        sent: payload.len() as u64,
+                        posted: b.len,
+                        tag,
+                    });
+                }
+                if !payload.is_empty() {
+                    // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len`
+                    // bytes, and payload.len() <= b.len.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(payload.as_ptr(), b.ptr, payload.len())
+                    };
+                }
+                r.filled[slot] = true;
+                r.complete[slot] = true;
+                r.sizes[slot] = payload.len();
+                r.nfilled += 1;
+                r.prefix += 1;
+                self.eager_consumed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lands a TCP lane message whose buffer the sender knew (from the CTS).
+    pub(super) fn on_lane_slotted(&mut self, m: LaneMsg, slot: usize) -> Result<()> {
+        let link = &self.link;
+        let bad = || {
+            link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "TCP lane message for no pending buffer",
+                    expected: "a message for a posted receive buffer",
+                },
+            )
+        };
+        let r = self
+            .order
+            .iter()
+            .find(|id| {
+                self.reqs
+                    .get(**id)
+                    .is_some_and(|r| m.seq >= r.first && m.seq < r.first + r.bufs.len() as u64)
+            })
+            .copied()
+            .and_then(|id| self.reqs.get_mut(id))
+            .filter(|r| slot < r.bufs.len() && !r.filled[slot] && r.bufs[slot].tag == m.tag)
+            .ok_or_else(bad)?;
+        let b = r.bufs[slot];
+        if m.payload.len() > b.len {
+            return Err(bad());
+        }
+        if !m.payload.is_empty() {
+            // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len` bytes,
+            // and the payload is no longer.
+            unsafe { std::ptr::copy_nonoverlapping(m.payload.as_ptr(), b.ptr, m.payload.len()) };
+        }
+        r.filled[slot] = true;
+        r.complete[slot] = true;
+        r.sizes[slot] = m.payload.len();
+        r.nfilled += 1;
+        Ok(())
+    }
+
+    /// Reads the TCP lane (if any) and lands what came.
+    pub(super) fn poll_lane(&mut self) -> Result<()> {
+        let Some(l) = &mut self.lane else {
+            return Ok(());
+        };
+        let mut msgs = Vec::new();
+        l.poll(&self.link, &mut msgs)?;
+        for m in msgs {
+            match m.slot {
+                Some(slot) => self.on_lane_slotted(m, slot)?,
+                None => {
+                    self.unexpected
+                        .insert(m.seq, (m.tag, Payload::Copied(m.payload)));
+                }
+            }
+        }
+        self.drain()
+    }
+
+    pub(super) fn on_eager(&mut self, b: &[u8]) -> Result<()> {
+        if b.len() < HDR {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "short message",
+                    expected: "EAGER",
+                },
+            ));
+        }
+        let (kind, tag, seq, size) = (
+            get_u32(b, 0),
+            get_u32(b, 4) as i32,
+            get_u64(b, 8),
+            get_u64(b, 16),
+        );
+        if kind != K_EAGER || size > EAGER_MAX as u64 || HDR + size as usize > b.len() {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "unknown message",
+                    expected: "EAGER",
+                },
+            ));
+        }
+        let payload = Payload::Copied(b[HDR..HDR + size as usize].to_vec());
+        self.unexpected.insert(seq, (tag, payload));
+        self.drain()
+    }
+
+    /// An eager message of the 8-byte protocol: the payload alone, with its tag and the low
+    /// bits of its sequence number in the CQ data. The number is the one with those bits
+    /// nearest to the next receive's: a message is at most the sender's requests ahead of it
+    /// and at most the posted receives' buffers behind, both far inside the window.
+    ///
+    /// When its receive is posted the message goes from the endpoint's buffer straight into
+    /// the caller's; else it is copied out and waits.
+    pub(super) fn on_eager_data(&mut self, data: u64, payload: Payload) -> Result<()> {
+        if self.table.is_some() || payload.bytes().len() > EAGER_MAX {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "an eager message with CQ data",
+                    expected: "EAGER",
+                },
+            ));
+        }
+        let tag = (data >> 32) as u32 as i32;
+        let seq = eager_seq(data & EAGER_SEQ_MASK, self.next_seq);
+        self.unexpected.insert(seq, (tag, payload));
+        let drained = self.drain();
+        if let Some((_, p)) = self.unexpected.get_mut(&seq) {
+            p.release();
+        }
+        drained
+    }
+
+    pub(super) fn on_write(&mut self, data: u64) -> Result<()> {
+        let bad = |link: &Link, got: &'static str| {
+            link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got,
+                    expected: "a write into a posted receive buffer",
+                },
+            )
+        };
+        let cq4 = self.table.is_some();
+        let Some(ev) = decode_cq_data(cq4, data) else {
+            return Err(bad(&self.link, "unknown remote CQ data"));
+        };
+        let (idx, slot) = match ev {
+            WriteEvent::Data { idx, slot, .. } | WriteEvent::Record { idx, slot, .. } => {
+                (idx, slot)
+            }
+        };
+        // A size record is in the table before its completion is delivered.
+        let record = match (ev, &mut self.table) {
+            (WriteEvent::Record { .. }, Some(t)) => {
+                let b = t.slot((idx * MAX_RECVS + slot) % (MAX_RECV_REQUESTS * MAX_RECVS));
+                Some((get_u64(b, 0), get_u64(b, 8)))
+            }
+            _ => None,
+        };
+        let r = self
+            .reqs
+            .at(idx)
+            .filter(|r| slot < r.bufs.len() && !r.complete[slot]);
+        let Some(r) = r else {
+            return Err(bad(&self.link, "write completion for no pending buffer"));
+        };
+        // The low bits of the message's sequence number must fall in this receive.
+        let in_range =
+            |check: u64| (check.wrapping_sub(r.first) & IMM_CHECK_MASK) < r.bufs.len() as u64;
+        match ev {
+            WriteEvent::Data {
+                size, check, parts, ..
+            } => {
+                if check.is_some_and(|c| !in_range(c))
+                    || (r.parts[slot] != 0 && r.parts[slot] != parts)
+                {
+                    return Err(bad(&self.link, "write completion of another message"));
+                }
+                r.filled[slot] = true;
+                r.got[slot] += 1;
+                r.parts[slot] = parts;
+                if size.is_some() {
+                    r.known[slot] = size;
+                }
+            }
+            WriteEvent::Record { check, .. } => {
+                let (size, seq) = record.unwrap_or((u64::MAX, u64::MAX));
+                let n = r.bufs.len() as u64;
+                if !in_range(check)
+                    || seq & IMM_CHECK_MASK != check
+                    || seq < r.first
+                    || seq >= r.first + n
+                    || r.known[slot].is_some()
+                {
+                    return Err(bad(&self.link, "size record of another message"));
+                }
+                r.known[slot] = Some(size as usize);
+            }
+        }
+        if let Some(size) = r.known[slot] {
+            if size > r.bufs[slot].len || (r.parts[slot] != 0 && r.got[slot] > r.parts[slot]) {
+                return Err(bad(&self.link, "write larger than its buffer"));
+            }
+            if r.parts[slot] != 0 && r.got[slot] == r.parts[slot] {
+                r.complete[slot] = true;
+                r.sizes[slot] = size;
+                r.nfilled += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every rail's events; whether there were any.
+    pub(super) fn poll_cq(&mut self) -> Result<bool> {
+        poll_rails(self)
+    }
+
+    /// Whether a message the sender has started is only partly here (a stripe or the data
+    /// without its size record), so the sender is polling and its rest is due.
+    pub(super) fn timed_work(&self) -> bool {
+        self.order.iter().any(|id| {
+            self.reqs
+                .get(*id)
+                .is_some_and(|r| (0..r.bufs.len()).any(|k| r.filled[k] && !r.complete[k]))
+        })
+    }
+
+    pub(super) fn progress(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let mut progressed = false;
+        let r = self
+            .poll_cq()
+            .map(|p| progressed = p)
+            .and_then(|()| self.poll_lane())
+            .and_then(|()| self.send_deferred(false))
+            .and_then(|()| self.flush_cts());
+        if let Err(e) = r {
+            return Err(self.fail(e));
+        }
+        if let Some(e) = self.side.poll(&self.link, "sender") {
+            return Err(self.fail(e));
+        }
+        // After reading the completion queues: what completed while nobody polled counts.
+        let now = Instant::now();
+        let waiting = self.timed_work();
+        if self.stall.check(now, progressed, waiting) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // A receive whose CTS left and nothing since: the sender may not have sent yet (not
+        // an error), or the CTS was lost on a cut data link while the sender waits for it.
+        // Only the sender can tell: POSTED asks it (it fails if it waits for that CTS).
+        let cts_done = self.cts_done;
+        // The first message not here yet of the oldest such receive (messages of a grouped
+        // receive arrive in order on one rail).
+        let first = self.order.iter().find_map(|id| {
+            self.reqs
+                .get(*id)
+                .filter(|r| r.first < cts_done && r.nfilled < r.bufs.len())
+                .map(|r| r.first + r.nfilled as u64)
+        });
+        // A sender whose process answers POSTED neither from its polls nor from its `alive`
+        // thread is stopped (SIGSTOP), not late.
+        if progressed || first.is_none() {
+            self.side.probed = None;
+        } else if self.side.unanswered(answer_bound(self.quiet.timeout)) {
+            let e = self.link.timeout(Stage::Data, self.quiet.timeout);
+            return Err(self.fail(e));
+        }
+        if self.quiet.check(now, progressed, first.is_some()) {
+            self.side.send_posted(first.unwrap_or(0), cts_done);
+            // Again every quarter of the timeout while it lasts: the sender may have handed
+            // the message over only just before the first one came.
+            self.quiet.rearm(now, self.quiet.timeout / 4);
+        }
+        if self.side.eof && !self.order.is_empty() {
+            let at = *self.eof_at.get_or_insert_with(Instant::now);
+            if at.elapsed() >= EOF_GRACE {
+                let e = self.link.closed(Stage::Data);
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a receive of up to [`MAX_RECVS`] buffers. `Ok(None)`: busy, retry later.
+    ///
+    /// # Safety
+    /// Every buffer must be writable for its `len` bytes and untouched by anyone else until
+    /// [`RecvConn::test`] reports the request done or the connection is dropped.
+    pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
+        // SAFETY: forwarded under the same contract.
+        unsafe { self.irecv_mr(bufs, &[]) }
+    }
+
+    /// [`RecvConn::irecv`] where buffer `i` lies inside `regs[i]` (from [`RecvConn::reg_mr`];
+    /// missing or `None`: looked up in the cache).
+    ///
+    /// # Safety
+    /// As for [`RecvConn::irecv`].
+    pub unsafe fn irecv_mr(
+        &mut self,
+        bufs: &[RecvBuf],
+        regs: &[Option<&Registration>],
+    ) -> Result<Option<RequestId>> {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(Error::Usage(format!(
+                "irecv with {} buffers (1..={MAX_RECVS})",
+                bufs.len()
+            )));
+        }
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        // A CTS slot for this receive and one for each whose CTS waits. Completions are read
+        // only when they are short (they free slots): a read costs microseconds, and a receive
+        // posted right after the previous one completed is on the ping-pong's latency.
+        let full =
+            |c: &Self| c.reqs.live() >= MAX_RECV_REQUESTS || c.cts_free.len() <= c.deferred.len();
+        if full(self) {
+            self.progress()?;
+            if full(self) {
+                return Ok(None);
+            }
+        }
+        // Per buffer, its registration on every rail (buffer k, rail r at k * rails + r).
+        let rails = self.eps.len();
+        let mut mrs = Vec::with_capacity(bufs.len() * rails);
+        for (i, b) in bufs.iter().enumerate() {
+            let given = Registration::covering(
+                regs.get(i).copied().flatten(),
+                self.id,
+                b.ptr as usize,
+                b.len,
+            );
+            for r in 0..rails {
+                let m = match given.and_then(|g| g.mrs.get(r)) {
+                    Some(m) => m.clone(),
+                    None => self.caches[r]
+                        .get(self.eps[r].endpoint(), b.ptr as usize, b.len)
+                        .map_err(|m| self.fi("fi_mr_reg", m))?,
+                };
+                mrs.push(m);
+            }
+        }
+        let first = self.next_seq;
+        let Some(id) = self.reqs.insert(RecvReq {
+            bufs: bufs.to_vec(),
+            first,
+            filled: [false; MAX_RECVS],
+            got: [0; MAX_RECVS],
+            parts: [0; MAX_RECVS],
+            prefix: 0,
+            known: [None; MAX_RECVS],
+            complete: [false; MAX_RECVS],
+            sizes: [0; MAX_RECVS],
+            nfilled: 0,
+            _mrs: mrs,
+        }) else {
+            return Ok(None);
+        };
+        self.next_seq += bufs.len() as u64;
+        self.order.push_back(id);
+        // Messages that came before this receive.
+        if let Err(e) = self.drain() {
+            return Err(self.fail(e));
+        }
+        if bufs.iter().all(|b| b.len <= EAGER_MAX) {
+            // Small: its messages come eagerly if they can; the CTS only when they do not.
+            self.deferred
+                .push_back((id, first, Instant::now() + CTS_DEFER));
+        } else {
+            // CTS leave in posting order: those still waiting go first.
+            if let Err(e) = self.send_deferred(true) {
+                return Err(self.fail(e));
+            }
+            self.send_cts(id);
+            // The CTS onto the wire now; completions are read by the next test.
+            if let Err(e) = self.flush_cts() {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(Some(id))
+    }
+
+    /// Queues the CTS of receive `id` (a CTS slot is free: see `irecv`).
+    pub(super) fn send_cts(&mut self, id: RequestId) {
+        let Some(slot) = self.cts_free.pop() else {
+            return;
+        };
+        let Some(r) = self.reqs.get(id) else {
+            self.cts_free.push(slot);
+            return;
+        };
+        let (first, n) = (r.first, r.bufs.len());
+        let consumed = self.eager_consumed;
+        let virt = self.virt_addr;
+        let rails = self.eps.len();
+        let b = self.cts.slot(slot);
+        put_u32(b, 0, K_CTS);
+        put_u32(b, 4, n as u32);
+        put_u64(b, 8, first);
+        put_u64(b, 16, consumed);
+        put_u32(b, 24, id.index() as u32);
+        put_u32(b, 28, 0);
+        let size = cts_entry(rails);
+        let addr = |rb: &RecvBuf, m: &Mr| {
+            if virt {
+                rb.ptr as u64
+            } else {
+                (rb.ptr as usize - m.base) as u64
+            }
+        };
+        for (k, (rb, ms)) in r.bufs.iter().zip(r._mrs.chunks(rails)).enumerate() {
+            let at = 32 + k * size;
+            put_u64(b, at, addr(rb, &ms[0]));
+            put_u64(b, at + 8, ms[0].key());
+            put_u64(b, at + 16, rb.len as u64);
+            put_u32(b, at + 24, rb.tag as u32);
+            put_u32(b, at + 28, 0);
+            for (r, m) in ms.iter().enumerate().skip(1) {
+                let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
+                put_u64(b, at, addr(rb, m));
+                put_u64(b, at + 8, m.key());
+            }
+        }
+        self.eager_reported = consumed;
+        self.cts_sent += 1;
+        self.cts_seq[slot] = first + n as u64;
+        self.cts_queue.push_back((slot, 32 + size * n));
+    }
+
+    /// Small receives whose CTS waits: a complete one never sends it (all its messages came
+    /// eagerly); one still incomplete at its time (or at once with `all`) sends it, in posting
+    /// order. Then eager credit, when enough is unreported: a CTS of no buffers whose first
+    /// sequence number says that every receive before it sent its CTS before this one or never
+    /// will.
+    pub(super) fn send_deferred(&mut self, all: bool) -> Result<()> {
+        let now = Instant::now();
+        while let Some(&(id, first, at)) = self.deferred.front() {
+            let complete = self
+                .reqs
+                .get(id)
+                .is_none_or(|r| r.first != first || r.nfilled == r.bufs.len());
+            if complete {
+                self.deferred.pop_front();
+                continue;
+            }
+            if !all && now < at {
+                break;
+            }
+            self.deferred.pop_front();
+            self.send_cts(id);
+        }
+        if self.eager_consumed - self.eager_reported >= (EAGER_SLOTS / 2) as u64
+            && self.cts_free.len() > self.deferred.len()
+            && let Some(slot) = self.cts_free.pop()
+        {
+            let upto = self.deferred.front().map_or(self.next_seq, |d| d.1);
+            let consumed = self.eager_consumed;
+            let b = self.cts.slot(slot);
+            put_u32(b, 0, K_CTS);
+            put_u32(b, 4, 0);
+            put_u64(b, 8, upto);
+            put_u64(b, 16, consumed);
+            put_u32(b, 24, 0);
+            put_u32(b, 28, 0);
+            self.eager_reported = consumed;
+            // Covers no receive: leaves `cts_done` (what POSTED claims) alone.
+            self.cts_seq[slot] = 0;
+            self.cts_queue.push_back((slot, 32));
+        }
+        Ok(())
+    }
+
+    /// CTS with buffers this connection has sent (small receives whose messages all came
+    /// eagerly send none).
+    pub fn cts_sent(&self) -> u64 {
+        self.cts_sent
+    }
+
+    /// Whether request `id` is done; the sizes received once it is (the id is then released).
+    pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
+        self.progress()?;
+        let r = self
+            .reqs
+            .get_mut(id)
+            .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
+        if r.nfilled == r.bufs.len() {
+            let c = Completed {
+                n: r.bufs.len(),
+                sizes: r.sizes,
+            };
+            self.reqs.remove(id);
+            self.order.retain(|x| *x != id);
+            return Ok(Some(c));
+        }
+        Ok(None)
+    }
+}
+
+impl RailEvents for RecvConn {
+    fn ports(&self) -> &[Port] {
+        &self.eps
+    }
+
+    fn events(&mut self) -> &mut Vec<Event> {
+        &mut self.events
+    }
+
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        let e = match ev {
+            Event::Msg(m) => return self.on_eager(&m),
+            Event::MsgData(data, m) => return self.on_eager_data(data, m),
+            Event::Done(e) => e,
+        };
+        if e.flags & sys::FI_REMOTE_CQ_DATA != 0 {
+            return self.on_write(e.data);
+        }
+        if e.op_context.is_null() {
+            return Ok(());
+        }
+        // SAFETY: every context this connection posts is an element of `self.ctx`.
+        let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
+        let i = (id & 0xffff_ffff) as usize;
+        if id >> 32 == C_CTS_TX {
+            self.cts_done = self.cts_done.max(self.cts_seq[i % CTS_TX_SLOTS]);
+            self.cts_free.push(i);
+        }
+        Ok(())
+    }
+
+    fn fi(&self, op: &'static str, m: String) -> Error {
+        RecvConn::fi(self, op, m)
+    }
+}
+
+impl Drop for RecvConn {
+    fn drop(&mut self) {
+        // A failure on the data path may have left the provider mid-message: the endpoint
+        // must never be closed (see `SharedEp`'s `Drop`).
+        if self.error.as_ref().is_some_and(|e| !e.is_usage()) {
+            for p in &self.eps {
+                p.taint();
+            }
+        }
+        // Let queued CTS sends finish (bounded) so the endpoint closes with nothing of ours in
+        // flight, then drop registrations before the endpoint.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while self.error.is_none()
+            && self.cts_free.len() + self.cts_queue.len() < CTS_TX_SLOTS
+            && Instant::now() < deadline
+        {
+            if self.poll_cq().is_err() {
+                break;
+            }
+        }
+        // Receives whose CTS left (or may have) and that are incomplete: their sender may be
+        // writing into them. Tell it (our end of the side channel shut down: it posts no more
+        // writes) and keep their memory registered, reading the queues (which lands what is
+        // on its way), until it says STOPPED (none in flight), goes away, or `CLOSE_WAIT`
+        // passes; without STOPPED, the registrations outlive the connection on the endpoint
+        // (see `STOPPED_TAG`).
+        let exposed = self
+            .order
+            .iter()
+            .any(|id| !self.deferred.iter().any(|d| d.0 == *id));
+        if exposed {
+            self.side.close_notice();
+            let deadline = Instant::now() + CLOSE_WAIT;
+            while !self.side.stopped && !self.side.eof && Instant::now() < deadline {
+                if self.poll_cq().is_err() || self.side.poll_now(&self.link, "sender").is_some() {
+                    break;
+                }
+            }
+            if !self.side.stopped {
+                let mrs: Vec<Arc<Mr>> = self
+                    .reqs
+                    .values_mut()
+                    .flat_map(|r| std::mem::take(&mut r._mrs))
+                    .collect();
+                self.eps[0].bury(mrs, self.stall.timeout * 2);
+                if let Some(t) = &mut self.table {
+                    t.leak();
+                }
+            }
+        }
+        // With a receive pending, a sender that went away mid-write may have left the provider
+        // a partly received message: let it read the rest and the close (bounded) before the
+        // endpoint is closed, which libfabric 1.17's tcp;ofi_rxm does not survive otherwise
+        // (SIGSEGV in fi_close).
+        let deadline = Instant::now() + DRAIN;
+        while !self.order.is_empty() && Instant::now() < deadline {
+            if self.poll_cq().is_err() {
+                break;
+            }
+        }
+        // On a shared endpoint, which stays: if the CTS sends above did not finish, leak what
+        // the provider may still use.
+        let idle = self.cts_free.len() + self.cts_queue.len() >= CTS_TX_SLOTS;
+        if !idle && !self.eps[0].is_private() {
+            std::mem::forget(std::mem::take(&mut self.ctx));
+            self.cts.leak();
+            if let Some(t) = &mut self.table {
+                t.leak();
+            }
+        }
+        for c in &mut self.caches {
+            c.clear();
+        }
+    }
+}
+
+// SAFETY: the raw pointers in RecvBuf are addresses the caller vouched for in irecv, and the
+// endpoint is used by one thread at a time (&mut self).
+unsafe impl Send for RecvConn {}

@@ -1,0 +1,1187 @@
+//! The sending end of an ofi connection: CTS, buffer assignment, eager sends, RMA writes,
+//! the close protocol, and the count of this process's unacknowledged TCP bytes.
+
+use super::*;
+
+// Sender
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CtsEntry {
+    /// Per rail: address (or offset) and key of the buffer's registration there.
+    pub(super) addr: [u64; MAX_RAILS],
+    pub(super) key: [u64; MAX_RAILS],
+    pub(super) len: u64,
+    pub(super) tag: i32,
+}
+
+pub(super) struct Group {
+    pub(super) first: u64,
+    pub(super) n: usize,
+    pub(super) rreq: u32,
+    pub(super) entries: [CtsEntry; MAX_RECVS],
+    pub(super) filled: [bool; MAX_RECVS],
+    pub(super) assigned: usize,
+}
+
+pub(super) struct Unassigned {
+    pub(super) seq: u64,
+    pub(super) tag: i32,
+    pub(super) ptr: usize,
+    pub(super) len: usize,
+    pub(super) req: RequestId,
+    /// Sent eagerly: only its buffer choice is left to account (no write).
+    pub(super) eager: bool,
+    /// Goes over the TCP lane once its buffer is known.
+    pub(super) lane: bool,
+}
+
+pub(super) struct WriteOp {
+    pub(super) rail: usize,
+    pub(super) req: RequestId,
+    pub(super) ptr: usize,
+    pub(super) len: usize,
+    pub(super) addr: u64,
+    pub(super) key: u64,
+    pub(super) data: u64,
+    /// Which of the request's write contexts (see [`WRITES_PER_REQ`]).
+    pub(super) k: usize,
+    /// The size record (from the request's slot of `recs`), not the caller's data.
+    pub(super) record: bool,
+}
+
+/// Write contexts per send request: the data (one per stripe, at most one per rail), and the
+/// size record of the 4-byte protocol (the last).
+pub(super) const WRITES_PER_REQ: usize = MAX_RAILS + 1;
+
+pub(super) struct SendReq {
+    pub(super) size: usize,
+    pub(super) done: bool,
+    pub(super) posted: bool,
+    /// Writes queued or in flight; the request is done when the last one completes.
+    pub(super) writes_left: usize,
+    /// The caller's registration (isend_mr), used instead of a cache lookup.
+    pub(super) given: Vec<Arc<Mr>>,
+    /// Registrations of local memory its writes use, kept until they complete.
+    pub(super) _mr: Vec<Arc<Mr>>,
+}
+
+/// The sending end of an ofi connection.
+pub struct SendConn {
+    /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
+    pub(super) eps: Vec<Port>,
+    pub(super) link: Link,
+    pub(super) side: Side,
+    pub(super) ctx: Box<[Ctx]>,
+    pub(super) eager: Pool,
+    /// Events of one poll (kept for its allocation).
+    pub(super) events: Vec<Event>,
+    pub(super) eager_free: Vec<usize>,
+    pub(super) eager_busy: usize,
+    /// Eager sends not yet accepted by the provider: (slot, bytes, request, tag, the caller's
+    /// buffer when the message goes from it, else 0: from the bounce slot).
+    pub(super) eager_queue: VecDeque<(usize, usize, RequestId, i32, usize)>,
+    /// Registration cache per rail.
+    pub(super) caches: Vec<MrCache>,
+    pub(super) reqs: Slab<SendReq>,
+    pub(super) next_seq: u64,
+    pub(super) unassigned: VecDeque<Unassigned>,
+    pub(super) groups: BTreeMap<u64, Group>,
+    pub(super) writes: VecDeque<WriteOp>,
+    /// RMA writes handed to the provider whose completion has not been read.
+    pub(super) writes_out: usize,
+    pub(super) eager_sent: u64,
+    pub(super) eager_consumed: u64,
+    pub(super) peer_slots: u64,
+    pub(super) mr_local: bool,
+    pub(super) max_msg: usize,
+    /// 4-byte protocol: the receiver's size table (address or offset, key).
+    pub(super) table: Option<(u64, u64)>,
+    /// 4-byte protocol: one registered size record per send request.
+    pub(super) recs: Pool,
+    pub(super) id: u64,
+    /// Messages of at least this size are striped across the rails.
+    pub(super) stripe: usize,
+    /// Rail of the next unstriped message (round robin).
+    pub(super) next_rail: usize,
+    /// Bytes written per rail (statistics).
+    pub(super) rail_bytes: [u64; MAX_RAILS],
+    /// The TCP lane for messages under `min_bytes` (WEFT_OFI_MIN_BYTES).
+    pub(super) lane: Option<LaneTx>,
+    /// Lane sends not complete yet: the stream offset each completes at, in order.
+    pub(super) lane_sends: VecDeque<(u64, RequestId)>,
+    pub(super) min_bytes: usize,
+    /// The data path, as a stall names it.
+    pub(super) data: Link,
+    pub(super) stall: Stall,
+    /// Bounds the wait for a CTS the receiver says left `timeout` ago (POSTED).
+    pub(super) cts_lost: Stall,
+    /// Messages before this sequence number have had their CTS.
+    pub(super) cts_upto: u64,
+    /// Every receive before this sequence number sent its CTS before the latest CTS, or never
+    /// will (a small receive whose messages all came eagerly): a message before it that no
+    /// CTS covers went eagerly and needs no buffer choice.
+    pub(super) settled: u64,
+    /// When the latest messages were given their buffer (their data handed over): sequence
+    /// number and instant, oldest first, at most [`HANDED_LOG`].
+    pub(super) handed: VecDeque<(u64, Instant)>,
+    /// Per eager bounce slot in use, the sequence number of its message.
+    pub(super) eager_seq: [Option<u64>; EAGER_SLOTS],
+    /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
+    pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
+    pub(super) eof_at: Option<Instant>,
+    pub(super) error: Option<Error>,
+}
+
+impl std::fmt::Debug for SendConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ofi::SendConn({} via {})",
+            self.link.peer, self.link.iface
+        )
+    }
+}
+
+impl SendConn {
+    pub(super) fn new(
+        eps: Vec<Port>,
+        link: Link,
+        sock: TcpStream,
+        peer_slots: u32,
+        table: Option<(u64, u64)>,
+        stripe: usize,
+    ) -> Result<SendConn> {
+        let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
+        let ep = &eps[0];
+        let eager = Pool::messages(ep, EAGER_SLOTS, EAGER_BUF, ep.peer_key()).map_err(e)?;
+        let recs = Pool::new(ep, MAX_SEND_REQUESTS, REC).map_err(e)?;
+        let key = ep.key();
+        let mut ctx = ctx_array(EAGER_SLOTS + MAX_SEND_REQUESTS * WRITES_PER_REQ);
+        for (i, c) in ctx.iter_mut().enumerate() {
+            c.owner = key;
+            c.id = if i < EAGER_SLOTS {
+                (C_EAGER_TX << 32) | i as u64
+            } else {
+                (C_WRITE << 32) | (i - EAGER_SLOTS) as u64
+            };
+        }
+        let info = ep.dom.info.clone();
+        let caches = eps.iter().map(|_| MrCache::default()).collect();
+        let data = link.clone();
+        let s = SendConn {
+            eps,
+            link,
+            side: Side::new(sock).answering(),
+            ctx,
+            eager,
+            eager_free: (0..EAGER_SLOTS).rev().collect(),
+            eager_busy: 0,
+            eager_queue: VecDeque::new(),
+            caches,
+            reqs: Slab::new(MAX_SEND_REQUESTS),
+            next_seq: 0,
+            unassigned: VecDeque::new(),
+            groups: BTreeMap::new(),
+            writes: VecDeque::new(),
+            writes_out: 0,
+            events: Vec::new(),
+            eager_sent: 0,
+            eager_consumed: 0,
+            peer_slots: u64::from(peer_slots),
+            mr_local: info.mr_mode & sys::FI_MR_LOCAL != 0,
+            max_msg: info.max_msg_size,
+            table,
+            recs,
+            id: key,
+            stripe: stripe.max(4096),
+            next_rail: 0,
+            rail_bytes: [0; MAX_RAILS],
+            lane: None,
+            lane_sends: VecDeque::new(),
+            min_bytes: 0,
+            data,
+            stall: Stall::new(Instant::now()),
+            cts_lost: Stall::new(Instant::now()),
+            cts_upto: 0,
+            settled: 0,
+            handed: VecDeque::new(),
+            eager_seq: [None; EAGER_SLOTS],
+            eager_req: [None; EAGER_SLOTS],
+            eof_at: None,
+            error: None,
+        };
+        Ok(s)
+    }
+
+    /// Remote management address and "interface (ofi provider/domain)".
+    pub fn peer(&self) -> (SocketAddr, &str) {
+        (self.link.peer, &self.link.iface)
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.reqs.live()
+    }
+
+    /// Bytes of remote CQ data the connection uses (4 or 8).
+    pub fn cq_data_bytes(&self) -> usize {
+        if self.table.is_some() { 4 } else { 8 }
+    }
+
+    /// Registration cache statistics: (hits, misses).
+    pub fn mr_stats(&self) -> (u64, u64) {
+        stats(&self.caches)
+    }
+
+    /// Rails (endpoints) of the connection.
+    pub fn rails(&self) -> usize {
+        self.eps.len()
+    }
+
+    /// Bytes of message data written on each rail so far (RMA writes; eager messages go on
+    /// rail 0 and are not counted).
+    pub fn rail_bytes(&self) -> Vec<u64> {
+        self.rail_bytes[..self.eps.len()].to_vec()
+    }
+
+    /// Connections of this process on the connection's rail-0 endpoint, itself included.
+    pub fn endpoint_users(&self) -> usize {
+        self.eps[0].users()
+    }
+
+    /// Messages sent over the TCP lane so far; `None` without a lane.
+    pub fn lane_msgs(&self) -> Option<u64> {
+        self.lane.as_ref().map(|l| l.msgs)
+    }
+
+    /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
+    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<Registration> {
+        register(&mut self.caches, &self.eps, self.id, ptr as usize, len)
+            .map_err(|m| self.fi("fi_mr_reg", m))
+    }
+
+    /// Releases a registration of [`SendConn::reg_mr`] (NCCL's deregMr): it and every cached
+    /// registration over its range are gone for later operations.
+    pub fn dereg_mr(&mut self, reg: Registration) {
+        if reg.owner == self.id {
+            for c in &mut self.caches {
+                c.invalidate(reg.ptr, reg.len);
+            }
+        }
+    }
+
+    pub(super) fn fi(&self, op: &'static str, m: String) -> Error {
+        ofi_err(&self.link, op, Stage::Data, m)
+    }
+
+    pub(super) fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            self.side.send_abort(&e);
+        }
+        self.error.get_or_insert(e).clone()
+    }
+
+    pub(super) fn on_cts(&mut self, msg: &[u8]) -> Result<()> {
+        // Whole entries read as zero past a short message; its kind is checked.
+        let mut whole = [0u8; CTS_BUF];
+        whole[..msg.len().min(CTS_BUF)].copy_from_slice(&msg[..msg.len().min(CTS_BUF)]);
+        let b = &whole[..];
+        if msg.len() < 32 || get_u32(b, 0) != K_CTS {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "unknown message",
+                    expected: "CTS",
+                },
+            ));
+        }
+        let n = (get_u32(b, 4) as usize).min(MAX_RECVS);
+        let first = get_u64(b, 8);
+        let consumed = get_u64(b, 16);
+        let rreq = get_u32(b, 24);
+        // CTS arrive in the order they were sent (FI_ORDER_SAS on rail 0).
+        self.settled = self.settled.max(first);
+        if n == 0 {
+            // Eager credit only.
+            self.eager_consumed = self.eager_consumed.max(consumed);
+            self.cts_upto = self.cts_upto.max(first);
+            return Ok(());
+        }
+        if self.table.is_some() && rreq as usize >= MAX_RECV_REQUESTS {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "CTS with a request index over 63",
+                    expected: "CTS",
+                },
+            ));
+        }
+        let mut entries = [CtsEntry {
+            addr: [0; MAX_RAILS],
+            key: [0; MAX_RAILS],
+            len: 0,
+            tag: 0,
+        }; MAX_RECVS];
+        let rails = self.eps.len();
+        let size = cts_entry(rails);
+        for (k, e) in entries.iter_mut().enumerate().take(n) {
+            let at = 32 + k * size;
+            e.addr[0] = get_u64(b, at);
+            e.key[0] = get_u64(b, at + 8);
+            e.len = get_u64(b, at + 16);
+            e.tag = get_u32(b, at + 24) as i32;
+            for r in 1..rails {
+                let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
+                e.addr[r] = get_u64(b, at);
+                e.key[r] = get_u64(b, at + 8);
+            }
+        }
+        self.eager_consumed = self.eager_consumed.max(consumed);
+        self.cts_upto = self.cts_upto.max(first + n as u64);
+        self.groups.insert(
+            first,
+            Group {
+                first,
+                n,
+                rreq,
+                entries,
+                filled: [false; MAX_RECVS],
+                assigned: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Gives each send whose CTS is known its buffer, in sequence order; queues the writes.
+    pub(super) fn assign(&mut self) -> Result<()> {
+        while let Some(u) = self.unassigned.front() {
+            let covered = self
+                .groups
+                .range(..=u.seq)
+                .next_back()
+                .is_some_and(|(_, g)| u.seq < g.first + g.n as u64);
+            if !covered {
+                if u.seq >= self.settled {
+                    break;
+                }
+                // Its receive sends no CTS: every message of it came eagerly (a receive still
+                // missing one sends its CTS).
+                if !u.eager {
+                    return Err(self.link.protocol(
+                        Stage::Data,
+                        proto::FrameError::Unexpected {
+                            got: "no CTS for a message that waits for one",
+                            expected: "CTS",
+                        },
+                    ));
+                }
+                if self.handed.len() >= HANDED_LOG {
+                    self.handed.pop_front();
+                }
+                self.handed.push_back((u.seq, Instant::now()));
+                self.unassigned.pop_front();
+                continue;
+            }
+            let Some((&first, g)) = self.groups.range_mut(..=u.seq).next_back() else {
+                break;
+            };
+            if self.handed.len() >= HANDED_LOG {
+                self.handed.pop_front();
+            }
+            self.handed.push_back((u.seq, Instant::now()));
+            let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
+            let peer = self.link.peer;
+            let slot = proto::select_slot(&tags, &g.filled[..g.n], u.tag)
+                .ok_or(Error::TagMismatch { peer, tag: u.tag })?;
+            g.filled[slot] = true;
+            g.assigned += 1;
+            let e = g.entries[slot];
+            if !u.eager {
+                let req = u.req;
+                if u.len as u64 > e.len {
+                    return Err(Error::Truncated {
+                        peer,
+                        sent: u.len as u64,
+                        posted: e.len as usize,
+                        tag: u.tag,
+                    });
+                }
+                if u.lane
+                    && let Some(lane) = &mut self.lane
+                {
+                    let payload = if u.len == 0 {
+                        &[][..]
+                    } else {
+                        // SAFETY: the caller of isend keeps `ptr..ptr+len` readable until the
+                        // request is done, which is now (after this copy).
+                        unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
+                    };
+                    let end = lane.push(u.seq, u.tag, Some(slot), payload);
+                    self.lane_sends.push_back((end, req));
+                    if g.assigned == g.n {
+                        self.groups.remove(&first);
+                    }
+                    self.unassigned.pop_front();
+                    continue;
+                }
+                let (rreq, len) = (u64::from(g.rreq), u.len as u64);
+                // Stripes: one per rail from the threshold on, else the whole message on the
+                // next rail in turn. The receiver learns their number from the CQ data.
+                let rails = self.eps.len();
+                let parts = if rails > 1 && u.len >= self.stripe {
+                    rails
+                } else {
+                    1
+                };
+                let chunk = u.len.div_ceil(parts);
+                let rail0 = if parts == 1 {
+                    self.next_rail = (self.next_rail + 1) % rails;
+                    self.next_rail
+                } else {
+                    0
+                };
+                // Remote CQ data: 8 bytes `size << 32 | receiver's slot << 12 | stripes << 9 |
+                // request << 3 | buffer` (stripes 0 meaning 1; the slot is the rail's, added
+                // when posted); 4 bytes see IMM_*.
+                let parts_field = if parts > 1 { parts as u64 } else { 0 };
+                let (data, record) = match self.table {
+                    None => (
+                        (len << 32)
+                            | (parts_field << W8_PARTS_SHIFT)
+                            | (rreq << W8_REQ_SHIFT)
+                            | slot as u64,
+                        None,
+                    ),
+                    Some((ta, tk)) => {
+                        // 4-byte protocol: the size inline when it fits, else in a size record
+                        // written to the receiver's table (its own completion: the receiver
+                        // waits for both, so no ordering between the writes is needed).
+                        let base = rreq
+                            | ((slot as u64) << IMM_SLOT_SHIFT)
+                            | ((u.seq & IMM_CHECK_MASK) << IMM_CHECK_SHIFT);
+                        if parts == 1 && u.len <= IMM_SIZE_MAX {
+                            (
+                                base | (IMM_SIZED << IMM_KIND_SHIFT) | (len << IMM_SIZE_SHIFT),
+                                None,
+                            )
+                        } else {
+                            let at = (g.rreq as usize * MAX_RECVS + slot) * REC;
+                            (
+                                base | (IMM_DATA << IMM_KIND_SHIFT)
+                                    | (parts_field << IMM_SIZE_SHIFT),
+                                Some(WriteOp {
+                                    rail: 0,
+                                    req,
+                                    ptr: 0,
+                                    len: REC,
+                                    addr: ta + at as u64,
+                                    key: tk,
+                                    data: base | (IMM_RECORD << IMM_KIND_SHIFT),
+                                    k: MAX_RAILS,
+                                    record: true,
+                                }),
+                            )
+                        }
+                    }
+                };
+                for k in 0..parts {
+                    let off = (k * chunk).min(u.len);
+                    let rail = if parts == 1 { rail0 } else { k };
+                    self.writes.push_back(WriteOp {
+                        rail,
+                        req,
+                        ptr: u.ptr + off,
+                        len: chunk.min(u.len - off),
+                        addr: e.addr[rail] + off as u64,
+                        key: e.key[rail],
+                        data,
+                        k,
+                        record: false,
+                    });
+                }
+                let mut n = parts;
+                if let Some(op) = record {
+                    let rb = self.recs.slot(req.index());
+                    put_u64(rb, 0, len);
+                    put_u64(rb, 8, u.seq);
+                    self.writes.push_back(op);
+                    n += 1;
+                }
+                if let Some(r) = self.reqs.get_mut(req) {
+                    r.writes_left = n;
+                }
+            }
+            if g.assigned == g.n {
+                self.groups.remove(&first);
+            }
+            self.unassigned.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Hands queued eager sends to the provider, in order; each is complete at its send
+    /// completion, not when the provider takes it: the provider may still need this side's
+    /// progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol above its eager
+    /// size), and a caller stops testing a request once it is done. For the same reason no
+    /// message goes by `fi_inject`, which has no completion to wait for. An eager send is not
+    /// `posted` (timed): its receive may not be posted yet.
+    pub(super) fn post_eager(&mut self) -> Result<()> {
+        while let Some(&(slot, len, id, tag, src)) = self.eager_queue.front() {
+            let desc = self.eager.mr.desc();
+            let c: *mut Ctx = &mut self.ctx[slot];
+            let ok = if self.table.is_none() {
+                let seq = self.eager_seq[slot].unwrap_or(0);
+                let data = (u64::from(tag as u32) << 32)
+                    | self.eps[0].peer_slot_bits()
+                    | (seq & EAGER_SEQ_MASK);
+                // From the caller's buffer, with its registration where the provider wants
+                // one (kept until the send completes); an empty message from the bounce slot.
+                let (p, desc) = if src == 0 {
+                    (self.eager.slot(slot).as_ptr(), desc)
+                } else {
+                    let given = self
+                        .reqs
+                        .get_mut(id)
+                        .and_then(|r| r.given.first())
+                        .filter(|m| m.covers(src, len))
+                        .cloned();
+                    let mr = match given {
+                        Some(m) => Some(m),
+                        None if self.mr_local => Some(
+                            self.caches[0]
+                                .get(self.eps[0].endpoint(), src, len)
+                                .map_err(|m| self.fi("fi_mr_reg", m))?,
+                        ),
+                        None => None,
+                    };
+                    let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+                    if let Some(r) = self.reqs.get_mut(id) {
+                        r._mr.extend(mr);
+                    }
+                    (src as *const u8, desc)
+                };
+                // SAFETY: the caller of isend keeps its buffer valid, and the bounce slot and
+                // context stay untouched, until this send's completion makes the request done
+                // and returns the slot to `eager_free`; they outlive it (the connection's drop
+                // waits for it, or leaks them).
+                unsafe { self.eps[0].send_data(p, len, desc, data, c.cast()) }
+            } else {
+                let p = self.eager.ptr(slot);
+                let n = self.eager.wire(HDR + len);
+                // SAFETY: as above.
+                unsafe { self.eps[0].send(p, n, desc, c.cast()) }
+            }
+            .map_err(|m| self.fi("fi_send", m))?;
+            if !ok {
+                break;
+            }
+            self.eager_req[slot] = Some(id);
+            self.eager_queue.pop_front();
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_writes(&mut self) -> Result<()> {
+        while let Some(w) = self.writes.front() {
+            let (rail, req, ptr, len) = (w.rail, w.req, w.ptr, w.len);
+            let (addr, key, data) = (w.addr, w.key, w.data);
+            let c: *mut Ctx = &mut self.ctx[EAGER_SLOTS + req.index() * WRITES_PER_REQ + w.k];
+            if w.record {
+                let p = self.recs.ptr(req.index());
+                let desc = self.recs.mr.desc();
+                // SAFETY: the request's record slot is written only by `assign` before this
+                // write is queued and not again until the request completes; the remote range
+                // is the receiver's size table entry for the buffer its CTS gave this message.
+                let ok = unsafe { self.eps[0].write_data(p, len, desc, data, addr, key, c.cast()) }
+                    .map_err(|m| self.fi("fi_writedata", m))?;
+                if !ok {
+                    break;
+                }
+                self.writes_out += 1;
+                self.writes.pop_front();
+                continue;
+            }
+            let given = self
+                .reqs
+                .get_mut(req)
+                .and_then(|r| r.given.get(rail))
+                .filter(|m| m.covers(ptr, len))
+                .cloned();
+            let mr = match given {
+                Some(m) => Some(m),
+                None if self.mr_local => Some(
+                    self.caches[rail]
+                        .get(self.eps[rail].endpoint(), ptr, len)
+                        .map_err(|m| self.fi("fi_mr_reg", m))?,
+                ),
+                None => None,
+            };
+            let desc = mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+            // The 8-byte protocol routes the write to the receiver's connection on its rail.
+            let data = if self.table.is_none() {
+                data | self.eps[rail].peer_slot_bits()
+            } else {
+                data
+            };
+            // SAFETY: the caller of isend keeps `ptr..ptr+len` valid until test reports done,
+            // which is after this write's completion; the context lives with the connection;
+            // the remote range was announced by the receiver's CTS for this very message.
+            let ok = unsafe {
+                self.eps[rail].write_data(ptr as *const u8, len, desc, data, addr, key, c.cast())
+            }
+            .map_err(|m| self.fi("fi_writedata", m))?;
+            if !ok {
+                break;
+            }
+            self.writes_out += 1;
+            if let Some(r) = self.reqs.get_mut(req) {
+                r.posted = true;
+                // Kept until the write completes.
+                r._mr.extend(mr);
+            }
+            self.rail_bytes[rail] += len as u64;
+            self.writes.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Reads every rail's events; whether there were any.
+    pub(super) fn poll_cq(&mut self) -> Result<bool> {
+        poll_rails(self)
+    }
+
+    pub(super) fn work_pending(&self) -> bool {
+        self.reqs.values().any(|r| !r.done)
+    }
+
+    /// Writes what the lane can take; a lane send is complete once the kernel has all of its
+    /// bytes, not when they are queued: NCCL stops testing a request that is done, and bytes
+    /// still queued here would then never leave.
+    pub(super) fn flush_lane(&mut self) -> Result<()> {
+        let Some(lane) = &mut self.lane else {
+            return Ok(());
+        };
+        lane.flush(&self.link)?;
+        while let Some(&(end, id)) = self.lane_sends.front() {
+            if end > lane.written {
+                break;
+            }
+            if let Some(r) = self.reqs.get_mut(id) {
+                r.done = true;
+            }
+            self.lane_sends.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Whether the sender waits for the completion of data it handed over for a receive the
+    /// receiver has posted (so the receiver polls it, and drives its provider): an RMA write
+    /// queued or in flight, or an eager send whose message a CTS has covered since. Not an
+    /// eager send to a receive not posted yet (with a manual-progress provider it may not
+    /// complete until the receiver polls, which it may legitimately do much later), and not
+    /// the TCP lane (bounded on its own).
+    pub(super) fn timed_work(&self) -> bool {
+        !self.writes.is_empty()
+            || self.reqs.values().any(|r| r.posted && !r.done)
+            || (self.eager_busy > 0
+                && self
+                    .eager_seq
+                    .iter()
+                    .any(|s| s.is_some_and(|s| s < self.cts_upto)))
+    }
+
+    pub(super) fn progress(&mut self) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let mut progressed = false;
+        if let Err(e) = self.poll_cq().map(|p| progressed = p) {
+            return Err(self.fail(e));
+        }
+        // The side channel before anything is posted: a receiver that closed (EOF) gets no
+        // more writes, which would reach registrations it is about to close (see
+        // [`STOPPED_TAG`]); once none of ours is in flight, it is told so.
+        if let Some(e) = self.side.poll(&self.link, "receiver") {
+            return Err(self.fail(e));
+        }
+        if self.side.eof {
+            if self.writes_out == 0 {
+                self.side.send_stopped();
+            }
+        } else {
+            let r = self
+                .post_eager()
+                .and_then(|()| self.assign())
+                .and_then(|()| self.post_writes())
+                .and_then(|()| self.flush_lane());
+            if let Err(e) = r {
+                return Err(self.fail(e));
+            }
+        }
+        // After reading the completion queues: what completed while nobody polled counts.
+        let now = Instant::now();
+        let waiting = self.timed_work();
+        if self.stall.check(now, progressed, waiting) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // The next message (after `assign`, the first without its CTS) is one the receiver
+        // has posted, and its CTS left the receiver `timeout` ago: lost on the data path.
+        let lost = self
+            .unassigned
+            .front()
+            .is_some_and(|u| u.seq < self.side.posted);
+        if self.cts_lost.check(now, false, lost) {
+            let e = self.data.timeout(Stage::Data, self.stall.timeout);
+            return Err(self.fail(e));
+        }
+        // The receiver has seen nothing for `timeout` and waits for a message we handed over
+        // (and saw complete: the provider took it) `timeout` ago or more: lost on the way.
+        if let Some(w) = self.side.waits_for.take() {
+            let sent = self.unassigned.front().map_or(self.next_seq, |u| u.seq);
+            let at = self.handed.partition_point(|h| h.0 < w);
+            let old = match self.handed.get(at) {
+                Some(&(seq, t)) if seq == w => t.elapsed() >= self.stall.timeout,
+                _ => at == 0,
+            };
+            if w < sent && old {
+                let e = self.data.timeout(Stage::Data, self.stall.timeout);
+                return Err(self.fail(e));
+            }
+        }
+        if self.side.eof && self.work_pending() {
+            let at = *self.eof_at.get_or_insert_with(Instant::now);
+            if at.elapsed() >= EOF_GRACE {
+                let e = self.link.closed(Stage::Data);
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts sending `len` bytes at `data` with `tag`. `Ok(None)`: busy, retry later.
+    ///
+    /// # Safety
+    /// `data..data+len` must be readable and unchanged until [`SendConn::test`] reports the
+    /// request done or the connection is dropped.
+    pub unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+    ) -> Result<Option<RequestId>> {
+        // SAFETY: forwarded under the same contract.
+        unsafe { self.isend_mr(data, len, tag, None) }
+    }
+
+    /// [`SendConn::isend`] of memory inside `reg` (from [`SendConn::reg_mr`]), whose
+    /// registration it uses instead of looking one up.
+    ///
+    /// # Safety
+    /// As for [`SendConn::isend`].
+    pub unsafe fn isend_mr(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: i32,
+        reg: Option<&Registration>,
+    ) -> Result<Option<RequestId>> {
+        let given = Registration::covering(reg, self.id, data as usize, len)
+            .map_or_else(Vec::new, |r| r.mrs.clone());
+        // No completion-queue read before the message is handed over: with `tcp;ofi_rxm` a
+        // read costs about a microsecond of system calls, all on the message's latency. A CTS
+        // that arrived but was not read yet only means the message goes eagerly (see the
+        // module docs: eager messages stay a prefix of their receive).
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        if len > u32::MAX as usize || len > self.max_msg {
+            return Err(Error::Usage(format!(
+                "message of {len} bytes exceeds the ofi backend's limit ({} bytes)",
+                self.max_msg.min(u32::MAX as usize)
+            )));
+        }
+        if self.reqs.live() >= MAX_SEND_REQUESTS {
+            // Busy: a caller that retries isend alone must still drive the provider.
+            self.progress()?;
+            return Ok(None);
+        }
+        let seq = self.next_seq;
+        let cts_known = self
+            .groups
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, g)| seq < g.first + g.n as u64);
+        // Out of step (NCCL's InfiniBand semantics): when the receive this message reaches is
+        // known and none of its free buffers takes the tag, the message is for a later
+        // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
+        if cts_known {
+            if let Err(e) = self.assign() {
+                return Err(self.fail(e));
+            }
+            let fits = self.groups.range(..=seq).next_back().is_none_or(|(_, g)| {
+                let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
+                proto::select_slot(&tags, &g.filled[..g.n], tag).is_some()
+            });
+            if !fits {
+                self.progress()?;
+                return Ok(None);
+            }
+        }
+        let early = !cts_known
+            && self.unassigned.iter().all(|u| u.eager)
+            && self.eager_sent - self.eager_consumed < self.peer_slots;
+        if self.lane.is_some() && len < self.min_bytes {
+            // The TCP lane: now, without a buffer index, when an eager send could go now;
+            // else once the CTS gives the buffer.
+            // Not `posted` (timed by completions): the lane is bounded on its own.
+            let Some(id) = self.reqs.insert(SendReq {
+                size: len,
+                done: false,
+                posted: false,
+                writes_left: 0,
+                given: Vec::new(),
+                _mr: Vec::new(),
+            }) else {
+                return Ok(None);
+            };
+            if early && let Some(lane) = &mut self.lane {
+                let payload = if len == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: the caller guarantees `data..data+len` is readable.
+                    unsafe { std::slice::from_raw_parts(data, len) }
+                };
+                let end = lane.push(seq, tag, None, payload);
+                self.lane_sends.push_back((end, id));
+                self.eager_sent += 1;
+            }
+            self.next_seq += 1;
+            self.unassigned.push_back(Unassigned {
+                seq,
+                tag,
+                ptr: data as usize,
+                len,
+                req: id,
+                eager: early,
+                lane: !early,
+            });
+            self.progress()?;
+            return Ok(Some(id));
+        }
+        let eager = len <= EAGER_MAX && early && !self.eager_free.is_empty();
+        if eager && let Some(slot) = self.eager_free.pop() {
+            let Some(id) = self.reqs.insert(SendReq {
+                size: len,
+                done: false,
+                posted: false,
+                writes_left: 0,
+                // Sent from the caller's buffer (8-byte CQ data): its registration, if any.
+                given: given.clone(),
+                _mr: Vec::new(),
+            }) else {
+                self.eager_free.push(slot);
+                return Ok(None);
+            };
+            // With 8-byte remote CQ data the message is the payload alone (its CQ data says
+            // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size, and it goes straight
+            // from the caller's buffer, which stays valid until the send is done (at its
+            // completion). Else a header and a copy into the bounce slot first.
+            let src = if self.table.is_none() && len > 0 {
+                data as usize
+            } else {
+                0
+            };
+            if self.table.is_some() {
+                let b = self.eager.slot(slot);
+                put_u32(b, 0, K_EAGER);
+                put_u32(b, 4, tag as u32);
+                put_u64(b, 8, seq);
+                put_u64(b, 16, len as u64);
+                if len > 0 {
+                    // SAFETY: the caller guarantees `data..data+len` is readable;
+                    // len <= EAGER_MAX.
+                    let src = unsafe { std::slice::from_raw_parts(data, len) };
+                    b[HDR..HDR + len].copy_from_slice(src);
+                }
+            }
+            self.eager_busy += 1;
+            self.eager_seq[slot] = Some(seq);
+            self.eager_sent += 1;
+            self.next_seq += 1;
+            self.eager_queue.push_back((slot, len, id, tag, src));
+            self.unassigned.push_back(Unassigned {
+                seq,
+                tag,
+                ptr: data as usize,
+                len,
+                req: id,
+                eager: true,
+                lane: false,
+            });
+            // Straight onto the wire; completions are read by the next test.
+            if let Err(e) = self.post_eager() {
+                return Err(self.fail(e));
+            }
+            return Ok(Some(id));
+        }
+        let Some(id) = self.reqs.insert(SendReq {
+            size: len,
+            done: false,
+            posted: false,
+            writes_left: 1,
+            given,
+            _mr: Vec::new(),
+        }) else {
+            return Ok(None);
+        };
+        self.next_seq += 1;
+        self.unassigned.push_back(Unassigned {
+            seq,
+            tag,
+            ptr: data as usize,
+            len,
+            req: id,
+            eager: false,
+            lane: false,
+        });
+        self.progress()?;
+        Ok(Some(id))
+    }
+
+    /// Whether request `id` is done; `Some(bytes)` once it is (the id is then released).
+    pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
+        self.progress()?;
+        let r = self
+            .reqs
+            .get_mut(id)
+            .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
+        if r.done {
+            let size = r.size;
+            self.reqs.remove(id);
+            return Ok(Some(size));
+        }
+        Ok(None)
+    }
+}
+
+impl RailEvents for SendConn {
+    fn ports(&self) -> &[Port] {
+        &self.eps
+    }
+
+    fn events(&mut self) -> &mut Vec<Event> {
+        &mut self.events
+    }
+
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        let e = match ev {
+            Event::Msg(m) => return self.on_cts(&m),
+            Event::MsgData(..) => {
+                return Err(self.link.protocol(
+                    Stage::Data,
+                    proto::FrameError::Unexpected {
+                        got: "an eager message",
+                        expected: "CTS",
+                    },
+                ));
+            }
+            Event::Done(e) => e,
+        };
+        if e.op_context.is_null() {
+            return Ok(());
+        }
+        // SAFETY: every context this connection posts is an element of `self.ctx`.
+        let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
+        let i = (id & 0xffff_ffff) as usize;
+        match id >> 32 {
+            C_EAGER_TX => {
+                self.eager_free.push(i);
+                self.eager_busy -= 1;
+                self.eager_seq[i] = None;
+                if let Some(r) = self.eager_req[i]
+                    .take()
+                    .and_then(|id| self.reqs.get_mut(id))
+                {
+                    r.done = true;
+                    r._mr.clear();
+                }
+            }
+            C_WRITE => {
+                self.writes_out = self.writes_out.saturating_sub(1);
+                if let Some(r) = self.reqs.at(i / WRITES_PER_REQ) {
+                    r.writes_left = r.writes_left.saturating_sub(1);
+                    if r.writes_left == 0 {
+                        r.done = true;
+                        r._mr.clear();
+                        r.given.clear();
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn fi(&self, op: &'static str, m: String) -> Error {
+        SendConn::fi(self, op, m)
+    }
+}
+
+impl Drop for SendConn {
+    /// Lets posted operations finish (bounded, 2 s) so that eager messages already reported
+    /// complete reach the receiver, then closes the endpoint before its buffers go.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        // A failure on the data path may have left the provider mid-message: the endpoint
+        // must never be closed (see `SharedEp`'s `Drop`).
+        if self.error.as_ref().is_some_and(|e| !e.is_usage()) {
+            for p in &self.eps {
+                p.taint();
+            }
+        }
+        // Writes in flight finish (no new ones are posted), and so do eager sends and the
+        // lane, unless the receiver closed (EOF): then only the writes, which may still reach
+        // its registrations, which it keeps until it hears STOPPED.
+        while self.error.is_none()
+            && (self.writes_out > 0
+                || (!self.side.eof
+                    && (self.eager_busy > 0 || self.lane.as_ref().is_some_and(LaneTx::pending))))
+            && Instant::now() < deadline
+        {
+            if self
+                .flush_lane()
+                .and_then(|()| self.poll_cq())
+                .and_then(|_| {
+                    if self.side.eof {
+                        Ok(())
+                    } else {
+                        self.post_eager()
+                    }
+                })
+                .is_err()
+            {
+                break;
+            }
+            if self.side.poll(&self.link, "receiver").is_some() {
+                break;
+            }
+        }
+        if self.writes_out == 0 {
+            self.side.send_stopped();
+        }
+        // A completed send may still sit unacknowledged in a kernel socket of the provider
+        // (tcp;ofi_rxm): if this process exits now, closing that socket with bytes unread (the
+        // receiver's CTS and acknowledgements) makes the kernel reset it and drop what it has
+        // not sent, sends reported done included. So wait, within the same bound, until the
+        // peer's kernel has acknowledged every byte of this process's TCP sockets.
+        while self.error.is_none() && Instant::now() < deadline && tcp_unacked_bytes() > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // The endpoint stays with the other connections: if the sends above did not finish,
+        // leak what the provider may still use, registrations of the caller's buffers (eager
+        // messages and writes go from them) included.
+        let idle = self.eager_busy == 0 && self.writes_out == 0;
+        if !idle && !self.eps[0].is_private() {
+            std::mem::forget(std::mem::take(&mut self.ctx));
+            self.eager.leak();
+            self.recs.leak();
+            std::mem::forget(std::mem::take(&mut self.caches));
+            std::mem::forget(std::mem::replace(&mut self.reqs, Slab::new(0)));
+        }
+        for c in &mut self.caches {
+            c.clear();
+        }
+    }
+}
+
+/// Bytes written to this process's TCP sockets that their peers' kernels have not yet
+/// acknowledged (`SIOCOUTQ` summed over `/proc/self/fd`): the provider's sockets are not ours
+/// to name, so every one counts. 0 when `/proc` is unreadable (nothing to wait for then).
+pub(super) fn tcp_unacked_bytes() -> usize {
+    tcp_queued(libc::TIOCOUTQ)
+}
+
+/// Bytes that have arrived on this process's TCP sockets and are not read yet (`SIOCINQ`
+/// summed as in [`tcp_unacked_bytes`]): what a provider still has to take in.
+pub(crate) fn tcp_unread_bytes() -> usize {
+    tcp_queued(libc::FIONREAD)
+}
+
+/// `SIOCOUTQ` or `SIOCINQ` summed over this process's connected TCP sockets.
+pub(super) fn tcp_queued(req: libc::Ioctl) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let mut total = 0usize;
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let is_socket =
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        let mut ty: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: SO_TYPE writes one int through the pointer to a live c_int of `len` bytes; a
+        // closed or foreign fd makes it fail, which we skip.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_TYPE,
+                (&mut ty as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 || ty != libc::SOCK_STREAM {
+            continue;
+        }
+        // TCP only: a Unix stream socket's queue counts bytes its peer has not read (a
+        // provider's wake-up pipe), which no kernel acknowledges.
+        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+        let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut salen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `salen` bytes into the live sockaddr_storage.
+        let r = unsafe {
+            libc::getsockname(
+                fd,
+                (&mut sa as *mut libc::sockaddr_storage).cast(),
+                &mut salen,
+            )
+        };
+        let family = libc::c_int::from(sa.ss_family);
+        if r != 0 || (family != libc::AF_INET && family != libc::AF_INET6) {
+            continue;
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (= SIOCOUTQ) and FIONREAD (= SIOCINQ) write one int through the
+        // pointer to a live c_int.
+        let r = unsafe { libc::ioctl(fd, req, &mut n) };
+        if r != 0 || n == 0 {
+            continue;
+        }
+        // Only a connected socket's bytes can still be acknowledged: one that is not (reset,
+        // or closed by its peer and shut down) keeps its count for good.
+        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+        let mut pa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut palen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getpeername writes at most `palen` bytes into the live sockaddr_storage.
+        let r = unsafe {
+            libc::getpeername(
+                fd,
+                (&mut pa as *mut libc::sockaddr_storage).cast(),
+                &mut palen,
+            )
+        };
+        if r == 0 {
+            total += usize::try_from(n).unwrap_or(0);
+        }
+    }
+    total
+}
+
+// SAFETY: as for `RecvConn`: a send connection only holds addresses vouched for in isend.
+unsafe impl Send for SendConn {}
