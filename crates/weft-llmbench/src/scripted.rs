@@ -4,8 +4,10 @@
 //! (the client's own overhead against a known schedule) and its error paths; it is not an
 //! engine and never stands in for one where a user meets a real server.
 //!
-//! Its "tokenizer" is one token per whitespace-separated word of the prompt; each generated
-//! token is the text `tok ` (token id 7).
+//! Its "tokenizer" is one token per whitespace-separated word of the prompt (message contents
+//! on chat, no template); each generated token is the text `tok ` (token id 7). A request
+//! without `"stream": true` gets one JSON answer with usage when its last token would have
+//! been sent.
 //!
 //! Connections are kept alive (HTTP/1.1 persistent connections, the stream sent with chunked
 //! transfer encoding), as a real engine's server keeps them, so a client's warm pool is reused
@@ -24,8 +26,11 @@ use tokio::time::Instant;
 #[derive(Debug, Clone)]
 pub struct Script {
     pub model: String,
-    /// From the end of the request to the first content chunk.
+    /// From the end of the request to the first content chunk (plus `prefill_per_token` for
+    /// each prompt token).
     pub ttft: Duration,
+    /// Added to `ttft` per prompt token: prompt processing at a known rate, 1 / this.
+    pub prefill_per_token: Duration,
     /// Between content chunks.
     pub itl: Duration,
     /// Tokens in each content chunk (above 1: as speculative decoding sends them).
@@ -42,6 +47,7 @@ impl Default for Script {
         Script {
             model: "scripted".into(),
             ttft: Duration::from_millis(50),
+            prefill_per_token: Duration::ZERO,
             itl: Duration::from_millis(10),
             tokens_per_chunk: 1,
             token_ids: false,
@@ -251,6 +257,21 @@ async fn answer(
             .count() as u64
     };
     let max_tokens = v["max_tokens"].as_u64().unwrap_or(16);
+    let first = arrived + sc.ttft + sc.prefill_per_token * (prompt_tokens as u32);
+    let usage = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens});
+    if v["stream"].as_bool() != Some(true) {
+        // One JSON answer when the last token would have been sent.
+        sleep_precisely(first + sc.itl * (max_tokens.saturating_sub(1) as u32)).await;
+        let text = "tok ".repeat(max_tokens as usize);
+        let choice = if chat {
+            serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+        } else {
+            serde_json::json!({"index": 0, "text": text, "finish_reason": "length"})
+        };
+        let b = serde_json::json!({"choices": [choice], "usage": usage});
+        respond(s, 200, "application/json", &b.to_string()).await?;
+        return Ok(true);
+    }
     let die = match sc.fault {
         Fault::DieAfter {
             after_requests,
@@ -294,7 +315,7 @@ async fn answer(
         if die == Some(u64::from(i)) {
             return Ok(false);
         }
-        let at = arrived + sc.ttft + sc.itl * i;
+        let at = first + sc.itl * i;
         sleep_precisely(at).await;
         let kk = (sc.tokens_per_chunk.max(1) as u64).min(max_tokens - sent) as u32;
         s.write_all(frame(chunk(&"tok ".repeat(kk as usize), kk)).as_bytes())
