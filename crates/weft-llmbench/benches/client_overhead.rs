@@ -4,8 +4,9 @@
 //! and imitates no engine: it sends the first token `TTFT` after a request arrived and then one
 //! token every `ITL`, on its own tokio thread, pinned to a second core where the process may use
 //! one. weft's client runs on another single tokio thread pinned to one core, so the figures
-//! hold for a client that has one core to itself. The stand-in keeps connections alive, so
-//! after the uncounted first batch the client's pool is warm, as against a real server. At concurrency 1 and 256 it sends
+//! hold for a client that has one core to itself. weft times each request from when it is
+//! written to the socket (after the connection is open, and after the client's own turn among
+//! the 256), so neither connection set-up nor the stand-in's reading of other requests counts. At concurrency 1 and 256 it sends
 //! one uncounted batch, then `REPEATS` batches, and prints, per concurrency, the median over requests of the measured TTFT
 //! and of the per-request median ITL, and how far each is from the schedule.
 //!

@@ -614,13 +614,6 @@ impl Client {
             }
         }
         t.e2e = sent.elapsed();
-        if done {
-            // Read the body to its end (after `[DONE]` only the transfer's own end is left), so
-            // the connection goes back to the pool for the next request instead of being
-            // closed; bounded, and nothing of it is timed.
-            let drain = async { while let Ok(Some(_)) = resp.chunk().await {} };
-            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-        }
         if !done && t.finish_reason.is_none() {
             return Err(Attempt::Fatal(LlmError::Stream {
                 url: url.into(),

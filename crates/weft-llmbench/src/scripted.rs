@@ -10,9 +10,9 @@
 //! been sent.
 //!
 //! Connections are kept alive (HTTP/1.1 persistent connections, the stream sent with chunked
-//! transfer encoding), as a real engine's server keeps them, so a client's warm pool is reused
-//! and a batch of requests does not open a connection each; only [`Fault::DieAfter`] answers
-//! with `Connection: close` and closes mid-stream.
+//! transfer encoding), as a real engine's server keeps them, so a client that reads each
+//! answer to its end can reuse them; only [`Fault::DieAfter`] answers with
+//! `Connection: close` and closes mid-stream.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
