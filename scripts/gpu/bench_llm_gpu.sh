@@ -15,12 +15,19 @@
 #       typer* click* shellingham*
 #
 # (30 wheels, 9.5 MB; llama-benchy wants transformers>=5.2.) Then, from the
-# repository root, with a weft binary built here (cargo build --release -p weft):
+# repository root, with a weft binary built here (cargo build --release -p weft, stripped):
 #
-#   WHEELS=wheels WEFT=target/release/weft bash scripts/gpu/bench_llm_gpu.sh
+#   WHEELS=wheels WEFT=$PWD/target/release/weft PP="512 2048" TG="32 128" DEPTH="0 4096" \
+#       RUNS=9 LATENCY="none api" bash scripts/gpu/bench_llm_gpu.sh
 #
-# It writes $OUT (default ./bench-llm-gpu) with weft's RUN.json and table, llama-benchy's JSON,
-# and side-by-side.md: per test, both tools' pp and tg t/s (medians over runs) and the ratio.
+# The tools take turns run by run (llama-benchy's --post-run-cmd makes one weft run of the same
+# test after each of its runs), once per latency mode in LATENCY ("none": nothing subtracted,
+# both count exactly alike; "api": each tool's own GET /v1/models latency). It writes $OUT
+# (default ./bench-llm-gpu): server.log (with the check against transformers' forward and the
+# in-process generation rate), and per mode MODE/llama-benchy.json, MODE/weft-runs/*.json and
+# MODE/side-by-side.md: per test, both tools' pp and tg t/s (medians), the median and range of
+# the per-pair ratios and each tool's spread. SERVER_ARGS="--device cpu --layers 2" tries the
+# whole script without a GPU (slowly; its figures mean nothing).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
