@@ -124,12 +124,15 @@ class Engine:
                 qn=a.q_norm.weight, kn=a.k_norm.weight, o=a.o_proj.weight,
                 gu=torch.cat([f.gate_proj.weight, f.up_proj.weight]).contiguous(), down=f.down_proj.weight,
             ))
-        theta = cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
-        inv = 1.0 / (theta ** (torch.arange(0, self.D, 2, device=device, dtype=torch.int64).float() / self.D))
+        # The rotary tables from transformers' own rotary embedding (its inverse frequencies and
+        # scaling), as it computes them: float32, then bf16.
+        rot = m.rotary_emb
+        inv = rot.inv_freq.float().to(device)
+        scaling = float(getattr(rot, "attention_scaling", 1.0))
         fr = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv)
         emb = torch.cat((fr, fr), dim=-1)
-        self.cos = emb.cos().to(torch.bfloat16)
-        self.sin = emb.sin().to(torch.bfloat16)
+        self.cos = (emb.cos() * scaling).to(torch.bfloat16)
+        self.sin = (emb.sin() * scaling).to(torch.bfloat16)
         shape = (len(self.layers), 1, self.KVH, max_len, self.D)
         self.kc = torch.zeros(shape, device=device, dtype=torch.bfloat16)
         self.vc = torch.zeros(shape, device=device, dtype=torch.bfloat16)
