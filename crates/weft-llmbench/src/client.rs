@@ -1,6 +1,7 @@
 //! One streamed request to an OpenAI-compatible server, timed chunk by chunk, with a bound on
 //! every wait: connecting, the first byte, the gap between chunks and the whole request.
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -97,7 +98,7 @@ pub struct Prompt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Chunk {
-    /// Since the request was sent.
+    /// Since the request was sent (written to the socket).
     pub at: Duration,
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,7 +111,7 @@ pub struct Chunk {
 /// Everything timed about one request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
-    /// First body byte since the request was sent.
+    /// First body byte since the request was sent (written to the socket).
     pub ttfr: Option<Duration>,
     /// First chunk with generated text or tokens (role-only chunks do not count).
     pub first_content: Option<Duration>,
@@ -426,9 +427,24 @@ impl Client {
     }
 
     async fn attempt(&self, url: &str, body: &serde_json::Value) -> Result<Trace, Attempt> {
+        // The body is serialised before the clock starts, and every time is taken from when
+        // the request went to the socket (see [`TimedBody`]), so neither the client's own
+        // encoding nor its queue of other requests (at high concurrency), nor opening a
+        // connection, is counted as the server's time.
+        let bytes = bytes::Bytes::from(serde_json::to_vec(body).unwrap_or_default());
+        let len = bytes.len();
+        let written = Arc::new(OnceLock::new());
         let start = Instant::now();
         let deadline = start + self.limits.request;
-        let send = self.authed(self.http.post(url)).json(body).send();
+        let send = self
+            .authed(self.http.post(url))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .body(reqwest::Body::wrap(TimedBody {
+                data: Some(bytes),
+                written: written.clone(),
+            }))
+            .send();
         let resp = match tokio::time::timeout(self.limits.first_byte, send).await {
             Err(_) => {
                 return Err(Attempt::Fatal(LlmError::Timeout {
@@ -511,6 +527,8 @@ impl Client {
             }));
         }
         let mut resp = resp;
+        // The request was written before its answer came.
+        let sent = written.get().copied().unwrap_or(start);
         let mut t = Trace::default();
         let mut parser = SseParser::new();
         let mut done = false;
@@ -521,7 +539,7 @@ impl Client {
                 .min(deadline.saturating_duration_since(now))
                 .max(Duration::from_millis(1));
             let next = tokio::time::timeout(budget, resp.chunk()).await;
-            let at = start.elapsed();
+            let at = sent.elapsed();
             let bytes = match next {
                 Err(_) => {
                     t.e2e = at;
@@ -595,7 +613,7 @@ impl Client {
                 break;
             }
         }
-        t.e2e = start.elapsed();
+        t.e2e = sent.elapsed();
         if !done && t.finish_reason.is_none() {
             return Err(Attempt::Fatal(LlmError::Stream {
                 url: url.into(),
@@ -604,6 +622,35 @@ impl Client {
             }));
         }
         Ok(t)
+    }
+}
+
+/// A request body that notes when hyper first asks for it: hyper encodes the request's head
+/// just before and writes both to the socket together, so that instant is when the request was
+/// sent (within microseconds), after any wait for a connection or for the client's own turn.
+struct TimedBody {
+    data: Option<bytes::Bytes>,
+    written: Arc<OnceLock<Instant>>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let _ = self.written.set(Instant::now());
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
 

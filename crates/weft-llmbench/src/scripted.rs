@@ -4,8 +4,15 @@
 //! (the client's own overhead against a known schedule) and its error paths; it is not an
 //! engine and never stands in for one where a user meets a real server.
 //!
-//! Its "tokenizer" is one token per whitespace-separated word of the prompt; each generated
-//! token is the text `tok ` (token id 7).
+//! Its "tokenizer" is one token per whitespace-separated word of the prompt (message contents
+//! on chat, no template); each generated token is the text `tok ` (token id 7). A request
+//! without `"stream": true` gets one JSON answer with usage when its last token would have
+//! been sent.
+//!
+//! Connections are kept alive (HTTP/1.1 persistent connections, the stream sent with chunked
+//! transfer encoding), as a real engine's server keeps them, so a client that reads each
+//! answer to its end can reuse them; only [`Fault::DieAfter`] answers with
+//! `Connection: close` and closes mid-stream.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +26,11 @@ use tokio::time::Instant;
 #[derive(Debug, Clone)]
 pub struct Script {
     pub model: String,
-    /// From the end of the request to the first content chunk.
+    /// From the end of the request to the first content chunk (plus `prefill_per_token` for
+    /// each prompt token).
     pub ttft: Duration,
+    /// Added to `ttft` per prompt token: prompt processing at a known rate, 1 / this.
+    pub prefill_per_token: Duration,
     /// Between content chunks.
     pub itl: Duration,
     /// Tokens in each content chunk (above 1: as speculative decoding sends them).
@@ -37,6 +47,7 @@ impl Default for Script {
         Script {
             model: "scripted".into(),
             ttft: Duration::from_millis(50),
+            prefill_per_token: Duration::ZERO,
             itl: Duration::from_millis(10),
             tokens_per_chunk: 1,
             token_ids: false,
@@ -109,8 +120,11 @@ pub async fn start(script: Script) -> std::io::Result<ScriptedServer> {
     })
 }
 
-async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<(String, String)>> {
-    let mut buf = Vec::new();
+/// Reads one request; `buf` keeps what arrived past it (the next request on this connection).
+async fn read_request(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(String, String)>> {
     let mut tmp = [0u8; 8192];
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -140,12 +154,13 @@ async fn read_request(s: &mut TcpStream) -> std::io::Result<Option<(String, Stri
     }
     let line = head.lines().next().unwrap_or("").to_string();
     let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
+    buf.drain(..head_end + len);
     Ok(Some((line, body)))
 }
 
 async fn respond(s: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
     let r = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(r.as_bytes()).await
@@ -160,42 +175,64 @@ async fn sleep_precisely(at: Instant) {
     }
 }
 
+/// Answers the requests of one connection until the client closes it (or a fault does).
 async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<()> {
-    let Some((line, body)) = read_request(&mut s).await? else {
-        return Ok(());
-    };
+    let mut buf = Vec::new();
+    loop {
+        let Some((line, body)) = read_request(&mut s, &mut buf).await? else {
+            return Ok(());
+        };
+        if !answer(&mut s, sc, n, &line, &body).await? {
+            return s.shutdown().await;
+        }
+    }
+}
+
+/// One SSE event as a chunk of a chunked body.
+fn http_chunk(data: &str) -> String {
+    format!("{:x}\r\n{data}\r\n", data.len())
+}
+
+/// Answers one request; false when the connection is to be closed.
+async fn answer(
+    s: &mut TcpStream,
+    sc: &Script,
+    n: &AtomicU64,
+    line: &str,
+    body: &str,
+) -> std::io::Result<bool> {
     let arrived = Instant::now();
     if sc.fault == Fault::Html {
-        return respond(
-            &mut s,
-            200,
-            "text/html",
-            "<html><body>It works!</body></html>",
-        )
-        .await;
+        respond(s, 200, "text/html", "<html><body>It works!</body></html>").await?;
+        return Ok(true);
     }
     if line.starts_with("GET ") {
         if line.contains("/v1/models") {
             let b = serde_json::json!({"object": "list", "data": [{"id": sc.model, "object": "model", "owned_by": "weft-scripted"}]});
-            return respond(&mut s, 200, "application/json", &b.to_string()).await;
+            respond(s, 200, "application/json", &b.to_string()).await?;
+        } else {
+            respond(s, 404, "text/plain", "not found").await?;
         }
-        return respond(&mut s, 404, "text/plain", "not found").await;
+        return Ok(true);
     }
     if !line.contains("/v1/chat/completions") && !line.contains("/v1/completions") {
-        return respond(&mut s, 404, "text/plain", "not found").await;
+        respond(s, 404, "text/plain", "not found").await?;
+        return Ok(true);
     }
     let k = n.fetch_add(1, Ordering::SeqCst);
     if let Fault::Status { status, times } = sc.fault
         && k < times
     {
         let b = serde_json::json!({"error": {"message": format!("scripted {status}")}});
-        return respond(&mut s, status, "application/json", &b.to_string()).await;
+        respond(s, status, "application/json", &b.to_string()).await?;
+        return Ok(true);
     }
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
     let chat = v.get("messages").is_some();
     if v.get("model").and_then(|m| m.as_str()) != Some(sc.model.as_str()) {
         let b = serde_json::json!({"error": {"message": "model not found"}});
-        return respond(&mut s, 404, "application/json", &b.to_string()).await;
+        respond(s, 404, "application/json", &b.to_string()).await?;
+        return Ok(true);
     }
     let prompt_tokens: u64 = if chat {
         v["messages"]
@@ -220,8 +257,38 @@ async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<
             .count() as u64
     };
     let max_tokens = v["max_tokens"].as_u64().unwrap_or(16);
-    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")
-        .await?;
+    let first = arrived + sc.ttft + sc.prefill_per_token * (prompt_tokens as u32);
+    let usage = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens});
+    if v["stream"].as_bool() != Some(true) {
+        // One JSON answer when the last token would have been sent.
+        sleep_precisely(first + sc.itl * (max_tokens.saturating_sub(1) as u32)).await;
+        let text = "tok ".repeat(max_tokens as usize);
+        let choice = if chat {
+            serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+        } else {
+            serde_json::json!({"index": 0, "text": text, "finish_reason": "length"})
+        };
+        let b = serde_json::json!({"choices": [choice], "usage": usage});
+        respond(s, 200, "application/json", &b.to_string()).await?;
+        return Ok(true);
+    }
+    let die = match sc.fault {
+        Fault::DieAfter {
+            after_requests,
+            chunks,
+        } if k >= after_requests => Some(chunks),
+        _ => None,
+    };
+    // A stream that is to die is sent as a plain body that ends with the connection; every
+    // other one in chunks, so the connection outlives it.
+    let chunked = die.is_none();
+    let frame = |data: String| if chunked { http_chunk(&data) } else { data };
+    s.write_all(if chunked {
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n".as_slice()
+    } else {
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n".as_slice()
+    })
+    .await?;
     let chunk = |text: &str, k: u32| {
         let mut c = if chat {
             serde_json::json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
@@ -234,26 +301,24 @@ async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<
         format!("data: {c}\n\n")
     };
     if sc.role_chunk && chat {
-        s.write_all(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n")
-            .await?;
+        s.write_all(
+            frame(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n".into(),
+            )
+            .as_bytes(),
+        )
+        .await?;
     }
-    let die = match sc.fault {
-        Fault::DieAfter {
-            after_requests,
-            chunks,
-        } if k >= after_requests => Some(chunks),
-        _ => None,
-    };
     let mut sent = 0u64;
     let mut i = 0u32;
     while sent < max_tokens {
         if die == Some(u64::from(i)) {
-            return s.shutdown().await;
+            return Ok(false);
         }
-        let at = arrived + sc.ttft + sc.itl * i;
+        let at = first + sc.itl * i;
         sleep_precisely(at).await;
         let kk = (sc.tokens_per_chunk.max(1) as u64).min(max_tokens - sent) as u32;
-        s.write_all(chunk(&"tok ".repeat(kk as usize), kk).as_bytes())
+        s.write_all(frame(chunk(&"tok ".repeat(kk as usize), kk)).as_bytes())
             .await?;
         sent += u64::from(kk);
         i += 1;
@@ -261,7 +326,10 @@ async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<
     let fin =
         serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]});
     let usage = serde_json::json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}});
-    s.write_all(format!("data: {fin}\n\ndata: {usage}\n\ndata: [DONE]\n\n").as_bytes())
-        .await?;
-    s.shutdown().await
+    let mut end = frame(format!("data: {fin}\n\ndata: {usage}\n\ndata: [DONE]\n\n"));
+    if chunked {
+        end.push_str("0\r\n\r\n");
+    }
+    s.write_all(end.as_bytes()).await?;
+    Ok(chunked)
 }

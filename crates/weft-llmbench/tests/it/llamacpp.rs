@@ -365,7 +365,7 @@ fn llamacpp_server_killed_mid_stream_names_the_test_and_keeps_the_results_before
 }
 
 /// The per-run pp and tg t/s of llama-benchy's run at `depth` in its JSON report.
-fn benchy_values(v: &serde_json::Value, depth: u64) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn benchy_values(v: &serde_json::Value, depth: u64) -> (Vec<f64>, Vec<f64>) {
     let runs = v["benchmarks"]
         .as_array()
         .expect("llama-benchy JSON has `benchmarks`");
@@ -386,7 +386,7 @@ fn benchy_values(v: &serde_json::Value, depth: u64) -> (Vec<f64>, Vec<f64>) {
     (vals("pp_throughput"), vals("tg_throughput"))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {

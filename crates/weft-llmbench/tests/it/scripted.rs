@@ -1,6 +1,7 @@
 //! Against the scripted stand-in server (`weft_llmbench::scripted`): it measures weft itself
 //! and drives the error paths no real engine shows on demand.
 
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -409,4 +410,141 @@ fn scripted_prompt_counts_more_than_2_percent_apart_are_a_warning_and_agreeing_o
         same.warnings
     );
     assert_eq!(same.results[0].prompt_tokens.unwrap().mean, 300.0);
+}
+
+/// weft and llama-benchy against the scripted stand-in, which here measures the two clients
+/// (it imitates no engine): a known schedule, prompt processing at exactly
+/// 1 / `prefill_per_token` = 10,000 tokens/s (the first token `prompt tokens x 100 us` after
+/// the request arrived) and generation at 1 / `itl` = 200 tokens/s. Both tools count the same
+/// way here: the stand-in's usage for both counts, and the same word-level tokenizer for
+/// building prompts (no chat template: the stand-in counts message contents). Each tool's
+/// median pp and tg t/s over 5 runs must be within 5 % of the schedule, and the two within
+/// 5 % of each other: the exact check of issue 18's agreement, which the real servers on the
+/// shared build machine cannot show (docs/benchmarks.md).
+#[test]
+fn scripted_standin_known_schedule_weft_and_llama_benchy_within_5_percent_of_it_and_each_other() {
+    const PP: u64 = 2048;
+    const TG: u64 = 40;
+    const RUNS: u32 = 5;
+    let (per_token, itl) = (Duration::from_micros(100), Duration::from_millis(5));
+    let (want_pp, want_tg) = (1.0 / per_token.as_secs_f64(), 1.0 / itl.as_secs_f64());
+    let dir = tempfile::tempdir().unwrap();
+    let tok = dir.path().join("tokenizer");
+    std::fs::create_dir_all(&tok).unwrap();
+    std::fs::rename(
+        word_tokenizer(dir.path(), "WhitespaceSplit"),
+        tok.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        tok.join("tokenizer_config.json"),
+        r#"{"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}"#,
+    )
+    .unwrap();
+    let rt = rt();
+    let s = rt
+        .block_on(start(Script {
+            ttft: Duration::ZERO,
+            prefill_per_token: per_token,
+            itl,
+            ..Default::default()
+        }))
+        .unwrap();
+    // weft.
+    let counter = std::sync::Arc::new(
+        weft_llmbench::count::Counter::from_file(&tok.join("tokenizer.json")).unwrap(),
+    );
+    let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
+    let r = rt
+        .block_on(runner::run(
+            &c,
+            &plan(&[PP], &[TG], &[0], &[1], RUNS),
+            Corpus::words(),
+            Some(&counter),
+            &labels(),
+            &|_| {},
+        ))
+        .unwrap();
+    assert!(r.failure.is_none(), "{:?}", r.failure);
+    let mut w_pp: Vec<f64> = r.results[0].runs.iter().filter_map(|x| x.pp_tps).collect();
+    let mut w_tg: Vec<f64> = r.results[0].runs.iter().filter_map(|x| x.tg_tps).collect();
+    assert_eq!((w_pp.len(), w_tg.len()), (RUNS as usize, RUNS as usize));
+    // llama-benchy: its book comes from a cache file (no host is reachable), and the
+    // stand-in never says "Paris" (--skip-coherence).
+    let home = dir.path().join("home");
+    let url = "http://127.0.0.1:9/weft-prompt-text.txt";
+    let md5 = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())",
+            url,
+        ])
+        .output()
+        .expect("python3");
+    let md5 = String::from_utf8(md5.stdout).unwrap().trim().to_string();
+    let cache = home.join(".cache/llama-benchy");
+    std::fs::create_dir_all(&cache).unwrap();
+    let book = Corpus::words().text(&mut weft_llmbench::prompt::Rng::new(5), 20_000);
+    std::fs::write(cache.join(format!("{md5}.txt")), book).unwrap();
+    let out = dir.path().join("benchy.json");
+    let o = Command::new("python3")
+        .args(["-m", "llama_benchy", "--base-url"])
+        .arg(s.base_url())
+        .args(["--model", "scripted", "--tokenizer"])
+        .arg(&tok)
+        .args(["--book-url", url, "--skip-coherence", "--pp"])
+        .arg(PP.to_string())
+        .arg("--tg")
+        .arg(TG.to_string())
+        .args(["--depth", "0", "--runs"])
+        .arg(RUNS.to_string())
+        .args(["--format", "json", "--save-result"])
+        .arg(&out)
+        .env("HOME", &home)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("python3 -m llama_benchy (pip install llama-benchy)");
+    assert!(
+        o.status.success(),
+        "llama-benchy failed ({}): {}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (mut b_pp, mut b_tg) = crate::llamacpp::benchy_values(&v, 0);
+    assert_eq!(b_pp.len(), RUNS as usize);
+    eprintln!("weft pp {w_pp:.0?} tg {w_tg:.1?}\nllama-benchy pp {b_pp:.0?} tg {b_tg:.1?}");
+    let m = crate::llamacpp::median;
+    let (wp, wt, bp, bt) = (m(&mut w_pp), m(&mut w_tg), m(&mut b_pp), m(&mut b_tg));
+    eprintln!(
+        "schedule pp {want_pp:.0} tg {want_tg:.1}; medians weft pp {wp:.0} ({:+.2} %) tg {wt:.1} ({:+.2} %), \
+         llama-benchy pp {bp:.0} ({:+.2} %) tg {bt:.1} ({:+.2} %); weft/llama-benchy pp {:.4} tg {:.4}",
+        (wp / want_pp - 1.0) * 100.0,
+        (wt / want_tg - 1.0) * 100.0,
+        (bp / want_pp - 1.0) * 100.0,
+        (bt / want_tg - 1.0) * 100.0,
+        wp / bp,
+        wt / bt
+    );
+    let within = |got: f64, want: f64| (got / want - 1.0).abs() <= 0.05;
+    assert!(
+        within(wp, want_pp),
+        "weft pp {wp} vs the schedule's {want_pp}"
+    );
+    assert!(
+        within(wt, want_tg),
+        "weft tg {wt} vs the schedule's {want_tg}"
+    );
+    assert!(
+        within(bp, want_pp),
+        "llama-benchy pp {bp} vs the schedule's {want_pp}"
+    );
+    assert!(
+        within(bt, want_tg),
+        "llama-benchy tg {bt} vs the schedule's {want_tg}"
+    );
+    assert!(within(wp, bp), "pp: weft {wp} vs llama-benchy {bp}");
+    assert!(within(wt, bt), "tg: weft {wt} vs llama-benchy {bt}");
 }
