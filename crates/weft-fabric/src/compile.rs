@@ -56,7 +56,7 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
         if let Err(m) = conf::validate_name(&p.name) {
             errs.push(v(part_subject(&p.name), m));
         }
-        if p.name == "Default" {
+        if crate::alloc::is_reserved_name(&p.name) {
             errs.push(v(
                 part_subject(&p.name),
                 "`Default` is set by the [default] table".into(),
@@ -109,23 +109,20 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
     for p in &plan.partitions {
         let key = match p.pkey {
             Some(k) => Some(k),
-            None => {
-                while next < 0x7fff && used.contains_key(&next) {
-                    next += 1;
-                }
-                if next >= 0x7fff {
+            None => match crate::alloc::lowest_free_pkey(next, |k| used.contains_key(&k)) {
+                None => {
                     errs.push(v(
                         part_subject(&p.name),
                         "no free P_Key is left to allocate".into(),
                     ));
                     None
-                } else {
-                    used.insert(next, &p.name);
-                    let k = PKey::new(next).ok();
-                    next += 1;
-                    k
                 }
-            }
+                Some(k) => {
+                    used.insert(k.base(), &p.name);
+                    next = k.base() + 1;
+                    Some(k)
+                }
+            },
         };
         keys.push(key);
     }
