@@ -31,6 +31,7 @@
 
 mod apply;
 mod diag;
+pub mod master;
 mod owner;
 mod process;
 mod sm;
