@@ -389,10 +389,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             to,
             timeout_ms,
         } => {
-            let dsts = to
-                .split(',')
-                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let dsts = ipv4_list("address", &to)?;
             let r = facts::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
                 .context("DF probe (needs root or CAP_NET_RAW)")?;
             println!("{}", serde_json::to_string(&r)?);
@@ -403,10 +400,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             count,
             interval_us,
         } => {
-            let dsts = to
-                .split(',')
-                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let dsts = ipv4_list("address", &to)?;
             let r = weft_bench::loss::probe(
                 &dsts,
                 count,
@@ -424,14 +418,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             lifetime,
             untethered,
         } => {
-            let addrs = bind
-                .split(',')
-                .map(|a| {
-                    a.trim()
-                        .parse()
-                        .with_context(|| format!("--bind address {a:?}"))
-                })
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let addrs = ipv4_list("--bind address", &bind)?;
             let devs: Vec<Option<String>> = match &dev {
                 None => vec![None; addrs.len()],
                 Some(d) => d.split(',').map(|x| Some(x.trim().to_string())).collect(),
@@ -471,6 +458,14 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             Ok(EXIT_OK)
         }
     }
+}
+
+/// A comma-separated list of IPv4 addresses; an error names the one that is not
+/// (`what` says which flag it came from).
+fn ipv4_list(what: &str, list: &str) -> Result<Vec<std::net::Ipv4Addr>> {
+    list.split(',')
+        .map(|a| a.trim().parse().with_context(|| format!("{what} {a:?}")))
+        .collect()
 }
 
 /// Runs the p2p matrix: facts, servers, every ordered pair, analysis, table or JSON.
