@@ -33,7 +33,7 @@ use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
 use crate::model::{DriftState, DriftView};
-use crate::store::{AuditLine, Store};
+use crate::store::{AuditLine, Store, VerifiedDelivery};
 
 /// Everything that makes the loop look at the desired state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -945,14 +945,14 @@ async fn reconcile_once(
                 .await;
             }
             let r = tokio::task::spawn_blocking(move || {
-                s.mark_applied(
+                let delivered = VerifiedDelivery {
                     generation,
-                    &d.checksum,
-                    &d.conf,
-                    &detail,
-                    warning.as_deref(),
-                    now(),
-                )
+                    checksum: &d.checksum,
+                    conf: &d.conf,
+                    detail: &detail,
+                    warning: warning.as_deref(),
+                };
+                s.mark_applied(&delivered, now())
             })
             .await;
             if !matches!(r, Ok(Ok(_))) {

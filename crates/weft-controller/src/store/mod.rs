@@ -136,6 +136,21 @@ pub struct ReportOutcome {
     pub desired_changed: bool,
 }
 
+/// A generation delivered to the SMs and verified on the ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifiedDelivery<'a> {
+    /// The desired generation it carries.
+    pub generation: i64,
+    /// Checksum of the file written.
+    pub checksum: &'a str,
+    /// The file written.
+    pub conf: &'a str,
+    /// What the delivery did, for the audit lines.
+    pub detail: &'a str,
+    /// What it could not verify (ports not on the fabric); kept on each operation.
+    pub warning: Option<&'a str>,
+}
+
 /// One line for the append-only audit log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuditLine<'a> {
@@ -245,19 +260,9 @@ pub trait Store: Send + Sync + 'static {
     fn desired(&self) -> Result<Desired>;
     /// What was last delivered and verified.
     fn applied(&self) -> Result<Applied>;
-    /// Marks `generation` delivered and verified: operations up to it are applied.
-    /// `warning` is what the delivery could not verify (ports not on the fabric); it is
-    /// kept on each operation.
-    #[allow(clippy::too_many_arguments)]
-    fn mark_applied(
-        &self,
-        generation: i64,
-        checksum: &str,
-        conf: &str,
-        detail: &str,
-        warning: Option<&str>,
-        now: u64,
-    ) -> Result<Vec<i64>>;
+    /// Marks a generation delivered and verified: operations up to it are applied; the
+    /// ids of those that were pending.
+    fn mark_applied(&self, delivered: &VerifiedDelivery<'_>, now: u64) -> Result<Vec<i64>>;
     /// Records a failed delivery of `generation` (operations stay pending; retried).
     fn mark_failed(&self, generation: i64, error: &str, now: u64) -> Result<()>;
     /// One operation.

@@ -18,6 +18,7 @@ use crate::model::{
 use crate::render::Desired;
 use crate::store::{
     Applied, AuditLine, Change, ReportOutcome, ReportedPort, Result, Store, StoreError,
+    VerifiedDelivery,
 };
 
 mod audit;
@@ -300,16 +301,8 @@ impl Store for SqliteStore {
         self.tx(operations::applied)
     }
 
-    fn mark_applied(
-        &self,
-        generation: i64,
-        checksum: &str,
-        conf: &str,
-        detail: &str,
-        warning: Option<&str>,
-        now: u64,
-    ) -> Result<Vec<i64>> {
-        self.tx(|tx| operations::mark_applied(tx, generation, checksum, conf, detail, warning, now))
+    fn mark_applied(&self, delivered: &VerifiedDelivery<'_>, now: u64) -> Result<Vec<i64>> {
+        self.tx(|tx| operations::mark_applied(tx, delivered, now))
     }
 
     fn mark_failed(&self, generation: i64, error: &str, now: u64) -> Result<()> {

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::{audit, meta, meta_i64, secs, set_meta};
 use crate::model::{DriftView, OpState, OperationView, StatusView};
-use crate::store::{Applied, Result, StoreError};
+use crate::store::{Applied, Result, StoreError, VerifiedDelivery};
 
 pub(super) fn applied(tx: &Transaction) -> Result<Applied> {
     Ok(Applied {
@@ -17,13 +17,16 @@ pub(super) fn applied(tx: &Transaction) -> Result<Applied> {
 
 pub(super) fn mark_applied(
     tx: &Transaction,
-    generation: i64,
-    checksum: &str,
-    conf: &str,
-    detail: &str,
-    warning: Option<&str>,
+    delivered: &VerifiedDelivery<'_>,
     now: u64,
 ) -> Result<Vec<i64>> {
+    let VerifiedDelivery {
+        generation,
+        checksum,
+        conf,
+        detail,
+        warning,
+    } = *delivered;
     if generation > meta_i64(tx, "applied_generation")? {
         set_meta(tx, "applied_generation", &generation.to_string())?;
     }
