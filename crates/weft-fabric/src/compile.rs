@@ -579,23 +579,7 @@ fn count_entries(
     if default {
         return;
     }
-    let ports: Vec<Guid> = match s {
-        Selector::Guid(g) => vec![*g],
-        Selector::SelfPort => inv.sm_port_guid.into_iter().collect(),
-        Selector::All => inv.ports.iter().map(|p| p.port_guid).collect(),
-        Selector::AllCas => of_type(inv, NodeType::Ca),
-        Selector::AllSwitches => of_type(inv, NodeType::Switch),
-        Selector::AllRouters => of_type(inv, NodeType::Router),
-    };
-    for g in ports {
+    for g in crate::tables::selected_ports(s, inv) {
         *entries.entry(g).or_default() += 1;
     }
-}
-
-fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
-    inv.ports
-        .iter()
-        .filter(|p| p.node_type == t)
-        .map(|p| p.port_guid)
-        .collect()
 }
