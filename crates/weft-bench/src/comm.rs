@@ -6,7 +6,6 @@
 //! buffer `A`; in-place, the input is in `B` where NCCL expects it (all-gather: this rank's piece
 //! of `B`; reduce-scatter: the output is this rank's piece of `B`). `T` is scratch.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -81,24 +80,7 @@ impl Coll {
     }
 }
 
-impl From<Coll> for String {
-    fn from(c: Coll) -> String {
-        c.name().to_string()
-    }
-}
-
-impl TryFrom<String> for Coll {
-    type Error = String;
-    fn try_from(s: String) -> Result<Coll, String> {
-        s.parse()
-    }
-}
-
-impl fmt::Display for Coll {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
+crate::dtype::by_name!(Coll);
 
 impl FromStr for Coll {
     type Err = String;
@@ -418,20 +400,12 @@ impl Comm {
         let comm = self.send[peer];
         let mh = self.regions[b as usize].mh_send[peer];
         let ptr = self.ptr(b, off);
-        let deadline = Instant::now() + self.timeout;
-        let req = loop {
+        self.post(
+            || format!("isend of {len} B to rank {peer}"),
             // SAFETY: the range is in a registered buffer and is neither written nor freed
             // until this ticket completes (wait/wait_all before anything touches it).
-            if let Some(r) = unsafe { self.plugin.isend(comm, ptr, len, mh)? } {
-                break r;
-            }
-            self.progress()?;
-            if Instant::now() > deadline {
-                return Err(self.timed_out(&format!("isend of {len} B to rank {peer}")));
-            }
-        };
-        self.tickets.push(Some(req));
-        Ok(self.tickets.len() - 1)
+            |plugin| unsafe { plugin.isend(comm, ptr, len, mh) },
+        )
     }
 
     fn irecv(&mut self, peer: usize, b: Buf, off: usize, len: usize) -> Result<usize, BenchError> {
@@ -439,15 +413,29 @@ impl Comm {
         let comm = self.recv[peer];
         let mh = self.regions[b as usize].mh_recv[peer];
         let ptr = self.ptr(b, off);
+        self.post(
+            || format!("irecv of {len} B from rank {peer}"),
+            // SAFETY: as in `isend`; nothing reads or writes the range until the ticket is done.
+            |plugin| unsafe { plugin.irecv(comm, ptr, len, mh) },
+        )
+    }
+
+    /// Posts a request with `try_post` until the plugin takes it (it answers "not yet"
+    /// while it cannot), progressing the other requests meanwhile, bounded by the
+    /// communicator's timeout; the posted request's ticket. `what` names it in the error.
+    fn post(
+        &mut self,
+        what: impl Fn() -> String,
+        mut try_post: impl FnMut(&Plugin) -> Result<Option<crate::net::Request>, BenchError>,
+    ) -> Result<usize, BenchError> {
         let deadline = Instant::now() + self.timeout;
         let req = loop {
-            // SAFETY: as in `isend`; nothing reads or writes the range until the ticket is done.
-            if let Some(r) = unsafe { self.plugin.irecv(comm, ptr, len, mh)? } {
+            if let Some(r) = try_post(&self.plugin)? {
                 break r;
             }
             self.progress()?;
             if Instant::now() > deadline {
-                return Err(self.timed_out(&format!("irecv of {len} B from rank {peer}")));
+                return Err(self.timed_out(&what()));
             }
         };
         self.tickets.push(Some(req));

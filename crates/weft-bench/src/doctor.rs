@@ -706,21 +706,14 @@ fn clock_check(ok: &[(usize, Gathered)], names: &[String], o: &DoctorOptions, ou
         let beyond = (g.offset_ns.abs() - g.uncertainty_ns).max(0);
         let ms = beyond as f64 / 1e6;
         let max = o.max_skew.as_secs_f64() * 1e3;
-        if ms > 10.0 * max {
+        if ms > max {
+            let level = if ms > 10.0 * max {
+                Level::Fail
+            } else {
+                Level::Warn
+            };
             out.add(
-                Level::Fail,
-                &names[*i],
-                "clock",
-                None,
-                format!(
-                    "clock is {:.0} ms off this machine's",
-                    g.offset_ns as f64 / 1e6
-                ),
-                Some("run chrony or systemd-timesyncd on every host".into()),
-            );
-        } else if ms > max {
-            out.add(
-                Level::Warn,
+                level,
                 &names[*i],
                 "clock",
                 None,

@@ -2,11 +2,36 @@
 //! writes and the expected results computed in higher precision (f64 for floats, wrapping
 //! 128-bit integers for integers).
 
-use std::fmt;
 use std::str::FromStr;
 
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
+
+/// The string forms of an enum named by its `name()` (nccl-tests' names): `Display`, and
+/// `String` both ways for serde (`into`/`try_from`), parsing through its `FromStr`.
+macro_rules! by_name {
+    ($t:ty) => {
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.name().to_string()
+            }
+        }
+
+        impl TryFrom<String> for $t {
+            type Error = String;
+            fn try_from(s: String) -> Result<$t, String> {
+                s.parse()
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+    };
+}
+pub(crate) use by_name;
 
 /// An element type, named as nccl-tests names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,24 +100,7 @@ impl DataType {
     }
 }
 
-impl From<DataType> for String {
-    fn from(d: DataType) -> String {
-        d.name().to_string()
-    }
-}
-
-impl TryFrom<String> for DataType {
-    type Error = String;
-    fn try_from(s: String) -> Result<DataType, String> {
-        s.parse()
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
+by_name!(DataType);
 
 impl FromStr for DataType {
     type Err = String;
@@ -139,24 +147,7 @@ impl RedOp {
     }
 }
 
-impl From<RedOp> for String {
-    fn from(o: RedOp) -> String {
-        o.name().to_string()
-    }
-}
-
-impl TryFrom<String> for RedOp {
-    type Error = String;
-    fn try_from(s: String) -> Result<RedOp, String> {
-        s.parse()
-    }
-}
-
-impl fmt::Display for RedOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
+by_name!(RedOp);
 
 impl FromStr for RedOp {
     type Err = String;

@@ -1,13 +1,137 @@
 //! Starting the ranks of a collectives run: each rank's interfaces from the doctor's one
-//! selection ([`rank_env`]), and the ranks started on their hosts and waited for, bounded
-//! ([`run_ranks`]). The binary only parses flags and prints what this returns.
+//! selection ([`rank_env`], over the facts gathered on every host by
+//! [`remote_rank_env`]; loopback for local ranks, [`local_rank_env`]), the environment
+//! every rank inherits ([`passed_env`]), each rank's command line ([`rank_commands`]), and
+//! the ranks started on their hosts and waited for, bounded ([`run_ranks`]). The binary
+//! only parses flags and prints what this returns.
 
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Instant;
 
 use crate::BenchError;
-use crate::facts::{self, Roles};
+use crate::facts::{self, HostFacts, Roles};
+use crate::remote::{self, Remote};
 use crate::runner::{HostRunner, kill_group, wait_until};
+
+/// Environment variables for one process, in order.
+pub type Env = Vec<(String, String)>;
+
+/// The port a rendezvous over SSH listens on by default, on the first host.
+pub const RENDEZVOUS_PORT: u16 = 29600;
+
+/// The rendezvous address when none is given: the first host's name at
+/// [`RENDEZVOUS_PORT`] when the ranks are reached over SSH; `None` otherwise (a runner
+/// like `ip netns exec` has no name that the other ranks can dial).
+pub fn default_rendezvous(first: &dyn HostRunner) -> Option<String> {
+    (first.kind() == "ssh").then(|| format!("{}:{RENDEZVOUS_PORT}", first.name()))
+}
+
+/// What every rank inherits from the launcher's environment: the `WEFT_*` and `NCCL_*`
+/// variables, but not `WEFT_CONFIG` (the launcher's file) nor the interface variables,
+/// which are each rank's own.
+pub fn passed_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    vars.into_iter()
+        .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
+        .filter(|(k, _)| k != "WEFT_CONFIG" && k != "WEFT_MGMT_IFNAME" && k != "WEFT_DATA_IFNAME")
+        .collect()
+}
+
+/// The interfaces of `n` ranks on this machine: loopback unless `--data-if`/`--mgmt-if`
+/// say otherwise (given as they are, in the plugin's syntax).
+pub fn local_rank_env(
+    n: usize,
+    data_if: Option<&str>,
+    mgmt_if: Option<&str>,
+) -> Vec<Vec<(String, String)>> {
+    let v = vec![
+        (
+            "WEFT_MGMT_IFNAME".to_string(),
+            mgmt_if.unwrap_or("=lo").to_string(),
+        ),
+        (
+            "WEFT_DATA_IFNAME".to_string(),
+            data_if.unwrap_or("=lo").to_string(),
+        ),
+    ];
+    vec![v; n]
+}
+
+/// The interfaces of each rank's host, by exact name: the facts gathered on every host
+/// (through `remote`), the roles doctor and p2p find from them (`--data-if`/`--mgmt-if`
+/// or the defaults), and [`rank_env`].
+pub fn remote_rank_env(
+    runners: &[Box<dyn HostRunner>],
+    remote: &Remote,
+    data_if: Option<&str>,
+    mgmt_if: Option<&str>,
+) -> Result<Vec<Vec<(String, String)>>, BenchError> {
+    let gathered = remote::gather_all(runners, remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = |what: &str, v: Option<&str>| v.map(|s| facts::parse_ifspec(what, s)).transpose();
+    let data_spec = spec("--data-if", data_if)?;
+    let mgmt_spec = spec("--mgmt-if", mgmt_if)?;
+    let all: Vec<&HostFacts> = gathered.iter().map(|g| &g.facts).collect();
+    let names: Vec<&str> = runners.iter().map(|r| r.name()).collect();
+    rank_env(
+        &names,
+        facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()),
+        mgmt_if,
+    )
+}
+
+/// What every rank runs: the `weft` binary, the worker's own flags, and its place in
+/// the run.
+#[derive(Debug, Clone)]
+pub struct RankCommand<'a> {
+    /// The `weft` binary where the ranks run.
+    pub exe: &'a str,
+    /// The flags of `weft bench collectives` that every rank gets (sizes, ops, ...).
+    pub worker_args: Vec<String>,
+    /// Rank 0's address.
+    pub rendezvous: &'a str,
+    /// The plugin to load, if one was found or given.
+    pub plugin: Option<&'a Path>,
+    /// Whether each rank is told its host's name (`--rank-name`), for the reports.
+    pub named: bool,
+}
+
+/// Each rank's command line and environment: `env` for all, with the rank's own
+/// interfaces (`per_rank`, in rank order) added.
+pub fn rank_commands(
+    runners: &[Box<dyn HostRunner>],
+    cmd: &RankCommand<'_>,
+    env: &[(String, String)],
+    per_rank: &[Vec<(String, String)>],
+) -> (Vec<Vec<String>>, Vec<Env>) {
+    let n = runners.len();
+    let mut argvs = Vec::with_capacity(n);
+    let mut envs = Vec::with_capacity(n);
+    for (rank, r) in runners.iter().enumerate() {
+        let mut e = env.to_vec();
+        e.extend(per_rank.get(rank).into_iter().flatten().cloned());
+        let mut argv = vec![cmd.exe.to_string()];
+        argv.extend(cmd.worker_args.iter().cloned());
+        argv.extend([
+            "--rank".into(),
+            rank.to_string(),
+            "--nranks".into(),
+            n.to_string(),
+            "--rendezvous".into(),
+            cmd.rendezvous.to_string(),
+        ]);
+        if let Some(p) = cmd.plugin {
+            argv.extend(["--plugin".into(), p.display().to_string()]);
+        }
+        if cmd.named {
+            argv.extend(["--rank-name".into(), r.name().to_string()]);
+        }
+        argvs.push(argv);
+        envs.push(e);
+    }
+    (argvs, envs)
+}
 
 /// `WEFT_DATA_IFNAME` and `WEFT_MGMT_IFNAME` for each rank's host, by exact name, from the
 /// roles doctor and p2p find (`roles`, one per host, in rank order). A host without a data
@@ -132,6 +256,55 @@ pub fn exit_code(ends: &[RankEnd]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_rank_gets_its_place_its_interfaces_and_the_launchers_weft_and_nccl_variables() {
+        let vars = [
+            ("WEFT_BACKEND", "ofi"),
+            ("NCCL_DEBUG", "INFO"),
+            ("WEFT_CONFIG", "/etc/weft.toml"),
+            ("WEFT_DATA_IFNAME", "eth9"),
+            ("HOME", "/root"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let env = passed_env(vars);
+        assert_eq!(
+            env,
+            [
+                ("WEFT_BACKEND".to_string(), "ofi".to_string()),
+                ("NCCL_DEBUG".to_string(), "INFO".to_string())
+            ]
+        );
+        let runners: Vec<Box<dyn HostRunner>> = vec![
+            Box::new(crate::runner::Local),
+            Box::new(crate::runner::Local),
+        ];
+        assert_eq!(default_rendezvous(runners[0].as_ref()), None);
+        let per_rank = local_rank_env(2, Some("=veth1"), None);
+        assert_eq!(
+            per_rank[1],
+            [
+                ("WEFT_MGMT_IFNAME".to_string(), "=lo".to_string()),
+                ("WEFT_DATA_IFNAME".to_string(), "=veth1".to_string())
+            ]
+        );
+        let plugin = Path::new("/opt/libnccl-net-weft.so");
+        let cmd = RankCommand {
+            exe: "/usr/bin/weft",
+            worker_args: vec!["bench".into(), "collectives".into()],
+            rendezvous: "10.0.0.1:29600",
+            plugin: Some(plugin),
+            named: true,
+        };
+        let (argvs, envs) = rank_commands(&runners, &cmd, &env, &per_rank);
+        assert_eq!(
+            argvs[1].join(" "),
+            "/usr/bin/weft bench collectives --rank 1 --nranks 2 --rendezvous 10.0.0.1:29600 \
+             --plugin /opt/libnccl-net-weft.so --rank-name local"
+        );
+        assert_eq!(envs[0].len(), 4);
+        assert_eq!(envs[0][3].1, "=veth1");
+    }
 
     #[test]
     fn rank_zero_decides_unless_a_rank_failed_its_environment() {

@@ -107,11 +107,7 @@ pub fn df_probe_one(
     if targets.is_empty() {
         return Ok(Vec::new());
     }
-    let to = targets
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let to = comma_list(targets);
     let args = vec![
         "df-probe".into(),
         "--payload".into(),
@@ -138,11 +134,7 @@ pub fn loss_probe_one(
     if targets.is_empty() {
         return Ok(Vec::new());
     }
-    let to = targets
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let to = comma_list(targets);
     let args = vec![
         "loss-probe".into(),
         "--to".into(),
@@ -319,4 +311,13 @@ pub fn p2p_matrix(
     }
     stop(&mut servers);
     Ok(pairs)
+}
+
+/// `a,b,c`: the addresses as the probe commands' `--to` takes them.
+fn comma_list(targets: &[Ipv4Addr]) -> String {
+    targets
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -33,7 +33,7 @@ use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
 use crate::model::{DriftState, DriftView};
-use crate::store::Store;
+use crate::store::{AuditLine, Store, VerifiedDelivery};
 
 /// Everything that makes the loop look at the desired state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -571,7 +571,15 @@ async fn adopt_held(store: &Arc<dyn Store>, fabric: &Arc<dyn Fabric>) {
             tracing::error!(error = %e, "adopt failed");
             let s = store.clone();
             let _ = tokio::task::spawn_blocking(move || {
-                s.audit_append("controller", "adopt", "fabric", "failed", &e, now())
+                let line = AuditLine {
+                    actor: "controller",
+                    action: "adopt",
+                    subject: "fabric",
+                    outcome: "failed",
+                    detail: &e,
+                    ..AuditLine::default()
+                };
+                s.audit_append(&line, now())
             })
             .await;
         }
@@ -694,7 +702,15 @@ async fn check_drift(
         };
         let s = store.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            s.audit_append("controller", "drift", "fabric", outcome, &detail, now())
+            let line = AuditLine {
+                actor: "controller",
+                action: "drift",
+                subject: "fabric",
+                outcome,
+                detail: &detail,
+                ..AuditLine::default()
+            };
+            s.audit_append(&line, now())
         })
         .await;
     }
@@ -710,14 +726,20 @@ async fn note_interrupted(store: &Arc<dyn Store>) {
     let _ = tokio::task::spawn_blocking(move || {
         let pending = s.operations(true)?;
         for op in pending.iter().rev() {
-            s.audit_append(
-                "controller",
-                "recover",
-                &format!("operation {}", op.id),
-                "pending",
-                &format!("the controller (re)started with `{}` not yet verified on the fabric; delivering generation {} again", op.action, op.generation),
-                now(),
-            )?;
+            let subject = format!("operation {}", op.id);
+            let detail = format!(
+                "the controller (re)started with `{}` not yet verified on the fabric; delivering generation {} again",
+                op.action, op.generation
+            );
+            let line = AuditLine {
+                actor: "controller",
+                action: "recover",
+                subject: &subject,
+                outcome: "pending",
+                detail: &detail,
+                ..AuditLine::default()
+            };
+            s.audit_append(&line, now())?;
         }
         Ok::<_, crate::store::StoreError>(())
     })
@@ -764,14 +786,16 @@ async fn note_left_out(
     let s = store.clone();
     let _ = tokio::task::spawn_blocking(move || {
         for (name, outcome, detail) in lines {
-            s.audit_append(
-                "controller",
-                "sm",
-                &format!("sm {name}"),
+            let subject = format!("sm {name}");
+            let line = AuditLine {
+                actor: "controller",
+                action: "sm",
+                subject: &subject,
                 outcome,
-                &detail,
-                now(),
-            )?;
+                detail: &detail,
+                ..AuditLine::default()
+            };
+            s.audit_append(&line, now())?;
         }
         Ok::<_, crate::store::StoreError>(())
     })
@@ -907,27 +931,28 @@ async fn reconcile_once(
                 let line =
                     format!("generation {generation} written over the master's file; it {removed}");
                 let _ = tokio::task::spawn_blocking(move || {
-                    s2.audit_with_diff(
-                        "controller",
-                        "deliver",
-                        &format!("generation {generation}"),
-                        &diff,
-                        "written",
-                        &line,
-                        now(),
-                    )
+                    let subject = format!("generation {generation}");
+                    let line = AuditLine {
+                        actor: "controller",
+                        action: "deliver",
+                        subject: &subject,
+                        diff: &diff,
+                        outcome: "written",
+                        detail: &line,
+                    };
+                    s2.audit_append(&line, now())
                 })
                 .await;
             }
             let r = tokio::task::spawn_blocking(move || {
-                s.mark_applied(
+                let delivered = VerifiedDelivery {
                     generation,
-                    &d.checksum,
-                    &d.conf,
-                    &detail,
-                    warning.as_deref(),
-                    now(),
-                )
+                    checksum: &d.checksum,
+                    conf: &d.conf,
+                    detail: &detail,
+                    warning: warning.as_deref(),
+                };
+                s.mark_applied(&delivered, now())
             })
             .await;
             if !matches!(r, Ok(Ok(_))) {

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::conf::{self, Conf, Flags, Member, Partition, Selector};
+use crate::conf::{self, Conf, Flags, GroupOptions, Member, Partition, Selector};
 use crate::plan::{DefaultPolicy, Plan};
 use crate::types::{Guid, Inventory, Membership, NodeType, PKey, node_matches};
 
@@ -56,7 +56,7 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
         if let Err(m) = conf::validate_name(&p.name) {
             errs.push(v(part_subject(&p.name), m));
         }
-        if p.name == "Default" {
+        if crate::alloc::is_reserved_name(&p.name) {
             errs.push(v(
                 part_subject(&p.name),
                 "`Default` is set by the [default] table".into(),
@@ -81,7 +81,7 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
                 ));
             }
         }
-        check_options(&part_subject(&p.name), &options_of(p), &mut errs);
+        check_options(&part_subject(&p.name), &p.options(), &p.mcast, &mut errs);
         check_mcast(
             &part_subject(&p.name),
             &p.mcast,
@@ -99,7 +99,8 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
     );
     check_options(
         "partition `Default`",
-        &default_options(&plan.default),
+        &plan.default.options(),
+        &plan.default.mcast,
         &mut errs,
     );
 
@@ -109,23 +110,20 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
     for p in &plan.partitions {
         let key = match p.pkey {
             Some(k) => Some(k),
-            None => {
-                while next < 0x7fff && used.contains_key(&next) {
-                    next += 1;
-                }
-                if next >= 0x7fff {
+            None => match crate::alloc::lowest_free_pkey(next, |k| used.contains_key(&k)) {
+                None => {
                     errs.push(v(
                         part_subject(&p.name),
                         "no free P_Key is left to allocate".into(),
                     ));
                     None
-                } else {
-                    used.insert(next, &p.name);
-                    let k = PKey::new(next).ok();
-                    next += 1;
-                    k
                 }
-            }
+                Some(k) => {
+                    used.insert(k.base(), &p.name);
+                    next = k.base() + 1;
+                    Some(k)
+                }
+            },
         };
         keys.push(key);
     }
@@ -240,7 +238,7 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
         &mut partitions,
         "Default",
         PKey::DEFAULT,
-        flags_of(&default_options(d), d.ipoib),
+        flags_of(d.options(), d.ipoib),
         default_members,
         d.mcast.clone(),
     );
@@ -302,7 +300,7 @@ pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, V
                 &mut partitions,
                 &p.name,
                 *key,
-                flags_of(&options_of(p), p.ipoib),
+                flags_of(p.options(), p.ipoib),
                 members,
                 p.mcast.clone(),
             );
@@ -386,57 +384,13 @@ fn port_subject(g: Guid, inventory: Option<&Inventory>) -> String {
     }
 }
 
-/// Multicast options as the plan holds them.
-struct Options {
-    mtu: Option<u8>,
-    rate: Option<u8>,
-    sl: Option<u8>,
-    scope: Option<u8>,
-    qkey: Option<u32>,
-    tclass: Option<u8>,
-    flow_label: Option<u32>,
-    mcast: Vec<conf::McastGroup>,
-}
-
-fn options_of(p: &crate::plan::PlanPartition) -> Options {
-    Options {
-        mtu: p.mtu,
-        rate: p.rate,
-        sl: p.sl,
-        scope: p.scope,
-        qkey: p.qkey,
-        tclass: p.tclass,
-        flow_label: p.flow_label,
-        mcast: p.mcast.clone(),
-    }
-}
-
-fn default_options(d: &crate::plan::DefaultPartition) -> Options {
-    Options {
-        mtu: d.mtu,
-        rate: d.rate,
-        sl: d.sl,
-        scope: d.scope,
-        qkey: d.qkey,
-        tclass: d.tclass,
-        flow_label: d.flow_label,
-        mcast: d.mcast.clone(),
-    }
-}
-
-fn flags_of(o: &Options, ipoib: bool) -> Flags {
-    Flags {
-        indx0: false,
+fn flags_of(o: GroupOptions, ipoib: bool) -> Flags {
+    let mut f = Flags {
         ipoib,
-        mtu: o.mtu,
-        rate: o.rate,
-        sl: o.sl,
-        scope: o.scope,
-        qkey: o.qkey,
-        tclass: o.tclass,
-        flow_label: o.flow_label,
-        defmember: None,
-    }
+        ..Flags::default()
+    };
+    f.set_options(o);
+    f
 }
 
 /// Groups OpenSM would drop without a word ([`crate::mgid_refusal`]) are refused.
@@ -461,7 +415,12 @@ fn check_mcast(
     }
 }
 
-fn check_options(subject: &str, o: &Options, errs: &mut Vec<Violation>) {
+fn check_options(
+    subject: &str,
+    o: &GroupOptions,
+    mcast: &[conf::McastGroup],
+    errs: &mut Vec<Violation>,
+) {
     let mut check = |what: &str, val: Option<u64>, min: u64, max: u64| {
         if let Some(x) = val
             && !(min..=max).contains(&x)
@@ -472,25 +431,19 @@ fn check_options(subject: &str, o: &Options, errs: &mut Vec<Violation>) {
             ));
         }
     };
-    let groups = std::iter::once((String::new(), o.mtu, o.rate, o.sl, o.scope, o.flow_label))
-        .chain(o.mcast.iter().map(|g| {
-            (
-                format!("mgid {}: ", g.mgid),
-                g.mtu,
-                g.rate,
-                g.sl,
-                g.scope,
-                g.flow_label,
-            )
-        }));
-    for (prefix, mtu, rate, sl, scope, flow) in groups {
-        check(&format!("{prefix}mtu"), mtu.map(u64::from), 1, 5);
-        check(&format!("{prefix}rate"), rate.map(u64::from), 2, 18);
-        check(&format!("{prefix}sl"), sl.map(u64::from), 0, 15);
-        check(&format!("{prefix}scope"), scope.map(u64::from), 1, 15);
+    let groups = std::iter::once((String::new(), *o)).chain(
+        mcast
+            .iter()
+            .map(|g| (format!("mgid {}: ", g.mgid), g.options())),
+    );
+    for (prefix, o) in groups {
+        check(&format!("{prefix}mtu"), o.mtu.map(u64::from), 1, 5);
+        check(&format!("{prefix}rate"), o.rate.map(u64::from), 2, 18);
+        check(&format!("{prefix}sl"), o.sl.map(u64::from), 0, 15);
+        check(&format!("{prefix}scope"), o.scope.map(u64::from), 1, 15);
         check(
             &format!("{prefix}flow_label"),
-            flow.map(u64::from),
+            o.flow_label.map(u64::from),
             0,
             0xfffff,
         );
@@ -626,23 +579,7 @@ fn count_entries(
     if default {
         return;
     }
-    let ports: Vec<Guid> = match s {
-        Selector::Guid(g) => vec![*g],
-        Selector::SelfPort => inv.sm_port_guid.into_iter().collect(),
-        Selector::All => inv.ports.iter().map(|p| p.port_guid).collect(),
-        Selector::AllCas => of_type(inv, NodeType::Ca),
-        Selector::AllSwitches => of_type(inv, NodeType::Switch),
-        Selector::AllRouters => of_type(inv, NodeType::Router),
-    };
-    for g in ports {
+    for g in crate::tables::selected_ports(s, inv) {
         *entries.entry(g).or_default() += 1;
     }
-}
-
-fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
-    inv.ports
-        .iter()
-        .filter(|p| p.node_type == t)
-        .map(|p| p.port_guid)
-        .collect()
 }

@@ -86,6 +86,58 @@ pub struct Flags {
     pub defmember: Option<Membership>,
 }
 
+/// The seven options that a partition statement's header ([`Flags`]), an `mgid=` group
+/// ([`McastGroup`]) and a plan's partitions ([`crate::PlanPartition`],
+/// [`crate::DefaultPartition`]) all carry under the same names; copied between them
+/// through `options()` and `set_options()` rather than field by field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct GroupOptions {
+    pub mtu: Option<u8>,
+    pub rate: Option<u8>,
+    pub sl: Option<u8>,
+    pub scope: Option<u8>,
+    pub qkey: Option<u32>,
+    pub tclass: Option<u8>,
+    pub flow_label: Option<u32>,
+}
+
+/// `options()` and `set_options()` for each type that has [`GroupOptions`]' fields.
+macro_rules! group_options {
+    ($($t:ty),*) => {$(
+        impl $t {
+            /// Its [`GroupOptions`].
+            pub(crate) fn options(&self) -> GroupOptions {
+                GroupOptions {
+                    mtu: self.mtu,
+                    rate: self.rate,
+                    sl: self.sl,
+                    scope: self.scope,
+                    qkey: self.qkey,
+                    tclass: self.tclass,
+                    flow_label: self.flow_label,
+                }
+            }
+
+            /// Sets every one of its [`GroupOptions`].
+            pub(crate) fn set_options(&mut self, o: GroupOptions) {
+                self.mtu = o.mtu;
+                self.rate = o.rate;
+                self.sl = o.sl;
+                self.scope = o.scope;
+                self.qkey = o.qkey;
+                self.tclass = o.tclass;
+                self.flow_label = o.flow_label;
+            }
+        }
+    )*};
+}
+group_options!(
+    Flags,
+    McastGroup,
+    crate::plan::PlanPartition,
+    crate::plan::DefaultPartition
+);
+
 /// Which ports a specifier names. `NONE` and an empty list name no ports.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1150,16 +1202,8 @@ fn render_partition(out: &mut String, p: &Partition) {
     if f.ipoib {
         out.push_str(",ipoib");
     }
-    let as_group = McastGroup {
-        mgid: Gid(Ipv6Addr::UNSPECIFIED),
-        mtu: f.mtu,
-        rate: f.rate,
-        sl: f.sl,
-        scope: f.scope,
-        qkey: f.qkey,
-        tclass: f.tclass,
-        flow_label: f.flow_label,
-    };
+    let mut as_group = McastGroup::new(Gid(Ipv6Addr::UNSPECIFIED));
+    as_group.set_options(f.options());
     render_group_flags(out, &as_group);
     if let Some(m) = f.defmember {
         let _ = write!(out, ",defmember={m}");

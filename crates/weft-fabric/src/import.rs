@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::conf::{self, Conf, Flags, Member, ParseError, Selector, Span};
+use crate::conf::{self, Conf, GroupOptions, Member, ParseError, Selector, Span};
 use crate::plan::{DefaultPartition, DefaultPolicy, Group, Plan, PlanMember, PlanPartition};
 use crate::types::{Guid, Membership, PKey};
 
@@ -79,32 +79,6 @@ fn at(line: usize, column: usize, message: String) -> ParseError {
     }
 }
 
-/// The options of a statement a plan holds once per partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Options {
-    mtu: Option<u8>,
-    rate: Option<u8>,
-    sl: Option<u8>,
-    scope: Option<u8>,
-    qkey: Option<u32>,
-    tclass: Option<u8>,
-    flow_label: Option<u32>,
-}
-
-impl Options {
-    fn of(f: &Flags) -> Options {
-        Options {
-            mtu: f.mtu,
-            rate: f.rate,
-            sl: f.sl,
-            scope: f.scope,
-            qkey: f.qkey,
-            tclass: f.tclass,
-            flow_label: f.flow_label,
-        }
-    }
-}
-
 fn to_member(m: &Member, defmember: Option<Membership>, indx0: bool) -> PlanMember {
     let ms = m.membership.or(defmember).unwrap_or(Membership::Limited);
     let mut pm = match &m.selector {
@@ -133,7 +107,7 @@ fn describe(m: &PlanMember) -> String {
 
 /// A partition being assembled from its statements.
 struct Building {
-    options: Options,
+    options: GroupOptions,
     options_line: usize,
     ipoib: bool,
     members: Vec<PlanMember>,
@@ -142,7 +116,7 @@ struct Building {
 }
 
 impl Building {
-    fn new(options: Options, line: usize) -> Building {
+    fn new(options: GroupOptions, line: usize) -> Building {
         Building {
             options,
             options_line: line,
@@ -162,7 +136,7 @@ impl Building {
         notes: &mut Vec<ParseError>,
         errs: &mut Vec<ParseError>,
     ) {
-        let opts = Options::of(&p.flags);
+        let opts = p.flags.options();
         if opts != self.options {
             errs.push(at(
                 span.line,
@@ -323,7 +297,7 @@ fn import_conf(
             if default_first.is_none() {
                 default_first = Some((p, i));
             }
-            let b = default.get_or_insert_with(|| Building::new(Options::of(&p.flags), span.line));
+            let b = default.get_or_insert_with(|| Building::new(p.flags.options(), span.line));
             if default_stmts > 1 {
                 notes.push(at(
                     span.line,
@@ -350,7 +324,7 @@ fn import_conf(
                 b.add(&p.name, p, span, &mut notes, &mut errs);
             }
             None => {
-                let mut b = Building::new(Options::of(&p.flags), span.line);
+                let mut b = Building::new(p.flags.options(), span.line);
                 b.add(&p.name, p, span, &mut notes, &mut errs);
                 parts.insert(key, b);
                 order.push((key, p.name.clone()));
@@ -407,8 +381,7 @@ fn import_conf(
                 ));
             }
             let custom = policy == DefaultPolicy::Custom;
-            let o = b.options;
-            DefaultPartition {
+            let mut d = DefaultPartition {
                 policy,
                 ipoib: b.ipoib,
                 members: if custom {
@@ -417,15 +390,11 @@ fn import_conf(
                     Vec::new()
                 },
                 membership: Membership::Full,
-                mtu: o.mtu,
-                rate: o.rate,
-                sl: o.sl,
-                scope: o.scope,
-                qkey: o.qkey,
-                tclass: o.tclass,
-                flow_label: o.flow_label,
                 mcast: std::mem::take(&mut b.mcast),
-            }
+                ..DefaultPartition::default()
+            };
+            d.set_options(b.options);
+            d
         }
     };
 
@@ -439,18 +408,11 @@ fn import_conf(
         };
         let tenant = opts.tenant_map.get(name).unwrap_or(name);
         let indx0 = b.indx0();
-        let o = b.options;
         let mut p = PlanPartition::new(name, tenant);
         p.pkey = Some(*key);
         p.ipoib = b.ipoib;
         p.indx0 = indx0;
-        p.mtu = o.mtu;
-        p.rate = o.rate;
-        p.sl = o.sl;
-        p.scope = o.scope;
-        p.qkey = o.qkey;
-        p.tclass = o.tclass;
-        p.flow_label = o.flow_label;
+        p.set_options(b.options);
         p.members = b.members;
         p.mcast = b.mcast;
         plan.partitions.push(p);

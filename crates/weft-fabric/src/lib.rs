@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod alloc;
 mod compile;
 pub mod conf;
 mod guard;
@@ -38,6 +39,7 @@ mod plan;
 mod tables;
 mod types;
 
+pub use alloc::{DEFAULT_PARTITION, is_reserved_name, lowest_free_pkey};
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
 pub use import::{ImportOptions, Imported, auto_keyed, keys_from_tables};

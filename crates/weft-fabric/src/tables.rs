@@ -136,14 +136,11 @@ pub fn expected_tables(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> E
                 .membership
                 .or(part.flags.defmember)
                 .unwrap_or(Membership::Limited);
-            let ports: Vec<Guid> = match &m.selector {
-                Selector::Guid(g) => index.contains_key(g).then_some(*g).into_iter().collect(),
-                Selector::SelfPort => sm.into_iter().collect(),
-                Selector::All => inventory.ports.iter().map(|p| p.port_guid).collect(),
-                Selector::AllCas => of_type(inventory, NodeType::Ca),
-                Selector::AllSwitches => of_type(inventory, NodeType::Switch),
-                Selector::AllRouters => of_type(inventory, NodeType::Router),
-            };
+            // Only ports of the inventory: a GUID it does not hold, or an SM port it does
+            // not list, is programmed nowhere.
+            let ports = selected_ports(&m.selector, inventory)
+                .into_iter()
+                .filter(|g| index.contains_key(g));
             for g in ports {
                 if membership != Membership::Limited {
                     add(&mut state, key.base(), g, true);
@@ -176,6 +173,19 @@ pub fn expected_tables(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> E
     ExpectedTables(out)
 }
 
+/// The ports `selector` names, by `inventory`: a GUID as it is, `SELF` the master SM's
+/// port, `ALL` every port and the other keywords every port of their node type.
+pub(crate) fn selected_ports(selector: &Selector, inventory: &Inventory) -> Vec<Guid> {
+    match selector {
+        Selector::Guid(g) => vec![*g],
+        Selector::SelfPort => inventory.sm_port_guid.into_iter().collect(),
+        Selector::All => inventory.ports.iter().map(|p| p.port_guid).collect(),
+        Selector::AllCas => of_type(inventory, NodeType::Ca),
+        Selector::AllSwitches => of_type(inventory, NodeType::Switch),
+        Selector::AllRouters => of_type(inventory, NodeType::Router),
+    }
+}
+
 fn of_type(inv: &Inventory, t: NodeType) -> Vec<Guid> {
     inv.ports
         .iter()
@@ -193,19 +203,13 @@ pub fn expected_index0(conf: &Conf, inventory: &Inventory, opts: SmOptions) -> B
     let tables = expected_tables(conf, inventory, opts);
     let keys = conf.effective_pkeys();
     let index: BTreeSet<Guid> = inventory.ports.iter().map(|p| p.port_guid).collect();
-    let sm = inventory.sm_port_guid.filter(|g| index.contains(g));
     let mut idx0: BTreeMap<Guid, u16> = BTreeMap::new();
     for (part, key) in conf.partitions.iter().zip(keys) {
         let Some(key) = key else { continue };
         for m in &part.members {
-            let ports: Vec<Guid> = match &m.selector {
-                Selector::Guid(g) => index.contains(g).then_some(*g).into_iter().collect(),
-                Selector::SelfPort => sm.into_iter().collect(),
-                Selector::All => inventory.ports.iter().map(|p| p.port_guid).collect(),
-                Selector::AllCas => of_type(inventory, NodeType::Ca),
-                Selector::AllSwitches => of_type(inventory, NodeType::Switch),
-                Selector::AllRouters => of_type(inventory, NodeType::Router),
-            };
+            let ports = selected_ports(&m.selector, inventory)
+                .into_iter()
+                .filter(|g| index.contains(g));
             for g in ports {
                 if part.flags.indx0 {
                     idx0.insert(g, key.base());

@@ -4,6 +4,9 @@
 
 use std::path::Path;
 
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{Rng as _, SeedableRng};
+
 use crate::LlmError;
 use crate::count::Counter;
 
@@ -20,21 +23,18 @@ pub struct Corpus {
     pub source: String,
 }
 
-/// A small deterministic generator (splitmix64): the same seed gives the same prompts.
+/// A small deterministic generator (SplitMix64, rand_xoshiro's): the same seed gives the
+/// same prompts.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(SplitMix64::seed_from_u64(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     pub fn below(&mut self, n: usize) -> usize {

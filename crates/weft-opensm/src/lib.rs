@@ -33,6 +33,7 @@
 
 mod apply;
 mod diag;
+pub mod master;
 mod owner;
 mod process;
 mod sm;

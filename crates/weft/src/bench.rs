@@ -389,10 +389,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             to,
             timeout_ms,
         } => {
-            let dsts = to
-                .split(',')
-                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let dsts = ipv4_list("address", &to)?;
             let r = facts::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
                 .context("DF probe (needs root or CAP_NET_RAW)")?;
             println!("{}", serde_json::to_string(&r)?);
@@ -403,10 +400,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             count,
             interval_us,
         } => {
-            let dsts = to
-                .split(',')
-                .map(|a| a.trim().parse().with_context(|| format!("address {a:?}")))
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let dsts = ipv4_list("address", &to)?;
             let r = weft_bench::loss::probe(
                 &dsts,
                 count,
@@ -424,14 +418,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             lifetime,
             untethered,
         } => {
-            let addrs = bind
-                .split(',')
-                .map(|a| {
-                    a.trim()
-                        .parse()
-                        .with_context(|| format!("--bind address {a:?}"))
-                })
-                .collect::<Result<Vec<std::net::Ipv4Addr>>>()?;
+            let addrs = ipv4_list("--bind address", &bind)?;
             let devs: Vec<Option<String>> = match &dev {
                 None => vec![None; addrs.len()],
                 Some(d) => d.split(',').map(|x| Some(x.trim().to_string())).collect(),
@@ -471,6 +458,14 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             Ok(EXIT_OK)
         }
     }
+}
+
+/// A comma-separated list of IPv4 addresses; an error names the one that is not
+/// (`what` says which flag it came from).
+fn ipv4_list(what: &str, list: &str) -> Result<Vec<std::net::Ipv4Addr>> {
+    list.split(',')
+        .map(|a| a.trim().parse().with_context(|| format!("{what} {a:?}")))
+        .collect()
 }
 
 /// Runs the p2p matrix: facts, servers, every ordered pair, analysis, table or JSON.
@@ -673,9 +668,12 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
                 extra.extend(["-o".to_string(), o.clone()]);
             }
             let r = parse_hosts_with(h, &a.via, &extra)?;
-            let rdv = match &a.rendezvous {
-                Some(x) => x.clone(),
-                None if r[0].kind() == "ssh" => format!("{}:29600", r[0].name()),
+            let rdv = match a
+                .rendezvous
+                .clone()
+                .or_else(|| launch::default_rendezvous(r[0].as_ref()))
+            {
+                Some(x) => x,
                 None => bail!(
                     "--rendezvous HOST:PORT is needed with --via {}",
                     r[0].kind()
@@ -708,53 +706,31 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
             )
         }
     };
-    let n = runners.len();
-    let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
-        .filter(|(k, _)| k != "WEFT_CONFIG")
-        .collect();
-    env.retain(|(k, _)| k != "WEFT_MGMT_IFNAME" && k != "WEFT_DATA_IFNAME");
+    let env = launch::passed_env(std::env::vars());
     // Each rank's interfaces: with --hosts the same selection as doctor and p2p, by name
     // on each host; local ranks use loopback unless told otherwise.
-    let per_rank: Vec<Vec<(String, String)>> = if a.hosts.is_some() {
-        rank_interfaces(a, &runners, &exe)?
+    let per_rank = if a.hosts.is_some() {
+        let remote = weft_bench::remote::Remote {
+            exe: exe.clone(),
+            timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
+        };
+        launch::remote_rank_env(
+            &runners,
+            &remote,
+            a.data_if.as_deref(),
+            a.mgmt_if.as_deref(),
+        )?
     } else {
-        let v = vec![
-            (
-                "WEFT_MGMT_IFNAME".to_string(),
-                a.mgmt_if.clone().unwrap_or_else(|| "=lo".into()),
-            ),
-            (
-                "WEFT_DATA_IFNAME".to_string(),
-                a.data_if.clone().unwrap_or_else(|| "=lo".into()),
-            ),
-        ];
-        vec![v; runners.len()]
+        launch::local_rank_env(runners.len(), a.data_if.as_deref(), a.mgmt_if.as_deref())
     };
-    let mut argvs = Vec::new();
-    let mut envs = Vec::new();
-    for (rank, r) in runners.iter().enumerate() {
-        let mut env = env.clone();
-        env.extend(per_rank[rank].iter().cloned());
-        let mut argv = vec![exe.clone()];
-        argv.extend(a.worker_args(json));
-        argv.extend([
-            "--rank".into(),
-            rank.to_string(),
-            "--nranks".into(),
-            n.to_string(),
-            "--rendezvous".into(),
-            rendezvous.clone(),
-        ]);
-        if let Some(p) = &plugin {
-            argv.extend(["--plugin".into(), p.display().to_string()]);
-        }
-        if a.hosts.is_some() {
-            argv.extend(["--rank-name".into(), r.name().to_string()]);
-        }
-        argvs.push(argv);
-        envs.push(env);
-    }
+    let cmd = launch::RankCommand {
+        exe: &exe,
+        worker_args: a.worker_args(json),
+        rendezvous: &rendezvous,
+        plugin: plugin.as_deref(),
+        named: a.hosts.is_some(),
+    };
+    let (argvs, envs) = launch::rank_commands(&runners, &cmd, &env, &per_rank);
     let ends = launch::run_ranks(&runners, &argvs, &envs, Instant::now() + timeout * 4)?;
     for (rank, e) in ends.iter().enumerate() {
         let who = runners[rank].name();
@@ -775,36 +751,6 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         }
     }
     Ok(launch::exit_code(&ends))
-}
-
-/// `WEFT_MGMT_IFNAME` and `WEFT_DATA_IFNAME` for each rank's host: the roles doctor and p2p
-/// find (`facts::roles`, from --data-if/--mgmt-if or the defaults), by exact name.
-fn rank_interfaces(
-    a: &CollArgs,
-    runners: &[Box<dyn HostRunner>],
-    exe: &str,
-) -> Result<Vec<Vec<(String, String)>>> {
-    let remote = weft_bench::remote::Remote {
-        exe: exe.to_string(),
-        timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
-    };
-    let gathered = weft_bench::remote::gather_all(runners, &remote)
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-    let spec = |what: &str, v: &Option<String>| {
-        v.as_deref()
-            .map(|s| facts::parse_ifspec(what, s))
-            .transpose()
-    };
-    let data_spec = spec("--data-if", &a.data_if)?;
-    let mgmt_spec = spec("--mgmt-if", &a.mgmt_if)?;
-    let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let names: Vec<&str> = runners.iter().map(|r| r.name()).collect();
-    Ok(launch::rank_env(
-        &names,
-        facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()),
-        a.mgmt_if.as_deref(),
-    )?)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {

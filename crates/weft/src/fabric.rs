@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Compiled, ImportOptions, Inventory, Plan, PortMismatch, Violation};
+use weft_opensm::master::{SyncState, SyncStatus};
 use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, SmHost, VerifyScope};
 
 use crate::config::{Config, FabricConfig};
@@ -328,68 +329,21 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
         } => import(fc, &file, strict, &tenant_map, live, as_json),
         FabricCommand::Status => {
             let a = applier(fc, None)?;
-            let master = a.diag.master_sm();
-            let master_index = master
-                .as_ref()
-                .ok()
-                .and_then(|g| a.sms.iter().position(|s| s.port_guid() == *g));
-            let states: Vec<_> = a.sm_states(master_index);
-            // Four different answers, never one for another: an SM that cannot be read is
-            // not "out of sync", and SMs that agree while none of them is master are not
-            // "in sync" (the fabric runs on some other SM's file).
-            let unreadable: Vec<String> = states
-                .iter()
-                .filter_map(|s| {
-                    s.error
-                        .as_ref()
-                        .map(|e| format!("cannot read SM `{}`: {e}", s.name))
-                })
-                .collect();
-            let readable: Vec<_> = states.iter().filter(|s| s.error.is_none()).collect();
-            let differ = readable.windows(2).any(|w| w[0].checksum != w[1].checksum)
-                || readable.iter().any(|s| s.checksum.is_none());
-            let (state, message, code) = if !unreadable.is_empty() {
-                (
-                    "unreadable",
-                    format!(
-                        "CANNOT READ: {}{}",
-                        unreadable.join("; "),
-                        if differ {
-                            "; the SMs that could be read differ too"
-                        } else {
-                            ""
-                        }
-                    ),
-                    crate::EXIT_ENVIRONMENT,
-                )
-            } else if differ {
-                (
-                    "differ",
-                    "OUT OF SYNC: the SMs hold different partition files".to_string(),
-                    EXIT_CHECK_FAILED,
-                )
-            } else if master_index.is_none() {
-                (
-                    "no_master",
-                    match &master {
-                        Ok(g) => format!(
-                            "NO CONFIGURED MASTER: the SMs agree, but the master is {g}, none of the configured SMs"
-                        ),
-                        Err(e) => format!(
-                            "NO CONFIGURED MASTER: the SMs agree, but the master cannot be read: {e}"
-                        ),
-                    },
-                    EXIT_CHECK_FAILED,
-                )
-            } else {
-                ("in_sync", "in sync".to_string(), EXIT_OK)
+            let SyncStatus {
+                sms: states,
+                state,
+                message,
+                owner,
+                ..
+            } = a.sync_status();
+            let code = match state {
+                SyncState::Unreadable => crate::EXIT_ENVIRONMENT,
+                SyncState::Differ | SyncState::NoMaster => EXIT_CHECK_FAILED,
+                SyncState::InSync => EXIT_OK,
             };
-            let in_sync = state == "in_sync";
-            // Who owns the file, and (when a controller is configured) what its drift
+            let in_sync = state == SyncState::InSync;
+            // When a controller owns the file (and one is configured), what its drift
             // check last found.
-            let owner = master_index
-                .and_then(|i| a.sms[i].read_partitions().ok().flatten())
-                .and_then(|b| weft_opensm::owner_of(&b));
             let drift = owner.as_ref().and_then(|_| controller_status(cfg));
             let (drift_json, drift_line, drifted) = match &drift {
                 Some(Ok(st)) => {
@@ -427,7 +381,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 json(&serde_json::json!({
                     "sms": states,
                     "in_sync": in_sync,
-                    "state": state,
+                    "state": state.as_str(),
                     "message": message,
                     "owner": owner,
                     "drift": drift_json,
@@ -655,12 +609,8 @@ fn applier(fc: &FabricConfig, timeouts: Option<&Timeouts>) -> Result<Applier> {
 
 /// The config the master SM holds now, parsed strictly.
 fn master_conf(a: &Applier, snapshot: &FabricSnapshot) -> Result<Conf> {
-    let master = snapshot.inventory.sm_port_guid;
     let sm = a
-        .sms
-        .iter()
-        .find(|s| Some(s.port_guid()) == master)
-        .or(a.sms.first())
+        .master_or_first(&snapshot.inventory)
         .context("no SM is configured (add [[fabric.sm]] to the config)")?;
     let bytes = sm
         .read_partitions()?

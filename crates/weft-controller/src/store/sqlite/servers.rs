@@ -1,0 +1,382 @@
+//! Servers and what their agents report: enrollment, agent secrets, port reports (with
+//! ownership and pending claims), heartbeats, claims, GPUs, and forgetting a server.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use weft_fabric::Guid;
+
+use super::groups::{group_of, need_server, read_desired};
+use super::operations::new_operation;
+use super::{audit, exists, guid_from_sql, guid_to_sql, secs};
+use crate::model::{ClaimView, Liveness, PortView, ReportAck, ServerView};
+use crate::render;
+use crate::store::{ReportOutcome, ReportedPort, Result, StoreError};
+
+pub(super) fn create_enrollment(
+    tx: &Transaction,
+    actor: &str,
+    hash: &str,
+    server: Option<&str>,
+    expires: u64,
+    now: u64,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO enrollments (hash, server, expires, created_by) VALUES (?1, ?2, ?3, ?4)",
+        params![hash, server, expires as i64, actor],
+    )?;
+    audit(
+        tx,
+        now,
+        actor,
+        "enrollment.create",
+        server.unwrap_or("any host"),
+        "",
+        "ok",
+        &format!("expires {expires}"),
+    )
+}
+
+pub(super) fn agent(tx: &Transaction, secret_hash: &str) -> Result<Option<String>> {
+    Ok(tx
+        .query_row(
+            "SELECT name FROM servers WHERE secret_hash = ?1",
+            [secret_hash],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
+pub(super) fn report(
+    tx: &Transaction,
+    server: &str,
+    ports: &[ReportedPort],
+    report_hash: &str,
+    now: u64,
+) -> Result<ReportOutcome> {
+    let previous: Option<String> = tx.query_row(
+        "SELECT report_hash FROM servers WHERE name = ?1",
+        [server],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "UPDATE servers SET last_seen = ?2, report_hash = ?3 WHERE name = ?1",
+        params![server, now as i64, report_hash],
+    )?;
+    let mut desired_changed = false;
+    if previous.as_deref() != Some(report_hash) {
+        let before = read_desired(tx)?;
+        let reported: Vec<i64> = ports.iter().map(|p| guid_to_sql(p.guid)).collect();
+        // Ports this server owned and no longer reports (an HCA removed or replaced).
+        let owned: Vec<i64> = tx
+            .prepare("SELECT guid FROM ports WHERE server = ?1")?
+            .query_map([server], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for g in owned.iter().filter(|g| !reported.contains(g)) {
+            tx.execute("DELETE FROM ports WHERE guid = ?1", [g])?;
+            audit(
+                tx,
+                now,
+                &format!("agent:{server}"),
+                "port.gone",
+                &guid_from_sql(*g).to_string(),
+                "",
+                "ok",
+                "no longer reported",
+            )?;
+        }
+        for p in ports {
+            match port_owner(tx, p.guid)? {
+                Some(o) if o != server => {
+                    let pending = tx
+                        .query_row(
+                            "SELECT 1 FROM claims WHERE guid = ?1 AND claimant = ?2 AND state = 'pending'",
+                            params![guid_to_sql(p.guid), server],
+                            |_| Ok(()),
+                        )
+                        .optional()?
+                        .is_some();
+                    if !pending {
+                        tx.execute(
+                            "INSERT INTO claims (guid, claimant, owner, state, created) VALUES (?1, ?2, ?3, 'pending', ?4)",
+                            params![guid_to_sql(p.guid), server, o, now as i64],
+                        )?;
+                        audit(
+                            tx,
+                            now,
+                            &format!("agent:{server}"),
+                            "claim.pending",
+                            &p.guid.to_string(),
+                            "",
+                            "pending",
+                            &format!("owned by `{o}`; needs an admin's approval"),
+                        )?;
+                    }
+                }
+                Some(_) => {
+                    tx.execute(
+                        "UPDATE ports SET device = ?2, num = ?3, lid = ?4, state = ?5 WHERE guid = ?1",
+                        params![guid_to_sql(p.guid), p.device, p.num, p.lid, p.state],
+                    )?;
+                }
+                None => {
+                    tx.execute(
+                        "INSERT INTO ports (guid, server, device, num, lid, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![guid_to_sql(p.guid), server, p.device, p.num, p.lid, p.state],
+                    )?;
+                }
+            }
+        }
+        let after = read_desired(tx)?;
+        if after.groups != before.groups {
+            let (b, a) = (render::conf_text(&before), render::conf_text(&after));
+            let diff = match (&b, &a) {
+                (Ok(b), Ok(a)) => render::diff(b, a),
+                _ => String::new(),
+            };
+            let op = new_operation(
+                tx,
+                &format!("agent:{server}"),
+                &format!("ports of {server} changed"),
+                &diff,
+                now,
+            )?;
+            audit(
+                tx,
+                now,
+                &format!("agent:{server}"),
+                "ports.change",
+                server,
+                &diff,
+                "accepted",
+                &format!("operation {}, generation {}", op.id, op.generation),
+            )?;
+            desired_changed = true;
+        }
+    }
+    let mut owned = Vec::new();
+    let mut pending = Vec::new();
+    for p in ports {
+        if port_owner(tx, p.guid)?.as_deref() == Some(server) {
+            owned.push(p.guid);
+        } else {
+            pending.push(p.guid);
+        }
+    }
+    Ok(ReportOutcome {
+        ack: ReportAck {
+            server: server.to_string(),
+            owned,
+            pending,
+        },
+        desired_changed,
+    })
+}
+
+pub(super) fn heartbeat(tx: &Transaction, server: &str, now: u64) -> Result<()> {
+    tx.execute(
+        "UPDATE servers SET last_seen = ?2 WHERE name = ?1",
+        params![server, now as i64],
+    )?;
+    Ok(())
+}
+
+pub(super) fn servers(tx: &Transaction, now: u64, stale_after_s: u64) -> Result<Vec<ServerView>> {
+    let mut out = Vec::new();
+    let mut st = tx.prepare(
+        "SELECT s.name, s.last_seen, m.grp FROM servers s LEFT JOIN members m ON m.server = s.name ORDER BY s.name",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<i64>>(1)?,
+            r.get::<_, Option<String>>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (name, last_seen, group) = row?;
+        let last_seen = last_seen.map(secs);
+        let liveness = match last_seen {
+            None => Liveness::Never,
+            Some(t) if now.saturating_sub(t) > stale_after_s => Liveness::Stale,
+            Some(_) => Liveness::Ok,
+        };
+        let ports = tx
+            .prepare("SELECT guid, device, num, lid, state FROM ports WHERE server = ?1 ORDER BY device, num")?
+            .query_map([&name], |r| {
+                Ok(PortView { guid: guid_from_sql(r.get(0)?), device: r.get(1)?, num: r.get(2)?, lid: r.get(3)?, state: r.get(4)? })
+            })?
+            .collect::<Result<_, _>>()?;
+        let pending_claims = tx
+            .prepare(
+                "SELECT guid FROM claims WHERE claimant = ?1 AND state = 'pending' ORDER BY guid",
+            )?
+            .query_map([&name], |r| Ok(guid_from_sql(r.get(0)?)))?
+            .collect::<Result<_, _>>()?;
+        out.push(ServerView {
+            name,
+            liveness,
+            last_seen,
+            ports,
+            group,
+            pending_claims,
+        });
+    }
+    Ok(out)
+}
+
+pub(super) fn remove_server(tx: &Transaction, actor: &str, name: &str, now: u64) -> Result<()> {
+    need_server(tx, name)?;
+    if let Some(g) = group_of(tx, name)? {
+        return Err(StoreError::Conflict(format!(
+            "server `{name}` is in group `{g}`; remove it from the group first"
+        )));
+    }
+    tx.execute("DELETE FROM claims WHERE claimant = ?1", [name])?;
+    let ports = tx.execute("DELETE FROM ports WHERE server = ?1", [name])?;
+    tx.execute("DELETE FROM servers WHERE name = ?1", [name])?;
+    audit(
+        tx,
+        now,
+        actor,
+        "server.remove",
+        name,
+        "",
+        "ok",
+        &format!("{ports} port(s) forgotten; its agent secret no longer works"),
+    )
+}
+
+pub(super) fn reject_claim(tx: &Transaction, actor: &str, id: i64, now: u64) -> Result<()> {
+    let n = tx.execute(
+        "UPDATE claims SET state = 'rejected', decided = ?2 WHERE id = ?1 AND state = 'pending'",
+        params![id, now as i64],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("no pending claim {id}")));
+    }
+    audit(
+        tx,
+        now,
+        actor,
+        "claim.reject",
+        &format!("claim {id}"),
+        "",
+        "ok",
+        "",
+    )
+}
+
+pub(super) fn claims(tx: &Transaction) -> Result<Vec<ClaimView>> {
+    Ok(tx
+        .prepare("SELECT id, guid, claimant, owner, state, created FROM claims ORDER BY id")?
+        .query_map([], |r| {
+            Ok(ClaimView {
+                id: r.get(0)?,
+                guid: guid_from_sql(r.get(1)?),
+                claimant: r.get(2)?,
+                owner: r.get(3)?,
+                state: r.get(4)?,
+                created: secs(r.get(5)?),
+            })
+        })?
+        .collect::<Result<_, _>>()?)
+}
+
+pub(super) fn gpus(tx: &Transaction) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
+    // Joined with servers: a removed server's last report is not shown.
+    let mut st = tx.prepare(
+        "SELECT g.server, g.gpus FROM server_gpus g JOIN servers s ON s.name = g.server",
+    )?;
+    let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let (server, json) = row?;
+        // Written by set_gpus from the same type; a row that does not parse (a
+        // downgrade) reads as no GPUs rather than failing every listing.
+        let gpus: Vec<weft_agent::Gpu> = serde_json::from_str(&json).unwrap_or_default();
+        if !gpus.is_empty() {
+            out.insert(server, gpus);
+        }
+    }
+    Ok(out)
+}
+
+/// The transaction of an enrollment: `Ok(Err(why))` is a refusal, which changed nothing
+/// and is audited by the caller in a transaction of its own.
+pub(super) fn enroll(
+    tx: &Transaction,
+    token_hash: &str,
+    hostname: &str,
+    secret_hash: &str,
+    now: u64,
+) -> Result<Result<String, String>> {
+    let row: Option<(Option<String>, i64, Option<i64>)> = tx
+        .query_row(
+            "SELECT server, expires, used FROM enrollments WHERE hash = ?1",
+            [token_hash],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let refuse = |why: &str| Ok(Err(why.to_string()));
+    // The name is checked before anything, the refusal's audit line included.
+    crate::input::name("host name", hostname).map_err(StoreError::Invalid)?;
+    let Some((bound, expires, used)) = row else {
+        return refuse("unknown enrollment token");
+    };
+    if used.is_some() {
+        return refuse("enrollment token already used");
+    }
+    if secs(expires) < now {
+        return refuse("enrollment token expired");
+    }
+    if bound.as_deref().is_some_and(|b| b != hostname) {
+        return refuse("enrollment token is for another host");
+    }
+    let known = exists(tx, "SELECT 1 FROM servers WHERE name = ?1", &hostname)?;
+    if known && bound.is_none() {
+        // Re-enrolling an existing server takes a token bound to it by an admin.
+        return refuse("a server of this name is enrolled; re-enrolling takes a token bound to it");
+    }
+    tx.execute(
+        "UPDATE enrollments SET used = ?2 WHERE hash = ?1",
+        params![token_hash, now as i64],
+    )?;
+    tx.execute(
+        "INSERT INTO servers (name, secret_hash, enrolled) VALUES (?1, ?2, ?3)
+         ON CONFLICT(name) DO UPDATE SET secret_hash = ?2, enrolled = ?3, report_hash = NULL",
+        params![hostname, secret_hash, now as i64],
+    )?;
+    audit(
+        tx,
+        now,
+        &format!("agent:{hostname}"),
+        "agent.enroll",
+        hostname,
+        "",
+        "ok",
+        if known { "re-enrolled" } else { "" },
+    )?;
+    Ok(Ok(hostname.to_string()))
+}
+
+/// Records the GPUs a server reported, as JSON.
+pub(super) fn set_gpus(tx: &Transaction, server: &str, json: &str, now: u64) -> Result<()> {
+    tx.execute(
+        "INSERT INTO server_gpus (server, gpus, reported) VALUES (?1, ?2, ?3) \
+         ON CONFLICT(server) DO UPDATE SET gpus = ?2, reported = ?3",
+        params![server, json, now as i64],
+    )?;
+    Ok(())
+}
+
+/// The server that owns the port `guid`, if any does.
+fn port_owner(tx: &Transaction, guid: Guid) -> Result<Option<String>> {
+    Ok(tx
+        .query_row(
+            "SELECT server FROM ports WHERE guid = ?1",
+            [guid_to_sql(guid)],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
