@@ -34,7 +34,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import Qwen3Config, Qwen3ForCausalLM
+
+# The attention backends the prefill may use (see --cudnn-attention); all of them by default.
+PREFILL_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 TEMPLATE_ROLES = ("system", "user", "assistant")
 
@@ -178,8 +182,9 @@ class Engine:
             q, k, v = self.attn_proj(x, L, c, s)
             self.kc[i, 0, :, :n] = k
             self.vc[i, 0, :, :n] = v
-            a = torch.nn.functional.scaled_dot_product_attention(
-                q[None], k[None], v[None], is_causal=True, scale=self.D ** -0.5, enable_gqa=True)
+            with sdpa_kernel(PREFILL_ATTENTION):
+                a = torch.nn.functional.scaled_dot_product_attention(
+                    q[None], k[None], v[None], is_causal=True, scale=self.D ** -0.5, enable_gqa=True)
             x = x + a[0].transpose(0, 1).reshape(n, self.H * self.D) @ L["o"].t()
             x = x + self.mlp(x, L)
         return (rms(x[-1:], self.norm, self.eps) @ self.head.t()).float()
@@ -370,9 +375,17 @@ def main():
     ap.add_argument("--layers", type=int, default=28, help="fewer for a quick check on a CPU")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly instead of one CUDA graph per step")
+    ap.add_argument("--cudnn-attention", action="store_true",
+                    help="let PyTorch pick cuDNN's attention (a plan per prompt length; off by default)")
     a = ap.parse_args()
     # Inference only: no autograd bookkeeping anywhere, the CUDA graph capture included.
     torch.set_grad_enabled(False)
+    if not a.cudnn_attention:
+        # cuDNN's attention builds an execution plan for every new prompt length (tens of ms
+        # the first time a length is seen), which made the prefill time depend on whether the
+        # same length came before: the prefill uses flash or memory-efficient attention, which
+        # have no such plans. The decode step keeps cuDNN: its one shape is planned at capture.
+        PREFILL_ATTENTION[:] = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     tok, allowed = build_tokenizer(a.words, a.out)
     engine = Engine(tok, allowed, a.device, max_len=a.max_len, layers=a.layers, graphs=not a.no_graphs)
     # One throwaway generation loads the CUDA kernels before anyone measures.
