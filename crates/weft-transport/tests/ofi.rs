@@ -8,6 +8,7 @@
 //! Without libfabric every test prints "skipped" and passes: the backend is optional.
 
 mod common;
+use common::pattern;
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -102,12 +103,6 @@ fn recv_patterns(
             "{p}: message {i}"
         );
     }
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 fn sizes() -> Vec<usize> {

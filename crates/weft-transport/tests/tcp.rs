@@ -5,6 +5,7 @@
 // Each test binary uses part of the shared helpers.
 #[allow(dead_code)]
 mod common;
+use common::pattern;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -43,12 +44,6 @@ fn pair(c: Config) -> (SendConn, RecvConn) {
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
     t.connect_and_accept(0, &l.handle(), &mut l).unwrap()
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 fn sizes() -> Vec<usize> {

@@ -318,7 +318,8 @@ pub fn pair_between(
     (tx.unwrap(), rx.unwrap())
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
+/// The bytes of test message `seed`, `n` long: what a sender sends and its receiver checks.
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
