@@ -405,20 +405,8 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 /// (`--skip-coherence`).
 fn llama_benchy(s: &Server, pp: u64, tg: u64, runs: u32, out: &std::path::Path, post_run: &str) {
     let home = s.dir.join("benchy-home");
-    let url = "http://127.0.0.1:9/weft-prompt-text.txt";
-    let md5 = Command::new("python3")
-        .args([
-            "-c",
-            "import hashlib,sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())",
-            url,
-        ])
-        .output()
-        .expect("python3");
-    let md5 = String::from_utf8(md5.stdout).unwrap().trim().to_string();
-    let cache = home.join(".cache/llama-benchy");
-    std::fs::create_dir_all(&cache).unwrap();
-    let book = Corpus::words().text(&mut weft_llmbench::prompt::Rng::new(5), 40_000);
-    std::fs::write(cache.join(format!("{md5}.txt")), book).unwrap();
+    crate::llama_benchy_home(&home, 40_000);
+    let url = crate::BENCHY_BOOK_URL;
     let o = Command::new("python3")
         .args([
             "-m",

@@ -6,6 +6,8 @@
 mod llamacpp;
 mod scripted;
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use weft_llmbench::client::{Api, Client, Endpoint, Limits};
@@ -55,4 +57,28 @@ pub fn labels() -> Labels {
         weft_version: "test".into(),
         ..Default::default()
     }
+}
+
+/// The `--book-url` the tests give llama-benchy: a local address nothing answers on, whose
+/// book [`llama_benchy_home`] has already put in llama-benchy's cache.
+pub const BENCHY_BOOK_URL: &str = "http://127.0.0.1:9/weft-prompt-text.txt";
+
+/// Makes `home` a HOME in which llama-benchy finds the book of [`BENCHY_BOOK_URL`] in its
+/// cache (`~/.cache/llama-benchy/<md5 of the URL>.txt`: `words` words of weft's prompt
+/// text). Otherwise it downloads its book on every start, and no host is reachable here.
+pub fn llama_benchy_home(home: &Path, words: usize) {
+    let md5 = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())",
+            BENCHY_BOOK_URL,
+        ])
+        .output()
+        .expect("python3");
+    let md5 = String::from_utf8(md5.stdout).unwrap().trim().to_string();
+    let cache = home.join(".cache/llama-benchy");
+    std::fs::create_dir_all(&cache).unwrap();
+    let book =
+        weft_llmbench::prompt::Corpus::words().text(&mut weft_llmbench::prompt::Rng::new(5), words);
+    std::fs::write(cache.join(format!("{md5}.txt")), book).unwrap();
 }

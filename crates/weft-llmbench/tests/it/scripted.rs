@@ -472,20 +472,8 @@ fn scripted_standin_known_schedule_weft_and_llama_benchy_within_5_percent_of_it_
     // llama-benchy: its book comes from a cache file (no host is reachable), and the
     // stand-in never says "Paris" (--skip-coherence).
     let home = dir.path().join("home");
-    let url = "http://127.0.0.1:9/weft-prompt-text.txt";
-    let md5 = Command::new("python3")
-        .args([
-            "-c",
-            "import hashlib,sys; print(hashlib.md5(sys.argv[1].encode()).hexdigest())",
-            url,
-        ])
-        .output()
-        .expect("python3");
-    let md5 = String::from_utf8(md5.stdout).unwrap().trim().to_string();
-    let cache = home.join(".cache/llama-benchy");
-    std::fs::create_dir_all(&cache).unwrap();
-    let book = Corpus::words().text(&mut weft_llmbench::prompt::Rng::new(5), 20_000);
-    std::fs::write(cache.join(format!("{md5}.txt")), book).unwrap();
+    crate::llama_benchy_home(&home, 20_000);
+    let url = crate::BENCHY_BOOK_URL;
     let out = dir.path().join("benchy.json");
     let o = Command::new("python3")
         .args(["-m", "llama_benchy", "--base-url"])
