@@ -1660,3 +1660,120 @@ fn out_of_step_tags_on_a_known_receive_are_not_yet() {
         }
     });
 }
+
+/// Out-of-step sends that wait for their CTS (issue 15): before any receive is posted the
+/// sender starts two tag-1 messages (100 KB, so they wait for their CTS and `isend` still gives
+/// a request; in odd rounds the first is small and goes eagerly), then the receiver posts two
+/// groups {tag 1, tag 2} and the sender sends two tag-2 messages. The second tag-1 message
+/// does not fit the first group (its tag-1 buffer is taken): it waits for the second group,
+/// and the first tag-2 message fills the first group, as NCCL's InfiniBand transport orders
+/// them. Every byte lands in the buffer of its tag's order, nothing past a message, no error.
+/// 30 rounds on one connection.
+fn out_of_step_sends_waiting_for_their_cts_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    let n = 100_000;
+    for round in 0..30usize {
+        let first = if round % 2 == 1 { 1000 } else { n };
+        let sizes = [first, n, n / 2, n - 1];
+        let msgs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, s)| pattern(*s, (4 * round + k) as u8))
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0xa5u8; n + 64]).collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut sends = Vec::new();
+        for k in [0, 1] {
+            // SAFETY: `msgs` outlives the requests, tested to completion below.
+            let s = unsafe { tx.isend(msgs[k].as_ptr(), sizes[k], 1) }.unwrap();
+            sends.push(s.unwrap_or_else(|| panic!("{p}: round {round}: send {k} not taken")));
+        }
+        let rb: Vec<RecvBuf> = bufs
+            .iter_mut()
+            .zip([1, 2, 1, 2])
+            .map(|(b, tag)| RecvBuf {
+                ptr: b.as_mut_ptr(),
+                len: n + 64,
+                tag,
+            })
+            .collect();
+        let mut recvs = Vec::new();
+        for g in rb.chunks(2) {
+            let r = loop {
+                assert!(Instant::now() < deadline, "{p}: round {round}: irecv");
+                // SAFETY: `bufs` outlives the requests, tested to completion below.
+                if let Some(r) = unsafe { rx.irecv(g) }.unwrap() {
+                    break r;
+                }
+            };
+            recvs.push(r);
+        }
+        let mut got: Vec<Option<Vec<usize>>> = vec![None; recvs.len()];
+        let poll_rx = |rx: &mut RecvConn, got: &mut Vec<Option<Vec<usize>>>| {
+            for (r, g) in recvs.iter().zip(got.iter_mut()) {
+                if g.is_none() {
+                    *g = rx.test(*r).unwrap().map(|c| c.sizes().to_vec());
+                }
+            }
+        };
+        for k in [2, 3] {
+            let s = loop {
+                assert!(Instant::now() < deadline, "{p}: round {round}: send {k}");
+                // SAFETY: as above.
+                if let Some(s) = unsafe { tx.isend(msgs[k].as_ptr(), sizes[k], 2) }.unwrap() {
+                    break s;
+                }
+                poll_rx(&mut rx, &mut got);
+            };
+            sends.push(s);
+        }
+        let mut sent = vec![false; sends.len()];
+        while sent.iter().any(|d| !d) || got.iter().any(Option::is_none) {
+            assert!(
+                Instant::now() < deadline,
+                "{p}: round {round}: stuck: sent {sent:?}, received {got:?}"
+            );
+            for (s, d) in sends.iter().zip(sent.iter_mut()) {
+                if !*d {
+                    *d = tx.test(*s).unwrap().is_some();
+                }
+            }
+            poll_rx(&mut rx, &mut got);
+        }
+        // Tag 1: messages 0 and 1 in buffers 0 and 2; tag 2: messages 2 and 3 in 1 and 3.
+        for (b, m) in [(0, 0), (1, 2), (2, 1), (3, 3)] {
+            let want = &msgs[m];
+            assert_eq!(
+                got[b / 2].as_ref().map(|s| s[b % 2]),
+                Some(want.len()),
+                "{p}: round {round}: size in buffer {b}"
+            );
+            assert!(
+                bufs[b][..want.len()] == want[..],
+                "{p}: round {round}: buffer {b} does not hold message {m}"
+            );
+            assert!(
+                bufs[b][want.len()..].iter().all(|x| *x == 0xa5),
+                "{p}: round {round}: written past message {m} in buffer {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn out_of_step_sends_waiting_for_their_cts_take_the_buffers_of_their_tags() {
+    each_provider(out_of_step_sends_waiting_for_their_cts_on);
+}
+
+#[test]
+fn cq4_out_of_step_sends_waiting_for_their_cts_take_the_buffers_of_their_tags() {
+    each_provider_cq4(out_of_step_sends_waiting_for_their_cts_on);
+}
+
+/// The same with the TCP lane on: the small first message goes early on the lane, the 50 KB
+/// one on the lane once its buffer is known, the others by RMA.
+#[test]
+fn lane_out_of_step_sends_waiting_for_their_cts_take_the_buffers_of_their_tags() {
+    each_lane(false, out_of_step_sends_waiting_for_their_cts_on);
+    each_lane(true, out_of_step_sends_waiting_for_their_cts_on);
+}

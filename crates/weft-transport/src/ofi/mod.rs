@@ -41,7 +41,10 @@
 //!
 //! # Data path (data network), receiver-driven
 //!
-//! Every message has a sequence number (sends and receive buffers match in posting order).
+//! Every message has a sequence number (sends and receive buffers match in posting order; a
+//! receive of `n` buffers covers the `n` numbers after the previous receive's). A message sent
+//! without its buffer (eager, early on the TCP lane) takes the next number in `isend`; a send
+//! that waits for its CTS takes its number with its buffer (see "Out-of-step tags").
 //! * **CTS**: each `irecv` of `n` buffers sends the sender one clear-to-send message (`fi_send`
 //!   on rail 0, into the sender's endpoint's receive pool): the first sequence number it covers, and
 //!   per buffer its capacity and tag and, per rail, its address (virtual, or offset without
@@ -51,8 +54,8 @@
 //!   (`CTS_DEFER`, 500 µs); a receive that all its messages reach eagerly meanwhile never
 //!   sends it, so a small message costs one provider message (not a CTS, then a write), as in
 //!   a ping-pong where each side posts its next receive just before it sends. A receive
-//!   still incomplete then (the sender had no credit, or a message queued behind one waiting
-//!   for its CTS, or a message too large for it) sends its CTS, and from then on is like any
+//!   still incomplete then (the sender had no credit, or a message waiting behind one that
+//!   waits for its CTS, or a message too large for it) sends its CTS, and from then on is like any
 //!   other. A larger receive first sends the CTS of every small one before it that still
 //!   waits. Eager credit without CTS: once [`EAGER_SLOTS`] / 2 consumed messages are
 //!   unreported, a CTS of no buffers reports them; its first sequence number (that of the
@@ -119,6 +122,32 @@
 //!   each other; they are a prefix of it, so both sides choose the same buffers, and messages
 //!   complete in order whatever way they took. A lane send is complete once the kernel has
 //!   all of its bytes (not when they are queued in weft).
+//!
+//! # Out-of-step tags
+//!
+//! Tags pick buffers so that the k-th message of a tag lands in the k-th buffer of that tag,
+//! in posting order (NCCL's InfiniBand semantics, and the TCP backend's): a sender may run
+//! ahead of a grouped receive with a tag the group has no free buffer for, and that never
+//! kills the connection when the sender can see it.
+//! * **CTS known**: `isend` of a message whose receive's CTS is here, and none of whose free
+//!   buffers has the tag, answers "not yet" (`Ok(None)`; NCCL retries), as NCCL's IB
+//!   transport does: the message is for a later receive.
+//! * **Waiting for the CTS**: a send that cannot go eagerly (too large, no credit, or behind
+//!   another waiting send) and whose CTS is not here still gets its request, and waits. It has
+//!   no sequence number yet: when a CTS comes, each number of that receive goes to the
+//!   *oldest waiting send whose tag fits* a free buffer of it, and a waiting send that fits
+//!   none waits for a later receive. That is the order NCCL's retries give; it is possible
+//!   because nothing goes eagerly while a send waits (see `early` in `isend`), so the waiting
+//!   sends are the last numbers and none of them is on the wire.
+//! * **Sent without its buffer** (limit): an eager message, or an early one on the lane, has
+//!   its number on the wire. If it falls in a grouped receive that has no free buffer with
+//!   its tag (the receive {1, 2} posted after the sender sent tag 1 twice eagerly), the
+//!   receiver fails with [`Error::TagMismatch`], as before. Holding it for a later receive
+//!   would make this receive cover one number more and move every later receive's range,
+//!   which the receiver may already have sent in their CTS (a large receive sends its CTS
+//!   when posted, before the earlier ones are complete), so both sides could no longer agree.
+//!   A fix needs matching that does not depend on ranges, such as numbering messages per tag
+//!   (the k-th message of tag t carries k, the CTS says each buffer's k): see issue 15.
 //!
 //! # Failure detection on the data path
 //!

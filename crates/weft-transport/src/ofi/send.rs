@@ -23,7 +23,10 @@ pub(super) struct Group {
     pub(super) assigned: usize,
 }
 
+#[derive(Clone, Copy)]
 pub(super) struct Unassigned {
+    /// Its sequence number: from `isend` when it went without a buffer (`eager`), else given
+    /// by [`SendConn::assign`] (meaningless until then).
     pub(super) seq: u64,
     pub(super) tag: i32,
     pub(super) ptr: usize,
@@ -83,7 +86,10 @@ pub struct SendConn {
     /// Registration cache per rail.
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<SendReq>,
+    /// The next message's sequence number (a send waiting for its CTS has none yet).
     pub(super) next_seq: u64,
+    /// Messages without their buffer yet, in order: those that went eagerly (or early on the
+    /// lane) first, then the sends that wait for their CTS.
     pub(super) unassigned: VecDeque<Unassigned>,
     pub(super) groups: BTreeMap<u64, Group>,
     pub(super) writes: VecDeque<WriteOp>,
@@ -352,21 +358,42 @@ impl SendConn {
         Ok(())
     }
 
+    /// Whether the CTS of the receive that sequence number `seq` falls in is here.
+    pub(super) fn covers(&self, seq: u64) -> bool {
+        self.groups
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, g)| seq < g.first + g.n as u64)
+    }
+
+    /// The sequence number the first unassigned message has or gets: its own when it went
+    /// without a buffer (eager, early on the lane), else the next one (see [`Self::assign`]).
+    pub(super) fn next_unassigned(&self) -> u64 {
+        self.unassigned
+            .front()
+            .filter(|u| u.eager)
+            .map_or(self.next_seq, |u| u.seq)
+    }
+
     /// Gives each send whose CTS is known its buffer, in sequence order; queues the writes.
+    ///
+    /// Messages that went without a buffer (eager, early on the lane) have their sequence
+    /// numbers and come first (none goes while a send waits for its CTS). A send that waited
+    /// for its CTS gets its number here: the next number goes to the oldest waiting send whose
+    /// tag fits a free buffer of the receive that number falls in, as with NCCL's InfiniBand
+    /// transport, whose caller retries a send that fits none. A waiting send that fits none
+    /// waits for a later receive (the tags of the sends after it fill this one).
     pub(super) fn assign(&mut self) -> Result<()> {
-        while let Some(u) = self.unassigned.front() {
-            let covered = self
-                .groups
-                .range(..=u.seq)
-                .next_back()
-                .is_some_and(|(_, g)| u.seq < g.first + g.n as u64);
-            if !covered {
-                if u.seq >= self.settled {
+        while let Some(front) = self.unassigned.front() {
+            let eager = front.eager;
+            let seq = if eager { front.seq } else { self.next_seq };
+            if !self.covers(seq) {
+                if seq >= self.settled {
                     break;
                 }
                 // Its receive sends no CTS: every message of it came eagerly (a receive still
                 // missing one sends its CTS).
-                if !u.eager {
+                if !eager {
                     return Err(self.link.protocol(
                         Stage::Data,
                         proto::FrameError::Unexpected {
@@ -378,10 +405,28 @@ impl SendConn {
                 if self.handed.len() >= HANDED_LOG {
                     self.handed.pop_front();
                 }
-                self.handed.push_back((u.seq, Instant::now()));
+                self.handed.push_back((seq, Instant::now()));
                 self.unassigned.pop_front();
                 continue;
             }
+            let i = if eager {
+                0
+            } else {
+                let Some((_, g)) = self.groups.range(..=seq).next_back() else {
+                    break;
+                };
+                let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
+                let fits =
+                    |u: &Unassigned| proto::select_slot(&tags, &g.filled[..g.n], u.tag).is_some();
+                let Some(i) = self.unassigned.iter().position(fits) else {
+                    // Every waiting send is for a later receive.
+                    break;
+                };
+                self.unassigned[i].seq = seq;
+                self.next_seq += 1;
+                i
+            };
+            let u = self.unassigned[i];
             let Some((&first, g)) = self.groups.range_mut(..=u.seq).next_back() else {
                 break;
             };
@@ -421,7 +466,7 @@ impl SendConn {
                     if g.assigned == g.n {
                         self.groups.remove(&first);
                     }
-                    self.unassigned.pop_front();
+                    self.unassigned.remove(i);
                     continue;
                 }
                 let (rreq, len) = (u64::from(g.rreq), u.len as u64);
@@ -514,7 +559,7 @@ impl SendConn {
             if g.assigned == g.n {
                 self.groups.remove(&first);
             }
-            self.unassigned.pop_front();
+            self.unassigned.remove(i);
         }
         Ok(())
     }
@@ -727,10 +772,10 @@ impl SendConn {
         }
         // The next message (after `assign`, the first without its CTS) is one the receiver
         // has posted, and its CTS left the receiver `timeout` ago: lost on the data path.
-        let lost = self
-            .unassigned
-            .front()
-            .is_some_and(|u| u.seq < self.side.posted);
+        let lost = !self.unassigned.is_empty() && {
+            let next = self.next_unassigned();
+            next < self.side.posted && !self.covers(next)
+        };
         if self.cts_lost.check(now, false, lost) {
             let e = self.data.timeout(Stage::Data, self.stall.timeout);
             return Err(self.fail(e));
@@ -738,7 +783,7 @@ impl SendConn {
         // The receiver has seen nothing for `timeout` and waits for a message we handed over
         // (and saw complete: the provider took it) `timeout` ago or more: lost on the way.
         if let Some(w) = self.side.waits_for.take() {
-            let sent = self.unassigned.front().map_or(self.next_seq, |u| u.seq);
+            let sent = self.next_unassigned();
             let at = self.handed.partition_point(|h| h.0 < w);
             let old = match self.handed.get(at) {
                 Some(&(seq, t)) if seq == w => t.elapsed() >= self.stall.timeout,
@@ -806,19 +851,20 @@ impl SendConn {
             self.progress()?;
             return Ok(None);
         }
-        let seq = self.next_seq;
-        let cts_known = self
-            .groups
-            .range(..=seq)
-            .next_back()
-            .is_some_and(|(_, g)| seq < g.first + g.n as u64);
-        // Out of step (NCCL's InfiniBand semantics): when the receive this message reaches is
-        // known and none of its free buffers takes the tag, the message is for a later
-        // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
+        let mut seq = self.next_seq;
+        let mut cts_known = self.covers(seq);
         if cts_known {
             if let Err(e) = self.assign() {
                 return Err(self.fail(e));
             }
+            // Sends that waited for this CTS may have taken numbers.
+            seq = self.next_seq;
+            cts_known = self.covers(seq);
+        }
+        // Out of step (NCCL's InfiniBand semantics): when the receive this message reaches is
+        // known and none of its free buffers takes the tag, the message is for a later
+        // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
+        if cts_known {
             let fits = self.groups.range(..=seq).next_back().is_none_or(|(_, g)| {
                 let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
                 proto::select_slot(&tags, &g.filled[..g.n], tag).is_some()
@@ -856,7 +902,10 @@ impl SendConn {
                 self.lane_sends.push_back((end, id));
                 self.eager_sent += 1;
             }
-            self.next_seq += 1;
+            // A send that waits for its buffer gets its number with it (see `assign`).
+            if early {
+                self.next_seq += 1;
+            }
             self.unassigned.push_back(Unassigned {
                 seq,
                 tag,
@@ -935,7 +984,7 @@ impl SendConn {
         }) else {
             return Ok(None);
         };
-        self.next_seq += 1;
+        // Its sequence number comes with its buffer (see `assign`).
         self.unassigned.push_back(Unassigned {
             seq,
             tag,
