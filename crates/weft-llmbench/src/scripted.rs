@@ -46,6 +46,10 @@ pub struct Script {
     pub fault: Fault,
     /// Keep a [`Served`] per streamed request, read back with [`ScriptedServer::take_served`].
     pub trace: bool,
+    /// How long before each chunk's instant the stand-in stops sleeping and yields until the
+    /// instant (see `sleep_precisely`): 2 ms or more keeps a chunk on time on an idle machine,
+    /// but yielding keeps a thread busy, which on a loaded one costs more than it saves.
+    pub spin_before: Duration,
 }
 
 impl Default for Script {
@@ -60,6 +64,7 @@ impl Default for Script {
             role_chunk: false,
             fault: Fault::None,
             trace: false,
+            spin_before: Duration::from_millis(1),
         }
     }
 }
@@ -211,10 +216,10 @@ async fn respond(s: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std
 /// Tokio's timer rounds a sleep's deadline up to the next millisecond, and the wait for it in
 /// the kernel is rounded up to a millisecond again, so a sleep can end up to 2 ms after its
 /// deadline (measured with [`Script::trace`]: sleeping to 1 ms before left the stand-in's
-/// median chunk 0.4-0.6 ms late at concurrency 1). So: sleep to 3 ms before `at`, then yield
-/// until it.
-async fn sleep_precisely(at: Instant) {
-    tokio::time::sleep_until(at - Duration::from_millis(3)).await;
+/// median chunk 0.4-0.6 ms late at concurrency 1 on an idle VM). So: sleep to `spin` before
+/// `at`, then yield until it.
+async fn sleep_precisely(at: Instant, spin: Duration) {
+    tokio::time::sleep_until(at - spin).await;
     while Instant::now() < at {
         tokio::task::yield_now().await;
     }
@@ -314,7 +319,11 @@ async fn answer(s: &mut TcpStream, sh: &Shared, line: &str, body: &str) -> std::
     let usage = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens});
     if v["stream"].as_bool() != Some(true) {
         // One JSON answer when the last token would have been sent.
-        sleep_precisely(first + sc.itl * (max_tokens.saturating_sub(1) as u32)).await;
+        sleep_precisely(
+            first + sc.itl * (max_tokens.saturating_sub(1) as u32),
+            sc.spin_before,
+        )
+        .await;
         let text = "tok ".repeat(max_tokens as usize);
         let choice = if chat {
             serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
@@ -382,7 +391,7 @@ async fn answer(s: &mut TcpStream, sh: &Shared, line: &str, body: &str) -> std::
         let at = first + sc.itl * i;
         let kk = u64::from(per).min(max_tokens - sent) as u32;
         let short = (kk != per).then(|| chunk(kk));
-        sleep_precisely(at).await;
+        sleep_precisely(at, sc.spin_before).await;
         s.write_all(short.as_ref().unwrap_or(&full).as_bytes())
             .await?;
         if let Some(t) = trace.as_mut() {
