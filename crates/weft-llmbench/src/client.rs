@@ -111,6 +111,9 @@ pub struct Chunk {
 /// Everything timed about one request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
+    /// When the request was sent (written to the socket), on this process's monotonic clock:
+    /// every other time here counts from it.
+    pub sent: Option<Instant>,
     /// First body byte since the request was sent (written to the socket).
     pub ttfr: Option<Duration>,
     /// First chunk with generated text or tokens (role-only chunks do not count).
@@ -529,19 +532,45 @@ impl Client {
         let mut resp = resp;
         // The request was written before its answer came.
         let sent = written.get().copied().unwrap_or(start);
-        let mut t = Trace::default();
+        let mut t = Trace {
+            sent: Some(sent),
+            ..Trace::default()
+        };
         let mut parser = SseParser::new();
         let mut done = false;
         let mut first_wait = self.limits.first_byte;
+        // One timer for the whole stream, moved on only when it fires before the wait it
+        // stands for is over (arming a timer for every chunk is work on every chunk): it is
+        // due at the latest when the current wait since the last read, or the whole
+        // request's bound, runs out.
+        let mut last = Instant::now();
+        let timer = tokio::time::sleep_until((last + first_wait).min(deadline).into());
+        tokio::pin!(timer);
         loop {
+            let next = loop {
+                tokio::select! {
+                    biased;
+                    r = resp.chunk() => break Ok(r),
+                    () = &mut timer => {
+                        let due = (last + first_wait).min(deadline);
+                        if Instant::now() >= due {
+                            break Err(());
+                        }
+                        timer.as_mut().reset(due.into());
+                    }
+                }
+            };
+            // The time the bytes came, before anything is made of them.
             let now = Instant::now();
-            let budget = first_wait
-                .min(deadline.saturating_duration_since(now))
-                .max(Duration::from_millis(1));
-            let next = tokio::time::timeout(budget, resp.chunk()).await;
-            let at = sent.elapsed();
+            let at = now.saturating_duration_since(sent);
+            last = now;
             let bytes = match next {
-                Err(_) => {
+                Err(()) => {
+                    let budget = if now >= deadline {
+                        self.limits.request
+                    } else {
+                        first_wait
+                    };
                     t.e2e = at;
                     let what = if t.ttfr.is_none() {
                         "the first byte of the stream"
@@ -573,6 +602,10 @@ impl Client {
             if t.ttfr.is_none() {
                 t.ttfr = Some(at);
                 first_wait = self.limits.between_chunks;
+                // The wait may have become shorter than the one the timer was set for.
+                timer
+                    .as_mut()
+                    .reset((last + first_wait).min(deadline).into());
             }
             for ev in parser.push(&bytes) {
                 match ev {

@@ -13,9 +13,13 @@
 //! transfer encoding), as a real engine's server keeps them, so a client that reads each
 //! answer to its end can reuse them; only [`Fault::DieAfter`] answers with
 //! `Connection: close` and closes mid-stream.
+//!
+//! With [`Script::trace`] it also notes, per streamed request, when it had read the request
+//! and when each content chunk's write returned ([`Served`]), so a bench can tell the
+//! stand-in's own lateness from the client's.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,6 +44,12 @@ pub struct Script {
     /// Send a role-only chunk right away (as vLLM does) before the first token.
     pub role_chunk: bool,
     pub fault: Fault,
+    /// Keep a [`Served`] per streamed request, read back with [`ScriptedServer::take_served`].
+    pub trace: bool,
+    /// How long before each chunk's instant the stand-in stops sleeping and yields until the
+    /// instant (see `sleep_precisely`): 2 ms or more keeps a chunk on time on an idle machine,
+    /// but yielding keeps a thread busy, which on a loaded one costs more than it saves.
+    pub spin_before: Duration,
 }
 
 impl Default for Script {
@@ -53,6 +63,8 @@ impl Default for Script {
             token_ids: false,
             role_chunk: false,
             fault: Fault::None,
+            trace: false,
+            spin_before: Duration::from_millis(1),
         }
     }
 }
@@ -76,11 +88,28 @@ pub enum Fault {
     Html,
 }
 
+/// What the stand-in did for one streamed request (kept when [`Script::trace`] is set), on
+/// this process's monotonic clock, so it can be set against a client's times in the same
+/// process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    /// The prompt: the last message's content on chat, `prompt` on completions.
+    pub prompt: String,
+    /// When the whole request had been read; the schedule counts from here.
+    pub arrived: std::time::Instant,
+    /// When each content chunk was due by the schedule.
+    pub due: Vec<std::time::Instant>,
+    /// When each content chunk's write to the socket returned (on loopback the bytes are in
+    /// the client's receive queue by then).
+    pub written: Vec<std::time::Instant>,
+}
+
 /// A running scripted server; dropped, it stops.
 pub struct ScriptedServer {
     pub addr: std::net::SocketAddr,
     /// Completion requests received.
     pub requests: Arc<AtomicU64>,
+    served: Arc<Mutex<Vec<Served>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -89,6 +118,19 @@ impl ScriptedServer {
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
+
+    /// The streamed requests finished since the last call (none unless [`Script::trace`]).
+    pub fn take_served(&self) -> Vec<Served> {
+        let mut g = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *g)
+    }
+}
+
+/// What every connection's task shares.
+struct Shared {
+    script: Script,
+    requests: Arc<AtomicU64>,
+    served: Arc<Mutex<Vec<Served>>>,
 }
 
 impl Drop for ScriptedServer {
@@ -102,20 +144,25 @@ pub async fn start(script: Script) -> std::io::Result<ScriptedServer> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
     let requests = Arc::new(AtomicU64::new(0));
-    let n = requests.clone();
-    let script = Arc::new(script);
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let shared = Arc::new(Shared {
+        script,
+        requests: requests.clone(),
+        served: served.clone(),
+    });
     let task = tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             let _ = s.set_nodelay(true);
-            let (sc, n) = (script.clone(), n.clone());
+            let sh = shared.clone();
             tokio::spawn(async move {
-                let _ = serve(s, &sc, &n).await;
+                let _ = serve(s, &sh).await;
             });
         }
     });
     Ok(ScriptedServer {
         addr,
         requests,
+        served,
         task,
     })
 }
@@ -166,25 +213,41 @@ async fn respond(s: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std
     s.write_all(r.as_bytes()).await
 }
 
-/// Tokio's timer rounds a sleep up to the next millisecond, which would put the schedule itself
-/// up to 1 ms late: sleep to 1 ms before `at`, then yield until it.
-async fn sleep_precisely(at: Instant) {
-    tokio::time::sleep_until(at - Duration::from_millis(1)).await;
+/// Tokio's timer rounds a sleep's deadline up to the next millisecond, and the wait for it in
+/// the kernel is rounded up to a millisecond again, so a sleep can end up to 2 ms after its
+/// deadline (measured with [`Script::trace`]: sleeping to 1 ms before left the stand-in's
+/// median chunk 0.4-0.6 ms late at concurrency 1 on an idle VM). So: sleep to `spin` before
+/// `at`, then yield until it.
+async fn sleep_precisely(at: Instant, spin: Duration) {
+    tokio::time::sleep_until(at - spin).await;
     while Instant::now() < at {
         tokio::task::yield_now().await;
     }
 }
 
 /// Answers the requests of one connection until the client closes it (or a fault does).
-async fn serve(mut s: TcpStream, sc: &Script, n: &AtomicU64) -> std::io::Result<()> {
+async fn serve(mut s: TcpStream, sh: &Shared) -> std::io::Result<()> {
     let mut buf = Vec::new();
     loop {
         let Some((line, body)) = read_request(&mut s, &mut buf).await? else {
             return Ok(());
         };
-        if !answer(&mut s, sc, n, &line, &body).await? {
+        if !answer(&mut s, sh, &line, &body).await? {
             return s.shutdown().await;
         }
+    }
+}
+
+/// The prompt of a request body: the last message's content on chat, `prompt` on completions.
+fn prompt_of(v: &serde_json::Value, chat: bool) -> &str {
+    if chat {
+        v["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+    } else {
+        v["prompt"].as_str().unwrap_or("")
     }
 }
 
@@ -194,14 +257,9 @@ fn http_chunk(data: &str) -> String {
 }
 
 /// Answers one request; false when the connection is to be closed.
-async fn answer(
-    s: &mut TcpStream,
-    sc: &Script,
-    n: &AtomicU64,
-    line: &str,
-    body: &str,
-) -> std::io::Result<bool> {
+async fn answer(s: &mut TcpStream, sh: &Shared, line: &str, body: &str) -> std::io::Result<bool> {
     let arrived = Instant::now();
+    let (sc, n) = (&sh.script, &*sh.requests);
     if sc.fault == Fault::Html {
         respond(s, 200, "text/html", "<html><body>It works!</body></html>").await?;
         return Ok(true);
@@ -261,7 +319,11 @@ async fn answer(
     let usage = serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens});
     if v["stream"].as_bool() != Some(true) {
         // One JSON answer when the last token would have been sent.
-        sleep_precisely(first + sc.itl * (max_tokens.saturating_sub(1) as u32)).await;
+        sleep_precisely(
+            first + sc.itl * (max_tokens.saturating_sub(1) as u32),
+            sc.spin_before,
+        )
+        .await;
         let text = "tok ".repeat(max_tokens as usize);
         let choice = if chat {
             serde_json::json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
@@ -289,7 +351,8 @@ async fn answer(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n".as_slice()
     })
     .await?;
-    let chunk = |text: &str, k: u32| {
+    let chunk = |k: u32| {
+        let text = "tok ".repeat(k as usize);
         let mut c = if chat {
             serde_json::json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
         } else {
@@ -298,7 +361,7 @@ async fn answer(
         if sc.token_ids {
             c["choices"][0]["token_ids"] = serde_json::json!(vec![7; k as usize]);
         }
-        format!("data: {c}\n\n")
+        frame(format!("data: {c}\n\n"))
     };
     if sc.role_chunk && chat {
         s.write_all(
@@ -309,6 +372,16 @@ async fn answer(
         )
         .await?;
     }
+    let mut trace = sc.trace.then(|| Served {
+        prompt: prompt_of(&v, chat).to_string(),
+        arrived: arrived.into_std(),
+        due: Vec::with_capacity(max_tokens as usize),
+        written: Vec::with_capacity(max_tokens as usize),
+    });
+    // Every chunk but a short last one is the same bytes: encoded once, before the clock
+    // matters.
+    let per = sc.tokens_per_chunk.max(1);
+    let full = chunk(per);
     let mut sent = 0u64;
     let mut i = 0u32;
     while sent < max_tokens {
@@ -316,12 +389,20 @@ async fn answer(
             return Ok(false);
         }
         let at = first + sc.itl * i;
-        sleep_precisely(at).await;
-        let kk = (sc.tokens_per_chunk.max(1) as u64).min(max_tokens - sent) as u32;
-        s.write_all(frame(chunk(&"tok ".repeat(kk as usize), kk)).as_bytes())
+        let kk = u64::from(per).min(max_tokens - sent) as u32;
+        let short = (kk != per).then(|| chunk(kk));
+        sleep_precisely(at, sc.spin_before).await;
+        s.write_all(short.as_ref().unwrap_or(&full).as_bytes())
             .await?;
+        if let Some(t) = trace.as_mut() {
+            t.written.push(std::time::Instant::now());
+            t.due.push(at.into_std());
+        }
         sent += u64::from(kk);
         i += 1;
+    }
+    if let Some(t) = trace {
+        sh.served.lock().unwrap_or_else(|e| e.into_inner()).push(t);
     }
     let fin =
         serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]});

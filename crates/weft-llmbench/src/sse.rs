@@ -58,24 +58,16 @@ impl SseParser {
 
     /// Feeds bytes; returns the events completed by them, in order.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
-        self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some((end, sep)) = find_event_end(&self.buf) {
-            let block: Vec<u8> = self.buf.drain(..end + sep).take(end).collect();
-            let text = String::from_utf8_lossy(&block);
-            let mut data = String::new();
-            for line in text.lines() {
-                if let Some(d) = line.strip_prefix("data:") {
-                    if !data.is_empty() {
-                        data.push('\n');
-                    }
-                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
-                }
-            }
-            if data.is_empty() {
-                continue; // comments (": keep-alive") and event-only blocks
-            }
-            out.push(parse_payload(data.trim()));
+        // The common case, a read that holds whole events only, is parsed where it lies;
+        // bytes are kept only when an event is still open at the end.
+        if self.buf.is_empty() {
+            let used = parse_events(bytes, &mut out);
+            self.buf.extend_from_slice(&bytes[used..]);
+        } else {
+            self.buf.extend_from_slice(bytes);
+            let used = parse_events(&self.buf, &mut out);
+            self.buf.drain(..used);
         }
         out
     }
@@ -84,6 +76,39 @@ impl SseParser {
     pub fn pending(&self) -> usize {
         self.buf.len()
     }
+}
+
+/// Parses the whole events at the start of `b` into `out`; the bytes they took.
+fn parse_events(b: &[u8], out: &mut Vec<Event>) -> usize {
+    let mut used = 0;
+    while let Some((end, sep)) = find_event_end(&b[used..]) {
+        let block = &b[used..used + end];
+        used += end + sep;
+        let text = String::from_utf8_lossy(block);
+        // One `data:` line (what servers send) is borrowed; several are joined with `\n`.
+        let mut one: Option<&str> = None;
+        let mut joined: Option<String> = None;
+        for line in text.lines() {
+            let Some(d) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let d = d.strip_prefix(' ').unwrap_or(d);
+            if let Some(j) = joined.as_mut() {
+                j.push('\n');
+                j.push_str(d);
+            } else if let Some(first) = one {
+                joined = Some(format!("{first}\n{d}"));
+            } else {
+                one = Some(d);
+            }
+        }
+        let data = joined.as_deref().or(one).unwrap_or("");
+        if data.is_empty() {
+            continue; // comments (": keep-alive") and event-only blocks
+        }
+        out.push(parse_payload(data.trim()));
+    }
+    used
 }
 
 fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
@@ -220,6 +245,21 @@ mod tests {
             assert_eq!(ev[3], Event::Done);
             assert_eq!(p.pending(), 0);
         }
+    }
+
+    #[test]
+    fn several_data_lines_are_one_payload_and_an_open_event_waits_for_its_end() {
+        let mut p = SseParser::new();
+        let ev =
+            p.push(b"event: x\ndata: {\"choices\":\ndata: [{\"text\":\"a\"}]}\n\ndata: {\"choi");
+        assert_eq!(ev.len(), 1);
+        assert_eq!(text(&ev[0]), "a");
+        assert_eq!(p.pending(), "data: {\"choi".len());
+        let ev = p.push(b"ces\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n");
+        assert_eq!(ev.len(), 2);
+        assert_eq!(text(&ev[0]), "b");
+        assert_eq!(ev[1], Event::Done);
+        assert_eq!(p.pending(), 0);
     }
 
     #[test]

@@ -536,3 +536,58 @@ fn scripted_standin_known_schedule_weft_and_llama_benchy_within_5_percent_of_it_
     assert!(within(wp, bp), "pp: weft {wp} vs llama-benchy {bp}");
     assert!(within(wt, bt), "tg: weft {wt} vs llama-benchy {bt}");
 }
+
+#[test]
+fn scripted_trace_records_each_request_read_and_each_chunk_written_on_the_clients_clock() {
+    rt().block_on(async {
+        let s = start(Script {
+            ttft: Duration::from_millis(20),
+            itl: Duration::from_millis(5),
+            tokens_per_chunk: 2,
+            trace: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let c = client(&s.base_url(), "scripted", Api::Completions, quick_limits());
+        let p = |t: &str| Prompt {
+            context: String::new(),
+            text: t.into(),
+        };
+        let (p1, p2) = (p("first one"), p("second"));
+        let (a, b) = tokio::join!(c.stream(&p1, 5), c.stream(&p2, 5));
+        let mut served = s.take_served();
+        served.sort_by(|x, y| x.prompt.cmp(&y.prompt));
+        assert_eq!(
+            served.iter().map(|x| x.prompt.as_str()).collect::<Vec<_>>(),
+            ["first one", "second"]
+        );
+        for (sv, t) in served.iter().zip([a.unwrap(), b.unwrap()]) {
+            // 5 tokens in chunks of 2: 3 chunks, as the client read them.
+            assert_eq!(t.chunks.len(), 3);
+            assert_eq!(sv.due.len(), 3);
+            assert_eq!(sv.written.len(), 3);
+            // The client's clock and the stand-in's are one: the request was sent before the
+            // stand-in had read it, and no chunk is written before it is due.
+            let sent = t.sent.unwrap();
+            assert!(sent <= sv.arrived);
+            assert!(sv.arrived < sv.due[0]);
+            for k in 0..3 {
+                assert!(sv.written[k] >= sv.due[k], "chunk {k}");
+            }
+            assert!(sv.due.windows(2).all(|w| w[1] > w[0]));
+        }
+        assert!(s.take_served().is_empty(), "taken once");
+    });
+    // Without `trace` nothing is kept.
+    rt().block_on(async {
+        let s = start(Script::default()).await.unwrap();
+        let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
+        let p = Prompt {
+            context: String::new(),
+            text: "x".into(),
+        };
+        c.stream(&p, 2).await.unwrap();
+        assert!(s.take_served().is_empty());
+    });
+}
