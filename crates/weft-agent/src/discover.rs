@@ -208,8 +208,9 @@ fn parse_gid_low(text: &str) -> Result<u64, String> {
     Ok(u128::from(gid) as u64)
 }
 
-/// `aa:bb:cc:dd:ee:ff` -> the modified EUI-64 that RoCE puts in the low half of GID 0.
-fn mac_eui64(mac: &str) -> Option<u64> {
+/// `aa:bb:cc:dd:ee:ff` -> the modified EUI-64 that RoCE puts in the low half of GID 0
+/// (also what [`crate::fixtures`] writes there, so a fixture's GUIDs are what discovery reads).
+pub(crate) fn mac_eui64(mac: &str) -> Option<u64> {
     let bytes: Vec<u8> = mac
         .split(':')
         .map(|b| u8::from_str_radix(b, 16))

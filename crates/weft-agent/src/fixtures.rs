@@ -33,7 +33,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use weft_fabric::Guid;
 
-use crate::discover::{ADDRESSES_FILE, GPUS_FILE};
+use crate::discover::{ADDRESSES_FILE, GPUS_FILE, mac_eui64};
 use crate::types::{Gpu, LinkLayer, OperState, PhysState, PortState};
 
 /// A host to write: its name, HCAs, other interfaces and GPUs.
@@ -264,7 +264,7 @@ impl PortSpec {
                 .netdev
                 .as_ref()
                 .and_then(|n| n.mac.as_deref())
-                .and_then(eui64)
+                .and_then(mac_eui64)
         {
             return Guid(g);
         }
@@ -356,19 +356,6 @@ impl NetDevSpec {
         self.addresses = addresses.into_iter().map(Into::into).collect();
         self
     }
-}
-
-/// `aa:bb:cc:dd:ee:ff` -> modified EUI-64.
-fn eui64(mac: &str) -> Option<u64> {
-    let bytes: Vec<u8> = mac
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    let [a, b, c, d, e, f] = bytes[..] else {
-        return None;
-    };
-    Some(u64::from_be_bytes([a ^ 0x02, b, c, 0xff, 0xfe, d, e, f]))
 }
 
 /// `0x0002c90300000101` -> `0002:c903:0000:0101`.

@@ -209,6 +209,20 @@ impl Bootstrap {
             .map(|b| f64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])))
             .collect())
     }
+
+    /// Every rank's list `xs` (the lists may differ in length).
+    pub fn allgather_f64s(&mut self, xs: &[f64]) -> Result<Vec<Vec<f64>>, BenchError> {
+        let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Ok(self
+            .allgather(&bytes)?
+            .iter()
+            .map(|b| {
+                b.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect()
+            })
+            .collect())
+    }
 }
 
 fn lost(r: usize) -> BenchError {
@@ -221,4 +235,29 @@ fn parse_hello(b: &[u8]) -> (u32, usize, usize) {
             .map_or(0, |s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     };
     (w(0), w(1) as usize, w(2) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allgather_f64s_gives_every_rank_each_ranks_list_in_rank_order() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let t = Duration::from_secs(20);
+        let other = std::thread::spawn(move || {
+            let mut b = Bootstrap::join(addr, 1, 2, t).unwrap();
+            b.allgather_f64s(&[2.5]).unwrap()
+        });
+        let mut b = Bootstrap::join(addr, 0, 2, t).unwrap();
+        let here = b.allgather_f64s(&[1.0, -0.125]).unwrap();
+        let there = other.join().unwrap();
+        assert_eq!(here, vec![vec![1.0, -0.125], vec![2.5]]);
+        assert_eq!(there, here);
+    }
 }

@@ -162,6 +162,8 @@ impl FromStr for RedOp {
     }
 }
 
+// `int_kernel` and `float_kernel` run the same loop with other arithmetic: integers wrap on
+// sum and product, floats follow IEEE; one macro would need every op passed in.
 macro_rules! int_kernel {
     ($t:ty, $op:expr, $dst:expr, $src:expr) => {{
         const W: usize = std::mem::size_of::<$t>();

@@ -164,17 +164,8 @@ pub fn run_rank_reporting(
         && spec.nranks > 1
     {
         let mine = comm.probe_links(l.bytes, l.reps)?;
-        let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let all = comm.bootstrap().allgather(&bytes)?;
+        let times = comm.bootstrap().allgather_f64s(&mine)?;
         if spec.rank == 0 {
-            let times: Vec<Vec<f64>> = all
-                .iter()
-                .map(|b| {
-                    b.chunks_exact(8)
-                        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                        .collect()
-                })
-                .collect();
             let names: Vec<String> = ranks
                 .iter()
                 .map(|r| {

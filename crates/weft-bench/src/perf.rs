@@ -475,16 +475,7 @@ pub fn run(
 
 /// Every rank's per-iteration times (`mine`, microseconds), and their maximum per iteration.
 fn gather_iters(comm: &mut Comm, mine: &[f64]) -> Result<PerIter, BenchError> {
-    let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let all = comm.bootstrap().allgather(&bytes)?;
-    let per_rank: Vec<Vec<f64>> = all
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect()
-        })
-        .collect();
+    let per_rank = comm.bootstrap().allgather_f64s(mine)?;
     let times_us = (0..mine.len())
         .map(|i| {
             per_rank

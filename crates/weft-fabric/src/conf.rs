@@ -61,53 +61,73 @@ pub struct Partition {
     pub mcast_groups: Vec<McastGroup>,
 }
 
-/// Header flags of a partition. Values use IBTA encodings (`mtu=4` is 2048).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Flags {
-    /// `indx0`: put the key at block 0, index 0.
-    pub indx0: bool,
-    /// `ipoib`: create the IPoIB broadcast group.
-    pub ipoib: bool,
-    /// `mtu=` 1..=5.
-    pub mtu: Option<u8>,
-    /// `rate=` 2..=18.
-    pub rate: Option<u8>,
-    /// `sl=` 0..=15.
-    pub sl: Option<u8>,
-    /// `scope=` 1..=15.
-    pub scope: Option<u8>,
-    /// `Q_Key=`.
-    pub qkey: Option<u32>,
-    /// `TClass=`.
-    pub tclass: Option<u8>,
-    /// `FlowLabel=` 0..=0xfffff.
-    pub flow_label: Option<u32>,
-    /// `defmember=`: membership of ports that name none (OpenSM's default: limited).
-    pub defmember: Option<Membership>,
-}
+/// Declares a struct with the seven options of [`GroupOptions`] where `..GroupOptions`
+/// stands (each option with the attributes written after it), and gives it `options()` and
+/// `set_options()`. The options are one concept, written once here: partitions.conf's
+/// header flags ([`Flags`]), its `mgid=` groups ([`McastGroup`]) and a plan's partitions
+/// ([`crate::PlanPartition`], [`crate::DefaultPartition`]) all carry them under the same
+/// names. A plan's tables keep them at their own level, where `#[serde(flatten)]` of one
+/// struct would have to give up `deny_unknown_fields`; so the fields are stamped into each
+/// struct instead.
+macro_rules! with_group_options {
+    (
+        @struct
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$bm:meta])* pub $bf:ident : $bt:ty, )*
+            ..GroupOptions $(#[$om:meta])*,
+            $( $(#[$am:meta])* pub $af:ident : $at:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $( $(#[$bm])* pub $bf: $bt, )*
+            /// IBTA MTU code 1..=5 (`mtu=`; 4 is 2048).
+            $(#[$om])*
+            pub mtu: Option<u8>,
+            /// IBTA rate code 2..=18 (`rate=`).
+            $(#[$om])*
+            pub rate: Option<u8>,
+            /// Service level 0..=15 (`sl=`).
+            $(#[$om])*
+            pub sl: Option<u8>,
+            /// Multicast scope 1..=15 (`scope=`).
+            $(#[$om])*
+            pub scope: Option<u8>,
+            /// Q_Key of the multicast groups (`Q_Key=`).
+            $(#[$om])*
+            pub qkey: Option<u32>,
+            /// Traffic class (`TClass=`).
+            $(#[$om])*
+            pub tclass: Option<u8>,
+            /// Flow label 0..=0xfffff (`FlowLabel=`).
+            $(#[$om])*
+            pub flow_label: Option<u32>,
+            $( $(#[$am])* pub $af: $at, )*
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$bm:meta])* pub $bf:ident : $bt:ty, )*
+            ..GroupOptions $(#[$om:meta])*,
+            $( $(#[$am:meta])* pub $af:ident : $at:ty, )*
+        }
+    ) => {
+        with_group_options! {
+            @struct
+            $(#[$meta])*
+            $vis struct $name {
+                $( $(#[$bm])* pub $bf: $bt, )*
+                ..GroupOptions $(#[$om])*,
+                $( $(#[$am])* pub $af: $at, )*
+            }
+        }
 
-/// The seven options that a partition statement's header ([`Flags`]), an `mgid=` group
-/// ([`McastGroup`]) and a plan's partitions ([`crate::PlanPartition`],
-/// [`crate::DefaultPartition`]) all carry under the same names; copied between them
-/// through `options()` and `set_options()` rather than field by field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct GroupOptions {
-    pub mtu: Option<u8>,
-    pub rate: Option<u8>,
-    pub sl: Option<u8>,
-    pub scope: Option<u8>,
-    pub qkey: Option<u32>,
-    pub tclass: Option<u8>,
-    pub flow_label: Option<u32>,
-}
-
-/// `options()` and `set_options()` for each type that has [`GroupOptions`]' fields.
-macro_rules! group_options {
-    ($($t:ty),*) => {$(
-        impl $t {
+        impl $name {
             /// Its [`GroupOptions`].
-            pub(crate) fn options(&self) -> GroupOptions {
-                GroupOptions {
+            pub(crate) fn options(&self) -> $crate::conf::GroupOptions {
+                $crate::conf::GroupOptions {
                     mtu: self.mtu,
                     rate: self.rate,
                     sl: self.sl,
@@ -119,7 +139,7 @@ macro_rules! group_options {
             }
 
             /// Sets every one of its [`GroupOptions`].
-            pub(crate) fn set_options(&mut self, o: GroupOptions) {
+            pub(crate) fn set_options(&mut self, o: $crate::conf::GroupOptions) {
                 self.mtu = o.mtu;
                 self.rate = o.rate;
                 self.sl = o.sl;
@@ -129,14 +149,34 @@ macro_rules! group_options {
                 self.flow_label = o.flow_label;
             }
         }
-    )*};
+    };
 }
-group_options!(
-    Flags,
-    McastGroup,
-    crate::plan::PlanPartition,
-    crate::plan::DefaultPartition
-);
+pub(crate) use with_group_options;
+
+with_group_options! {
+    @struct
+    /// The seven options that partitions.conf's header flags, its `mgid=` groups and a
+    /// plan's partitions all carry (see `with_group_options!`); copied between them through
+    /// `options()` and `set_options()` rather than field by field.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub(crate) struct GroupOptions {
+        ..GroupOptions,
+    }
+}
+
+with_group_options! {
+    /// Header flags of a partition. Values use IBTA encodings (`mtu=4` is 2048).
+    #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+    pub struct Flags {
+        /// `indx0`: put the key at block 0, index 0.
+        pub indx0: bool,
+        /// `ipoib`: create the IPoIB broadcast group.
+        pub ipoib: bool,
+        ..GroupOptions,
+        /// `defmember=`: membership of ports that name none (OpenSM's default: limited).
+        pub defmember: Option<Membership>,
+    }
+}
 
 /// Which ports a specifier names. `NONE` and an empty list name no ports.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -240,34 +280,16 @@ impl<'de> Deserialize<'de> for Gid {
     }
 }
 
-/// An `mgid=<gid>[,flags]` line: a multicast group OpenSM creates up front.
-/// Flags not given are inherited from the partition. In a plan: `[[partition.mcast]]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McastGroup {
-    /// The group's MGID.
-    pub mgid: Gid,
-    /// `mtu=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtu: Option<u8>,
-    /// `rate=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u8>,
-    /// `sl=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sl: Option<u8>,
-    /// `scope=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<u8>,
-    /// `Q_Key=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkey: Option<u32>,
-    /// `TClass=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tclass: Option<u8>,
-    /// `FlowLabel=`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flow_label: Option<u32>,
+with_group_options! {
+    /// An `mgid=<gid>[,flags]` line: a multicast group OpenSM creates up front.
+    /// Flags not given are inherited from the partition. In a plan: `[[partition.mcast]]`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct McastGroup {
+        /// The group's MGID.
+        pub mgid: Gid,
+        ..GroupOptions #[serde(default, skip_serializing_if = "Option::is_none")],
+    }
 }
 
 impl McastGroup {

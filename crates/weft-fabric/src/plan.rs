@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::conf::{McastGroup, Selector};
+use crate::conf::{McastGroup, Selector, with_group_options};
 use crate::types::{Guid, Membership, PKey};
 
 /// What the Default partition (0x7fff) lets end ports do.
@@ -19,47 +19,29 @@ pub enum DefaultPolicy {
     Custom,
 }
 
-/// The `[default]` table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DefaultPartition {
-    /// Isolating unless said otherwise.
-    #[serde(default)]
-    pub policy: DefaultPolicy,
-    /// Create the IPoIB broadcast group of the Default partition.
-    #[serde(default = "yes")]
-    pub ipoib: bool,
-    /// With `policy = "custom"` only: the members, in order (later entries override
-    /// earlier ones for the ports they share, as in OpenSM).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<PlanMember>,
-    /// Membership of custom members that name none; full unless said otherwise.
-    #[serde(default = "full", skip_serializing_if = "is_full")]
-    pub membership: Membership,
-    /// IBTA MTU code 1..=5 of the broadcast group.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtu: Option<u8>,
-    /// IBTA rate code 2..=18.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u8>,
-    /// Service level 0..=15.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sl: Option<u8>,
-    /// Multicast scope 1..=15.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<u8>,
-    /// Q_Key of the broadcast group.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkey: Option<u32>,
-    /// Traffic class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tclass: Option<u8>,
-    /// Flow label 0..=0xfffff.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flow_label: Option<u32>,
-    /// Multicast groups OpenSM creates up front (`mgid=` lines).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mcast: Vec<McastGroup>,
+with_group_options! {
+    /// The `[default]` table.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct DefaultPartition {
+        /// Isolating unless said otherwise.
+        #[serde(default)]
+        pub policy: DefaultPolicy,
+        /// Create the IPoIB broadcast group of the Default partition.
+        #[serde(default = "yes")]
+        pub ipoib: bool,
+        /// With `policy = "custom"` only: the members, in order (later entries override
+        /// earlier ones for the ports they share, as in OpenSM).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub members: Vec<PlanMember>,
+        /// Membership of custom members that name none; full unless said otherwise.
+        #[serde(default = "full", skip_serializing_if = "is_full")]
+        pub membership: Membership,
+        ..GroupOptions #[serde(default, skip_serializing_if = "Option::is_none")],
+        /// Multicast groups OpenSM creates up front (`mgid=` lines).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub mcast: Vec<McastGroup>,
+    }
 }
 
 fn yes() -> bool {
@@ -203,54 +185,36 @@ impl PlanMember {
     }
 }
 
-/// One `[[partition]]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlanPartition {
-    /// Partition name, as written in partitions.conf.
-    pub name: String,
-    /// Tenant that owns it.
-    pub tenant: String,
-    /// Its P_Key (`"0x0b0b"` or `0x0b0b`); allocated by [`crate::compile`] when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pkey: Option<PKey>,
-    /// Create the IPoIB broadcast group.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub ipoib: bool,
-    /// Put the key at index 0 of every member's table (see also [`PlanMember::indx0`]).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub indx0: bool,
-    /// IBTA MTU code 1..=5.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mtu: Option<u8>,
-    /// IBTA rate code 2..=18.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u8>,
-    /// Service level 0..=15.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sl: Option<u8>,
-    /// Multicast scope 1..=15.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<u8>,
-    /// Q_Key of the partition's multicast groups.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkey: Option<u32>,
-    /// Traffic class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tclass: Option<u8>,
-    /// Flow label 0..=0xfffff.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flow_label: Option<u32>,
-    /// Membership of members that name none (OpenSM's `defmember`); full unless said otherwise.
-    #[serde(default = "full", skip_serializing_if = "is_full")]
-    pub membership: Membership,
-    /// The members, in order (later entries override earlier ones for the ports they
-    /// share, as in OpenSM).
-    #[serde(default)]
-    pub members: Vec<PlanMember>,
-    /// Multicast groups OpenSM creates up front (`mgid=` lines), `[[partition.mcast]]`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mcast: Vec<McastGroup>,
+with_group_options! {
+    /// One `[[partition]]`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct PlanPartition {
+        /// Partition name, as written in partitions.conf.
+        pub name: String,
+        /// Tenant that owns it.
+        pub tenant: String,
+        /// Its P_Key (`"0x0b0b"` or `0x0b0b`); allocated by [`crate::compile`] when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pkey: Option<PKey>,
+        /// Create the IPoIB broadcast group.
+        #[serde(default, skip_serializing_if = "is_false")]
+        pub ipoib: bool,
+        /// Put the key at index 0 of every member's table (see also [`PlanMember::indx0`]).
+        #[serde(default, skip_serializing_if = "is_false")]
+        pub indx0: bool,
+        ..GroupOptions #[serde(default, skip_serializing_if = "Option::is_none")],
+        /// Membership of members that name none (OpenSM's `defmember`); full unless said otherwise.
+        #[serde(default = "full", skip_serializing_if = "is_full")]
+        pub membership: Membership,
+        /// The members, in order (later entries override earlier ones for the ports they
+        /// share, as in OpenSM).
+        #[serde(default)]
+        pub members: Vec<PlanMember>,
+        /// Multicast groups OpenSM creates up front (`mgid=` lines), `[[partition.mcast]]`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub mcast: Vec<McastGroup>,
+    }
 }
 
 impl PlanPartition {

@@ -495,6 +495,68 @@ fn plan_errors_name_the_key_and_position() {
     assert!(e.to_string().contains("exactly one"), "{e}");
 }
 
+/// The seven group options, as a plan writes them in each table that has them.
+const GROUP_OPTIONS: &str =
+    "mtu = 5\nrate = 7\nsl = 2\nscope = 5\nqkey = 11\ntclass = 3\nflow_label = 9\n";
+
+#[test]
+fn every_table_with_group_options_reads_and_writes_all_seven_and_refuses_a_stranger() {
+    let text = format!(
+        "[default]\n{GROUP_OPTIONS}\n[[partition]]\nname = \"a\"\ntenant = \"t\"\n{GROUP_OPTIONS}\
+         members = []\n\n[[partition.mcast]]\nmgid = \"ff12:401b:8001::1\"\n{GROUP_OPTIONS}"
+    );
+    let plan = Plan::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let p = &plan.partitions[0];
+    let g = &p.mcast[0];
+    for (what, o) in [
+        (
+            "default",
+            (
+                plan.default.mtu,
+                plan.default.rate,
+                plan.default.sl,
+                plan.default.scope,
+            ),
+        ),
+        ("partition", (p.mtu, p.rate, p.sl, p.scope)),
+        ("mcast", (g.mtu, g.rate, g.sl, g.scope)),
+    ] {
+        assert_eq!(o, (Some(5), Some(7), Some(2), Some(5)), "{what}");
+    }
+    for (what, o) in [
+        (
+            "default",
+            (
+                plan.default.qkey,
+                plan.default.tclass,
+                plan.default.flow_label,
+            ),
+        ),
+        ("partition", (p.qkey, p.tclass, p.flow_label)),
+        ("mcast", (g.qkey, g.tclass, g.flow_label)),
+    ] {
+        assert_eq!(o, (Some(11), Some(3), Some(9)), "{what}");
+    }
+    // Written in the same order in each table, and read back the same.
+    let out = plan.to_toml();
+    assert_eq!(out.matches(GROUP_OPTIONS).count(), 3, "{out}");
+    assert_eq!(Plan::from_toml(&out).unwrap(), plan);
+    // An unknown key among the options is refused in each table, by name and line.
+    for (table, line) in [
+        ("[default]", 2),
+        ("[[partition]]", 11),
+        ("[[partition.mcast]]", 23),
+    ] {
+        let at = text.find(table).unwrap() + table.len() + 1;
+        let bad = format!("{}mtu_bytes = 4096\n{}", &text[..at], &text[at..]);
+        let e = Plan::from_toml(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("mtu_bytes") && e.starts_with(&format!("line {line},")),
+            "{table}: {e}"
+        );
+    }
+}
+
 fn violations(plan: &Plan, inv: Option<&Inventory>) -> Vec<String> {
     compile(plan, inv)
         .unwrap_err()

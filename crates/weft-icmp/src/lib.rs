@@ -69,16 +69,8 @@ fn setopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Res
     }
 }
 
-/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
-/// with the DF bit set when `df` (the interface's MTU, not a cached path MTU, decides what
-/// may be sent); waits at most `timeout` for the matching reply.
-pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Echo> {
-    if payload > 65_507 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "payload over 65507 bytes",
-        ));
-    }
+/// A raw ICMP socket (root or CAP_NET_RAW).
+fn icmp_socket() -> io::Result<Fd> {
     // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
     let raw = unsafe {
         libc::socket(
@@ -90,27 +82,35 @@ pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::R
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
-    let fd = Fd(raw);
-    let pmtu: libc::c_int = if df {
-        libc::IP_PMTUDISC_PROBE
-    } else {
-        libc::IP_PMTUDISC_DONT
-    };
-    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
-    let id = (std::process::id() as u16) ^ SEQ.fetch_add(1, Ordering::Relaxed);
+    Ok(Fd(raw))
+}
+
+/// An ICMP echo request (type 8) with identifier `id`, sequence number `seq` and `payload`
+/// bytes of a fixed pattern, checksummed.
+fn echo_request(id: u16, seq: u16, payload: usize) -> Vec<u8> {
     let mut pkt = vec![0u8; 8 + payload];
     pkt[0] = 8;
     pkt[4..6].copy_from_slice(&id.to_be_bytes());
-    pkt[6..8].copy_from_slice(&1u16.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
     for (i, b) in pkt[8..].iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
     let sum = checksum(&pkt);
     pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    pkt
+}
+
+/// `dst` as a socket address (port 0: raw sockets have none).
+fn sockaddr(dst: Ipv4Addr) -> libc::sockaddr_in {
     // SAFETY: zeroed sockaddr_in is valid; fields set below.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     sa.sin_family = libc::AF_INET as libc::sa_family_t;
     sa.sin_addr.s_addr = u32::from(dst).to_be();
+    sa
+}
+
+/// sendto(2) of `pkt` to `sa`; the error is the OS's, for the caller to sort.
+fn send_to(fd: &Fd, pkt: &[u8], sa: &libc::sockaddr_in) -> io::Result<()> {
     // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
     let rc = unsafe {
         libc::sendto(
@@ -118,12 +118,38 @@ pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::R
             pkt.as_ptr().cast(),
             pkt.len(),
             0,
-            (&sa as *const libc::sockaddr_in).cast(),
+            (sa as *const libc::sockaddr_in).cast(),
             std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
         )
     };
     if rc < 0 {
-        let e = io::Error::last_os_error();
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// One ICMP echo of `payload` bytes to `dst` over a raw socket (needs root or CAP_NET_RAW),
+/// with the DF bit set when `df` (the interface's MTU, not a cached path MTU, decides what
+/// may be sent); waits at most `timeout` for the matching reply.
+pub fn echo(dst: Ipv4Addr, payload: usize, df: bool, timeout: Duration) -> io::Result<Echo> {
+    if payload > 65_507 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "payload over 65507 bytes",
+        ));
+    }
+    let fd = icmp_socket()?;
+    let pmtu: libc::c_int = if df {
+        libc::IP_PMTUDISC_PROBE
+    } else {
+        libc::IP_PMTUDISC_DONT
+    };
+    setopt(&fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
+    let id = (std::process::id() as u16) ^ SEQ.fetch_add(1, Ordering::Relaxed);
+    let pkt = echo_request(id, 1, payload);
+    let sa = sockaddr(dst);
+    if let Err(e) = send_to(&fd, &pkt, &sa) {
         return match e.raw_os_error() {
             Some(libc::EMSGSIZE) => Ok(Echo::TooBigHere),
             Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENETDOWN | libc::EHOSTDOWN) => {
@@ -241,25 +267,11 @@ pub fn echo_train(
     interval: Duration,
     linger: Duration,
 ) -> io::Result<Train> {
-    // SAFETY: plain socket(2); the result is checked and owned by `Fd`.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_ICMP,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = Fd(raw);
+    let fd = icmp_socket()?;
     // Sequence numbers are 16 bits.
     let count = count.min(u32::from(u16::MAX));
     let id = (std::process::id() as u16) ^ SEQ.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: zeroed sockaddr_in is valid; fields set below.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_addr.s_addr = u32::from(dst).to_be();
+    let sa = sockaddr(dst);
     let mut sent_at: Vec<Option<Instant>> = vec![None; count as usize];
     let mut answered = vec![false; count as usize];
     let mut train = Train {
@@ -277,29 +289,9 @@ pub fn echo_train(
         }
         if next < count && now >= start + interval * next {
             let seq = next as u16;
-            let mut pkt = vec![0u8; 8 + 56];
-            pkt[0] = 8;
-            pkt[4..6].copy_from_slice(&id.to_be_bytes());
-            pkt[6..8].copy_from_slice(&seq.to_be_bytes());
-            for (i, b) in pkt[8..].iter_mut().enumerate() {
-                *b = (i % 251) as u8;
-            }
-            let sum = checksum(&pkt);
-            pkt[2..4].copy_from_slice(&sum.to_be_bytes());
-            // SAFETY: `pkt` and `sa` are live for the call; lengths are theirs.
-            let rc = unsafe {
-                libc::sendto(
-                    fd.0,
-                    pkt.as_ptr().cast(),
-                    pkt.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if !matches!(
+            let pkt = echo_request(id, seq, 56);
+            if let Err(e) = send_to(&fd, &pkt, &sa)
+                && !matches!(
                     e.raw_os_error(),
                     Some(
                         libc::ENETUNREACH
@@ -308,9 +300,9 @@ pub fn echo_train(
                             | libc::EHOSTDOWN
                             | libc::ENOBUFS
                     )
-                ) {
-                    return Err(e);
-                }
+                )
+            {
+                return Err(e);
             }
             sent_at[next as usize] = Some(Instant::now());
             train.sent += 1;
@@ -352,6 +344,17 @@ mod tests {
             checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
             0x220d
         );
+    }
+
+    #[test]
+    fn an_echo_request_carries_its_id_and_sequence_and_checks_out() {
+        let pkt = echo_request(0xbeef, 7, 5);
+        assert_eq!(pkt.len(), 13);
+        assert_eq!((pkt[0], pkt[1]), (8, 0));
+        assert_eq!(pkt[4..8], [0xbe, 0xef, 0, 7]);
+        assert_eq!(pkt[8..], [0, 1, 2, 3, 4]);
+        // A correct ICMP checksum makes the sum over the whole message come out as zero.
+        assert_eq!(checksum(&pkt), 0);
     }
 
     /// Loopback answers (the tests run as root, as weft's namespace tests do); an oversized

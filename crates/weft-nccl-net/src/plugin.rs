@@ -274,7 +274,7 @@ pub fn close_listen(listen_comm: *mut c_void) -> Result<()> {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Owner {
+pub(crate) enum Owner {
     Send(*const SendComm),
     Recv(*const RecvComm),
 }
@@ -290,25 +290,58 @@ pub struct Request {
 const SEND_MAGIC: u64 = u64::from_le_bytes(*b"weftSEND");
 const RECV_MAGIC: u64 = u64::from_le_bytes(*b"weftRECV");
 
-/// Behind a sendComm. `repr(C)`: `magic` is at offset 0 (see [`comm_ref`]).
+/// Behind a sendComm ([`SendComm`]) or a recvComm ([`RecvComm`]). `repr(C)`: `magic` is at
+/// offset 0 (see [`comm_ref`]).
 #[repr(C)]
-pub struct SendComm {
+pub(crate) struct ConnComm<C> {
     magic: u64,
-    conn: Mutex<SendConn>,
+    conn: Mutex<C>,
     reqs: Vec<Request>,
 }
 
-impl SendComm {
-    fn into_raw(c: SendConn) -> *mut c_void {
-        let mut b = Box::new(SendComm {
-            magic: SEND_MAGIC,
+/// Behind a sendComm.
+pub(crate) type SendComm = ConnComm<SendConn>;
+/// Behind a recvComm.
+pub(crate) type RecvComm = ConnComm<RecvConn>;
+
+/// What a [`ConnComm`] of each direction is marked and sized with.
+pub(crate) trait Side: Sized {
+    /// Its `magic`.
+    const MAGIC: u64;
+    /// Its request slots.
+    const MAX_REQUESTS: usize;
+    /// Its slots' owner.
+    fn owner(c: *const ConnComm<Self>) -> Owner;
+}
+
+impl Side for SendConn {
+    const MAGIC: u64 = SEND_MAGIC;
+    const MAX_REQUESTS: usize = MAX_SEND_REQUESTS;
+    fn owner(c: *const SendComm) -> Owner {
+        Owner::Send(c)
+    }
+}
+
+impl Side for RecvConn {
+    const MAGIC: u64 = RECV_MAGIC;
+    const MAX_REQUESTS: usize = MAX_RECV_REQUESTS;
+    fn owner(c: *const RecvComm) -> Owner {
+        Owner::Recv(c)
+    }
+}
+
+impl<C: Side> ConnComm<C> {
+    /// Boxes `c` with its request slots (which point back at the box) into a handle.
+    fn into_raw(c: C) -> *mut c_void {
+        let mut b = Box::new(ConnComm {
+            magic: C::MAGIC,
             conn: Mutex::new(c),
             reqs: Vec::new(),
         });
-        let me: *const SendComm = &*b;
-        b.reqs = (0..MAX_SEND_REQUESTS)
+        let me: *const ConnComm<C> = &*b;
+        b.reqs = (0..C::MAX_REQUESTS)
             .map(|_| Request {
-                owner: Owner::Send(me),
+                owner: C::owner(me),
                 id: AtomicU64::new(0),
             })
             .collect();
@@ -316,39 +349,7 @@ impl SendComm {
     }
 }
 
-/// Behind a recvComm. `repr(C)`: `magic` is at offset 0 (see [`comm_ref`]).
-#[repr(C)]
-pub struct RecvComm {
-    magic: u64,
-    conn: Mutex<RecvConn>,
-    reqs: Vec<Request>,
-}
-
-impl RecvComm {
-    fn into_raw(c: RecvConn) -> *mut c_void {
-        let mut b = Box::new(RecvComm {
-            magic: RECV_MAGIC,
-            conn: Mutex::new(c),
-            reqs: Vec::new(),
-        });
-        let me: *const RecvComm = &*b;
-        b.reqs = (0..MAX_RECV_REQUESTS)
-            .map(|_| Request {
-                owner: Owner::Recv(me),
-                id: AtomicU64::new(0),
-            })
-            .collect();
-        crate::guard::into_handle(b)
-    }
-}
-
-impl Drop for SendComm {
-    fn drop(&mut self) {
-        self.magic = 0;
-    }
-}
-
-impl Drop for RecvComm {
+impl<C> Drop for ConnComm<C> {
     fn drop(&mut self) {
         self.magic = 0;
     }
@@ -393,6 +394,21 @@ unsafe fn mem_handle<'a>(mh: *mut c_void) -> Option<&'a MemHandle> {
     Some(&unsafe { &*mh.cast::<MemReg>() }.handle)
 }
 
+/// Gives NCCL the slot of request `id` among `reqs` as its `*request` (isend, irecv); for
+/// `None` (busy) leaves the NULL already written there.
+fn hand_out(reqs: &[Request], id: Option<RequestId>, request: *mut *mut c_void) -> Result<()> {
+    if let Some(id) = id {
+        let slot = &reqs[id.index()];
+        slot.id.store(id.raw(), Ordering::Release);
+        crate::guard::out(
+            request,
+            "request",
+            (slot as *const Request).cast_mut().cast(),
+        )?;
+    }
+    Ok(())
+}
+
 /// Starts a send; `*request` is NULL when the comm is busy (NCCL retries).
 pub fn isend(
     send_comm: *mut c_void,
@@ -414,16 +430,7 @@ pub fn isend(
     // SAFETY: NCCL keeps `data..data+size` registered and untouched until test() reports done,
     // and closes the comm (which joins the helper threads) before freeing it.
     let id = unsafe { lock(&s.conn).isend_mr(data.cast::<u8>(), size, tag, mh)? };
-    if let Some(id) = id {
-        let slot = &s.reqs[id.index()];
-        slot.id.store(id.raw(), Ordering::Release);
-        crate::guard::out(
-            request,
-            "request",
-            (slot as *const Request).cast_mut().cast(),
-        )?;
-    }
-    Ok(())
+    hand_out(&s.reqs, id, request)
 }
 
 /// Starts a grouped receive of `n` buffers; `*request` NULL when busy.
@@ -469,16 +476,7 @@ pub fn irecv(
     // SAFETY: NCCL keeps the buffers registered and untouched until test() reports done, and
     // closes the comm (joining helper threads) before freeing them.
     let id = unsafe { lock(&r.conn).irecv_mr(&bufs[..n], &mhs[..n])? };
-    if let Some(id) = id {
-        let slot = &r.reqs[id.index()];
-        slot.id.store(id.raw(), Ordering::Release);
-        crate::guard::out(
-            request,
-            "request",
-            (slot as *const Request).cast_mut().cast(),
-        )?;
-    }
-    Ok(())
+    hand_out(&r.reqs, id, request)
 }
 
 /// Polls a request; writes `*done` and, when done, the sizes (one per buffer for receives).

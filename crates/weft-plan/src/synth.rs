@@ -48,6 +48,8 @@ impl Gen<'_> {
             Quant::None
         };
         match q {
+            // GPTQ and AWQ name the same tensors but pack qweight along other axes (GPTQ the
+            // input, AWQ the output), and only GPTQ has g_idx: each arm is its format's layout.
             Quant::Gptq { bits, group_size } => {
                 let g = group_size.unwrap_or(inp);
                 let bits = u64::from(bits);

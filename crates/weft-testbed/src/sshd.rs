@@ -565,33 +565,38 @@ fn run_quick(program: &str, args: &[&str]) -> Result<String, TestbedError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_client_with_the_known_host_key_gets_in_and_one_with_another_is_refused() {
-        let sshd = Sshd::start().unwrap();
-        let out = Command::new("ssh")
-            .args(sshd.client_args())
-            .arg("echo in")
+    /// `ssh` with `args` running `cmd`.
+    fn ssh(args: &[String], cmd: &str) -> std::process::Output {
+        Command::new("ssh")
+            .args(args)
+            .arg(cmd)
             .stdin(Stdio::null())
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The output of `cmd` run by `ssh` with `args` into `sshd`, which must succeed.
+    fn ssh_ok(sshd: &Sshd, args: &[String], cmd: &str) -> String {
+        let out = ssh(args, cmd);
         assert!(
             out.status.success(),
             "{}\nsshd log:\n{}",
             String::from_utf8_lossy(&out.stderr),
             sshd.log()
         );
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "in\n");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn a_client_with_the_known_host_key_gets_in_and_one_with_another_is_refused() {
+        let sshd = Sshd::start().unwrap();
+        assert_eq!(ssh_ok(&sshd, &sshd.client_args(), "echo in"), "in\n");
 
         let other = sshd.other_host_key().unwrap();
         assert_ne!(other, sshd.host_public_key());
         sshd.write_known_hosts(&sshd.known_hosts_file(), &other)
             .unwrap();
-        let out = Command::new("ssh")
-            .args(sshd.client_args())
-            .arg("echo in")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = ssh(&sshd.client_args(), "echo in");
         assert!(!out.status.success());
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("Host key verification failed"),
@@ -622,19 +627,10 @@ mod tests {
                 }
             })
             .collect();
-        let out = Command::new("ssh")
-            .args(&args)
-            .arg("echo from=$WEFT_SSH_FROM")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}\nsshd log:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            b.log()
+        assert_eq!(
+            ssh_ok(&b, &args, "echo from=$WEFT_SSH_FROM"),
+            "from=node-b\n"
         );
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "from=node-b\n");
         assert!(
             b.known_hosts_line()
                 .starts_with(&format!("[127.0.0.1]:{} ", b.port()))

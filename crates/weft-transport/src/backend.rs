@@ -282,75 +282,112 @@ enum S {
 #[derive(Debug)]
 pub struct SendConn(S);
 
+/// What the backend-neutral [`SendConn`] and [`RecvConn`] answer alike, over an enum with
+/// `Tcp` and `Ofi` variants (`$e`): an ofi connection has one data stream (its endpoint),
+/// never shares a control stream and has no side channel but its management peer.
+/// `$other` names the connection of the other direction in the docs.
+macro_rules! conn_common {
+    ($t:ident, $e:ident, $other:literal) => {
+        impl $t {
+            /// Remote address and local interface of the data path (TCP: control stream;
+            /// ofi: the management peer and "interface (ofi provider/domain)").
+            pub fn peer(&self) -> (SocketAddr, &str) {
+                match &self.0 {
+                    $e::Tcp(c) => c.peer(),
+                    $e::Ofi(c) => c.peer(),
+                }
+            }
+
+            /// Remote address and local interface of the management side channel.
+            pub fn side_peer(&self) -> (SocketAddr, &str) {
+                match &self.0 {
+                    $e::Tcp(c) => c.side_peer(),
+                    $e::Ofi(c) => c.peer(),
+                }
+            }
+
+            /// Number of data streams (1 for ofi: one endpoint).
+            pub fn nstreams(&self) -> usize {
+                match &self.0 {
+                    $e::Tcp(c) => c.nstreams(),
+                    $e::Ofi(_) => 1,
+                }
+            }
+
+            #[doc = concat!("Whether the control stream is shared with ", $other, " of the same peers (TCP backend, protocol JOIN; never for ofi).")]
+            pub fn shares_control_stream(&self) -> bool {
+                match &self.0 {
+                    $e::Tcp(c) => c.shares_control_stream(),
+                    $e::Ofi(_) => false,
+                }
+            }
+
+            /// Whether this connection runs over libfabric.
+            pub fn is_ofi(&self) -> bool {
+                matches!(self.0, $e::Ofi(_))
+            }
+
+            /// Registration cache (hits, misses); (0, 0) for TCP.
+            pub fn mr_stats(&self) -> (u64, u64) {
+                match &self.0 {
+                    $e::Tcp(_) => (0, 0),
+                    $e::Ofi(c) => c.mr_stats(),
+                }
+            }
+
+            /// Bytes of remote CQ data an ofi connection uses (4 or 8); 0 for TCP.
+            pub fn cq_data_bytes(&self) -> usize {
+                match &self.0 {
+                    $e::Tcp(_) => 0,
+                    $e::Ofi(c) => c.cq_data_bytes(),
+                }
+            }
+
+            /// libfabric rails (endpoints) of an ofi connection; 0 for TCP.
+            pub fn ofi_rails(&self) -> usize {
+                match &self.0 {
+                    $e::Tcp(_) => 0,
+                    $e::Ofi(c) => c.rails(),
+                }
+            }
+
+            /// Connections of this process on an ofi connection's endpoint, itself included
+            /// (see "Shared endpoints" in the ofi module); `None` for TCP.
+            pub fn ofi_endpoint_users(&self) -> Option<usize> {
+                match &self.0 {
+                    $e::Tcp(_) => None,
+                    $e::Ofi(c) => Some(c.endpoint_users()),
+                }
+            }
+
+            /// Registers `len` bytes at `ptr` for this connection's transfers (ofi: through
+            /// its registration cache; TCP: nothing to do).
+            pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {
+                let mut h = MemHandle::tcp(ptr, len);
+                if let $e::Ofi(c) = &mut self.0 {
+                    h.ofi = Some(c.reg_mr(ptr, len)?);
+                }
+                Ok(h)
+            }
+
+            #[doc = concat!("Releases a handle of [`", stringify!($t), "::reg_mr`]: no later transfer of this connection uses a registration of that memory (it may be freed and its address reused).")]
+            pub fn dereg_mr(&mut self, h: MemHandle) {
+                if let ($e::Ofi(c), Some(r)) = (&mut self.0, h.ofi) {
+                    c.dereg_mr(r);
+                }
+            }
+        }
+    };
+}
+conn_common!(SendConn, S, "a receiving connection");
+conn_common!(RecvConn, R, "a sending connection");
+
 impl SendConn {
-    /// Remote address and local interface of the data path (TCP: control stream; ofi: the
-    /// management peer and "interface (ofi provider/domain)").
-    pub fn peer(&self) -> (SocketAddr, &str) {
-        match &self.0 {
-            S::Tcp(c) => c.peer(),
-            S::Ofi(c) => c.peer(),
-        }
-    }
-
-    /// Remote address and local interface of the management side channel.
-    pub fn side_peer(&self) -> (SocketAddr, &str) {
-        match &self.0 {
-            S::Tcp(c) => c.side_peer(),
-            S::Ofi(c) => c.peer(),
-        }
-    }
-
-    /// Number of data streams (1 for ofi: one endpoint).
-    pub fn nstreams(&self) -> usize {
-        match &self.0 {
-            S::Tcp(c) => c.nstreams(),
-            S::Ofi(_) => 1,
-        }
-    }
-
-    /// Whether the control stream is shared with a receiving connection from the same peer
-    /// (TCP backend, protocol JOIN; never for ofi).
-    pub fn shares_control_stream(&self) -> bool {
-        match &self.0 {
-            S::Tcp(c) => c.shares_control_stream(),
-            S::Ofi(_) => false,
-        }
-    }
-
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         match &self.0 {
             S::Tcp(c) => c.in_flight(),
             S::Ofi(c) => c.in_flight(),
-        }
-    }
-
-    /// Whether this connection runs over libfabric.
-    pub fn is_ofi(&self) -> bool {
-        matches!(self.0, S::Ofi(_))
-    }
-
-    /// Registration cache (hits, misses); (0, 0) for TCP.
-    pub fn mr_stats(&self) -> (u64, u64) {
-        match &self.0 {
-            S::Tcp(_) => (0, 0),
-            S::Ofi(c) => c.mr_stats(),
-        }
-    }
-
-    /// Bytes of remote CQ data an ofi connection uses (4 or 8); 0 for TCP.
-    pub fn cq_data_bytes(&self) -> usize {
-        match &self.0 {
-            S::Tcp(_) => 0,
-            S::Ofi(c) => c.cq_data_bytes(),
-        }
-    }
-
-    /// libfabric rails (endpoints) of an ofi connection; 0 for TCP.
-    pub fn ofi_rails(&self) -> usize {
-        match &self.0 {
-            S::Tcp(_) => 0,
-            S::Ofi(c) => c.rails(),
         }
     }
 
@@ -362,39 +399,12 @@ impl SendConn {
         }
     }
 
-    /// Connections of this process on an ofi connection's endpoint, itself included (see
-    /// "Shared endpoints" in the ofi module); `None` for TCP.
-    pub fn ofi_endpoint_users(&self) -> Option<usize> {
-        match &self.0 {
-            S::Tcp(_) => None,
-            S::Ofi(c) => Some(c.endpoint_users()),
-        }
-    }
-
     /// Messages an ofi connection sent over its TCP lane (`WEFT_OFI_MIN_BYTES`); `None` without
     /// a lane.
     pub fn ofi_lane_msgs(&self) -> Option<u64> {
         match &self.0 {
             S::Tcp(_) => None,
             S::Ofi(c) => c.lane_msgs(),
-        }
-    }
-
-    /// Registers `len` bytes at `ptr` for sends on this connection (ofi: through its
-    /// registration cache; TCP: nothing to do).
-    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {
-        let mut h = MemHandle::tcp(ptr, len);
-        if let S::Ofi(c) = &mut self.0 {
-            h.ofi = Some(c.reg_mr(ptr, len)?);
-        }
-        Ok(h)
-    }
-
-    /// Releases a handle of [`SendConn::reg_mr`]: no later send of this connection uses a
-    /// registration of that memory (it may be freed and its address reused).
-    pub fn dereg_mr(&mut self, h: MemHandle) {
-        if let (S::Ofi(c), Some(r)) = (&mut self.0, h.ofi) {
-            c.dereg_mr(r);
         }
     }
 
@@ -472,100 +482,12 @@ enum R {
 pub struct RecvConn(R);
 
 impl RecvConn {
-    /// Remote address and local interface of the data path.
-    pub fn peer(&self) -> (SocketAddr, &str) {
-        match &self.0 {
-            R::Tcp(c) => c.peer(),
-            R::Ofi(c) => c.peer(),
-        }
-    }
-
-    /// Remote address and local interface of the management side channel.
-    pub fn side_peer(&self) -> (SocketAddr, &str) {
-        match &self.0 {
-            R::Tcp(c) => c.side_peer(),
-            R::Ofi(c) => c.peer(),
-        }
-    }
-
-    /// Number of data streams (1 for ofi).
-    pub fn nstreams(&self) -> usize {
-        match &self.0 {
-            R::Tcp(c) => c.nstreams(),
-            R::Ofi(_) => 1,
-        }
-    }
-
-    /// Whether the control stream is shared with a sending connection to the same peer (TCP
-    /// backend, protocol JOIN; never for ofi).
-    pub fn shares_control_stream(&self) -> bool {
-        match &self.0 {
-            R::Tcp(c) => c.shares_control_stream(),
-            R::Ofi(_) => false,
-        }
-    }
-
-    /// Whether this connection runs over libfabric.
-    pub fn is_ofi(&self) -> bool {
-        matches!(self.0, R::Ofi(_))
-    }
-
-    /// Registration cache (hits, misses); (0, 0) for TCP.
-    pub fn mr_stats(&self) -> (u64, u64) {
-        match &self.0 {
-            R::Tcp(_) => (0, 0),
-            R::Ofi(c) => c.mr_stats(),
-        }
-    }
-
-    /// Bytes of remote CQ data an ofi connection uses (4 or 8); 0 for TCP.
-    pub fn cq_data_bytes(&self) -> usize {
-        match &self.0 {
-            R::Tcp(_) => 0,
-            R::Ofi(c) => c.cq_data_bytes(),
-        }
-    }
-
-    /// libfabric rails (endpoints) of an ofi connection; 0 for TCP.
-    pub fn ofi_rails(&self) -> usize {
-        match &self.0 {
-            R::Tcp(_) => 0,
-            R::Ofi(c) => c.rails(),
-        }
-    }
-
-    /// Connections of this process on an ofi connection's endpoint, itself included; `None`
-    /// for TCP.
-    pub fn ofi_endpoint_users(&self) -> Option<usize> {
-        match &self.0 {
-            R::Tcp(_) => None,
-            R::Ofi(c) => Some(c.endpoint_users()),
-        }
-    }
-
     /// CTS with buffers an ofi connection has sent (small receives whose messages all came
     /// eagerly send none); `None` for TCP.
     pub fn ofi_cts_sent(&self) -> Option<u64> {
         match &self.0 {
             R::Tcp(_) => None,
             R::Ofi(c) => Some(c.cts_sent()),
-        }
-    }
-
-    /// Registers `len` bytes at `ptr` for receives on this connection; see
-    /// [`SendConn::reg_mr`].
-    pub fn reg_mr(&mut self, ptr: *const u8, len: usize) -> Result<MemHandle> {
-        let mut h = MemHandle::tcp(ptr, len);
-        if let R::Ofi(c) = &mut self.0 {
-            h.ofi = Some(c.reg_mr(ptr, len)?);
-        }
-        Ok(h)
-    }
-
-    /// Releases a handle of [`RecvConn::reg_mr`]; see [`SendConn::dereg_mr`].
-    pub fn dereg_mr(&mut self, h: MemHandle) {
-        if let (R::Ofi(c), Some(r)) = (&mut self.0, h.ofi) {
-            c.dereg_mr(r);
         }
     }
 

@@ -12,10 +12,21 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::config::Config;
-use crate::error::{Link, Result, Stage};
+use crate::error::{Error, Link, Result, Stage};
 
 /// Most buffers one grouped receive may have.
 pub const MAX_RECVS: usize = 8;
+/// Refuses a grouped receive of `bufs` buffers outside 1..=[`MAX_RECVS`] (both backends).
+pub(crate) fn check_recv_count(bufs: &[RecvBuf]) -> Result<()> {
+    if bufs.is_empty() || bufs.len() > MAX_RECVS {
+        return Err(Error::Usage(format!(
+            "irecv with {} buffers (1..={MAX_RECVS})",
+            bufs.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Requests one receive connection keeps in flight.
 pub const MAX_RECV_REQUESTS: usize = 64;
 /// Requests one send connection keeps in flight (NCCL: 32 x maxRecvs).

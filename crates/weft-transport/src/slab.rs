@@ -4,6 +4,7 @@
 //! needs (it sizes its own tables by the in-flight limit).
 
 use crate::common::RequestId;
+use crate::error::{Error, Result};
 
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
@@ -50,6 +51,13 @@ impl<T> Slab<T> {
         self.slots[id.index()].1.as_mut()
     }
 
+    /// The request `id` that a `test` asks about: a usage error naming it when it is not in
+    /// flight (`what`: "send" or "receive").
+    pub(crate) fn tested(&mut self, id: RequestId, what: &str) -> Result<&mut T> {
+        self.get_mut(id)
+            .ok_or_else(|| Error::Usage(format!("unknown {what} request {id:?}")))
+    }
+
     /// What slot `i` holds, whatever its generation.
     pub(crate) fn at(&mut self, i: usize) -> Option<&mut T> {
         self.slots.get_mut(i)?.1.as_mut()
@@ -83,6 +91,18 @@ impl<T> Slab<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn testing_an_id_not_in_flight_is_a_usage_error_naming_it() {
+        let mut s = Slab::new(1);
+        let a = s.insert(7).unwrap();
+        assert_eq!(s.tested(a, "send").map(|v| *v).ok(), Some(7));
+        s.remove(a);
+        match s.tested(a, "receive") {
+            Err(Error::Usage(m)) => assert_eq!(m, format!("unknown receive request {a:?}")),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn a_released_id_does_not_reach_the_next_request_in_its_slot() {

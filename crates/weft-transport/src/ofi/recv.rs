@@ -556,12 +556,7 @@ impl RecvConn {
         bufs: &[RecvBuf],
         regs: &[Option<&Registration>],
     ) -> Result<Option<RequestId>> {
-        if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(Error::Usage(format!(
-                "irecv with {} buffers (1..={MAX_RECVS})",
-                bufs.len()
-            )));
-        }
+        crate::common::check_recv_count(bufs)?;
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -735,10 +730,7 @@ impl RecvConn {
     /// Whether request `id` is done; the sizes received once it is (the id is then released).
     pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
         self.progress()?;
-        let r = self
-            .reqs
-            .get_mut(id)
-            .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
+        let r = self.reqs.tested(id, "receive")?;
         if r.nfilled == r.bufs.len() {
             let c = Completed {
                 n: r.bufs.len(),

@@ -1001,10 +1001,7 @@ impl SendConn {
     /// Whether request `id` is done; `Some(bytes)` once it is (the id is then released).
     pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
         self.progress()?;
-        let r = self
-            .reqs
-            .get_mut(id)
-            .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
+        let r = self.reqs.tested(id, "send")?;
         if r.done {
             let size = r.size;
             self.reqs.remove(id);

@@ -645,20 +645,34 @@ pub(crate) fn offer(
     peer: IpAddr,
     exclude: &[u64],
 ) -> Option<Offer> {
+    claim(
+        owner,
+        peer,
+        |l| local.is_none_or(|a| a == l.local.ip()) && !exclude.contains(&l.id),
+        |share, failed| share.reserve(failed),
+    )
+    .map(|l| Offer(Some(l)))
+}
+
+/// The first live link of transport `owner` to `peer` that `pick` chooses and whose sharing
+/// state `take` (told whether the link has failed) changes for the caller: the one search
+/// behind [`offer`], [`join`] and [`accept_move`].
+fn claim(
+    owner: u64,
+    peer: IpAddr,
+    pick: impl Fn(&CtrlLink) -> bool,
+    take: impl Fn(&mut Share, bool) -> bool,
+) -> Option<Arc<CtrlLink>> {
     let all = lock(&LINKS);
     for l in all.iter().filter_map(Weak::upgrade) {
-        if l.owner != owner
-            || l.link.peer.ip() != peer
-            || local.is_some_and(|a| a != l.local.ip())
-            || exclude.contains(&l.id)
-        {
+        if l.owner != owner || l.link.peer.ip() != peer || !pick(&l) {
             continue;
         }
         let mut st = lock(&l.st);
         let failed = st.failed();
-        if st.share.reserve(failed) {
+        if take(&mut st.share, failed) {
             drop(st);
-            return Some(Offer(Some(l)));
+            return Some(l);
         }
     }
     None
@@ -669,19 +683,12 @@ pub(crate) fn offer(
 /// the transport has it with only a sending connection on it, healthy, between the same
 /// addresses.
 pub(crate) fn join(owner: u64, id: u64, local: IpAddr, peer: IpAddr) -> Option<Arc<CtrlLink>> {
-    let all = lock(&LINKS);
-    for l in all.iter().filter_map(Weak::upgrade) {
-        if l.owner != owner || l.id != id || l.link.peer.ip() != peer || l.local.ip() != local {
-            continue;
-        }
-        let mut st = lock(&l.st);
-        let failed = st.failed();
-        if st.share.join(failed) {
-            drop(st);
-            return Some(l);
-        }
-    }
-    None
+    claim(
+        owner,
+        peer,
+        |l| l.id == id && l.local.ip() == local,
+        |share, failed| share.join(failed),
+    )
 }
 
 /// The answer of transport `owner` to a MOVE request onto link `id` from the connection whose
@@ -698,17 +705,10 @@ pub(crate) fn accept_move(
     local: IpAddr,
     peer: IpAddr,
 ) -> Option<Arc<CtrlLink>> {
-    let all = lock(&LINKS);
-    for l in all.iter().filter_map(Weak::upgrade) {
-        if l.owner != owner || l.id != id || l.link.peer.ip() != peer || l.local.ip() != local {
-            continue;
-        }
-        let mut st = lock(&l.st);
-        let failed = st.failed();
-        if st.share.accept_move(id, from, failed) {
-            drop(st);
-            return Some(l);
-        }
-    }
-    None
+    claim(
+        owner,
+        peer,
+        |l| l.id == id && l.local.ip() == local,
+        |share, failed| share.accept_move(id, from, failed),
+    )
 }

@@ -32,7 +32,7 @@ use crate::alive::{Probe, ProbeStep};
 use crate::common::{
     Completed, Device, MAX_RECV_REQUESTS, MAX_RECVS, MAX_SEND_REQUESTS, Rail, RecvBuf, RequestId,
 };
-use crate::common::{PendingSock, Tune, random_u64, write_all_until};
+use crate::common::{PendingSock, Tune, check_recv_count, random_u64, write_all_until};
 use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
@@ -795,39 +795,53 @@ enum Moving {
     Settled,
 }
 
+/// What [`SendConn`] and [`RecvConn`] do alike over the fields of the same names (`link`,
+/// `side`, `engine`, `ctrl`, `error`): the accessors, and `fail`, which keeps the first
+/// error and tells the peer once (see [`give_up`]). `$end` is the type's end; `$other` names
+/// the connection of the other direction in the docs.
+macro_rules! conn_common {
+    ($t:ty, $end:expr, $other:literal) => {
+        impl $t {
+            /// Remote address and local interface of the control stream (on the data network).
+            pub fn peer(&self) -> (SocketAddr, &str) {
+                (self.link.peer, &self.link.iface)
+            }
+
+            /// Remote address and local interface of the management side channel.
+            pub fn side_peer(&self) -> (SocketAddr, &str) {
+                (self.side.link.peer, &self.side.link.iface)
+            }
+
+            /// Number of data streams.
+            pub fn nstreams(&self) -> usize {
+                self.engine.nstreams()
+            }
+
+            #[doc = concat!("Whether the control stream is shared with ", $other, " of the same peers.")]
+            pub fn shares_control_stream(&self) -> bool {
+                self.ctrl.shared()
+            }
+
+            /// Records the connection's first error and tells the peer (see [`give_up`]): on
+            /// the control stream and on the side channel, since the control stream may be on
+            /// the link that died. Later calls return that first error.
+            fn fail(&mut self, e: Error, link_failed: bool) -> Error {
+                if let Some(first) = &self.error {
+                    return first.clone();
+                }
+                let e = give_up(&self.ctrl, &mut self.side, $end, e, link_failed);
+                self.error.insert(e).clone()
+            }
+        }
+    };
+}
+conn_common!(SendConn, End::Send, "a receiving connection");
+conn_common!(RecvConn, End::Recv, "a sending connection");
+
 impl SendConn {
-    /// Remote address and local interface of the control stream (on the data network).
-    pub fn peer(&self) -> (SocketAddr, &str) {
-        (self.link.peer, &self.link.iface)
-    }
-
-    /// Remote address and local interface of the management side channel.
-    pub fn side_peer(&self) -> (SocketAddr, &str) {
-        (self.side.link.peer, &self.side.link.iface)
-    }
-
-    /// Number of data streams.
-    pub fn nstreams(&self) -> usize {
-        self.engine.nstreams()
-    }
-
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.reqs.live()
-    }
-
-    /// Whether the control stream is shared with a receiving connection from the same peer.
-    pub fn shares_control_stream(&self) -> bool {
-        self.ctrl.shared()
-    }
-
-    /// Records the connection's first error and tells the receiver (see [`give_up`]).
-    fn fail(&mut self, e: Error, link_failed: bool) -> Error {
-        if let Some(first) = &self.error {
-            return first.clone();
-        }
-        let e = give_up(&self.ctrl, &mut self.side, End::Send, e, link_failed);
-        self.error.insert(e).clone()
     }
 
     /// Whether some request still needs the receiver (bytes not yet handed to the kernel).
@@ -1073,10 +1087,7 @@ impl SendConn {
         self.progress()?;
         let flushed = self.ctrl.seq_flushed();
         let flushed_old = self.old.as_ref().map_or(u64::MAX, |o| o.seq_flushed());
-        let r = self
-            .reqs
-            .get_mut(id)
-            .ok_or_else(|| Error::Usage(format!("unknown send request {id:?}")))?;
+        let r = self.reqs.tested(id, "send")?;
         let sent = if r.on_old { flushed_old } else { flushed };
         if sent >= r.seq && r.chunks.remaining.load(Ordering::Acquire) == 0 {
             let size = r.size;
@@ -1135,6 +1146,26 @@ struct RecvReq {
     chunks: Arc<ReqState>,
     /// Held messages matched to this receive, copied into `*mut u8` once they are whole.
     copies: Vec<(Held, *mut u8)>,
+}
+
+impl RecvReq {
+    /// Gives buffer `slot` to a message of `size` bytes with `tag` (held or new), which must
+    /// fit it; returns the buffer.
+    fn fill(&mut self, slot: usize, size: u64, tag: i32, peer: SocketAddr) -> Result<RecvBuf> {
+        let buf = self.bufs[slot];
+        if size > buf.len as u64 {
+            return Err(Error::Truncated {
+                peer,
+                sent: size,
+                posted: buf.len,
+                tag,
+            });
+        }
+        self.filled[slot] = true;
+        self.sizes[slot] = size as usize;
+        self.matched += 1;
+        Ok(buf)
+    }
 }
 
 /// A message whose tag matched no empty buffer of the receive it reached: its tag belongs to a
@@ -1218,37 +1249,6 @@ pub struct RecvConn {
 }
 
 impl RecvConn {
-    /// Remote address and local interface of the control stream (on the data network).
-    pub fn peer(&self) -> (SocketAddr, &str) {
-        (self.link.peer, &self.link.iface)
-    }
-
-    /// Remote address and local interface of the management side channel.
-    pub fn side_peer(&self) -> (SocketAddr, &str) {
-        (self.side.link.peer, &self.side.link.iface)
-    }
-
-    /// Number of data streams.
-    pub fn nstreams(&self) -> usize {
-        self.engine.nstreams()
-    }
-
-    /// Whether the control stream is shared with a sending connection to the same peer.
-    pub fn shares_control_stream(&self) -> bool {
-        self.ctrl.shared()
-    }
-
-    /// Records the connection's first error and tells the sender (see [`give_up`]): on the
-    /// control stream and on the side channel, since the control stream may be on the link
-    /// that died.
-    fn fail(&mut self, e: Error, link_failed: bool) -> Error {
-        if let Some(first) = &self.error {
-            return first.clone();
-        }
-        let e = give_up(&self.ctrl, &mut self.side, End::Recv, e, link_failed);
-        self.error.insert(e).clone()
-    }
-
     /// Reads the control stream; errors are failures of the stream itself.
     fn read_ctrl(&mut self) -> Result<()> {
         self.ctrl.pump(true)?;
@@ -1312,18 +1312,7 @@ impl RecvConn {
                     break;
                 };
                 self.held_bytes -= m.size;
-                let buf = r.bufs[slot];
-                if m.size > buf.len as u64 {
-                    return Err(Error::Truncated {
-                        peer,
-                        sent: m.size,
-                        posted: buf.len,
-                        tag: m.tag,
-                    });
-                }
-                r.filled[slot] = true;
-                r.sizes[slot] = m.size as usize;
-                r.matched += 1;
+                let buf = r.fill(slot, m.size, m.tag, peer)?;
                 r.copies.push((m, buf.ptr));
             }
             if r.matched == r.bufs.len() {
@@ -1342,18 +1331,7 @@ impl RecvConn {
                 self.held.push_back(m);
                 continue;
             };
-            let buf = r.bufs[slot];
-            if h.size > buf.len as u64 {
-                return Err(Error::Truncated {
-                    peer,
-                    sent: h.size,
-                    posted: buf.len,
-                    tag: h.tag,
-                });
-            }
-            r.filled[slot] = true;
-            r.sizes[slot] = h.size as usize;
-            r.matched += 1;
+            let buf = r.fill(slot, h.size, h.tag, peer)?;
             if let Some(p) = &h.inline {
                 if !p.is_empty() {
                     // SAFETY: the caller of irecv guarantees `buf.ptr..+buf.len` is writable and we
@@ -1413,12 +1391,7 @@ impl RecvConn {
     /// Every buffer must be writable for its `len` bytes and not be read or written by anyone
     /// else until [`RecvConn::test`] reports the request done or the connection is dropped.
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
-        if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(Error::Usage(format!(
-                "irecv with {} buffers (1..={MAX_RECVS})",
-                bufs.len()
-            )));
-        }
+        check_recv_count(bufs)?;
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -1444,10 +1417,7 @@ impl RecvConn {
     /// Whether request `id` is done; the sizes received once it is (the id is then released).
     pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
         self.progress()?;
-        let r = self
-            .reqs
-            .get_mut(id)
-            .ok_or_else(|| Error::Usage(format!("unknown receive request {id:?}")))?;
+        let r = self.reqs.tested(id, "receive")?;
         r.copies.retain(|(m, dst)| {
             if m.chunks.remaining.load(Ordering::Acquire) > 0 {
                 return true;
