@@ -1,11 +1,15 @@
 //! The libfabric backend against the real libfabric 1.17 on this host: `tcp;ofi_rxm` over
-//! loopback and `shm`, both in one process (NCCL's self-connection) and across threads. Sizes
-//! 0..64 MiB with receives larger than the send, eager and RMA paths, tags and grouped
-//! receives, 32 in flight, the registration cache, errors (truncation, tag mismatch, a peer
-//! that dies, a TCP peer, a stalled data path; late peers are not errors), and the fallback to
-//! TCP when no provider is usable.
+//! loopback and `shm`, both in one process (NCCL's self-connection) and across threads. The
+//! contract suite that every backend runs (`common::contract`: sizes 0..64 MiB, 32 in flight,
+//! ping-pong, set-up and its failures, stray connections, sender processes, rings, closes in
+//! flight, peers that go away), on each provider with 8-byte and, for the data-moving
+//! promises, 4-byte CQ data; and what only libfabric has: eager and RMA paths, eager credit,
+//! the registration cache, shared endpoints, rails and striping, the TCP lane, errors
+//! (truncation, tag mismatch, a TCP peer, a stalled data path; late peers are not errors), and
+//! the fallback to TCP when no provider is usable.
 //!
-//! Without libfabric every test prints "skipped" and passes: the backend is optional.
+//! Without libfabric every test prints "skipped" and passes (the backend is optional), except
+//! under `WEFT_TEST_REQUIRE=all`, where it fails.
 
 mod common;
 use common::pattern;
@@ -18,6 +22,39 @@ use common::{ofi_cfg, ofi_transport};
 use weft_transport::{
     BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, RequestId, SendConn, Transport,
 };
+
+/// The contract suite on `tcp;ofi_rxm` over loopback: `ofi_tcp::<promise>`.
+mod ofi_tcp {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::ofi("ofi tcp;ofi_rxm", "tcp;ofi_rxm", "lo", false);
+        data, setup, processes, closing, peers_in_one_process,
+    );
+}
+
+/// The contract suite on `shm`: `ofi_shm::<promise>`. Not `peers_in_one_process`: `shm` maps
+/// the peer's memory region, which a peer in the same process unmaps when it closes (across
+/// processes, as in `processes`, the mapping stays valid).
+mod ofi_shm {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::ofi("ofi shm", "shm", "", false);
+        data, setup, processes, closing,
+    );
+}
+
+/// The data-moving promises with 4-byte remote CQ data (`WEFT_OFI_CQ_DATA_BYTES=4`, as on
+/// `verbs;ofi_rxm`), whose messages name their connection and size differently:
+/// `ofi_tcp_cq4::<promise>`, `ofi_shm_cq4::<promise>`.
+mod ofi_tcp_cq4 {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(Backend::ofi("ofi tcp;ofi_rxm (cq4)", "tcp;ofi_rxm", "lo", true); data);
+}
+
+mod ofi_shm_cq4 {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(Backend::ofi("ofi shm (cq4)", "shm", "", true); data);
+}
 
 const PROVIDERS: &[(&str, &str)] = &[("tcp;ofi_rxm", "lo"), ("shm", "")];
 
@@ -39,34 +76,7 @@ fn transport(provider: &str, domain: &str) -> Option<Transport> {
 }
 
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
-    let mut l = t.listen(0).unwrap();
-    let (tx, rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
-    assert!(tx.is_ofi() && rx.is_ofi());
-    let want = if t.config().ofi_cq_data_bytes == Some(4) {
-        4
-    } else {
-        8
-    };
-    assert_eq!(tx.cq_data_bytes(), want, "sender's remote CQ data");
-    assert_eq!(rx.cq_data_bytes(), want, "receiver's remote CQ data");
-    // Both directions of the process on one endpoint; a 4-byte receiver on one of its own.
-    if want == 8 {
-        assert!(
-            tx.ofi_endpoint_users() >= Some(2),
-            "sender's endpoint shared"
-        );
-        assert!(
-            rx.ofi_endpoint_users() >= Some(2),
-            "receiver's endpoint shared"
-        );
-    } else {
-        assert_eq!(
-            rx.ofi_endpoint_users(),
-            Some(1),
-            "4-byte receiver's own endpoint"
-        );
-    }
-    (tx, rx)
+    common::ofi_pair_on(t)
 }
 
 /// Runs `f` with the 4-byte protocol forced (`WEFT_OFI_CQ_DATA_BYTES=4`), as on
@@ -103,69 +113,6 @@ fn recv_patterns(
             "{p}: message {i}"
         );
     }
-}
-
-fn sizes() -> Vec<usize> {
-    let mut v = vec![
-        0,
-        1,
-        7,
-        8,
-        1023,
-        8191,
-        8192,
-        8193,
-        65536,
-        1 << 20,
-        (1 << 20) + 3,
-        16 << 20,
-        64 << 20,
-    ];
-    let mut x: u64 = 0x9e37_79b9;
-    for _ in 0..10 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push((x % (4 << 20)) as usize);
-    }
-    v
-}
-
-#[test]
-fn sizes_0_to_64mib_receive_larger_than_send() {
-    each_provider(sizes_0_to_64mib_receive_larger_than_send_on);
-}
-
-#[test]
-fn cq4_sizes_0_to_64mib_receive_larger_than_send() {
-    each_provider_cq4(sizes_0_to_64mib_receive_larger_than_send_on);
-}
-
-fn sizes_0_to_64mib_receive_larger_than_send_on(p: &str, t: &Transport) {
-    let (mut tx, mut rx) = pair_on(t);
-    let sizes = sizes();
-    let s2 = sizes.clone();
-    let h = thread::spawn(move || {
-        for (i, n) in s2.iter().enumerate() {
-            tx.send(&pattern(*n, i as u8), i as i32).unwrap();
-        }
-        tx
-    });
-    for (i, n) in sizes.iter().enumerate() {
-        let mut buf = vec![0u8; n + 100];
-        let got = rx.recv(&mut buf, i as i32).unwrap();
-        assert_eq!(got, *n, "{p}: message {i}");
-        assert!(
-            buf[..*n] == pattern(*n, i as u8)[..],
-            "{p}: payload of message {i} ({n} bytes) differs"
-        );
-        assert!(
-            buf[*n..].iter().all(|b| *b == 0),
-            "{p}: wrote past the message"
-        );
-    }
-    let tx = h.join().unwrap();
-    drop(tx);
 }
 
 /// Sends posted before the receives (eager, kept until the receive comes) and after (RMA),
@@ -246,16 +193,6 @@ fn eager_before_the_receive_and_rma_after_it_in_one_thread_on(p: &str, t: &Trans
         }
     }
     assert_eq!(rd.unwrap().sizes(), &[0], "{p}");
-}
-
-#[test]
-fn thirty_two_in_flight_and_grouped_receives_by_tag() {
-    each_provider(thirty_two_in_flight_and_grouped_receives_by_tag_on);
-}
-
-#[test]
-fn cq4_thirty_two_in_flight_and_grouped_receives_by_tag() {
-    each_provider_cq4(thirty_two_in_flight_and_grouped_receives_by_tag_on);
 }
 
 fn thirty_two_in_flight_and_grouped_receives_by_tag_on(p: &str, t: &Transport) {
@@ -438,41 +375,6 @@ fn truncation_and_tag_mismatch_are_errors_on_both_sides_on(p: &str, t: &Transpor
         r => panic!("{p}: {r:?}"),
     }
     drop(tx);
-}
-
-/// In one process only with `tcp;ofi_rxm`: `shm` maps the peer's memory region, which a peer in
-/// the same process unmaps when it closes (across processes the mapping stays valid).
-#[test]
-fn a_peer_that_goes_away_is_a_bounded_error() {
-    each_provider(|p, t| {
-        if p == "shm" {
-            return;
-        }
-        // Sender gone while the receiver waits.
-        let (tx, mut rx) = pair_on(t);
-        drop(tx);
-        let mut buf = vec![0u8; 1 << 20];
-        let start = Instant::now();
-        let e = rx.recv(&mut buf, 0).unwrap_err();
-        assert!(matches!(e, Error::Closed { .. }), "{p}: {e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{p}: took {:?}",
-            start.elapsed()
-        );
-        // Receiver gone while the sender waits for its receive.
-        let (mut tx, rx) = pair_on(t);
-        drop(rx);
-        let big = vec![0u8; 1 << 20];
-        let start = Instant::now();
-        let e = tx.send(&big, 0).unwrap_err();
-        assert!(matches!(e, Error::Closed { .. }), "{p}: {e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{p}: took {:?}",
-            start.elapsed()
-        );
-    });
 }
 
 #[test]
@@ -1404,82 +1306,6 @@ fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport)
     }
     drop(tx);
     recv_patterns(p, &mut rx, &mut buf, n, size);
-}
-
-/// Stray connections (garbage, connect and close, a health probe, half-open) on the ofi
-/// listener's port during a real connect, on each provider: discarded and named, the real
-/// connection comes up; 100 rounds (`WEFT_TEST_ROUNDS` overrides).
-#[test]
-fn stray_connections_are_discarded_while_the_real_peer_connects() {
-    each_provider(|_, t| common::strays_do_not_fail_a_real_connect(t, common::rounds(100)));
-}
-
-/// Sent means delivered on each provider: a sender process that closes and exits as soon as
-/// its 32 sends of 5,000 bytes (eager) are reported done loses none of them; then 8 of
-/// 300,000 bytes (RMA): 45 and 15 rounds (`WEFT_TEST_ROUNDS` sets their sum).
-#[test]
-fn a_sender_that_exits_right_after_completion_loses_nothing() {
-    each_provider(|p, t| {
-        let domain = t.config().ofi_domain.clone().unwrap_or_default();
-        let mut env = vec![
-            ("WEFT_MGMT_IFNAME", "=lo"),
-            ("WEFT_TIMEOUT_MS", "20000"),
-            ("WEFT_BACKEND", "ofi"),
-            ("WEFT_OFI_PROVIDER", p),
-        ];
-        if !domain.is_empty() {
-            env.push(("WEFT_OFI_DOMAIN", &domain));
-        }
-        let n = common::rounds(60);
-        common::sender_exits_right_after_completion(t, &env, n * 3 / 4, 32, 5000);
-        common::sender_exits_right_after_completion(t, &env, n / 4, 8, 300_000);
-    });
-}
-
-/// Closing connections with requests in flight never harms the other connections of the
-/// process, and the last one out closes the endpoint cleanly: on each provider, between two
-/// transports (endpoints of their own: as between two processes, every connection shares one
-/// provider connection), see [`common::closing_in_flight_leaves_the_busy_connections_alone`]
-/// (100 rounds, `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
-#[test]
-fn closing_in_flight_leaves_the_busy_connections_alone() {
-    each_provider(|p, t| {
-        let u = transport(p, &t.config().ofi_domain.clone().unwrap_or_default()).unwrap();
-        // With `shm`, the last-out rounds stay within one transport: libfabric 1.17's `shm`
-        // progress reads the region of a peer endpoint of the same process that closed
-        // (SIGSEGV), which two processes never see.
-        let last_out = if p == "shm" { t } else { &u };
-        common::closing_in_flight_leaves_the_busy_connections_alone(p, t, &u, last_out);
-    });
-}
-
-/// Rings of 3 to 8 rank processes on each provider (`tcp;ofi_rxm` over loopback, `shm`):
-/// every rank sends to the next and receives from the previous one at once, eager and RMA
-/// sizes up to 1 MiB, 12 rounds, each ring size once per provider (`WEFT_TEST_ROUNDS` repeats
-/// more).
-#[test]
-fn rings_of_3_to_8_processes() {
-    let reps = std::env::var("WEFT_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    each_provider(|p, t| {
-        let domain = t.config().ofi_domain.clone().unwrap_or_default();
-        let mut env = vec![
-            ("WEFT_MGMT_IFNAME", "=lo"),
-            ("WEFT_TIMEOUT_MS", "20000"),
-            ("WEFT_BACKEND", "ofi"),
-            ("WEFT_OFI_PROVIDER", p),
-        ];
-        if !domain.is_empty() {
-            env.push(("WEFT_OFI_DOMAIN", &domain));
-        }
-        for _ in 0..reps {
-            for n in 3..=8 {
-                common::ring(n, &env, 12, 1 << 20);
-            }
-        }
-    });
 }
 
 /// A frozen sender (SIGSTOP: alive to TCP, never calling in) is an error after the timeout,
