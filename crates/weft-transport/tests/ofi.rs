@@ -28,7 +28,7 @@ mod ofi_tcp {
     use super::common::contract::{Backend, contract_suite};
     contract_suite!(
         Backend::ofi("ofi tcp;ofi_rxm", "tcp;ofi_rxm", "lo", false);
-        data, setup, processes, closing, peers_in_one_process,
+        data, ping_pong, setup, processes, closing, peers_in_one_process,
     );
 }
 
@@ -39,7 +39,7 @@ mod ofi_shm {
     use super::common::contract::{Backend, contract_suite};
     contract_suite!(
         Backend::ofi("ofi shm", "shm", "", false);
-        data, setup, processes, closing,
+        data, ping_pong, setup, processes, closing,
     );
 }
 
@@ -48,9 +48,16 @@ mod ofi_shm {
 /// `ofi_tcp_cq4::<promise>`, `ofi_shm_cq4::<promise>`.
 mod ofi_tcp_cq4 {
     use super::common::contract::{Backend, contract_suite};
-    contract_suite!(Backend::ofi("ofi tcp;ofi_rxm (cq4)", "tcp;ofi_rxm", "lo", true); data);
+    contract_suite!(
+        Backend::ofi("ofi tcp;ofi_rxm (cq4)", "tcp;ofi_rxm", "lo", true);
+        data, ping_pong,
+    );
 }
 
+/// Not `ping_pong` on `shm` with 4-byte CQ data: its receivers have endpoints of their own,
+/// and when one side's closes while the other's still polls, libfabric 1.17's `shm` progress
+/// reads the closed endpoint's region (SIGSEGV, seen in this test); across processes the
+/// mapping stays valid.
 mod ofi_shm_cq4 {
     use super::common::contract::{Backend, contract_suite};
     contract_suite!(Backend::ofi("ofi shm (cq4)", "shm", "", true); data);

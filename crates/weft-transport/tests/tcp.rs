@@ -22,7 +22,10 @@ use weft_transport::{Config, Error, RecvBuf, RecvConn, SendConn, Stage, Transpor
 /// The contract suite on the TCP backend: `tcp::<promise>`.
 mod tcp {
     use super::common::contract::{Backend, contract_suite};
-    contract_suite!(Backend::tcp(); data, setup, processes, closing, peers_in_one_process);
+    contract_suite!(
+        Backend::tcp();
+        data, ping_pong, setup, processes, closing, peers_in_one_process,
+    );
 }
 
 /// Short timeouts (1.5 s) for the tests that wait for one; `roomy` (20 s) for those that move
