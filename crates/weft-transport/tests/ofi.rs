@@ -499,19 +499,7 @@ fn transfer_mr(
     let sr = unsafe { tx.isend_mr(src.as_ptr(), src.len(), tag, mhs.0) }
         .unwrap()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut sd, mut rd) = (None, None);
-    while sd.is_none() || rd.is_none() {
-        assert!(Instant::now() < deadline, "transfer did not complete");
-        if sd.is_none() {
-            sd = tx.test(sr).unwrap();
-        }
-        if rd.is_none() {
-            rd = rx.test(rr).unwrap();
-        }
-    }
-    assert_eq!(sd, Some(src.len()));
-    rd.unwrap().sizes()[0]
+    common::complete_both(tx, rx, sr, rr, src.len())
 }
 
 /// Connections of a process share one endpoint per device (8-byte remote CQ data): four pairs

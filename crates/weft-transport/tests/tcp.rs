@@ -143,6 +143,42 @@ fn out_of_step_tags_land_in_later_grouped_receives() {
     }
 }
 
+/// A hand-made TCP sender to the listener of `h`: handshake, control and one data stream
+/// (connection `conn_id`), the ACK read, and a 1 MiB message of tag 3 announced on the
+/// control stream. Returns the handshake, control and data streams.
+fn fake_sender_announcing_1mib(
+    h: &weft_transport::proto::ListenHandle,
+    conn_id: u64,
+) -> (TcpStream, TcpStream, TcpStream) {
+    let mut hs = TcpStream::connect(h.mgmt).unwrap();
+    let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
+    let mut data = TcpStream::connect(h.mgmt).unwrap();
+    let mut v = Vec::new();
+    Frame::Hello {
+        nonce: h.nonce,
+        conn_id,
+        nstreams: 1,
+    }
+    .encode(&mut v);
+    hs.write_all(&v).unwrap();
+    for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
+        v.clear();
+        Frame::Stream {
+            nonce: h.nonce,
+            conn_id,
+            idx,
+        }
+        .encode(&mut v);
+        s.write_all(&v).unwrap();
+    }
+    let mut ack = [0u8; 24];
+    hs.read_exact(&mut ack).unwrap();
+    v.clear();
+    Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
+    ctrl.write_all(&v).unwrap();
+    (hs, ctrl, data)
+}
+
 /// A hand-made sender that completes the handshake, announces a 1 MiB message, sends half of it
 /// and then stops without closing: the receiver must give up after its timeout.
 #[test]
@@ -151,32 +187,7 @@ fn sender_stalling_mid_message_times_out_naming_the_stream() {
     let mut l = t.listen(0).unwrap();
     let h = l.handle_info().clone();
     let fake = thread::spawn(move || {
-        let mut hs = TcpStream::connect(h.mgmt).unwrap();
-        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
-        let mut data = TcpStream::connect(h.mgmt).unwrap();
-        let mut v = Vec::new();
-        Frame::Hello {
-            nonce: h.nonce,
-            conn_id: 9,
-            nstreams: 1,
-        }
-        .encode(&mut v);
-        hs.write_all(&v).unwrap();
-        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
-            v.clear();
-            Frame::Stream {
-                nonce: h.nonce,
-                conn_id: 9,
-                idx,
-            }
-            .encode(&mut v);
-            s.write_all(&v).unwrap();
-        }
-        let mut ack = [0u8; 24];
-        hs.read_exact(&mut ack).unwrap();
-        v.clear();
-        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
-        ctrl.write_all(&v).unwrap();
+        let (hs, ctrl, mut data) = fake_sender_announcing_1mib(&h, 9);
         data.write_all(&vec![1u8; 1 << 19]).unwrap();
         thread::sleep(Duration::from_secs(4));
         (hs, ctrl, data)
@@ -294,34 +305,9 @@ fn an_abort_on_the_side_channel_alone_fails_the_peer() {
     let mut l = t.listen(0).unwrap();
     let h = l.handle_info().clone();
     let fake = thread::spawn(move || {
-        let mut hs = TcpStream::connect(h.mgmt).unwrap();
-        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
-        let mut data = TcpStream::connect(h.mgmt).unwrap();
-        let mut v = Vec::new();
-        Frame::Hello {
-            nonce: h.nonce,
-            conn_id: 5,
-            nstreams: 1,
-        }
-        .encode(&mut v);
-        hs.write_all(&v).unwrap();
-        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
-            v.clear();
-            Frame::Stream {
-                nonce: h.nonce,
-                conn_id: 5,
-                idx,
-            }
-            .encode(&mut v);
-            s.write_all(&v).unwrap();
-        }
-        let mut ack = [0u8; 24];
-        hs.read_exact(&mut ack).unwrap();
-        v.clear();
-        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
-        ctrl.write_all(&v).unwrap();
+        let (mut hs, ctrl, data) = fake_sender_announcing_1mib(&h, 5);
         thread::sleep(Duration::from_millis(100));
-        v.clear();
+        let mut v = Vec::new();
         Frame::Abort {
             reason: weft_transport::proto::AbortReason::ControlFailed,
             detail: 0,

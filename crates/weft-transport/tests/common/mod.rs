@@ -309,7 +309,6 @@ pub fn transfer(
     dst: &mut [u8],
     tag: i32,
 ) -> usize {
-    use std::time::Instant;
     let rb = weft_transport::RecvBuf {
         ptr: dst.as_mut_ptr(),
         len: dst.len(),
@@ -321,6 +320,19 @@ pub fn transfer(
     let sr = unsafe { tx.isend(src.as_ptr(), src.len(), tag) }
         .unwrap()
         .unwrap();
+    complete_both(tx, rx, sr, rr, src.len())
+}
+
+/// Tests send `sr` of `len` bytes on `tx` and receive `rr` on `rx` until both are done
+/// (within 20 s); the size the receiver reported.
+pub fn complete_both(
+    tx: &mut weft_transport::SendConn,
+    rx: &mut weft_transport::RecvConn,
+    sr: weft_transport::RequestId,
+    rr: weft_transport::RequestId,
+    len: usize,
+) -> usize {
+    use std::time::Instant;
     let deadline = Instant::now() + Duration::from_secs(20);
     let (mut sd, mut rd) = (None, None);
     while sd.is_none() || rd.is_none() {
@@ -332,7 +344,7 @@ pub fn transfer(
             rd = rx.test(rr).unwrap();
         }
     }
-    assert_eq!(sd, Some(src.len()));
+    assert_eq!(sd, Some(len));
     rd.unwrap().sizes()[0]
 }
 
