@@ -761,6 +761,70 @@ fn each_multirail(cq4: bool, f: impl Fn(&str, &Transport)) {
     }
 }
 
+/// Messages of `sizes` in order, message `i` of `pattern(size, seed(i))` and tag `i`, into
+/// receives `slack` bytes larger (filled with 0xa5): in round 0 the sender (a thread) runs
+/// ahead, in round 1 each receive is posted before its send. Every byte checked, nothing
+/// written past a message. Returns the sender.
+fn sizes_in_order(
+    p: &str,
+    mut tx: SendConn,
+    rx: &mut RecvConn,
+    sizes: &[usize],
+    round: usize,
+    slack: usize,
+    seed: impl Fn(usize) -> u8,
+) -> SendConn {
+    let sends: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| pattern(*n, seed(i)))
+        .collect();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let h = thread::spawn(move || {
+        for (i, m) in sends.iter().enumerate() {
+            if round == 1 {
+                go_rx.recv().unwrap();
+            }
+            tx.send(m, i as i32).unwrap();
+        }
+        tx
+    });
+    for (i, n) in sizes.iter().enumerate() {
+        let mut buf = vec![0xa5u8; n + slack];
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag: i as i32,
+        };
+        let rr = loop {
+            // SAFETY: `buf` outlives the request, tested to completion below.
+            if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
+                break r;
+            }
+        };
+        if round == 1 {
+            go_tx.send(()).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let c = loop {
+            if let Some(c) = rx.test(rr).unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
+        };
+        assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
+        assert!(
+            buf[..*n] == pattern(*n, seed(i))[..],
+            "{p}: round {round}: payload of message {i} ({n} bytes) differs"
+        );
+        assert!(
+            buf[*n..].iter().all(|b| *b == 0xa5),
+            "{p}: round {round}: wrote past message {i}"
+        );
+    }
+    h.join().unwrap()
+}
+
 /// Sizes on both sides of the stripe threshold (and of the eager and 4-byte inline limits),
 /// receives larger than the sends, in order; every byte checked and nothing written past a
 /// message; both rails carry data.
@@ -787,51 +851,7 @@ fn two_rails_around_the_stripe_threshold_on(p: &str, t: &Transport) {
     for round in 0..2 {
         // Round 0: the sender runs ahead (small ones eager); round 1: each receive is posted
         // before its send (everything by RMA, small ones round robin over the rails).
-        let s2 = sizes;
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = thread::spawn(move || {
-            for (i, n) in s2.iter().enumerate() {
-                if round == 1 {
-                    go_rx.recv().unwrap();
-                }
-                tx.send(&pattern(*n, (i + round) as u8), i as i32).unwrap();
-            }
-            tx
-        });
-        for (i, n) in sizes.iter().enumerate() {
-            let mut buf = vec![0xa5u8; n + 4099];
-            let b = RecvBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-                tag: i as i32,
-            };
-            let rr = loop {
-                // SAFETY: `buf` outlives the request, tested to completion below.
-                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
-                    break r;
-                }
-            };
-            if round == 1 {
-                go_tx.send(()).unwrap();
-            }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let c = loop {
-                if let Some(c) = rx.test(rr).unwrap() {
-                    break c;
-                }
-                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
-            };
-            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
-            assert!(
-                buf[..*n] == pattern(*n, (i + round) as u8)[..],
-                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
-            );
-            assert!(
-                buf[*n..].iter().all(|b| *b == 0xa5),
-                "{p}: round {round}: wrote past message {i}"
-            );
-        }
-        tx = h.join().unwrap();
+        tx = sizes_in_order(p, tx, &mut rx, &sizes, round, 4099, |i| (i + round) as u8);
     }
     let per_rail = tx.ofi_rail_bytes();
     eprintln!("{p}: bytes written per rail {per_rail:?}");
@@ -902,51 +922,9 @@ fn by_size_lane_or_libfabric_on(p: &str, t: &Transport) {
     ];
     let small = sizes.iter().filter(|n| **n < LANE_MIN).count() as u64;
     for round in 0..2 {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = thread::spawn(move || {
-            for (i, n) in sizes.iter().enumerate() {
-                if round == 1 {
-                    go_rx.recv().unwrap();
-                }
-                tx.send(&pattern(*n, (3 * i + round) as u8), i as i32)
-                    .unwrap();
-            }
-            tx
+        tx = sizes_in_order(p, tx, &mut rx, &sizes, round, 777, |i| {
+            (3 * i + round) as u8
         });
-        for (i, n) in sizes.iter().enumerate() {
-            let mut buf = vec![0xa5u8; n + 777];
-            let b = RecvBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-                tag: i as i32,
-            };
-            let rr = loop {
-                // SAFETY: `buf` outlives the request, tested to completion below.
-                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
-                    break r;
-                }
-            };
-            if round == 1 {
-                go_tx.send(()).unwrap();
-            }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let c = loop {
-                if let Some(c) = rx.test(rr).unwrap() {
-                    break c;
-                }
-                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
-            };
-            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
-            assert!(
-                buf[..*n] == pattern(*n, (3 * i + round) as u8)[..],
-                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
-            );
-            assert!(
-                buf[*n..].iter().all(|b| *b == 0xa5),
-                "{p}: round {round}: wrote past message {i}"
-            );
-        }
-        tx = h.join().unwrap();
         assert_eq!(
             tx.ofi_lane_msgs(),
             Some(small * (round as u64 + 1)),
