@@ -1,11 +1,15 @@
 //! The libfabric backend against the real libfabric 1.17 on this host: `tcp;ofi_rxm` over
-//! loopback and `shm`, both in one process (NCCL's self-connection) and across threads. Sizes
-//! 0..64 MiB with receives larger than the send, eager and RMA paths, tags and grouped
-//! receives, 32 in flight, the registration cache, errors (truncation, tag mismatch, a peer
-//! that dies, a TCP peer, a stalled data path; late peers are not errors), and the fallback to
-//! TCP when no provider is usable.
+//! loopback and `shm`, both in one process (NCCL's self-connection) and across threads. The
+//! contract suite that every backend runs (`common::contract`: sizes 0..64 MiB, 32 in flight,
+//! ping-pong, set-up and its failures, stray connections, sender processes, rings, closes in
+//! flight, peers that go away), on each provider with 8-byte and, for the data-moving
+//! promises, 4-byte CQ data; and what only libfabric has: eager and RMA paths, eager credit,
+//! the registration cache, shared endpoints, rails and striping, the TCP lane, errors
+//! (truncation, tag mismatch, a TCP peer, a stalled data path; late peers are not errors), and
+//! the fallback to TCP when no provider is usable.
 //!
-//! Without libfabric every test prints "skipped" and passes: the backend is optional.
+//! Without libfabric every test prints "skipped" and passes (the backend is optional), except
+//! under `WEFT_TEST_REQUIRE=all`, where it fails.
 
 mod common;
 use common::pattern;
@@ -18,6 +22,46 @@ use common::{ofi_cfg, ofi_transport};
 use weft_transport::{
     BackendKind, Config, Error, MemHandle, RecvBuf, RecvConn, RequestId, SendConn, Transport,
 };
+
+/// The contract suite on `tcp;ofi_rxm` over loopback: `ofi_tcp::<promise>`.
+mod ofi_tcp {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::ofi("ofi tcp;ofi_rxm", "tcp;ofi_rxm", "lo", false);
+        data, ping_pong, setup, processes, closing, peers_in_one_process,
+    );
+}
+
+/// The contract suite on `shm`: `ofi_shm::<promise>`. Not `peers_in_one_process`: `shm` maps
+/// the peer's memory region, which a peer in the same process unmaps when it closes (across
+/// processes, as in `processes`, the mapping stays valid).
+mod ofi_shm {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::ofi("ofi shm", "shm", "", false);
+        data, ping_pong, setup, processes, closing,
+    );
+}
+
+/// The data-moving promises with 4-byte remote CQ data (`WEFT_OFI_CQ_DATA_BYTES=4`, as on
+/// `verbs;ofi_rxm`), whose messages name their connection and size differently:
+/// `ofi_tcp_cq4::<promise>`, `ofi_shm_cq4::<promise>`.
+mod ofi_tcp_cq4 {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::ofi("ofi tcp;ofi_rxm (cq4)", "tcp;ofi_rxm", "lo", true);
+        data, ping_pong,
+    );
+}
+
+/// Not `ping_pong` on `shm` with 4-byte CQ data: its receivers have endpoints of their own,
+/// and when one side's closes while the other's still polls, libfabric 1.17's `shm` progress
+/// reads the closed endpoint's region (SIGSEGV, seen in this test); across processes the
+/// mapping stays valid.
+mod ofi_shm_cq4 {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(Backend::ofi("ofi shm (cq4)", "shm", "", true); data);
+}
 
 const PROVIDERS: &[(&str, &str)] = &[("tcp;ofi_rxm", "lo"), ("shm", "")];
 
@@ -39,34 +83,7 @@ fn transport(provider: &str, domain: &str) -> Option<Transport> {
 }
 
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
-    let mut l = t.listen(0).unwrap();
-    let (tx, rx) = t.connect_and_accept(0, &l.handle(), &mut l).unwrap();
-    assert!(tx.is_ofi() && rx.is_ofi());
-    let want = if t.config().ofi_cq_data_bytes == Some(4) {
-        4
-    } else {
-        8
-    };
-    assert_eq!(tx.cq_data_bytes(), want, "sender's remote CQ data");
-    assert_eq!(rx.cq_data_bytes(), want, "receiver's remote CQ data");
-    // Both directions of the process on one endpoint; a 4-byte receiver on one of its own.
-    if want == 8 {
-        assert!(
-            tx.ofi_endpoint_users() >= Some(2),
-            "sender's endpoint shared"
-        );
-        assert!(
-            rx.ofi_endpoint_users() >= Some(2),
-            "receiver's endpoint shared"
-        );
-    } else {
-        assert_eq!(
-            rx.ofi_endpoint_users(),
-            Some(1),
-            "4-byte receiver's own endpoint"
-        );
-    }
-    (tx, rx)
+    common::ofi_pair_on(t)
 }
 
 /// Runs `f` with the 4-byte protocol forced (`WEFT_OFI_CQ_DATA_BYTES=4`), as on
@@ -103,69 +120,6 @@ fn recv_patterns(
             "{p}: message {i}"
         );
     }
-}
-
-fn sizes() -> Vec<usize> {
-    let mut v = vec![
-        0,
-        1,
-        7,
-        8,
-        1023,
-        8191,
-        8192,
-        8193,
-        65536,
-        1 << 20,
-        (1 << 20) + 3,
-        16 << 20,
-        64 << 20,
-    ];
-    let mut x: u64 = 0x9e37_79b9;
-    for _ in 0..10 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push((x % (4 << 20)) as usize);
-    }
-    v
-}
-
-#[test]
-fn sizes_0_to_64mib_receive_larger_than_send() {
-    each_provider(sizes_0_to_64mib_receive_larger_than_send_on);
-}
-
-#[test]
-fn cq4_sizes_0_to_64mib_receive_larger_than_send() {
-    each_provider_cq4(sizes_0_to_64mib_receive_larger_than_send_on);
-}
-
-fn sizes_0_to_64mib_receive_larger_than_send_on(p: &str, t: &Transport) {
-    let (mut tx, mut rx) = pair_on(t);
-    let sizes = sizes();
-    let s2 = sizes.clone();
-    let h = thread::spawn(move || {
-        for (i, n) in s2.iter().enumerate() {
-            tx.send(&pattern(*n, i as u8), i as i32).unwrap();
-        }
-        tx
-    });
-    for (i, n) in sizes.iter().enumerate() {
-        let mut buf = vec![0u8; n + 100];
-        let got = rx.recv(&mut buf, i as i32).unwrap();
-        assert_eq!(got, *n, "{p}: message {i}");
-        assert!(
-            buf[..*n] == pattern(*n, i as u8)[..],
-            "{p}: payload of message {i} ({n} bytes) differs"
-        );
-        assert!(
-            buf[*n..].iter().all(|b| *b == 0),
-            "{p}: wrote past the message"
-        );
-    }
-    let tx = h.join().unwrap();
-    drop(tx);
 }
 
 /// Sends posted before the receives (eager, kept until the receive comes) and after (RMA),
@@ -246,16 +200,6 @@ fn eager_before_the_receive_and_rma_after_it_in_one_thread_on(p: &str, t: &Trans
         }
     }
     assert_eq!(rd.unwrap().sizes(), &[0], "{p}");
-}
-
-#[test]
-fn thirty_two_in_flight_and_grouped_receives_by_tag() {
-    each_provider(thirty_two_in_flight_and_grouped_receives_by_tag_on);
-}
-
-#[test]
-fn cq4_thirty_two_in_flight_and_grouped_receives_by_tag() {
-    each_provider_cq4(thirty_two_in_flight_and_grouped_receives_by_tag_on);
 }
 
 fn thirty_two_in_flight_and_grouped_receives_by_tag_on(p: &str, t: &Transport) {
@@ -440,41 +384,6 @@ fn truncation_and_tag_mismatch_are_errors_on_both_sides_on(p: &str, t: &Transpor
     drop(tx);
 }
 
-/// In one process only with `tcp;ofi_rxm`: `shm` maps the peer's memory region, which a peer in
-/// the same process unmaps when it closes (across processes the mapping stays valid).
-#[test]
-fn a_peer_that_goes_away_is_a_bounded_error() {
-    each_provider(|p, t| {
-        if p == "shm" {
-            return;
-        }
-        // Sender gone while the receiver waits.
-        let (tx, mut rx) = pair_on(t);
-        drop(tx);
-        let mut buf = vec![0u8; 1 << 20];
-        let start = Instant::now();
-        let e = rx.recv(&mut buf, 0).unwrap_err();
-        assert!(matches!(e, Error::Closed { .. }), "{p}: {e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{p}: took {:?}",
-            start.elapsed()
-        );
-        // Receiver gone while the sender waits for its receive.
-        let (mut tx, rx) = pair_on(t);
-        drop(rx);
-        let big = vec![0u8; 1 << 20];
-        let start = Instant::now();
-        let e = tx.send(&big, 0).unwrap_err();
-        assert!(matches!(e, Error::Closed { .. }), "{p}: {e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{p}: took {:?}",
-            start.elapsed()
-        );
-    });
-}
-
 #[test]
 fn an_ofi_sender_and_a_tcp_listener_refuse_each_other() {
     let Some(t) = transport("tcp;ofi_rxm", "lo") else {
@@ -590,19 +499,7 @@ fn transfer_mr(
     let sr = unsafe { tx.isend_mr(src.as_ptr(), src.len(), tag, mhs.0) }
         .unwrap()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut sd, mut rd) = (None, None);
-    while sd.is_none() || rd.is_none() {
-        assert!(Instant::now() < deadline, "transfer did not complete");
-        if sd.is_none() {
-            sd = tx.test(sr).unwrap();
-        }
-        if rd.is_none() {
-            rd = rx.test(rr).unwrap();
-        }
-    }
-    assert_eq!(sd, Some(src.len()));
-    rd.unwrap().sizes()[0]
+    common::complete_both(tx, rx, sr, rr, src.len())
 }
 
 /// Connections of a process share one endpoint per device (8-byte remote CQ data): four pairs
@@ -864,6 +761,70 @@ fn each_multirail(cq4: bool, f: impl Fn(&str, &Transport)) {
     }
 }
 
+/// Messages of `sizes` in order, message `i` of `pattern(size, seed(i))` and tag `i`, into
+/// receives `slack` bytes larger (filled with 0xa5): in round 0 the sender (a thread) runs
+/// ahead, in round 1 each receive is posted before its send. Every byte checked, nothing
+/// written past a message. Returns the sender.
+fn sizes_in_order(
+    p: &str,
+    mut tx: SendConn,
+    rx: &mut RecvConn,
+    sizes: &[usize],
+    round: usize,
+    slack: usize,
+    seed: impl Fn(usize) -> u8,
+) -> SendConn {
+    let sends: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| pattern(*n, seed(i)))
+        .collect();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let h = thread::spawn(move || {
+        for (i, m) in sends.iter().enumerate() {
+            if round == 1 {
+                go_rx.recv().unwrap();
+            }
+            tx.send(m, i as i32).unwrap();
+        }
+        tx
+    });
+    for (i, n) in sizes.iter().enumerate() {
+        let mut buf = vec![0xa5u8; n + slack];
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            tag: i as i32,
+        };
+        let rr = loop {
+            // SAFETY: `buf` outlives the request, tested to completion below.
+            if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
+                break r;
+            }
+        };
+        if round == 1 {
+            go_tx.send(()).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let c = loop {
+            if let Some(c) = rx.test(rr).unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
+        };
+        assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
+        assert!(
+            buf[..*n] == pattern(*n, seed(i))[..],
+            "{p}: round {round}: payload of message {i} ({n} bytes) differs"
+        );
+        assert!(
+            buf[*n..].iter().all(|b| *b == 0xa5),
+            "{p}: round {round}: wrote past message {i}"
+        );
+    }
+    h.join().unwrap()
+}
+
 /// Sizes on both sides of the stripe threshold (and of the eager and 4-byte inline limits),
 /// receives larger than the sends, in order; every byte checked and nothing written past a
 /// message; both rails carry data.
@@ -890,51 +851,7 @@ fn two_rails_around_the_stripe_threshold_on(p: &str, t: &Transport) {
     for round in 0..2 {
         // Round 0: the sender runs ahead (small ones eager); round 1: each receive is posted
         // before its send (everything by RMA, small ones round robin over the rails).
-        let s2 = sizes;
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = thread::spawn(move || {
-            for (i, n) in s2.iter().enumerate() {
-                if round == 1 {
-                    go_rx.recv().unwrap();
-                }
-                tx.send(&pattern(*n, (i + round) as u8), i as i32).unwrap();
-            }
-            tx
-        });
-        for (i, n) in sizes.iter().enumerate() {
-            let mut buf = vec![0xa5u8; n + 4099];
-            let b = RecvBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-                tag: i as i32,
-            };
-            let rr = loop {
-                // SAFETY: `buf` outlives the request, tested to completion below.
-                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
-                    break r;
-                }
-            };
-            if round == 1 {
-                go_tx.send(()).unwrap();
-            }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let c = loop {
-                if let Some(c) = rx.test(rr).unwrap() {
-                    break c;
-                }
-                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
-            };
-            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
-            assert!(
-                buf[..*n] == pattern(*n, (i + round) as u8)[..],
-                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
-            );
-            assert!(
-                buf[*n..].iter().all(|b| *b == 0xa5),
-                "{p}: round {round}: wrote past message {i}"
-            );
-        }
-        tx = h.join().unwrap();
+        tx = sizes_in_order(p, tx, &mut rx, &sizes, round, 4099, |i| (i + round) as u8);
     }
     let per_rail = tx.ofi_rail_bytes();
     eprintln!("{p}: bytes written per rail {per_rail:?}");
@@ -1005,51 +922,9 @@ fn by_size_lane_or_libfabric_on(p: &str, t: &Transport) {
     ];
     let small = sizes.iter().filter(|n| **n < LANE_MIN).count() as u64;
     for round in 0..2 {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let h = thread::spawn(move || {
-            for (i, n) in sizes.iter().enumerate() {
-                if round == 1 {
-                    go_rx.recv().unwrap();
-                }
-                tx.send(&pattern(*n, (3 * i + round) as u8), i as i32)
-                    .unwrap();
-            }
-            tx
+        tx = sizes_in_order(p, tx, &mut rx, &sizes, round, 777, |i| {
+            (3 * i + round) as u8
         });
-        for (i, n) in sizes.iter().enumerate() {
-            let mut buf = vec![0xa5u8; n + 777];
-            let b = RecvBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-                tag: i as i32,
-            };
-            let rr = loop {
-                // SAFETY: `buf` outlives the request, tested to completion below.
-                if let Some(r) = unsafe { rx.irecv(&[b]) }.unwrap() {
-                    break r;
-                }
-            };
-            if round == 1 {
-                go_tx.send(()).unwrap();
-            }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let c = loop {
-                if let Some(c) = rx.test(rr).unwrap() {
-                    break c;
-                }
-                assert!(Instant::now() < deadline, "{p}: message {i} did not arrive");
-            };
-            assert_eq!(c.sizes(), &[*n], "{p}: round {round}, message {i}");
-            assert!(
-                buf[..*n] == pattern(*n, (3 * i + round) as u8)[..],
-                "{p}: round {round}: payload of message {i} ({n} bytes) differs"
-            );
-            assert!(
-                buf[*n..].iter().all(|b| *b == 0xa5),
-                "{p}: round {round}: wrote past message {i}"
-            );
-        }
-        tx = h.join().unwrap();
         assert_eq!(
             tx.ofi_lane_msgs(),
             Some(small * (round as u64 + 1)),
@@ -1404,82 +1279,6 @@ fn messages_sent_just_before_the_sender_closes_arrive_on(p: &str, t: &Transport)
     }
     drop(tx);
     recv_patterns(p, &mut rx, &mut buf, n, size);
-}
-
-/// Stray connections (garbage, connect and close, a health probe, half-open) on the ofi
-/// listener's port during a real connect, on each provider: discarded and named, the real
-/// connection comes up; 100 rounds (`WEFT_TEST_ROUNDS` overrides).
-#[test]
-fn stray_connections_are_discarded_while_the_real_peer_connects() {
-    each_provider(|_, t| common::strays_do_not_fail_a_real_connect(t, common::rounds(100)));
-}
-
-/// Sent means delivered on each provider: a sender process that closes and exits as soon as
-/// its 32 sends of 5,000 bytes (eager) are reported done loses none of them; then 8 of
-/// 300,000 bytes (RMA): 45 and 15 rounds (`WEFT_TEST_ROUNDS` sets their sum).
-#[test]
-fn a_sender_that_exits_right_after_completion_loses_nothing() {
-    each_provider(|p, t| {
-        let domain = t.config().ofi_domain.clone().unwrap_or_default();
-        let mut env = vec![
-            ("WEFT_MGMT_IFNAME", "=lo"),
-            ("WEFT_TIMEOUT_MS", "20000"),
-            ("WEFT_BACKEND", "ofi"),
-            ("WEFT_OFI_PROVIDER", p),
-        ];
-        if !domain.is_empty() {
-            env.push(("WEFT_OFI_DOMAIN", &domain));
-        }
-        let n = common::rounds(60);
-        common::sender_exits_right_after_completion(t, &env, n * 3 / 4, 32, 5000);
-        common::sender_exits_right_after_completion(t, &env, n / 4, 8, 300_000);
-    });
-}
-
-/// Closing connections with requests in flight never harms the other connections of the
-/// process, and the last one out closes the endpoint cleanly: on each provider, between two
-/// transports (endpoints of their own: as between two processes, every connection shares one
-/// provider connection), see [`common::closing_in_flight_leaves_the_busy_connections_alone`]
-/// (100 rounds, `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
-#[test]
-fn closing_in_flight_leaves_the_busy_connections_alone() {
-    each_provider(|p, t| {
-        let u = transport(p, &t.config().ofi_domain.clone().unwrap_or_default()).unwrap();
-        // With `shm`, the last-out rounds stay within one transport: libfabric 1.17's `shm`
-        // progress reads the region of a peer endpoint of the same process that closed
-        // (SIGSEGV), which two processes never see.
-        let last_out = if p == "shm" { t } else { &u };
-        common::closing_in_flight_leaves_the_busy_connections_alone(p, t, &u, last_out);
-    });
-}
-
-/// Rings of 3 to 8 rank processes on each provider (`tcp;ofi_rxm` over loopback, `shm`):
-/// every rank sends to the next and receives from the previous one at once, eager and RMA
-/// sizes up to 1 MiB, 12 rounds, each ring size once per provider (`WEFT_TEST_ROUNDS` repeats
-/// more).
-#[test]
-fn rings_of_3_to_8_processes() {
-    let reps = std::env::var("WEFT_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    each_provider(|p, t| {
-        let domain = t.config().ofi_domain.clone().unwrap_or_default();
-        let mut env = vec![
-            ("WEFT_MGMT_IFNAME", "=lo"),
-            ("WEFT_TIMEOUT_MS", "20000"),
-            ("WEFT_BACKEND", "ofi"),
-            ("WEFT_OFI_PROVIDER", p),
-        ];
-        if !domain.is_empty() {
-            env.push(("WEFT_OFI_DOMAIN", &domain));
-        }
-        for _ in 0..reps {
-            for n in 3..=8 {
-                common::ring(n, &env, 12, 1 << 20);
-            }
-        }
-    });
 }
 
 /// A frozen sender (SIGSTOP: alive to TCP, never calling in) is an error after the timeout,

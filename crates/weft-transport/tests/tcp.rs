@@ -1,22 +1,35 @@
-//! Loopback tests of the TCP backend: what NCCL needs (sizes, tags, grouped receives, 32 in
-//! flight, receive larger than send, self-connection in one thread) and every failure bounded
-//! by the timeout with peer and interface named.
+//! Loopback tests of the TCP backend: the contract suite that every backend runs (module
+//! `tcp`, see `common::contract`), and what only TCP has: its wire protocol (hand-made
+//! senders that stall or abort on the side channel), control-stream flow control, control
+//! streams shared by opposite connections (JOIN, MOVE), held out-of-step tags, and frozen
+//! (SIGSTOP) peers caught by PROBE/ALIVE. Every failure bounded by the timeout with peer and
+//! interface named.
 
 // Each test binary uses part of the shared helpers.
 #[allow(dead_code)]
 mod common;
+use common::contract::Backend;
 use common::pattern;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use weft_transport::proto::{CTRL_STREAM, Frame, ListenHandle};
+use weft_transport::proto::{CTRL_STREAM, Frame};
 use weft_transport::{Config, Error, RecvBuf, RecvConn, SendConn, Stage, Transport};
 
-/// Short timeouts for the tests that wait for one; `roomy` for those that move data on a busy
-/// 2-core CI machine in debug mode.
+/// The contract suite on the TCP backend: `tcp::<promise>`.
+mod tcp {
+    use super::common::contract::{Backend, contract_suite};
+    contract_suite!(
+        Backend::tcp();
+        data, ping_pong, setup, processes, closing, peers_in_one_process,
+    );
+}
+
+/// Short timeouts (1.5 s) for the tests that wait for one; `roomy` (20 s) for those that move
+/// data on a busy 2-core CI machine in debug mode. The accept timeout is short in both.
 fn roomy(nthreads: usize, nsocks: usize) -> Config {
     Config {
         timeout: Duration::from_secs(20),
@@ -25,14 +38,7 @@ fn roomy(nthreads: usize, nsocks: usize) -> Config {
 }
 
 fn cfg(nthreads: usize, nsocks: usize) -> Config {
-    Config {
-        mgmt_ifname: Some("=lo".parse().unwrap()),
-        timeout: Duration::from_millis(1500),
-        accept_timeout: Duration::from_millis(1500),
-        nthreads,
-        nsocks_per_thread: nsocks,
-        ..Config::default()
-    }
+    Backend::tcp().config(Duration::from_millis(1500), (nthreads, nsocks))
 }
 
 /// Connects in one thread by polling both ends, as NCCL's GDR probe does.
@@ -44,77 +50,6 @@ fn pair(c: Config) -> (SendConn, RecvConn) {
 fn pair_on(t: &Transport) -> (SendConn, RecvConn) {
     let mut l = t.listen(0).unwrap();
     t.connect_and_accept(0, &l.handle(), &mut l).unwrap()
-}
-
-fn sizes() -> Vec<usize> {
-    let mut v = vec![
-        0,
-        1,
-        7,
-        8,
-        1023,
-        1024,
-        1025,
-        4096,
-        65535,
-        65536,
-        65537,
-        1 << 20,
-        (1 << 20) + 3,
-        16 << 20,
-        64 << 20,
-    ];
-    let mut x: u64 = 0x9e37_79b9;
-    for _ in 0..20 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.push((x % (4 << 20)) as usize);
-    }
-    v
-}
-
-fn transfer_all(c: Config) {
-    let (mut tx, mut rx) = pair(c);
-    let sizes = sizes();
-    let s2 = sizes.clone();
-    let h = thread::spawn(move || {
-        for (i, n) in s2.iter().enumerate() {
-            tx.send(&pattern(*n, i as u8), i as i32).unwrap();
-        }
-        tx
-    });
-    for (i, n) in sizes.iter().enumerate() {
-        // Receive buffer larger than the message: the actual size is reported.
-        let mut buf = vec![0u8; n + 100];
-        let got = rx.recv(&mut buf, i as i32).unwrap();
-        assert_eq!(got, *n);
-        assert!(
-            buf[..*n] == pattern(*n, i as u8)[..],
-            "payload of message {i} ({n} bytes) differs"
-        );
-        assert!(buf[*n..].iter().all(|b| *b == 0));
-    }
-    h.join().unwrap();
-}
-
-#[test]
-fn sizes_0_to_64mib_caller_driven() {
-    transfer_all(roomy(0, 1));
-    transfer_all(roomy(0, 4));
-}
-
-#[test]
-fn sizes_0_to_64mib_helper_threads() {
-    transfer_all(roomy(2, 2));
-    transfer_all(roomy(1, 1));
-}
-
-/// The shared contract test (see `common`), over helper threads, 2 x 2 streams.
-#[test]
-fn thirty_two_in_flight_and_grouped_receives_by_tag() {
-    let (mut tx, mut rx) = pair(roomy(2, 2));
-    common::thirty_two_in_flight_and_grouped_receives_by_tag("tcp", &mut tx, &mut rx);
 }
 
 #[test]
@@ -208,145 +143,40 @@ fn out_of_step_tags_land_in_later_grouped_receives() {
     }
 }
 
-#[test]
-fn wrong_handles_are_refused_before_any_io() {
-    let t = Transport::new(cfg(0, 1)).unwrap();
-    let l = t.listen(0).unwrap();
-    let mut h = l.handle();
-    h[0] = b'X';
-    assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
-    let mut h = l.handle();
-    h[4] = 9;
-    assert!(matches!(t.connect(0, &h), Err(Error::Handle(_))));
-    assert!(matches!(t.connect(0, &[0u8; 10]), Err(Error::Handle(_))));
-}
-
-#[test]
-fn listener_that_never_answers_times_out_naming_the_peer() {
-    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = silent.local_addr().unwrap();
-    let h = ListenHandle {
-        nonce: 1,
-        mgmt: addr,
-        data: vec![],
+/// A hand-made TCP sender to the listener of `h`: handshake, control and one data stream
+/// (connection `conn_id`), the ACK read, and a 1 MiB message of tag 3 announced on the
+/// control stream. Returns the handshake, control and data streams.
+fn fake_sender_announcing_1mib(
+    h: &weft_transport::proto::ListenHandle,
+    conn_id: u64,
+) -> (TcpStream, TcpStream, TcpStream) {
+    let mut hs = TcpStream::connect(h.mgmt).unwrap();
+    let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
+    let mut data = TcpStream::connect(h.mgmt).unwrap();
+    let mut v = Vec::new();
+    Frame::Hello {
+        nonce: h.nonce,
+        conn_id,
+        nstreams: 1,
     }
-    .encode();
-    let t = Transport::new(cfg(0, 2)).unwrap();
-    let start = Instant::now();
-    let mut c = t.connect(0, &h).unwrap();
-    let err = loop {
-        match c.poll() {
-            Ok(None) => thread::sleep(Duration::from_millis(1)),
-            Ok(Some(_)) => panic!("connected to a silent listener"),
-            Err(e) => break e,
+    .encode(&mut v);
+    hs.write_all(&v).unwrap();
+    for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
+        v.clear();
+        Frame::Stream {
+            nonce: h.nonce,
+            conn_id,
+            idx,
         }
-    };
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(1400) && took < Duration::from_secs(4),
-        "{took:?}"
-    );
-    match &err {
-        Error::Timeout {
-            peer,
-            iface,
-            stage: Stage::Handshake,
-            ..
-        } => {
-            assert_eq!(*peer, addr);
-            assert_eq!(iface, "lo");
-        }
-        e => panic!("{e}"),
+        .encode(&mut v);
+        s.write_all(&v).unwrap();
     }
-    let msg = err.to_string();
-    assert!(
-        msg.contains(&addr.to_string()) && msg.contains("lo"),
-        "{msg}"
-    );
-}
-
-/// Garbage, a bare connect and close, a health probe and a half-open connection on every
-/// listening port during a real connect: each is discarded and reported naming its peer, the
-/// real connection comes up (100 rounds, to catch a 1-in-20 failure).
-#[test]
-fn stray_connections_are_discarded_while_the_real_peer_connects() {
-    let t = Transport::new(cfg(0, 1)).unwrap();
-    common::strays_do_not_fail_a_real_connect(&t, 100);
-}
-
-/// A socket that connects and never speaks is discarded when the handshake timeout passes,
-/// named; with no real peer the accept then times out.
-#[test]
-fn a_silent_socket_on_the_listener_times_out() {
-    let t = Transport::new(cfg(0, 1)).unwrap();
-    let mut l = t.listen(0).unwrap();
-    let s = TcpStream::connect(l.handle_info().mgmt).unwrap();
-    let me = s.local_addr().unwrap();
-    let start = Instant::now();
-    let err = loop {
-        match l.accept() {
-            Ok(None) => thread::sleep(Duration::from_millis(2)),
-            Ok(Some(_)) => panic!(),
-            Err(e) => break e,
-        }
-    };
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                stage: Stage::Accept,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(start.elapsed() < Duration::from_secs(4));
-    let gone = l.take_discarded();
-    assert!(
-        matches!(&gone[..], [Error::Timeout { peer, stage: Stage::Accept, .. }] if *peer == me),
-        "{gone:?}"
-    );
-}
-
-#[test]
-fn accept_with_no_peer_at_all_times_out() {
-    let t = Transport::new(cfg(0, 1)).unwrap();
-    let mut l = t.listen(0).unwrap();
-    let start = Instant::now();
-    let err = l.wait().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                stage: Stage::Accept,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(start.elapsed() < Duration::from_secs(4));
-}
-
-#[test]
-fn sender_dying_mid_message_is_an_error_not_a_hang() {
-    for nthreads in [0, 2] {
-        let (mut tx, mut rx) = pair(cfg(nthreads, 2));
-        let big = vec![7u8; 32 << 20];
-        // SAFETY: `big` outlives `tx`, which is dropped below before `big`.
-        let _ = unsafe { tx.isend(big.as_ptr(), big.len(), 0) }
-            .unwrap()
-            .unwrap();
-        thread::sleep(Duration::from_millis(50));
-        drop(tx);
-        let mut buf = vec![0u8; 32 << 20];
-        let start = Instant::now();
-        let err = rx.recv(&mut buf, 0).unwrap_err();
-        assert!(
-            matches!(err, Error::Closed { .. } | Error::Io { .. }),
-            "{err}"
-        );
-        assert!(start.elapsed() < Duration::from_secs(3));
-    }
+    let mut ack = [0u8; 24];
+    hs.read_exact(&mut ack).unwrap();
+    v.clear();
+    Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
+    ctrl.write_all(&v).unwrap();
+    (hs, ctrl, data)
 }
 
 /// A hand-made sender that completes the handshake, announces a 1 MiB message, sends half of it
@@ -357,32 +187,7 @@ fn sender_stalling_mid_message_times_out_naming_the_stream() {
     let mut l = t.listen(0).unwrap();
     let h = l.handle_info().clone();
     let fake = thread::spawn(move || {
-        let mut hs = TcpStream::connect(h.mgmt).unwrap();
-        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
-        let mut data = TcpStream::connect(h.mgmt).unwrap();
-        let mut v = Vec::new();
-        Frame::Hello {
-            nonce: h.nonce,
-            conn_id: 9,
-            nstreams: 1,
-        }
-        .encode(&mut v);
-        hs.write_all(&v).unwrap();
-        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
-            v.clear();
-            Frame::Stream {
-                nonce: h.nonce,
-                conn_id: 9,
-                idx,
-            }
-            .encode(&mut v);
-            s.write_all(&v).unwrap();
-        }
-        let mut ack = [0u8; 24];
-        hs.read_exact(&mut ack).unwrap();
-        v.clear();
-        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
-        ctrl.write_all(&v).unwrap();
+        let (hs, ctrl, mut data) = fake_sender_announcing_1mib(&h, 9);
         data.write_all(&vec![1u8; 1 << 19]).unwrap();
         thread::sleep(Duration::from_secs(4));
         (hs, ctrl, data)
@@ -405,32 +210,6 @@ fn sender_stalling_mid_message_times_out_naming_the_stream() {
     assert!(err.to_string().contains("lo"), "{err}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     fake.join().unwrap();
-}
-
-#[test]
-fn close_with_requests_in_flight_joins_threads_and_frees_everything() {
-    for nthreads in [0, 1, 4] {
-        let (mut tx, mut rx) = pair(cfg(nthreads, 1));
-        let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 4 << 20]).collect();
-        for b in &mut bufs {
-            let rb = [RecvBuf {
-                ptr: b.as_mut_ptr(),
-                len: b.len(),
-                tag: 0,
-            }];
-            // SAFETY: `bufs` outlives `rx`, which is dropped below.
-            unsafe { rx.irecv(&rb) }.unwrap().unwrap();
-        }
-        let src = vec![1u8; 4 << 20];
-        for _ in 0..4 {
-            // SAFETY: `src` outlives `tx`, which is dropped below.
-            unsafe { tx.isend(src.as_ptr(), src.len(), 0) }
-                .unwrap()
-                .unwrap();
-        }
-        drop(rx);
-        drop(tx);
-    }
 }
 
 /// Control-stream flow control: a receiver that does not read lets the sender hand at most
@@ -526,34 +305,9 @@ fn an_abort_on_the_side_channel_alone_fails_the_peer() {
     let mut l = t.listen(0).unwrap();
     let h = l.handle_info().clone();
     let fake = thread::spawn(move || {
-        let mut hs = TcpStream::connect(h.mgmt).unwrap();
-        let mut ctrl = TcpStream::connect(h.mgmt).unwrap();
-        let mut data = TcpStream::connect(h.mgmt).unwrap();
-        let mut v = Vec::new();
-        Frame::Hello {
-            nonce: h.nonce,
-            conn_id: 5,
-            nstreams: 1,
-        }
-        .encode(&mut v);
-        hs.write_all(&v).unwrap();
-        for (s, idx) in [(&mut ctrl, CTRL_STREAM), (&mut data, 0)] {
-            v.clear();
-            Frame::Stream {
-                nonce: h.nonce,
-                conn_id: 5,
-                idx,
-            }
-            .encode(&mut v);
-            s.write_all(&v).unwrap();
-        }
-        let mut ack = [0u8; 24];
-        hs.read_exact(&mut ack).unwrap();
-        v.clear();
-        Frame::encode_msg(&mut v, 3, None, 1 << 20, 1 << 20);
-        ctrl.write_all(&v).unwrap();
+        let (mut hs, ctrl, data) = fake_sender_announcing_1mib(&h, 5);
         thread::sleep(Duration::from_millis(100));
-        v.clear();
+        let mut v = Vec::new();
         Frame::Abort {
             reason: weft_transport::proto::AbortReason::ControlFailed,
             detail: 0,
@@ -597,7 +351,7 @@ fn opposite_connections_share_a_control_stream_and_close_independently() {
     assert!(tx_a.shares_control_stream() && rx_a.shares_control_stream());
     assert!(tx_b.shares_control_stream() && rx_b.shares_control_stream());
     // Ping on A, pong on B, from one thread each side, every size.
-    let sizes = sizes();
+    let sizes = common::contract::sizes();
     let s2 = sizes.clone();
     let echo = thread::spawn(move || {
         for (i, n) in s2.iter().enumerate() {
@@ -778,196 +532,6 @@ fn connections_opened_at_once_move_onto_shared_control_streams() {
     }
 }
 
-/// `ping_pong`, which the latency benchmarks time: both sides complete the round trips, the
-/// client reports a time, and a side whose peer never sends fails within its bound.
-#[test]
-fn ping_pong_completes_and_a_silent_peer_is_a_timeout() {
-    let t = Transport::new(cfg(1, 1)).unwrap();
-    let (tx1, rx1) = pair_on(&t);
-    let (tx2, rx2) = pair_on(&t);
-    // Side A sends on connection 1 and receives on 2; side B the other way round.
-    let b = thread::spawn(move || {
-        weft_transport::ping_pong(tx2, rx1, 64, 200, false, Duration::from_secs(10))
-    });
-    let a = weft_transport::ping_pong(tx1, rx2, 64, 200, true, Duration::from_secs(10)).unwrap();
-    b.join().unwrap().unwrap();
-    assert!(a.elapsed > Duration::ZERO);
-
-    // A server whose client never starts: the wait for the first message times out.
-    let (tx, rx) = pair_on(&t);
-    let start = Instant::now();
-    let err =
-        weft_transport::ping_pong(tx, rx, 8, 10, false, Duration::from_millis(200)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                stage: Stage::Data,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
-}
-
-/// A small xorshift generator: random orders that a failing run can replay from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// One side's thread of [`many_pairs_between_two_transports_open_transfer_and_close_in_random_orders`]:
-/// `rounds` times, a pair of connections with its peer thread (one each way, both opened at
-/// once, so they join or move onto control streams shared with other threads' connections),
-/// a ping-pong of random sizes, and a close of its two ends in a random order after a random
-/// pause. Returns an error naming the round and step instead of panicking.
-fn pair_thread(
-    t: Transport,
-    rounds: usize,
-    seed: u64,
-    first: bool,
-    to_peer: std::sync::mpsc::Sender<[u8; 128]>,
-    from_peer: std::sync::mpsc::Receiver<[u8; 128]>,
-) -> Result<(), String> {
-    let mut rng = Rng(seed);
-    for round in 0..rounds {
-        let at = |what: &str, e: Error| format!("seed {seed:#x} round {round}: {what}: {e}");
-        let mut l = t.listen(0).map_err(|e| at("listen", e))?;
-        to_peer.send(l.handle()).map_err(|e| format!("{e}"))?;
-        let h = from_peer
-            .recv_timeout(Duration::from_secs(20))
-            .map_err(|e| format!("seed {seed:#x} round {round}: peer handle: {e}"))?;
-        let (mut tx, mut rx) = t
-            .connect_and_accept(0, &h, &mut l)
-            .map_err(|e| at("connect", e))?;
-        let n = 1 + rng.below(40) as usize;
-        for i in 0..n {
-            let size = match rng.below(4) {
-                0 => 0,
-                1 => rng.below(2000) as usize,
-                2 => rng.below(20_000) as usize,
-                _ => rng.below(300_000) as usize,
-            };
-            // Both sides draw the same sizes: the peer's generator runs the same sequence.
-            let data = pattern(size, (i + round) as u8);
-            let mut buf = vec![0u8; size];
-            if first {
-                tx.send(&data, i as i32).map_err(|e| at("send", e))?;
-                let got = rx.recv(&mut buf, i as i32).map_err(|e| at("recv", e))?;
-                if got != size || buf != data {
-                    return Err(format!("seed {seed:#x} round {round}: message {i} differs"));
-                }
-            } else {
-                let got = rx.recv(&mut buf, i as i32).map_err(|e| at("recv", e))?;
-                if got != size || buf != data {
-                    return Err(format!("seed {seed:#x} round {round}: message {i} differs"));
-                }
-                tx.send(&data, i as i32).map_err(|e| at("send", e))?;
-            }
-        }
-        thread::sleep(Duration::from_micros(rng.below(3000)));
-        if rng.below(2) == 0 {
-            drop(tx);
-            thread::sleep(Duration::from_micros(rng.below(1000)));
-            drop(rx);
-        } else {
-            drop(rx);
-            thread::sleep(Duration::from_micros(rng.below(1000)));
-            drop(tx);
-        }
-        drop(l);
-    }
-    Ok(())
-}
-
-/// Several connection pairs between the same two transports (two ranks of several
-/// communicators), threads opening, transferring and closing them in random orders: closing
-/// one pair never fails another, though they share control streams. Each thread pair repeats
-/// it, so that a 1-in-20 failure of the whole scenario shows.
-#[test]
-fn many_pairs_between_two_transports_open_transfer_and_close_in_random_orders() {
-    const THREADS: u64 = 4;
-    const ROUNDS: usize = 25;
-    let a = Transport::new(roomy(0, 1)).unwrap();
-    let b = Transport::new(roomy(0, 1)).unwrap();
-    let base = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ u64::from(std::process::id());
-    let start = Instant::now();
-    let mut hs = Vec::new();
-    for i in 0..THREADS {
-        let (ta, rb) = std::sync::mpsc::channel();
-        let (tb, ra) = std::sync::mpsc::channel();
-        let seed = (base.wrapping_mul(i + 1) | 1).wrapping_add(i);
-        let (a, b) = (a.clone(), b.clone());
-        hs.push(thread::spawn(move || {
-            pair_thread(a, ROUNDS, seed, true, ta, ra)
-        }));
-        hs.push(thread::spawn(move || {
-            pair_thread(b, ROUNDS, seed, false, tb, rb)
-        }));
-    }
-    let errors: Vec<String> = hs
-        .into_iter()
-        .filter_map(|h| h.join().unwrap().err())
-        .collect();
-    assert!(errors.is_empty(), "{errors:#?}");
-    assert!(
-        start.elapsed() < Duration::from_secs(120),
-        "{:?}",
-        start.elapsed()
-    );
-}
-
-/// Sent means delivered: a sender process that closes and exits as soon as its 32 sends are
-/// reported done loses none of them (100 rounds, `WEFT_TEST_ROUNDS` overrides; inline and
-/// chunked sizes).
-#[test]
-fn a_sender_that_exits_right_after_completion_loses_nothing() {
-    let t = Transport::new(roomy(0, 1)).unwrap();
-    let env = [("WEFT_MGMT_IFNAME", "=lo"), ("WEFT_TIMEOUT_MS", "20000")];
-    let n = common::rounds(100);
-    common::sender_exits_right_after_completion(&t, &env, n * 3 / 5, 32, 5000);
-    common::sender_exits_right_after_completion(&t, &env, n * 2 / 5, 8, 300_000);
-}
-
-/// Rings of 3 to 8 rank processes on the TCP backend over loopback: every rank sends to the
-/// next and receives from the previous one at once, inline and chunked sizes up to 1 MiB,
-/// 12 rounds, each ring size twice (`WEFT_TEST_ROUNDS` repeats more).
-#[test]
-fn rings_of_3_to_8_processes() {
-    let env = [
-        ("WEFT_MGMT_IFNAME", "=lo"),
-        ("WEFT_TIMEOUT_MS", "20000"),
-        ("WEFT_BACKEND", "tcp"),
-    ];
-    let reps = std::env::var("WEFT_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    for _ in 0..reps {
-        for n in 3..=8 {
-            common::ring(n, &env, 12, 1 << 20);
-        }
-    }
-}
-
 /// A receiving process: `weft-recv-late COUNT SIZE` with a 1 s timeout on loopback and `env`,
 /// its stdout lines, and the listen handle it printed.
 fn spawn_receiver(
@@ -1120,15 +684,4 @@ fn a_sender_frozen_mid_message_is_an_error() {
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-}
-
-/// Closing connections with requests in flight never harms the other connections between the
-/// same two transports (which share control streams), and the last one out closes cleanly:
-/// see [`common::closing_in_flight_leaves_the_busy_connections_alone`] (100 rounds,
-/// `WEFT_TEST_ROUNDS` overrides; `WEFT_TEST_BUSY_PAIRS` busy pairs, default 1).
-#[test]
-fn closing_in_flight_leaves_the_busy_connections_alone() {
-    let t = Transport::new(roomy(0, 1)).unwrap();
-    let u = Transport::new(roomy(0, 1)).unwrap();
-    common::closing_in_flight_leaves_the_busy_connections_alone("tcp", &t, &u, &u);
 }

@@ -1,6 +1,11 @@
-//! What the libfabric tests (`ofi.rs`, `ofi_progress.rs`) share: the configuration they start
-//! from, and the rule that a missing libfabric skips a test while an installed one that cannot
-//! run the configured provider fails it.
+//! What the transport tests (`tcp.rs`, `ofi.rs`, `ofi_progress.rs`) share: the contract suite
+//! that every backend runs ([`contract`]), the libfabric configuration they start from, the
+//! rule that a missing libfabric skips a test while an installed one that cannot run the
+//! configured provider fails it, and the scenarios the contract and the backends' own tests
+//! are made of.
+
+#[allow(dead_code)] // not every test binary that shares this module instantiates the suite
+pub mod contract;
 
 use std::time::Duration;
 
@@ -35,6 +40,42 @@ pub fn ofi_transport(c: Config, what: &str) -> Option<Transport> {
         return None;
     }
     Some(t)
+}
+
+/// `t` (libfabric) connected to itself, polling both ends in one thread, checked: both ends
+/// on libfabric with the remote CQ data `t` asks for (4 bytes, else 8), both directions of
+/// the process on one endpoint with 8 bytes, a 4-byte receiver on one of its own.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn ofi_pair_on(t: &Transport) -> (weft_transport::SendConn, weft_transport::RecvConn) {
+    let mut l = t.listen(0).expect("listen");
+    let (tx, rx) = t
+        .connect_and_accept(0, &l.handle(), &mut l)
+        .unwrap_or_else(|e| panic!("{}: connect to itself: {e}", t.backend()));
+    assert!(tx.is_ofi() && rx.is_ofi());
+    let want = if t.config().ofi_cq_data_bytes == Some(4) {
+        4
+    } else {
+        8
+    };
+    assert_eq!(tx.cq_data_bytes(), want, "sender's remote CQ data");
+    assert_eq!(rx.cq_data_bytes(), want, "receiver's remote CQ data");
+    if want == 8 {
+        assert!(
+            tx.ofi_endpoint_users() >= Some(2),
+            "sender's endpoint shared"
+        );
+        assert!(
+            rx.ofi_endpoint_users() >= Some(2),
+            "receiver's endpoint shared"
+        );
+    } else {
+        assert_eq!(
+            rx.ofi_endpoint_users(),
+            Some(1),
+            "4-byte receiver's own endpoint"
+        );
+    }
+    (tx, rx)
 }
 
 /// What NCCL's peers cannot rule out on a listening port while a communicator is set up: for
@@ -268,7 +309,6 @@ pub fn transfer(
     dst: &mut [u8],
     tag: i32,
 ) -> usize {
-    use std::time::Instant;
     let rb = weft_transport::RecvBuf {
         ptr: dst.as_mut_ptr(),
         len: dst.len(),
@@ -280,6 +320,19 @@ pub fn transfer(
     let sr = unsafe { tx.isend(src.as_ptr(), src.len(), tag) }
         .unwrap()
         .unwrap();
+    complete_both(tx, rx, sr, rr, src.len())
+}
+
+/// Tests send `sr` of `len` bytes on `tx` and receive `rr` on `rx` until both are done
+/// (within 20 s); the size the receiver reported.
+pub fn complete_both(
+    tx: &mut weft_transport::SendConn,
+    rx: &mut weft_transport::RecvConn,
+    sr: weft_transport::RequestId,
+    rr: weft_transport::RequestId,
+    len: usize,
+) -> usize {
+    use std::time::Instant;
     let deadline = Instant::now() + Duration::from_secs(20);
     let (mut sd, mut rd) = (None, None);
     while sd.is_none() || rd.is_none() {
@@ -291,7 +344,7 @@ pub fn transfer(
             rd = rx.test(rr).unwrap();
         }
     }
-    assert_eq!(sd, Some(src.len()));
+    assert_eq!(sd, Some(len));
     rd.unwrap().sizes()[0]
 }
 
@@ -476,7 +529,7 @@ fn close_in_flight(
     }
 }
 
-/// The contract test both backends run (tests/tcp.rs, tests/ofi.rs): 64 messages of 100 B to
+/// The contract test every backend runs (see [`contract`]), also on libfabric's rails and lane: 64 messages of 100 B to
 /// 1.9 MiB (inline or eager, chunked or RMA) all in flight at once (at least 32 sends), into 32
 /// grouped receives of two buffers (tags 1 and 2) posted first, the sends alternating tag 2
 /// then 1: each group gets its pair, each buffer the message of its tag, every byte checked.
