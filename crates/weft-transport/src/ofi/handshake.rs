@@ -264,6 +264,26 @@ pub(super) struct PendingAccept {
     pub(super) hello: Option<(u64, u64)>,
 }
 
+impl PendingAccept {
+    /// Tells the sender why it is refused (best effort: it may be gone) and gives the error
+    /// this side reports, naming the sender.
+    fn reject(&self, nonce: u64, conn_id: u64, reason: RejectReason, why: String) -> Error {
+        let mut v = Vec::new();
+        Frame::Reject {
+            nonce,
+            conn_id,
+            reason,
+        }
+        .encode(&mut v);
+        let _ = (&self.sock).write(&v);
+        Error::Rejected {
+            peer: self.link.peer,
+            iface: self.link.iface.clone(),
+            reason: why,
+        }
+    }
+}
+
 /// The receiver's listening side of a device.
 pub struct Listener {
     pub(super) cfg: Config,
@@ -398,19 +418,7 @@ impl Listener {
                         None
                     };
                     if let Some(reason) = reason {
-                        let mut v = Vec::new();
-                        Frame::Reject {
-                            nonce,
-                            conn_id,
-                            reason,
-                        }
-                        .encode(&mut v);
-                        let _ = (&p.sock).write(&v);
-                        return Err(Error::Rejected {
-                            peer: p.link.peer,
-                            iface: p.link.iface.clone(),
-                            reason: format!("refused: {reason}"),
-                        });
+                        return Err(p.reject(nonce, conn_id, reason, format!("refused: {reason}")));
                     }
                     p.hello = Some((nonce, conn_id));
                 }
@@ -458,39 +466,25 @@ impl Listener {
         let dom = doms[0].clone();
         let p = &self.pending[i];
         if rec.provider != dom.info.provider {
-            let mut v = Vec::new();
-            Frame::Reject {
+            return Err(p.reject(
                 nonce,
                 conn_id,
-                reason: RejectReason::Other(REJECT_NOT_OFI),
-            }
-            .encode(&mut v);
-            let _ = (&p.sock).write(&v);
-            return Err(Error::Rejected {
-                peer: p.link.peer,
-                iface: p.link.iface.clone(),
-                reason: format!(
+                RejectReason::Other(REJECT_NOT_OFI),
+                format!(
                     "refused: the sender uses provider {}, this side {}",
                     rec.provider, dom.info.provider
                 ),
-            });
+            ));
         }
         // Remote CQ data: the smaller of both sides' (a version 1 sender said nothing: 8).
         let cq_data = rec.cq_data.min(self.backend.cq_bytes(&dom));
         if cq_data < 4 {
-            let mut v = Vec::new();
-            Frame::Reject {
+            return Err(p.reject(
                 nonce,
                 conn_id,
-                reason: RejectReason::Other(REJECT_NOT_OFI),
-            }
-            .encode(&mut v);
-            let _ = (&p.sock).write(&v);
-            return Err(Error::Rejected {
-                peer: p.link.peer,
-                iface: p.link.iface.clone(),
-                reason: format!("refused: the sender offers {cq_data}-byte remote CQ data"),
-            });
+                RejectReason::Other(REJECT_NOT_OFI),
+                format!("refused: the sender offers {cq_data}-byte remote CQ data"),
+            ));
         }
         // Rails: as many as both sides have.
         let n = doms.len().min(1 + rec.more.len());

@@ -1187,19 +1187,8 @@ pub(super) fn tcp_queued(req: libc::Ioctl) -> usize {
         }
         // TCP only: a Unix stream socket's queue counts bytes its peer has not read (a
         // provider's wake-up pipe), which no kernel acknowledges.
-        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-        let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut salen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        // SAFETY: getsockname writes at most `salen` bytes into the live sockaddr_storage.
-        let r = unsafe {
-            libc::getsockname(
-                fd,
-                (&mut sa as *mut libc::sockaddr_storage).cast(),
-                &mut salen,
-            )
-        };
-        let family = libc::c_int::from(sa.ss_family);
-        if r != 0 || (family != libc::AF_INET && family != libc::AF_INET6) {
+        let family = sock_family(fd, libc::getsockname);
+        if family != Some(libc::AF_INET) && family != Some(libc::AF_INET6) {
             continue;
         }
         let mut n: libc::c_int = 0;
@@ -1211,22 +1200,36 @@ pub(super) fn tcp_queued(req: libc::Ioctl) -> usize {
         }
         // Only a connected socket's bytes can still be acknowledged: one that is not (reset,
         // or closed by its peer and shut down) keeps its count for good.
-        // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-        let mut pa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut palen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        // SAFETY: getpeername writes at most `palen` bytes into the live sockaddr_storage.
-        let r = unsafe {
-            libc::getpeername(
-                fd,
-                (&mut pa as *mut libc::sockaddr_storage).cast(),
-                &mut palen,
-            )
-        };
-        if r == 0 {
+        if sock_family(fd, libc::getpeername).is_some() {
             total += usize::try_from(n).unwrap_or(0);
         }
     }
     total
+}
+
+/// The address family of `fd`'s own (`getsockname`) or its peer's (`getpeername`) address;
+/// `None` when the call fails (for `getpeername`: the socket is not connected).
+fn sock_family(
+    fd: libc::c_int,
+    call: unsafe extern "C" fn(
+        libc::c_int,
+        *mut libc::sockaddr,
+        *mut libc::socklen_t,
+    ) -> libc::c_int,
+) -> Option<libc::c_int> {
+    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+    let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getsockname and getpeername write at most `len` bytes into the live
+    // sockaddr_storage and update `len`; a closed or foreign fd makes them fail.
+    let r = unsafe {
+        call(
+            fd,
+            (&mut sa as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(libc::c_int::from(sa.ss_family))
 }
 
 // SAFETY: as for `RecvConn`: a send connection only holds addresses vouched for in isend.
