@@ -23,6 +23,15 @@ pub(super) struct Group {
     pub(super) assigned: usize,
 }
 
+impl Group {
+    /// The buffer a message with `tag` takes in this receive (the first free one of that tag,
+    /// as the receiver chooses), if any.
+    pub(super) fn free_slot(&self, tag: i32) -> Option<usize> {
+        let tags: Vec<i32> = self.entries[..self.n].iter().map(|e| e.tag).collect();
+        proto::select_slot(&tags, &self.filled[..self.n], tag)
+    }
+}
+
 #[derive(Clone, Copy)]
 pub(super) struct Unassigned {
     /// Its sequence number: from `isend` when it went without a buffer (`eager`), else given
@@ -415,10 +424,11 @@ impl SendConn {
                 let Some((_, g)) = self.groups.range(..=seq).next_back() else {
                     break;
                 };
-                let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
-                let fits =
-                    |u: &Unassigned| proto::select_slot(&tags, &g.filled[..g.n], u.tag).is_some();
-                let Some(i) = self.unassigned.iter().position(fits) else {
+                let Some(i) = self
+                    .unassigned
+                    .iter()
+                    .position(|u| g.free_slot(u.tag).is_some())
+                else {
                     // Every waiting send is for a later receive.
                     break;
                 };
@@ -434,9 +444,9 @@ impl SendConn {
                 self.handed.pop_front();
             }
             self.handed.push_back((u.seq, Instant::now()));
-            let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
             let peer = self.link.peer;
-            let slot = proto::select_slot(&tags, &g.filled[..g.n], u.tag)
+            let slot = g
+                .free_slot(u.tag)
                 .ok_or(Error::TagMismatch { peer, tag: u.tag })?;
             g.filled[slot] = true;
             g.assigned += 1;
@@ -865,10 +875,11 @@ impl SendConn {
         // known and none of its free buffers takes the tag, the message is for a later
         // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
         if cts_known {
-            let fits = self.groups.range(..=seq).next_back().is_none_or(|(_, g)| {
-                let tags: Vec<i32> = g.entries[..g.n].iter().map(|e| e.tag).collect();
-                proto::select_slot(&tags, &g.filled[..g.n], tag).is_some()
-            });
+            let fits = self
+                .groups
+                .range(..=seq)
+                .next_back()
+                .is_none_or(|(_, g)| g.free_slot(tag).is_some());
             if !fits {
                 self.progress()?;
                 return Ok(None);
