@@ -7,6 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use weft_agent::HostReport;
+use weft_chain::error_chain;
 
 use crate::auth::Secret;
 use crate::model::*;
@@ -70,21 +71,6 @@ impl From<TlsError> for ClientError {
     fn from(e: TlsError) -> Self {
         ClientError::Config(e.to_string())
     }
-}
-
-/// An error and its causes, `: `-joined (reqwest's own message leaves out the TLS
-/// reason, such as a certificate that is not the pinned one).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let text = c.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        cur = c.source();
-    }
-    parts.join(": ")
 }
 
 /// Whether a rustls error is among `e`'s causes (an `io::Error` hides its inner error
@@ -162,7 +148,7 @@ impl Client {
         }
         let http = builder
             .build()
-            .map_err(|e| ClientError::Config(chain(&e)))?;
+            .map_err(|e| ClientError::Config(error_chain(&e)))?;
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_string(),
@@ -196,12 +182,12 @@ impl Client {
             if is_tls(&e) {
                 ClientError::Untrusted {
                     url: url.clone(),
-                    reason: chain(&e),
+                    reason: error_chain(&e),
                 }
             } else {
                 ClientError::Unreachable {
                     url: url.clone(),
-                    reason: chain(&e),
+                    reason: error_chain(&e),
                 }
             }
         })?;

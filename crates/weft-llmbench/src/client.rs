@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use weft_chain::error_chain;
 
 use crate::LlmError;
 use crate::sse::{Event, SseParser, Usage};
@@ -694,17 +695,6 @@ enum Attempt {
         error: LlmError,
     },
     Fatal(LlmError),
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 pub(crate) fn clip(s: &str) -> String {

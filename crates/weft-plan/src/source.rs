@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
+use weft_chain::error_chain;
 
 use crate::PlanError;
 use crate::arch;
@@ -456,7 +457,10 @@ impl Fetcher {
         range: Option<(u64, u64)>,
         max: u64,
     ) -> Result<Got, Retry> {
-        let mut res = req.send().await.map_err(|e| Retry::Again(chain(&e)))?;
+        let mut res = req
+            .send()
+            .await
+            .map_err(|e| Retry::Again(error_chain(&e)))?;
         let status = res.status();
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(Got::NotFound);
@@ -494,7 +498,11 @@ impl Fetcher {
             )));
         }
         let mut body = Vec::new();
-        while let Some(chunk) = res.chunk().await.map_err(|e| Retry::Again(chain(&e)))? {
+        while let Some(chunk) = res
+            .chunk()
+            .await
+            .map_err(|e| Retry::Again(error_chain(&e)))?
+        {
             if body.len() as u64 + chunk.len() as u64 > max {
                 return Err(Retry::Fatal(format!(
                     "the answer runs past the {max} bytes asked for"
@@ -552,18 +560,6 @@ impl Fetcher {
         let tensors = tensor::parse_safetensors_header(&buf[8..need as usize], &what)?;
         Ok((tensors, count))
     }
-}
-
-/// An error with its causes, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 enum Retry {
