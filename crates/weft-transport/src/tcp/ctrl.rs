@@ -52,6 +52,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What followed the messages [`CtrlLink::take_msgs`] took: whether the peer's sending end is
+/// gone (no MSG follows them) or has moved to another link (MOVED read: the rest come there).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taken {
+    pub peer_send_closed: bool,
+    pub moved: bool,
+}
+
 /// One control stream (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CtrlLink {
@@ -227,11 +235,6 @@ impl CtrlLink {
         lock(&self.st).move_answer.take()
     }
 
-    /// Whether the peer's sending end has moved away (MOVED read).
-    pub fn moved(&self) -> bool {
-        lock(&self.st).share.moved
-    }
-
     /// Whether everything written is in the kernel and acknowledged by the peer's kernel, so
     /// that closing loses nothing.
     pub fn quiescent(&self) -> bool {
@@ -395,14 +398,17 @@ impl CtrlLink {
         lock(&self.st).seq_flushed
     }
 
-    /// Moves the MSG frames read so far to `into`.
-    pub fn take_msgs(&self, into: &mut VecDeque<proto::MsgHeader>) {
-        into.append(&mut lock(&self.st).inbox);
-    }
-
-    /// Whether the peer's sending end is gone (no MSG will follow those already taken).
-    pub fn peer_send_closed(&self) -> bool {
-        lock(&self.st).share.peer_send_closed
+    /// Moves the MSG frames read so far to `into`, and says what came after them. Both under
+    /// one lock: another connection's pump reads this link too, and may read a last MSG and
+    /// the CLOSE (or MOVED) behind it between two separate looks, which would make a receiver
+    /// think the peer left (or moved) with that MSG still in the inbox.
+    pub fn take_msgs(&self, into: &mut VecDeque<proto::MsgHeader>) -> Taken {
+        let mut st = lock(&self.st);
+        into.append(&mut st.inbox);
+        Taken {
+            peer_send_closed: st.share.peer_send_closed,
+            moved: st.share.moved,
+        }
     }
 
     /// Why the peer's receiving end will read nothing more, if it will not.
@@ -711,4 +717,74 @@ pub(crate) fn accept_move(
         |l| l.id == id && l.local.ip() == local,
         |share, failed| share.accept_move(id, from, failed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A receiving link on one end of a loopback stream, and the peer's raw end.
+    fn recv_link() -> (Arc<CtrlLink>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (sock, from) = l.accept().unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let link = Link {
+            peer: from,
+            iface: "lo".into(),
+        };
+        (CtrlLink::open(1, 1, sock, link, End::Recv).unwrap(), peer)
+    }
+
+    /// Pumps until `f` holds of the link's state (the bytes are on loopback: quick).
+    fn pump_until(l: &CtrlLink, f: impl Fn(&State) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !f(&lock(&l.st)) {
+            assert!(Instant::now() < deadline, "the frames never came");
+            l.pump(true).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The race the many-pairs test found (1 run in 40): another connection's pump read the
+    /// last MSG and the peer's CLOSE behind it between the receiver's two looks (messages,
+    /// then "closed?"), and the receiver failed a receive whose message had come. The flags
+    /// now come with the messages, so "closed" always follows every MSG before the CLOSE.
+    #[test]
+    fn the_close_behind_a_message_is_seen_with_that_message_never_before_it() {
+        let (l, mut peer) = recv_link();
+        let mut msgs = VecDeque::new();
+        assert!(!l.take_msgs(&mut msgs).peer_send_closed);
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, 7, Some(b"last"), 4, 0);
+        Frame::Close { end: End::Send }.encode(&mut b);
+        peer.write_all(&b).unwrap();
+        // Another connection's pump reads both frames.
+        pump_until(&l, |st| st.share.peer_send_closed);
+        let taken = l.take_msgs(&mut msgs);
+        assert!(taken.peer_send_closed);
+        assert_eq!(msgs.len(), 1, "the MSG before the CLOSE comes with it");
+        assert_eq!(msgs[0].tag, 7);
+        assert!(!taken.moved);
+    }
+
+    /// The same for MOVED: the messages sent on the old stream before it are taken with it.
+    #[test]
+    fn the_moved_behind_a_message_is_seen_with_that_message() {
+        let (l, mut peer) = recv_link();
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, 3, Some(b"x"), 1, 0);
+        Frame::Move {
+            step: MoveStep::Moved,
+            link: 9,
+        }
+        .encode(&mut b);
+        peer.write_all(&b).unwrap();
+        pump_until(&l, |st| st.share.moved);
+        let mut msgs = VecDeque::new();
+        let taken = l.take_msgs(&mut msgs);
+        assert!(taken.moved && !taken.peer_send_closed);
+        assert_eq!(msgs.len(), 1);
+    }
 }

@@ -1252,7 +1252,7 @@ impl RecvConn {
     /// Reads the control stream; errors are failures of the stream itself.
     fn read_ctrl(&mut self) -> Result<()> {
         self.ctrl.pump(true)?;
-        self.ctrl.take_msgs(&mut self.msgs);
+        let mut taken = self.ctrl.take_msgs(&mut self.msgs);
         if let Some(link) = self.ctrl.take_move_request() {
             // The sender asks to move onto `link` (see `SendConn::try_move`).
             let (local, peer) = self.ctrl.ips();
@@ -1270,8 +1270,9 @@ impl RecvConn {
                 self.next = target;
             }
         }
-        if self.ctrl.moved() {
-            // Every message sent on the old stream is in `msgs`; the rest come on the link.
+        if taken.moved {
+            // Every message sent on the old stream is in `msgs` (taken with the MOVED flag,
+            // under one lock); the rest come on the link.
             let next = self.next.take().ok_or_else(|| {
                 let e = proto::FrameError::Unexpected {
                     got: "MOVED",
@@ -1283,12 +1284,14 @@ impl RecvConn {
             let old = std::mem::replace(&mut self.ctrl, next);
             old.detach(End::Recv, Duration::ZERO);
             self.ctrl.pump(true)?;
-            self.ctrl.take_msgs(&mut self.msgs);
+            taken = self.ctrl.take_msgs(&mut self.msgs);
         }
         if let Some(e) = self.ctrl.read_error() {
             return Err(e);
         }
-        self.peer_closed = self.ctrl.peer_send_closed();
+        // From the same look as the messages: a CLOSE read since (by another connection's
+        // pump) is seen next time, after the MSGs before it.
+        self.peer_closed = taken.peer_send_closed;
         Ok(())
     }
 
