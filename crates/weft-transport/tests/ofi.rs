@@ -896,6 +896,21 @@ fn each_lane(cq4: bool, f: impl Fn(&str, &Transport)) {
     }
 }
 
+/// Out-of-step tags (the contract's promise) with the TCP lane on: the small messages go on
+/// the lane (early ones without their buffer, those after the CTS with it), the large ones by
+/// RMA; groups posted late and early, 8- and 4-byte CQ data.
+#[test]
+fn lane_out_of_step_tags_land_in_later_grouped_receives() {
+    for cq4 in [false, true] {
+        each_lane(cq4, |p, t| {
+            for early in [false, true] {
+                let (tx, rx) = pair_on(t);
+                common::contract::out_of_step_tags_on(p, tx, rx, early);
+            }
+        });
+    }
+}
+
 /// Sizes on both sides of the threshold, in order: the sender ahead (small ones go on the lane
 /// at once, large ones wait for their receive) and each receive posted first (small ones on
 /// the lane with their buffer, large ones by RMA). Every byte checked, nothing written past a
