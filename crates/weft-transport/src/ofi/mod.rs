@@ -224,7 +224,7 @@ pub mod sys;
 mod watch;
 mod wire;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -319,10 +319,16 @@ const _: () = assert!(
 /// Tag of the MSG frame that carries an address record in the handshake.
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// Tag of the MSG frame a receiver sends on the side channel while a receive whose CTS left
-/// sees nothing for `timeout` (POSTED): its inline payload is the sequence number of the first
-/// message the receiver waits for, and the one its sent CTS cover up to (8 bytes each, little
-/// endian). Peers that predate it ignore it.
+/// sees nothing for `timeout` (POSTED): its inline payload names the messages the receiver
+/// waits for, at most [`POSTED_MAX`] entries of [`POSTED_ENTRY`] bytes (tag u32, flags u32
+/// with [`POSTED_CTS_LEFT`], k u64, little endian). Peers that predate it ignore it.
 const POSTED_TAG: i32 = 0x4f46_4950; // "OFIP"
+/// Messages one POSTED names at most (8 receives of 8 buffers).
+const POSTED_MAX: usize = 64;
+/// Bytes of one POSTED entry.
+const POSTED_ENTRY: usize = 16;
+/// POSTED entry flag: the CTS of the message's buffer left the receiver `timeout` ago.
+const POSTED_CTS_LEFT: u32 = 1;
 /// Tag of the MSG frame (no payload) a sender sends on the side channel once it has no RMA
 /// write in flight and will post no more (STOPPED): after the receiver's close notice (it shut
 /// its end of the side channel down), and as its own connection closes. A receiver that closes

@@ -171,11 +171,19 @@ pub(super) enum WriteEvent {
     Record { idx: usize, slot: usize, check: u64 },
 }
 
-/// The sequence number whose low [`EAGER_SEQ_BITS`] are `low`, nearest to `next` (the next
-/// receive's): within `next - 2048 .. next + 2048` (from 0 while `next` is smaller).
+/// The per-tag index k whose low [`EAGER_SEQ_BITS`] are `low`, nearest to `next` (the
+/// receiver's next buffer of that tag): within `next - 2048 .. next + 2048` (from 0 while
+/// `next` is smaller).
 pub(super) fn eager_seq(low: u64, next: u64) -> u64 {
-    let base = next.saturating_sub(1 << (EAGER_SEQ_BITS - 1));
-    base + (low.wrapping_sub(base) & EAGER_SEQ_MASK)
+    nearest(low, EAGER_SEQ_BITS, next)
+}
+
+/// The number whose low `bits` are `low`, nearest to `next`: within `next - 2^(bits-1) ..
+/// next + 2^(bits-1)` (from 0 while `next` is smaller).
+pub(super) fn nearest(low: u64, bits: u32, next: u64) -> u64 {
+    let mask = (1u64 << bits) - 1;
+    let base = next.saturating_sub(1 << (bits - 1));
+    base + (low.wrapping_sub(base) & mask)
 }
 
 pub(super) fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {

@@ -461,7 +461,11 @@ pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: b
     };
     let check = |g: usize, sizes: &[usize], a: &[u8], b: &[u8]| {
         let (k1, k2) = (nth(1, g), nth(2, g));
-        assert_eq!(sizes, &[size(k1), size(k2)], "{p} (early {early}): group {g}");
+        assert_eq!(
+            sizes,
+            &[size(k1), size(k2)],
+            "{p} (early {early}): group {g}"
+        );
         for (buf, k, tag) in [(a, k1, 1), (b, k2, 2)] {
             assert!(
                 buf[..size(k)] == pattern(size(k), k as u8)[..],
@@ -480,10 +484,46 @@ pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: b
         }
     }
     let tags2 = tags.clone();
+    // All sends in flight at once, as NCCL's are: a large one waits for its buffer's receive,
+    // which may only be posted once a later message of the other tag completed an earlier
+    // group.
     let h = thread::spawn(move || {
+        let msgs: Vec<Vec<u8>> = (0..tags2.len())
+            .map(|k| pattern(size(k), k as u8))
+            .collect();
+        let deadline = Instant::now() + ROOMY;
+        let mut ids = Vec::new();
+        let mut done = Vec::new();
+        let poll = |tx: &mut SendConn, ids: &[weft_transport::RequestId], done: &mut Vec<bool>| {
+            done.resize(ids.len(), false);
+            for (k, (id, d)) in ids.iter().zip(done.iter_mut()).enumerate() {
+                if !*d {
+                    *d = tx
+                        .test(*id)
+                        .unwrap_or_else(|e| panic!("send {k}: {e}"))
+                        .is_some();
+                }
+            }
+        };
         for (k, tag) in tags2.iter().enumerate() {
-            tx.send(&pattern(size(k), k as u8), *tag)
-                .unwrap_or_else(|e| panic!("send {k} (tag {tag}, {} bytes): {e}", size(k)));
+            let id = loop {
+                assert!(Instant::now() < deadline, "isend {k} stuck");
+                // SAFETY: `msgs` outlives the requests, tested to completion below.
+                let r = unsafe { tx.isend(msgs[k].as_ptr(), msgs[k].len(), *tag) }
+                    .unwrap_or_else(|e| panic!("send {k} (tag {tag}, {} bytes): {e}", size(k)));
+                if let Some(id) = r {
+                    break id;
+                }
+                poll(&mut tx, &ids, &mut done);
+            };
+            ids.push(id);
+        }
+        loop {
+            poll(&mut tx, &ids, &mut done);
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sends stuck: {done:?}");
         }
         tx
     });
@@ -512,7 +552,10 @@ pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: b
             let id = post(&mut rx, a, b);
             let c = loop {
                 assert!(Instant::now() < deadline, "{p}: group {g} stuck");
-                if let Some(c) = rx.test(id).unwrap_or_else(|e| panic!("{p}: group {g}: {e}")) {
+                if let Some(c) = rx
+                    .test(id)
+                    .unwrap_or_else(|e| panic!("{p}: group {g}: {e}"))
+                {
                     break c;
                 }
             };
