@@ -1,5 +1,6 @@
 //! The receiving end of an ofi connection: CTS (deferred for small receives), eager and lane
-//! messages placed in sequence order, RMA write completions, POSTED, the close protocol.
+//! messages placed in their buffer by (tag, k), RMA write completions, POSTED, the close
+//! protocol.
 
 use super::*;
 
@@ -280,7 +281,7 @@ impl RecvConn {
 
     /// Lands a TCP lane message whose buffer the sender knew (from the CTS).
     pub(super) fn on_lane_slotted(&mut self, m: LaneMsg, slot: usize) -> Result<()> {
-        let tk = (m.tag, m.seq);
+        let tk = (m.tag, m.k);
         let Some((id, _)) = self.posted.get(&tk).copied().filter(|p| p.1 == slot) else {
             return Err(self.link.protocol(
                 Stage::Data,
@@ -304,7 +305,7 @@ impl RecvConn {
         for m in msgs {
             match m.slot {
                 Some(slot) => self.on_lane_slotted(m, slot)?,
-                None => self.land(m.tag, m.seq, Payload::Copied(m.payload))?,
+                None => self.land(m.tag, m.k, Payload::Copied(m.payload))?,
             }
         }
         Ok(())
@@ -320,7 +321,7 @@ impl RecvConn {
                 },
             ));
         }
-        let (kind, tag, seq, size) = (
+        let (kind, tag, k, size) = (
             get_u32(b, 0),
             get_u32(b, 4) as i32,
             get_u64(b, 8),
@@ -335,9 +336,8 @@ impl RecvConn {
                 },
             ));
         }
-        // `seq`: the message's k (its index among the sender's messages of its tag).
         let payload = Payload::Copied(b[HDR..HDR + size as usize].to_vec());
-        self.land(tag, seq, payload)
+        self.land(tag, k, payload)
     }
 
     /// An eager message of the 8-byte protocol: the payload alone, with its tag and the low
@@ -687,9 +687,7 @@ impl RecvConn {
 
     /// Small receives whose CTS waits: a complete one never sends it (all its messages came
     /// eagerly); one still incomplete at its time (or at once with `all`) sends it, in posting
-    /// order. Then eager credit, when enough is unreported: a CTS of no buffers whose first
-    /// sequence number says that every receive before it sent its CTS before this one or never
-    /// will.
+    /// order. Then eager credit, when enough is unreported: a CTS of no buffers.
     pub(super) fn send_deferred(&mut self, all: bool) -> Result<()> {
         let now = Instant::now();
         while let Some(&(id, at)) = self.deferred.front() {

@@ -1,5 +1,6 @@
-//! The sending end of an ofi connection: CTS, buffer assignment, eager sends, RMA writes,
-//! the close protocol, and the count of this process's unacknowledged TCP bytes.
+//! The sending end of an ofi connection: CTS, sends matched to buffers by (tag, k), eager
+//! sends, RMA writes, the close protocol, and the count of this process's unacknowledged TCP
+//! bytes.
 
 use super::*;
 
@@ -797,8 +798,8 @@ impl SendConn {
             .map_or_else(Vec::new, |r| r.mrs.clone());
         // No completion-queue read before the message is handed over: with `tcp;ofi_rxm` a
         // read costs about a microsecond of system calls, all on the message's latency. A CTS
-        // that arrived but was not read yet only means the message goes eagerly (see the
-        // module docs: eager messages stay a prefix of their receive).
+        // that arrived but was not read yet only means the message goes eagerly (into the
+        // same buffer, (tag, k), which the receiver then has posted).
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
