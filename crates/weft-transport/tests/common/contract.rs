@@ -547,8 +547,7 @@ pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: b
         }
     } else {
         thread::sleep(Duration::from_millis(50));
-        for g in 0..GROUPS {
-            let (a, b) = &mut bufs[g];
+        for (g, (a, b)) in bufs.iter_mut().enumerate() {
             let id = post(&mut rx, a, b);
             let c = loop {
                 assert!(Instant::now() < deadline, "{p}: group {g} stuck");
@@ -559,7 +558,6 @@ pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: b
                     break c;
                 }
             };
-            let (a, b) = &bufs[g];
             check(g, c.sizes(), a, b);
         }
     }
