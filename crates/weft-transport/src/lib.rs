@@ -4,7 +4,8 @@
 //!
 //! It is for the NCCL plugin (`weft-nccl-net`) and for weft's own tools (a bench binary): one
 //! API, no NCCL types. It is not a general RPC layer: connections are one-way, messages are
-//! matched in posting order, and buffers are raw memory the caller keeps alive.
+//! matched per tag in posting order (the k-th send of a tag to the k-th buffer of that tag),
+//! and buffers are raw memory the caller keeps alive.
 //!
 //! Layers: [`proto`] is the wire protocol as pure state machines (no I/O, time passed in);
 //! [`tcp`] is the TCP backend (per connection a handshake stream on the management network, a

@@ -5,8 +5,9 @@ use super::*;
 
 // TCP lane (WEFT_OFI_MIN_BYTES): small messages over a TCP stream on the data network.
 
-/// Header of a message on a TCP lane: sequence number, tag, buffer index (`u32::MAX`: not
-/// known to the sender, the receiver picks it as for an eager message), size.
+/// Header of a message on a TCP lane: its k (its index among the sender's messages of its
+/// tag), tag, buffer index (`u32::MAX`: not known to the sender, the message lands as an
+/// eager one), size.
 pub(super) const LANE_HDR: usize = 24;
 pub(super) const LANE_NO_SLOT: u32 = u32::MAX;
 /// Largest message a lane carries (the bound of `WEFT_OFI_MIN_BYTES`).
@@ -14,7 +15,7 @@ pub(super) const LANE_MAX: usize = 16 << 20;
 
 /// A lane message as the receiver reads it.
 pub(super) struct LaneMsg {
-    pub(super) seq: u64,
+    pub(super) k: u64,
     pub(super) tag: i32,
     pub(super) slot: Option<usize>,
     pub(super) payload: Vec<u8>,
@@ -87,9 +88,9 @@ impl LaneTx {
 
     /// Queues one message (copied); returns the stream offset its send is complete at (see
     /// [`LaneTx::written`]): only bytes the kernel has taken leave without more flushes.
-    pub(super) fn push(&mut self, seq: u64, tag: i32, slot: Option<usize>, payload: &[u8]) -> u64 {
+    pub(super) fn push(&mut self, k: u64, tag: i32, slot: Option<usize>, payload: &[u8]) -> u64 {
         let mut h = [0u8; LANE_HDR];
-        put_u64(&mut h, 0, seq);
+        put_u64(&mut h, 0, k);
         put_u32(&mut h, 8, tag as u32);
         put_u32(&mut h, 12, slot.map_or(LANE_NO_SLOT, |s| s as u32));
         put_u64(&mut h, 16, payload.len() as u64);
@@ -263,7 +264,7 @@ impl LaneRx {
             }
             let slot = get_u32(h, 12);
             out.push(LaneMsg {
-                seq: get_u64(h, 0),
+                k: get_u64(h, 0),
                 tag: get_u32(h, 8) as i32,
                 slot: (slot != LANE_NO_SLOT).then_some(slot as usize),
                 payload: self.inbuf[at + LANE_HDR..at + LANE_HDR + len].to_vec(),

@@ -41,15 +41,14 @@
 //!
 //! # Data path (data network), receiver-driven
 //!
-//! Every message has a sequence number (sends and receive buffers match in posting order; a
-//! receive of `n` buffers covers the `n` numbers after the previous receive's). A message sent
-//! without its buffer (eager, early on the TCP lane) takes the next number in `isend`; a send
-//! that waits for its CTS takes its number with its buffer (see "Out-of-step tags").
+//! Messages and buffers are numbered *per tag*: the k-th `isend` of tag t on a connection is
+//! message (t, k), the k-th posted buffer of tag t is buffer (t, k), and message (t, k) lands
+//! in buffer (t, k), whichever way it travels (see "Out-of-step tags").
 //! * **CTS**: each `irecv` of `n` buffers sends the sender one clear-to-send message (`fi_send`
-//!   on rail 0, into the sender's endpoint's receive pool): the first sequence number it covers, and
-//!   per buffer its capacity and tag and, per rail, its address (virtual, or offset without
-//!   FI_MR_VIRT_ADDR) and remote key, plus the number of eager messages the receiver has
-//!   consumed (eager credit). CTS leave in posting order and arrive in order (FI_ORDER_SAS).
+//!   on rail 0, into the sender's endpoint's receive pool): per buffer its capacity, tag, the
+//!   low 32 bits of its k (the sender takes the k with those bits nearest its own next one of
+//!   that tag) and, per rail, its address (virtual, or offset without FI_MR_VIRT_ADDR) and
+//!   remote key, plus the number of eager messages the receiver has consumed (eager credit).
 //! * **Small receives** (every buffer at most [`EAGER_MAX`]): the CTS is held back
 //!   (`CTS_DEFER`, 500 µs); a receive that all its messages reach eagerly meanwhile never
 //!   sends it, so a small message costs one provider message (not a CTS, then a write), as in
@@ -58,22 +57,19 @@
 //!   waits for its CTS, or a message too large for it) sends its CTS, and from then on is like any
 //!   other. A larger receive first sends the CTS of every small one before it that still
 //!   waits. Eager credit without CTS: once [`EAGER_SLOTS`] / 2 consumed messages are
-//!   unreported, a CTS of no buffers reports them; its first sequence number (that of the
-//!   oldest receive whose CTS still waits, else the next receive's) tells the sender that the
-//!   receives before it sent their CTS already or never will, so the eager messages no CTS
-//!   covered there need no buffer choice. The sender never waits for credit: a send that
-//!   cannot go eagerly waits for the CTS, which a receive missing a message sends.
+//!   unreported, a CTS of no buffers reports them. The sender never waits for credit: a send
+//!   that cannot go eagerly waits for its buffer's CTS, which a receive missing a message
+//!   sends.
 //! * **RMA**: a send whose CTS is there is written straight into the receive buffer with
-//!   `fi_writedata`, whose remote CQ data completes it on the receiver. Tags pick the buffer
-//!   with [`crate::proto::select_slot`], the sender choosing.
+//!   `fi_writedata`, whose remote CQ data completes it on the receiver.
 //!   * *8 bytes of remote CQ data* (`tcp;ofi_rxm`, `shm`): `size << 32 | receiver's slot << 12
 //!     | stripes << 9 | request index << 3 | buffer index`.
 //!   * *4 bytes* (`verbs;ofi_rxm`, or `WEFT_OFI_CQ_DATA_BYTES=4`): request index (6 bits),
-//!     buffer index (3), kind (2), the low 5 bits of the message's sequence number (a check
-//!     that the write belongs to this receive), and 16 bits that hold the size of a message
-//!     under 64 KiB (kind *sized*: one write, complete in itself) or the number of stripes
-//!     (kind *data*). A larger or striped message also writes a 16-byte *size record* (size,
-//!     sequence number) into the receiver's registered size table, at the entry of its request
+//!     buffer index (3), kind (2), the low 5 bits of the buffer's k (a check that the write
+//!     belongs to this posting of the request slot), and 16 bits that hold the size of a
+//!     message under 64 KiB (kind *sized*: one write, complete in itself) or the number of
+//!     stripes (kind *data*). A larger or striped message also writes a 16-byte *size record*
+//!     (size, k) into the receiver's registered size table, at the entry of its request
 //!     and buffer, with its own remote CQ data (kind *record*). The receiver completes the
 //!     buffer when it has seen every data write and the record. Each completion with remote CQ
 //!     data is delivered only after that write's data is placed, so this needs no ordering
@@ -85,69 +81,56 @@
 //!   receiver polls every rail's completion queue.
 //! * **Eager**: a send of at most [`EAGER_MAX`] bytes whose CTS is not there yet, with credit
 //!   left (at most [`EAGER_SLOTS`] unreported), is sent into the receiver's endpoint's receive
-//!   pool; the receiver copies it into the matching buffer (or copies it out and keeps it until
-//!   the receive is posted). With 8-byte remote CQ data the message is the payload alone, sent
+//!   pool; the receiver copies it into buffer (t, k) (or copies it out and keeps it, by
+//!   (t, k), until that buffer is posted: at most [`EAGER_SLOTS`], the credit, else a protocol
+//!   error). With 8-byte remote CQ data the message is the payload alone, sent
 //!   with `fi_senddata` straight from the caller's buffer and copied from the pool buffer into
 //!   the receive's (one copy more than `fi_pingpong`, which receives into its own buffer).
 //!   The CQ data carries its tag (bits 32..64), the receiver's slot (12..32, which routes
-//!   it) and the low 12 bits of its
-//!   sequence number (the receiver takes the number with those bits nearest to its next
-//!   receive's; the sender's requests in flight and the receiver's posted buffers are far
-//!   inside that window), so [`EAGER_MAX`] (16 KiB) fills `ofi_rxm`'s eager size exactly, as
+//!   it) and the low 12 bits of its k (the receiver takes the k with those bits nearest to
+//!   that of its next buffer of the tag; the sender's requests in flight and credit and the
+//!   receiver's posted buffers are far inside that window), so [`EAGER_MAX`] (16 KiB) fills
+//!   `ofi_rxm`'s eager size exactly, as
 //!   `fi_pingpong`'s 16 KiB message does. With 4 bytes it is `fi_send` of a registered bounce
-//!   buffer holding the key, a 24-byte header (kind, tag, sequence number, size) and a copy
+//!   buffer holding the key, a 24-byte header (kind, tag, k, size) and a copy
 //!   of the payload. An eager send is complete when the
 //!   provider reports it sent, not when it accepts it: the provider may still need the
 //!   sender's progress to deliver it (a full socket, `ofi_rxm`'s segmented protocol), and
 //!   NCCL stops testing a request that is done.
 //!   For the same reason none goes by `fi_inject` (no completion), although `fi_pingpong`
-//!   sends small messages so. Within one grouped receive eager sends are always a prefix (a
-//!   sender that has the CTS uses RMA), so both sides choose the same buffers.
+//!   sends small messages so.
 //! * **Hand over first, poll after**: `isend` gives an eager message to the provider, and
 //!   `irecv` of a large receive its CTS, before reading any completion queue; the queues are
 //!   read by `test` (and by `isend`/`irecv` only when they are out of request or CTS slots, so
 //!   a caller that only retries still drives the provider). With `tcp;ofi_rxm` a read is an
 //!   `epoll_wait` and a `poll`, about a microsecond, and in a ping-pong the echo side read five
 //!   times between seeing a message and sending the reply. A CTS that arrived but was not
-//!   read yet only makes a message go eagerly, which keeps eager sends a prefix.
+//!   read yet only makes a message go eagerly (the receiver then finds its buffer posted).
 //! * **TCP lane** (`WEFT_OFI_MIN_BYTES`, default 0 = off): messages under that size go over
 //!   one TCP stream on the data network instead of libfabric, larger ones by RMA as above. The
 //!   sender asks for it in its address record; the receiver opens a listener on its device's
 //!   data address for the connection and answers with it; the sender connects right after the
-//!   handshake and starts the stream with the connection id. Each message carries its sequence
-//!   number, tag, size and the buffer index when the sender knows it (its CTS is there); one
-//!   sent before the CTS (with eager credit, under the same rule as an eager send) has no
-//!   index and lands like an eager message. The receiver places index-less messages (eager or
-//!   lane) strictly in sequence order within their receive, since the two ways may overtake
-//!   each other; they are a prefix of it, so both sides choose the same buffers, and messages
-//!   complete in order whatever way they took. A lane send is complete once the kernel has
-//!   all of its bytes (not when they are queued in weft).
+//!   handshake and starts the stream with the connection id. Each message carries its tag, k,
+//!   size and the buffer index when the sender knows it (its CTS is there; the receiver checks
+//!   it is buffer (t, k)); one sent before the CTS (with eager credit, as an eager send) has no
+//!   index and lands like an eager message. A lane send is complete once the kernel has all of
+//!   its bytes (not when they are queued in weft).
 //!
 //! # Out-of-step tags
 //!
-//! Tags pick buffers so that the k-th message of a tag lands in the k-th buffer of that tag,
-//! in posting order (NCCL's InfiniBand semantics, and the TCP backend's): a sender may run
-//! ahead of a grouped receive with a tag the group has no free buffer for, and that never
-//! kills the connection when the sender can see it.
-//! * **CTS known**: `isend` of a message whose receive's CTS is here, and none of whose free
-//!   buffers has the tag, answers "not yet" (`Ok(None)`; NCCL retries), as NCCL's IB
-//!   transport does: the message is for a later receive.
-//! * **Waiting for the CTS**: a send that cannot go eagerly (too large, no credit, or behind
-//!   another waiting send) and whose CTS is not here still gets its request, and waits. It has
-//!   no sequence number yet: when a CTS comes, each number of that receive goes to the
-//!   *oldest waiting send whose tag fits* a free buffer of it, and a waiting send that fits
-//!   none waits for a later receive. That is the order NCCL's retries give; it is possible
-//!   because nothing goes eagerly while a send waits (see `early` in `isend`), so the waiting
-//!   sends are the last numbers and none of them is on the wire.
-//! * **Sent without its buffer** (limit): an eager message, or an early one on the lane, has
-//!   its number on the wire. If it falls in a grouped receive that has no free buffer with
-//!   its tag (the receive {1, 2} posted after the sender sent tag 1 twice eagerly), the
-//!   receiver fails with [`Error::TagMismatch`], as before. Holding it for a later receive
-//!   would make this receive cover one number more and move every later receive's range,
-//!   which the receiver may already have sent in their CTS (a large receive sends its CTS
-//!   when posted, before the earlier ones are complete), so both sides could no longer agree.
-//!   A fix needs matching that does not depend on ranges, such as numbering messages per tag
-//!   (the k-th message of tag t carries k, the CTS says each buffer's k): see issue 15.
+//! The k-th message of a tag lands in the k-th buffer of that tag, in posting order (NCCL's
+//! InfiniBand semantics, and the TCP backend's): a sender may run ahead of a grouped receive
+//! with a tag the group has no free buffer for (receives {1, 2}, {1, 2}; sends of tag 1, 1, 2,
+//! 2), and that never kills the connection, since both sides know each message's buffer
+//! without choosing one: message (t, k) is for buffer (t, k).
+//! * `isend` always gives a request (unless out of requests): by RMA (or on the lane with the
+//!   buffer index) when buffer (t, k)'s CTS is here, else eagerly (or early on the lane) with
+//!   credit, else it waits for that CTS; a CTS entry whose message already went eagerly needs
+//!   nothing more.
+//! * The receiver lands an eager or early lane message in buffer (t, k) when it is posted,
+//!   else holds it until it is; a receive of a tag nobody sends is just incomplete.
+//! * Receives may complete out of posting order (a later receive whose messages all came
+//!   first); `test` is per request, and so are the plugin's and NCCL's.
 //!
 //! # Failure detection on the data path
 //!
@@ -176,12 +159,13 @@
 //!   reported it sent, or the data after the sender's provider reported the write complete
 //!   (with `tcp`, both complete once the kernel has the bytes). So a receive whose CTS left
 //!   and that sees nothing for `timeout` sends POSTED on the side channel (again every
-//!   `timeout / 4` while that lasts): the first message it waits for and how far its sent CTS
-//!   reach. The sender fails, as for a stall, if it waits for a CTS that POSTED says has left
-//!   (after polling `min(timeout / 4, 1 s)` more, for a CTS still in its provider), or if it
-//!   handed the awaited message over `timeout` ago or more; otherwise (it has not sent yet) it
-//!   ignores POSTED. A small receive whose CTS is held back is in no POSTED (CTS leave in
-//!   posting order, so none that left reaches it, and a credit-only CTS counts for none): it
+//!   `timeout / 4` while that lasts): the messages it waits for by (tag, k), those of every
+//!   incomplete receive whose CTS left (at most [`POSTED_MAX`]), each marked as one whose CTS
+//!   left. The sender fails, as for a stall, if a send of it waits for a CTS that POSTED says
+//!   has left (after polling `min(timeout / 4, 1 s)` more, for a CTS still in its provider),
+//!   or if it handed a named message over `timeout` ago or more; a named message it has not
+//!   sent yet is not an error (it is late). A small receive whose CTS is held back is in no
+//!   POSTED (a credit-only CTS names no receive either): it
 //!   sends its CTS `CTS_DEFER` after it was posted if still incomplete, and is then timed
 //!   like any other.
 //!
@@ -209,9 +193,8 @@
 //! A cut data link is bounded by the stall timer (see "Failure detection on the data path"),
 //! which sees completions, not bytes: one RMA write that takes longer than `timeout` to
 //! complete (4 GiB at 1 Gbit/s with the default 30 s) trips it, as does a receiver that posts
-//! and then stops polling its receive for `timeout`. A receive of several buffers waits, in
-//! POSTED, for the first message it has not got counting in arrival order, which with several
-//! rails may differ from the sender's order.
+//! and then stops polling its receive for `timeout`. Per-tag indexes are kept per tag seen on a
+//! connection (a map entry per distinct tag, never dropped).
 
 pub mod fabric;
 mod handshake;
@@ -224,7 +207,7 @@ pub mod sys;
 mod watch;
 mod wire;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -284,10 +267,10 @@ fn cts_entry(rails: usize) -> usize {
 }
 const K_EAGER: u32 = 1;
 const K_CTS: u32 = 2;
-/// A size record of the 4-byte protocol: message size and sequence number, little endian.
+/// A size record of the 4-byte protocol: message size and the buffer's k, little endian.
 const REC: usize = 16;
 // The 4-byte remote CQ data: bits 0..6 request index, 6..9 buffer index, 9..11 kind, 11..16 the
-// low bits of the message's sequence number, 16..32 the size of a small message.
+// low bits of the buffer's k, 16..32 the size of a small message.
 const IMM_SLOT_SHIFT: u32 = 6;
 const IMM_KIND_SHIFT: u32 = 9;
 const IMM_CHECK_SHIFT: u32 = 11;
@@ -305,7 +288,7 @@ const _: () = assert!(MAX_RECV_REQUESTS <= 1 << IMM_SLOT_SHIFT && MAX_RECVS <= 8
 /// 8-byte remote CQ data: where the request index and the stripe count sit (the buffer index
 /// in bits 0..3, the receiver's slot from `shared::SLOT_SHIFT`, the size from bit 32).
 const W8_REQ_SHIFT: u32 = 3;
-/// 8-byte remote CQ data of an eager message: the low bits of its sequence number (bits
+/// 8-byte remote CQ data of an eager message: the low bits of its k (bits
 /// 0..12), the receiver's slot (from `shared::SLOT_SHIFT`), its tag (from bit 32).
 const EAGER_SEQ_BITS: u32 = 12;
 const EAGER_SEQ_MASK: u64 = (1 << EAGER_SEQ_BITS) - 1;
@@ -319,10 +302,16 @@ const _: () = assert!(
 /// Tag of the MSG frame that carries an address record in the handshake.
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// Tag of the MSG frame a receiver sends on the side channel while a receive whose CTS left
-/// sees nothing for `timeout` (POSTED): its inline payload is the sequence number of the first
-/// message the receiver waits for, and the one its sent CTS cover up to (8 bytes each, little
-/// endian). Peers that predate it ignore it.
+/// sees nothing for `timeout` (POSTED): its inline payload names the messages the receiver
+/// waits for, at most [`POSTED_MAX`] entries of [`POSTED_ENTRY`] bytes (tag u32, flags u32
+/// with [`POSTED_CTS_LEFT`], k u64, little endian). Peers that predate it ignore it.
 const POSTED_TAG: i32 = 0x4f46_4950; // "OFIP"
+/// Messages one POSTED names at most (8 receives of 8 buffers).
+const POSTED_MAX: usize = 64;
+/// Bytes of one POSTED entry.
+const POSTED_ENTRY: usize = 16;
+/// POSTED entry flag: the CTS of the message's buffer left the receiver `timeout` ago.
+const POSTED_CTS_LEFT: u32 = 1;
 /// Tag of the MSG frame (no payload) a sender sends on the side channel once it has no RMA
 /// write in flight and will post no more (STOPPED): after the receiver's close notice (it shut
 /// its end of the side channel down), and as its own connection closes. A receiver that closes

@@ -1,5 +1,6 @@
 //! The receiving end of an ofi connection: CTS (deferred for small receives), eager and lane
-//! messages placed in sequence order, RMA write completions, POSTED, the close protocol.
+//! messages placed in their buffer by (tag, k), RMA write completions, POSTED, the close
+//! protocol.
 
 use super::*;
 
@@ -7,15 +8,17 @@ use super::*;
 
 pub(super) struct RecvReq {
     pub(super) bufs: Vec<RecvBuf>,
-    pub(super) first: u64,
+    /// Per buffer, its index among this connection's buffers of its tag: message (tag, k)
+    /// lands in it.
+    pub(super) ks: [u64; MAX_RECVS],
+    /// Its CTS left (the provider reported it sent).
+    pub(super) cts_left: bool,
     /// Taken by a message (its first data or eager message arrived).
     pub(super) filled: [bool; MAX_RECVS],
     /// Data writes arrived per buffer.
     pub(super) got: [usize; MAX_RECVS],
     /// Data writes (stripes) the message of each buffer comes in (0: not known yet).
     pub(super) parts: [usize; MAX_RECVS],
-    /// Messages without a buffer index (eager, early on the lane) placed: the first `prefix`.
-    pub(super) prefix: usize,
     /// Size of the message per buffer, once known.
     pub(super) known: [Option<usize>; MAX_RECVS],
     /// Complete: all of the data and its size are there.
@@ -41,10 +44,14 @@ pub struct RecvConn {
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<RecvReq>,
     pub(super) order: VecDeque<RequestId>,
-    pub(super) next_seq: u64,
-    /// Messages that came before their receive, by sequence number: tag and bytes (copied
-    /// out of the endpoint's buffers, see [`Payload::release`]).
-    pub(super) unexpected: BTreeMap<u64, (i32, Payload)>,
+    /// Per tag, the k of the next buffer of that tag posted.
+    pub(super) next_k: HashMap<i32, u64>,
+    /// Posted buffers whose message has not begun to arrive: (tag, k) -> (request, buffer).
+    pub(super) posted: HashMap<(i32, u64), (RequestId, usize)>,
+    /// Messages that came before their buffer was posted, by (tag, k): their bytes (copied
+    /// out of the endpoint's buffers, see [`Payload::release`]); at most [`EAGER_SLOTS`], the
+    /// sender's eager credit.
+    pub(super) unexpected: HashMap<(i32, u64), Payload>,
     pub(super) eager_consumed: u64,
     pub(super) virt_addr: bool,
     /// 4-byte protocol: the size table the senders write records into, one per buffer.
@@ -57,13 +64,11 @@ pub struct RecvConn {
     pub(super) stall: Stall,
     /// Bounds the wait for the data of a receive whose CTS left, before POSTED is sent.
     pub(super) quiet: Stall,
-    /// Per CTS slot, the sequence number its receive covers up to.
-    pub(super) cts_seq: [u64; CTS_TX_SLOTS],
-    /// The CTS of every receive before this sequence number has left (completed).
-    pub(super) cts_done: u64,
+    /// Per CTS slot in flight, the receive it is the CTS of (none: credit only).
+    pub(super) cts_req: [Option<RequestId>; CTS_TX_SLOTS],
     /// Small receives whose CTS waits (see "Small receives" in the module docs), in posting
-    /// order: request, its first sequence number, when the CTS goes if still incomplete.
-    pub(super) deferred: VecDeque<(RequestId, u64, Instant)>,
+    /// order: request, when the CTS goes if still incomplete.
+    pub(super) deferred: VecDeque<(RequestId, Instant)>,
     /// The eager consumption the latest CTS reported.
     pub(super) eager_reported: u64,
     /// CTS with buffers sent (statistics).
@@ -113,8 +118,9 @@ impl RecvConn {
             caches,
             reqs: Slab::new(MAX_RECV_REQUESTS),
             order: VecDeque::new(),
-            next_seq: 0,
-            unexpected: BTreeMap::new(),
+            next_k: HashMap::new(),
+            posted: HashMap::new(),
+            unexpected: HashMap::new(),
             eager_consumed: 0,
             virt_addr,
             table,
@@ -123,8 +129,7 @@ impl RecvConn {
             data,
             stall: Stall::new(Instant::now()),
             quiet: Stall::new(Instant::now()),
-            cts_seq: [0; CTS_TX_SLOTS],
-            cts_done: 0,
+            cts_req: [None; CTS_TX_SLOTS],
             deferred: VecDeque::new(),
             eager_reported: 0,
             cts_sent: 0,
@@ -219,90 +224,75 @@ impl RecvConn {
         Ok(())
     }
 
-    /// Lands the messages that came without a buffer index (eager, or early on the TCP lane;
-    /// kept in `unexpected`) in their receives. Such messages are a prefix of their receive
-    /// (see the module docs), so each is placed only after the one before it, whichever way
-    /// they came: then both sides choose the same buffers.
-    pub(super) fn drain(&mut self) -> Result<()> {
-        let peer = self.link.peer;
-        for &id in &self.order {
-            let Some(r) = self.reqs.get_mut(id) else {
-                continue;
-            };
-            while r.prefix < r.bufs.len() {
-                let seq = r.first + r.prefix as u64;
-                let Some((tag, payload)) = self.unexpected.remove(&seq) else {
-                    break;
-                };
-                let payload = payload.bytes();
-                let tags: Vec<i32> = r.bufs.iter().map(|b| b.tag).collect();
-                let slot = proto::select_slot(&tags, &r.filled[..r.bufs.len()], tag)
-                    .ok_or(Error::TagMismatch { peer, tag })?;
-                let b = r.bufs[slot];
-                if payload.len() > b.len {
-                    return Err(Error::Truncated {
-                        peer,
-                        sent: payload.len() as u64,
-                        posted: b.len,
-                        tag,
-                    });
-                }
-                if !payload.is_empty() {
-                    // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len`
-                    // bytes, and payload.len() <= b.len.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(payload.as_ptr(), b.ptr, payload.len())
-                    };
-                }
-                r.filled[slot] = true;
-                r.complete[slot] = true;
-                r.sizes[slot] = payload.len();
-                r.nfilled += 1;
-                r.prefix += 1;
-                self.eager_consumed += 1;
-            }
+    /// Lands message (tag, k) that came without a buffer index (eager, or early on the TCP
+    /// lane) in its buffer, or holds it until that buffer is posted.
+    pub(super) fn land(&mut self, tag: i32, k: u64, mut payload: Payload) -> Result<()> {
+        if let Some((id, slot)) = self.posted.remove(&(tag, k)) {
+            self.eager_consumed += 1;
+            return self.place(id, slot, tag, payload.bytes());
         }
+        // The sender's eager credit bounds what can wait here; more is a broken peer.
+        if self.unexpected.len() >= EAGER_SLOTS || self.unexpected.contains_key(&(tag, k)) {
+            return Err(self.link.protocol(
+                Stage::Data,
+                proto::FrameError::Unexpected {
+                    got: "more early messages than the eager credit allows, or one twice",
+                    expected: "a message within the eager credit",
+                },
+            ));
+        }
+        payload.release();
+        self.unexpected.insert((tag, k), payload);
+        Ok(())
+    }
+
+    /// Copies a whole message into buffer `slot` of receive `id`, which is then complete.
+    pub(super) fn place(
+        &mut self,
+        id: RequestId,
+        slot: usize,
+        tag: i32,
+        data: &[u8],
+    ) -> Result<()> {
+        let peer = self.link.peer;
+        let Some(r) = self.reqs.get_mut(id) else {
+            return Ok(());
+        };
+        let b = r.bufs[slot];
+        if data.len() > b.len {
+            return Err(Error::Truncated {
+                peer,
+                sent: data.len() as u64,
+                posted: b.len,
+                tag,
+            });
+        }
+        if !data.is_empty() {
+            // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len`
+            // bytes, and data.len() <= b.len.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr, data.len()) };
+        }
+        r.filled[slot] = true;
+        r.complete[slot] = true;
+        r.sizes[slot] = data.len();
+        r.nfilled += 1;
         Ok(())
     }
 
     /// Lands a TCP lane message whose buffer the sender knew (from the CTS).
     pub(super) fn on_lane_slotted(&mut self, m: LaneMsg, slot: usize) -> Result<()> {
-        let link = &self.link;
-        let bad = || {
-            link.protocol(
+        let tk = (m.tag, m.k);
+        let Some((id, _)) = self.posted.get(&tk).copied().filter(|p| p.1 == slot) else {
+            return Err(self.link.protocol(
                 Stage::Data,
                 proto::FrameError::Unexpected {
                     got: "TCP lane message for no pending buffer",
                     expected: "a message for a posted receive buffer",
                 },
-            )
+            ));
         };
-        let r = self
-            .order
-            .iter()
-            .find(|id| {
-                self.reqs
-                    .get(**id)
-                    .is_some_and(|r| m.seq >= r.first && m.seq < r.first + r.bufs.len() as u64)
-            })
-            .copied()
-            .and_then(|id| self.reqs.get_mut(id))
-            .filter(|r| slot < r.bufs.len() && !r.filled[slot] && r.bufs[slot].tag == m.tag)
-            .ok_or_else(bad)?;
-        let b = r.bufs[slot];
-        if m.payload.len() > b.len {
-            return Err(bad());
-        }
-        if !m.payload.is_empty() {
-            // SAFETY: the caller of irecv guarantees the buffer is writable for `b.len` bytes,
-            // and the payload is no longer.
-            unsafe { std::ptr::copy_nonoverlapping(m.payload.as_ptr(), b.ptr, m.payload.len()) };
-        }
-        r.filled[slot] = true;
-        r.complete[slot] = true;
-        r.sizes[slot] = m.payload.len();
-        r.nfilled += 1;
-        Ok(())
+        self.posted.remove(&tk);
+        self.place(id, slot, m.tag, &m.payload)
     }
 
     /// Reads the TCP lane (if any) and lands what came.
@@ -315,13 +305,10 @@ impl RecvConn {
         for m in msgs {
             match m.slot {
                 Some(slot) => self.on_lane_slotted(m, slot)?,
-                None => {
-                    self.unexpected
-                        .insert(m.seq, (m.tag, Payload::Copied(m.payload)));
-                }
+                None => self.land(m.tag, m.k, Payload::Copied(m.payload))?,
             }
         }
-        self.drain()
+        Ok(())
     }
 
     pub(super) fn on_eager(&mut self, b: &[u8]) -> Result<()> {
@@ -334,7 +321,7 @@ impl RecvConn {
                 },
             ));
         }
-        let (kind, tag, seq, size) = (
+        let (kind, tag, k, size) = (
             get_u32(b, 0),
             get_u32(b, 4) as i32,
             get_u64(b, 8),
@@ -350,14 +337,14 @@ impl RecvConn {
             ));
         }
         let payload = Payload::Copied(b[HDR..HDR + size as usize].to_vec());
-        self.unexpected.insert(seq, (tag, payload));
-        self.drain()
+        self.land(tag, k, payload)
     }
 
     /// An eager message of the 8-byte protocol: the payload alone, with its tag and the low
-    /// bits of its sequence number in the CQ data. The number is the one with those bits
-    /// nearest to the next receive's: a message is at most the sender's requests ahead of it
-    /// and at most the posted receives' buffers behind, both far inside the window.
+    /// bits of its k in the CQ data. k is the one with those bits nearest to the k of the next
+    /// buffer of that tag to be posted: a message is at most the sender's requests plus its
+    /// eager credit ahead of it and at most the posted receives' buffers behind, both far
+    /// inside the window.
     ///
     /// When its receive is posted the message goes from the endpoint's buffer straight into
     /// the caller's; else it is copied out and waits.
@@ -372,13 +359,9 @@ impl RecvConn {
             ));
         }
         let tag = (data >> 32) as u32 as i32;
-        let seq = eager_seq(data & EAGER_SEQ_MASK, self.next_seq);
-        self.unexpected.insert(seq, (tag, payload));
-        let drained = self.drain();
-        if let Some((_, p)) = self.unexpected.get_mut(&seq) {
-            p.release();
-        }
-        drained
+        let next = self.next_k.get(&tag).copied().unwrap_or(0);
+        let k = eager_seq(data & EAGER_SEQ_MASK, next);
+        self.land(tag, k, payload)
     }
 
     pub(super) fn on_write(&mut self, data: u64) -> Result<()> {
@@ -415,9 +398,10 @@ impl RecvConn {
         let Some(r) = r else {
             return Err(bad(&self.link, "write completion for no pending buffer"));
         };
-        // The low bits of the message's sequence number must fall in this receive.
-        let in_range =
-            |check: u64| (check.wrapping_sub(r.first) & IMM_CHECK_MASK) < r.bufs.len() as u64;
+        // The check bits are the low bits of the buffer's k: the write is for this posting
+        // of the request slot.
+        let k = r.ks[slot];
+        let in_range = |check: u64| check == k & IMM_CHECK_MASK;
         match ev {
             WriteEvent::Data {
                 size, check, parts, ..
@@ -435,19 +419,15 @@ impl RecvConn {
                 }
             }
             WriteEvent::Record { check, .. } => {
-                let (size, seq) = record.unwrap_or((u64::MAX, u64::MAX));
-                let n = r.bufs.len() as u64;
-                if !in_range(check)
-                    || seq & IMM_CHECK_MASK != check
-                    || seq < r.first
-                    || seq >= r.first + n
-                    || r.known[slot].is_some()
-                {
+                let (size, rk) = record.unwrap_or((u64::MAX, u64::MAX));
+                if !in_range(check) || rk != k || r.known[slot].is_some() {
                     return Err(bad(&self.link, "size record of another message"));
                 }
                 r.known[slot] = Some(size as usize);
             }
         }
+        // Its message is arriving by RMA: no eager one can be its.
+        self.posted.remove(&(r.bufs[slot].tag, k));
         if let Some(size) = r.known[slot] {
             if size > r.bufs[slot].len || (r.parts[slot] != 0 && r.got[slot] > r.parts[slot]) {
                 return Err(bad(&self.link, "write larger than its buffer"));
@@ -503,25 +483,20 @@ impl RecvConn {
         // A receive whose CTS left and nothing since: the sender may not have sent yet (not
         // an error), or the CTS was lost on a cut data link while the sender waits for it.
         // Only the sender can tell: POSTED asks it (it fails if it waits for that CTS).
-        let cts_done = self.cts_done;
-        // The first message not here yet of the oldest such receive (messages of a grouped
-        // receive arrive in order on one rail).
-        let first = self.order.iter().find_map(|id| {
+        let waits = self.order.iter().any(|id| {
             self.reqs
                 .get(*id)
-                .filter(|r| r.first < cts_done && r.nfilled < r.bufs.len())
-                .map(|r| r.first + r.nfilled as u64)
+                .is_some_and(|r| r.cts_left && r.nfilled < r.bufs.len())
         });
-        // A sender whose process answers POSTED neither from its polls nor from its `alive`
-        // thread is stopped (SIGSTOP), not late.
-        if progressed || first.is_none() {
+        if progressed || !waits {
             self.side.probed = None;
         } else if self.side.unanswered(answer_bound(self.quiet.timeout)) {
             let e = self.link.timeout(Stage::Data, self.quiet.timeout);
             return Err(self.fail(e));
         }
-        if self.quiet.check(now, progressed, first.is_some()) {
-            self.side.send_posted(first.unwrap_or(0), cts_done);
+        if self.quiet.check(now, progressed, waits) {
+            let named = self.awaited();
+            self.side.send_posted(&named);
             // Again every quarter of the timeout while it lasts: the sender may have handed
             // the message over only just before the first one came.
             self.quiet.rearm(now, self.quiet.timeout / 4);
@@ -534,6 +509,23 @@ impl RecvConn {
             }
         }
         Ok(())
+    }
+
+    /// What POSTED names: (tag, k) of each buffer without its whole message of the
+    /// receives whose CTS left, oldest first, at most [`POSTED_MAX`].
+    pub(super) fn awaited(&self) -> Vec<(i32, u64)> {
+        let mut v = Vec::new();
+        for r in self.order.iter().filter_map(|id| self.reqs.get(*id)) {
+            if !r.cts_left {
+                continue;
+            }
+            for (slot, b) in r.bufs.iter().enumerate() {
+                if !r.complete[slot] && v.len() < POSTED_MAX {
+                    v.push((b.tag, r.ks[slot]));
+                }
+            }
+        }
+        v
     }
 
     /// Posts a receive of up to [`MAX_RECVS`] buffers. `Ok(None)`: busy, retry later.
@@ -591,14 +583,18 @@ impl RecvConn {
                 mrs.push(m);
             }
         }
-        let first = self.next_seq;
+        let mut ks = [0u64; MAX_RECVS];
+        for (i, b) in bufs.iter().enumerate() {
+            let before = bufs[..i].iter().filter(|x| x.tag == b.tag).count() as u64;
+            ks[i] = self.next_k.get(&b.tag).copied().unwrap_or(0) + before;
+        }
         let Some(id) = self.reqs.insert(RecvReq {
             bufs: bufs.to_vec(),
-            first,
+            ks,
+            cts_left: false,
             filled: [false; MAX_RECVS],
             got: [0; MAX_RECVS],
             parts: [0; MAX_RECVS],
-            prefix: 0,
             known: [None; MAX_RECVS],
             complete: [false; MAX_RECVS],
             sizes: [0; MAX_RECVS],
@@ -607,16 +603,26 @@ impl RecvConn {
         }) else {
             return Ok(None);
         };
-        self.next_seq += bufs.len() as u64;
         self.order.push_back(id);
-        // Messages that came before this receive.
-        if let Err(e) = self.drain() {
-            return Err(self.fail(e));
+        // Each buffer takes the next k of its tag; a message that came before it lands now.
+        for (slot, b) in bufs.iter().enumerate() {
+            let k = ks[slot];
+            self.next_k.insert(b.tag, k + 1);
+            match self.unexpected.remove(&(b.tag, k)) {
+                Some(p) => {
+                    self.eager_consumed += 1;
+                    if let Err(e) = self.place(id, slot, b.tag, p.bytes()) {
+                        return Err(self.fail(e));
+                    }
+                }
+                None => {
+                    self.posted.insert((b.tag, k), (id, slot));
+                }
+            }
         }
         if bufs.iter().all(|b| b.len <= EAGER_MAX) {
             // Small: its messages come eagerly if they can; the CTS only when they do not.
-            self.deferred
-                .push_back((id, first, Instant::now() + CTS_DEFER));
+            self.deferred.push_back((id, Instant::now() + CTS_DEFER));
         } else {
             // CTS leave in posting order: those still waiting go first.
             if let Err(e) = self.send_deferred(true) {
@@ -640,14 +646,14 @@ impl RecvConn {
             self.cts_free.push(slot);
             return;
         };
-        let (first, n) = (r.first, r.bufs.len());
+        let n = r.bufs.len();
         let consumed = self.eager_consumed;
         let virt = self.virt_addr;
         let rails = self.eps.len();
         let b = self.cts.slot(slot);
         put_u32(b, 0, K_CTS);
         put_u32(b, 4, n as u32);
-        put_u64(b, 8, first);
+        put_u64(b, 8, 0);
         put_u64(b, 16, consumed);
         put_u32(b, 24, id.index() as u32);
         put_u32(b, 28, 0);
@@ -665,7 +671,8 @@ impl RecvConn {
             put_u64(b, at + 8, ms[0].key());
             put_u64(b, at + 16, rb.len as u64);
             put_u32(b, at + 24, rb.tag as u32);
-            put_u32(b, at + 28, 0);
+            // The low 32 bits of the buffer's k (the sender takes the nearest to its own).
+            put_u32(b, at + 28, r.ks[k] as u32);
             for (r, m) in ms.iter().enumerate().skip(1) {
                 let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
                 put_u64(b, at, addr(rb, m));
@@ -674,22 +681,17 @@ impl RecvConn {
         }
         self.eager_reported = consumed;
         self.cts_sent += 1;
-        self.cts_seq[slot] = first + n as u64;
+        self.cts_req[slot] = Some(id);
         self.cts_queue.push_back((slot, 32 + size * n));
     }
 
     /// Small receives whose CTS waits: a complete one never sends it (all its messages came
     /// eagerly); one still incomplete at its time (or at once with `all`) sends it, in posting
-    /// order. Then eager credit, when enough is unreported: a CTS of no buffers whose first
-    /// sequence number says that every receive before it sent its CTS before this one or never
-    /// will.
+    /// order. Then eager credit, when enough is unreported: a CTS of no buffers.
     pub(super) fn send_deferred(&mut self, all: bool) -> Result<()> {
         let now = Instant::now();
-        while let Some(&(id, first, at)) = self.deferred.front() {
-            let complete = self
-                .reqs
-                .get(id)
-                .is_none_or(|r| r.first != first || r.nfilled == r.bufs.len());
+        while let Some(&(id, at)) = self.deferred.front() {
+            let complete = self.reqs.get(id).is_none_or(|r| r.nfilled == r.bufs.len());
             if complete {
                 self.deferred.pop_front();
                 continue;
@@ -704,18 +706,17 @@ impl RecvConn {
             && self.cts_free.len() > self.deferred.len()
             && let Some(slot) = self.cts_free.pop()
         {
-            let upto = self.deferred.front().map_or(self.next_seq, |d| d.1);
             let consumed = self.eager_consumed;
             let b = self.cts.slot(slot);
             put_u32(b, 0, K_CTS);
             put_u32(b, 4, 0);
-            put_u64(b, 8, upto);
+            put_u64(b, 8, 0);
             put_u64(b, 16, consumed);
             put_u32(b, 24, 0);
             put_u32(b, 28, 0);
             self.eager_reported = consumed;
-            // Covers no receive: leaves `cts_done` (what POSTED claims) alone.
-            self.cts_seq[slot] = 0;
+            // Covers no receive (POSTED names none for it).
+            self.cts_req[slot] = None;
             self.cts_queue.push_back((slot, 32));
         }
         Ok(())
@@ -769,7 +770,12 @@ impl RailEvents for RecvConn {
         let id = unsafe { (*e.op_context.cast::<Ctx>()).id };
         let i = (id & 0xffff_ffff) as usize;
         if id >> 32 == C_CTS_TX {
-            self.cts_done = self.cts_done.max(self.cts_seq[i % CTS_TX_SLOTS]);
+            if let Some(r) = self.cts_req[i % CTS_TX_SLOTS]
+                .take()
+                .and_then(|id| self.reqs.get_mut(id))
+            {
+                r.cts_left = true;
+            }
             self.cts_free.push(i);
         }
         Ok(())

@@ -1,5 +1,6 @@
-//! The sending end of an ofi connection: CTS, buffer assignment, eager sends, RMA writes,
-//! the close protocol, and the count of this process's unacknowledged TCP bytes.
+//! The sending end of an ofi connection: CTS, sends matched to buffers by (tag, k), eager
+//! sends, RMA writes, the close protocol, and the count of this process's unacknowledged TCP
+//! bytes.
 
 use super::*;
 
@@ -12,37 +13,28 @@ pub(super) struct CtsEntry {
     pub(super) key: [u64; MAX_RAILS],
     pub(super) len: u64,
     pub(super) tag: i32,
+    /// The buffer's index among the receiver's buffers of its tag: message (tag, k) is its.
+    pub(super) k: u64,
 }
 
+/// A receive whose CTS came, while some of its buffers have no message yet.
 pub(super) struct Group {
-    pub(super) first: u64,
     pub(super) n: usize,
     pub(super) rreq: u32,
     pub(super) entries: [CtsEntry; MAX_RECVS],
-    pub(super) filled: [bool; MAX_RECVS],
+    /// Buffers whose message is sent (or went without its buffer, eagerly or early on the
+    /// lane); the group is dropped when all are.
     pub(super) assigned: usize,
 }
 
-impl Group {
-    /// The buffer a message with `tag` takes in this receive (the first free one of that tag,
-    /// as the receiver chooses), if any.
-    pub(super) fn free_slot(&self, tag: i32) -> Option<usize> {
-        let tags: Vec<i32> = self.entries[..self.n].iter().map(|e| e.tag).collect();
-        proto::select_slot(&tags, &self.filled[..self.n], tag)
-    }
-}
-
+/// A send that waits for the CTS of its buffer, (tag, k).
 #[derive(Clone, Copy)]
-pub(super) struct Unassigned {
-    /// Its sequence number: from `isend` when it went without a buffer (`eager`), else given
-    /// by [`SendConn::assign`] (meaningless until then).
-    pub(super) seq: u64,
+pub(super) struct Waiting {
     pub(super) tag: i32,
+    pub(super) k: u64,
     pub(super) ptr: usize,
     pub(super) len: usize,
     pub(super) req: RequestId,
-    /// Sent eagerly: only its buffer choice is left to account (no write).
-    pub(super) eager: bool,
     /// Goes over the TCP lane once its buffer is known.
     pub(super) lane: bool,
 }
@@ -95,12 +87,16 @@ pub struct SendConn {
     /// Registration cache per rail.
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<SendReq>,
-    /// The next message's sequence number (a send waiting for its CTS has none yet).
-    pub(super) next_seq: u64,
-    /// Messages without their buffer yet, in order: those that went eagerly (or early on the
-    /// lane) first, then the sends that wait for their CTS.
-    pub(super) unassigned: VecDeque<Unassigned>,
-    pub(super) groups: BTreeMap<u64, Group>,
+    /// Per tag, the index the next isend of that tag gets (its k).
+    pub(super) next_k: HashMap<i32, u64>,
+    /// Sends that wait for the CTS of their buffer, in isend order.
+    pub(super) waiting: VecDeque<Waiting>,
+    /// Receives whose CTS came and that still have a buffer without its message, by a local
+    /// number (`next_group`).
+    pub(super) groups: HashMap<u64, Group>,
+    pub(super) next_group: u64,
+    /// Buffers whose CTS came before their message was sent: (tag, k) -> (group, buffer).
+    pub(super) cts_known: HashMap<(i32, u64), (u64, usize)>,
     pub(super) writes: VecDeque<WriteOp>,
     /// RMA writes handed to the provider whose completion has not been read.
     pub(super) writes_out: usize,
@@ -130,17 +126,14 @@ pub struct SendConn {
     pub(super) stall: Stall,
     /// Bounds the wait for a CTS the receiver says left `timeout` ago (POSTED).
     pub(super) cts_lost: Stall,
-    /// Messages before this sequence number have had their CTS.
-    pub(super) cts_upto: u64,
-    /// Every receive before this sequence number sent its CTS before the latest CTS, or never
-    /// will (a small receive whose messages all came eagerly): a message before it that no
-    /// CTS covers went eagerly and needs no buffer choice.
-    pub(super) settled: u64,
-    /// When the latest messages were given their buffer (their data handed over): sequence
-    /// number and instant, oldest first, at most [`HANDED_LOG`].
-    pub(super) handed: VecDeque<(u64, Instant)>,
-    /// Per eager bounce slot in use, the sequence number of its message.
-    pub(super) eager_seq: [Option<u64>; EAGER_SLOTS],
+    /// When the latest messages were handed over (eager, on the lane, or their writes
+    /// queued): (tag, k) and instant, oldest first, at most [`HANDED_LOG`].
+    pub(super) handed: VecDeque<((i32, u64), Instant)>,
+    /// Per eager bounce slot in use, the (tag, k) of its message.
+    pub(super) eager_tk: [Option<(i32, u64)>; EAGER_SLOTS],
+    /// Per eager bounce slot in use, whether a CTS named its buffer since (its receive is
+    /// posted, so its completion is timed).
+    pub(super) eager_covered: [bool; EAGER_SLOTS],
     /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
     pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
     pub(super) eof_at: Option<Instant>,
@@ -194,9 +187,11 @@ impl SendConn {
             eager_queue: VecDeque::new(),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
-            next_seq: 0,
-            unassigned: VecDeque::new(),
-            groups: BTreeMap::new(),
+            next_k: HashMap::new(),
+            waiting: VecDeque::new(),
+            groups: HashMap::new(),
+            next_group: 0,
+            cts_known: HashMap::new(),
             writes: VecDeque::new(),
             writes_out: 0,
             events: Vec::new(),
@@ -217,10 +212,9 @@ impl SendConn {
             data,
             stall: Stall::new(Instant::now()),
             cts_lost: Stall::new(Instant::now()),
-            cts_upto: 0,
-            settled: 0,
             handed: VecDeque::new(),
-            eager_seq: [None; EAGER_SLOTS],
+            eager_tk: [None; EAGER_SLOTS],
+            eager_covered: [false; EAGER_SLOTS],
             eager_req: [None; EAGER_SLOTS],
             eof_at: None,
             error: None,
@@ -311,15 +305,11 @@ impl SendConn {
             ));
         }
         let n = (get_u32(b, 4) as usize).min(MAX_RECVS);
-        let first = get_u64(b, 8);
         let consumed = get_u64(b, 16);
         let rreq = get_u32(b, 24);
-        // CTS arrive in the order they were sent (FI_ORDER_SAS on rail 0).
-        self.settled = self.settled.max(first);
+        self.eager_consumed = self.eager_consumed.max(consumed);
         if n == 0 {
             // Eager credit only.
-            self.eager_consumed = self.eager_consumed.max(consumed);
-            self.cts_upto = self.cts_upto.max(first);
             return Ok(());
         }
         if self.table.is_some() && rreq as usize >= MAX_RECV_REQUESTS {
@@ -336,240 +326,199 @@ impl SendConn {
             key: [0; MAX_RAILS],
             len: 0,
             tag: 0,
+            k: 0,
         }; MAX_RECVS];
         let rails = self.eps.len();
         let size = cts_entry(rails);
-        for (k, e) in entries.iter_mut().enumerate().take(n) {
-            let at = 32 + k * size;
+        for (i, e) in entries.iter_mut().enumerate().take(n) {
+            let at = 32 + i * size;
             e.addr[0] = get_u64(b, at);
             e.key[0] = get_u64(b, at + 8);
             e.len = get_u64(b, at + 16);
             e.tag = get_u32(b, at + 24) as i32;
+            // The low 32 bits of k: the buffer is far fewer than 2^31 messages of its tag
+            // away from this side's next one.
+            e.k = nearest(u64::from(get_u32(b, at + 28)), 32, self.next_k_of(e.tag));
             for r in 1..rails {
                 let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
                 e.addr[r] = get_u64(b, at);
                 e.key[r] = get_u64(b, at + 8);
             }
         }
-        self.eager_consumed = self.eager_consumed.max(consumed);
-        self.cts_upto = self.cts_upto.max(first + n as u64);
+        let gid = self.next_group;
+        self.next_group += 1;
         self.groups.insert(
-            first,
+            gid,
             Group {
-                first,
                 n,
                 rreq,
                 entries,
-                filled: [false; MAX_RECVS],
                 assigned: 0,
             },
         );
+        for (slot, e) in entries.iter().enumerate().take(n) {
+            let tk = (e.tag, e.k);
+            if let Some(i) = self.waiting.iter().position(|w| (w.tag, w.k) == tk) {
+                // Its send waited for this CTS.
+                if let Some(w) = self.waiting.remove(i) {
+                    self.start(w, gid, slot)?;
+                }
+            } else if e.k < self.next_k_of(e.tag) {
+                // Sent without its buffer (eagerly, or early on the lane): nothing to write;
+                // an eager send still in flight is now timed (its receive is posted).
+                if let Some(i) = self.eager_tk.iter().position(|x| *x == Some(tk)) {
+                    self.eager_covered[i] = true;
+                }
+                self.group_assigned(gid);
+            } else {
+                // For a later isend.
+                self.cts_known.insert(tk, (gid, slot));
+            }
+        }
         Ok(())
     }
 
-    /// Whether the CTS of the receive that sequence number `seq` falls in is here.
-    pub(super) fn covers(&self, seq: u64) -> bool {
-        self.groups
-            .range(..=seq)
-            .next_back()
-            .is_some_and(|(_, g)| seq < g.first + g.n as u64)
+    /// The k the next isend of `tag` gets.
+    pub(super) fn next_k_of(&self, tag: i32) -> u64 {
+        self.next_k.get(&tag).copied().unwrap_or(0)
     }
 
-    /// The sequence number the first unassigned message has or gets: its own when it went
-    /// without a buffer (eager, early on the lane), else the next one (see [`Self::assign`]).
-    pub(super) fn next_unassigned(&self) -> u64 {
-        self.unassigned
-            .front()
-            .filter(|u| u.eager)
-            .map_or(self.next_seq, |u| u.seq)
-    }
-
-    /// Gives each send whose CTS is known its buffer, in sequence order; queues the writes.
-    ///
-    /// Messages that went without a buffer (eager, early on the lane) have their sequence
-    /// numbers and come first (none goes while a send waits for its CTS). A send that waited
-    /// for its CTS gets its number here: the next number goes to the oldest waiting send whose
-    /// tag fits a free buffer of the receive that number falls in, as with NCCL's InfiniBand
-    /// transport, whose caller retries a send that fits none. A waiting send that fits none
-    /// waits for a later receive (the tags of the sends after it fill this one).
-    pub(super) fn assign(&mut self) -> Result<()> {
-        while let Some(front) = self.unassigned.front() {
-            let eager = front.eager;
-            let seq = if eager { front.seq } else { self.next_seq };
-            if !self.covers(seq) {
-                if seq >= self.settled {
-                    break;
-                }
-                // Its receive sends no CTS: every message of it came eagerly (a receive still
-                // missing one sends its CTS).
-                if !eager {
-                    return Err(self.link.protocol(
-                        Stage::Data,
-                        proto::FrameError::Unexpected {
-                            got: "no CTS for a message that waits for one",
-                            expected: "CTS",
-                        },
-                    ));
-                }
-                if self.handed.len() >= HANDED_LOG {
-                    self.handed.pop_front();
-                }
-                self.handed.push_back((seq, Instant::now()));
-                self.unassigned.pop_front();
-                continue;
-            }
-            let i = if eager {
-                0
-            } else {
-                let Some((_, g)) = self.groups.range(..=seq).next_back() else {
-                    break;
-                };
-                let Some(i) = self
-                    .unassigned
-                    .iter()
-                    .position(|u| g.free_slot(u.tag).is_some())
-                else {
-                    // Every waiting send is for a later receive.
-                    break;
-                };
-                self.unassigned[i].seq = seq;
-                self.next_seq += 1;
-                i
-            };
-            let u = self.unassigned[i];
-            let Some((&first, g)) = self.groups.range_mut(..=u.seq).next_back() else {
-                break;
-            };
-            if self.handed.len() >= HANDED_LOG {
-                self.handed.pop_front();
-            }
-            self.handed.push_back((u.seq, Instant::now()));
-            let peer = self.link.peer;
-            let slot = g
-                .free_slot(u.tag)
-                .ok_or(Error::TagMismatch { peer, tag: u.tag })?;
-            g.filled[slot] = true;
+    /// One more buffer of group `gid` has its message; the group goes once all have.
+    pub(super) fn group_assigned(&mut self, gid: u64) {
+        if let Some(g) = self.groups.get_mut(&gid) {
             g.assigned += 1;
-            let e = g.entries[slot];
-            if !u.eager {
-                let req = u.req;
-                if u.len as u64 > e.len {
-                    return Err(Error::Truncated {
-                        peer,
-                        sent: u.len as u64,
-                        posted: e.len as usize,
-                        tag: u.tag,
-                    });
-                }
-                if u.lane
-                    && let Some(lane) = &mut self.lane
-                {
-                    let payload = if u.len == 0 {
-                        &[][..]
-                    } else {
-                        // SAFETY: the caller of isend keeps `ptr..ptr+len` readable until the
-                        // request is done, which is now (after this copy).
-                        unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
-                    };
-                    let end = lane.push(u.seq, u.tag, Some(slot), payload);
-                    self.lane_sends.push_back((end, req));
-                    if g.assigned == g.n {
-                        self.groups.remove(&first);
-                    }
-                    self.unassigned.remove(i);
-                    continue;
-                }
-                let (rreq, len) = (u64::from(g.rreq), u.len as u64);
-                // Stripes: one per rail from the threshold on, else the whole message on the
-                // next rail in turn. The receiver learns their number from the CQ data.
-                let rails = self.eps.len();
-                let parts = if rails > 1 && u.len >= self.stripe {
-                    rails
-                } else {
-                    1
-                };
-                let chunk = u.len.div_ceil(parts);
-                let rail0 = if parts == 1 {
-                    self.next_rail = (self.next_rail + 1) % rails;
-                    self.next_rail
-                } else {
-                    0
-                };
-                // Remote CQ data: 8 bytes `size << 32 | receiver's slot << 12 | stripes << 9 |
-                // request << 3 | buffer` (stripes 0 meaning 1; the slot is the rail's, added
-                // when posted); 4 bytes see IMM_*.
-                let parts_field = if parts > 1 { parts as u64 } else { 0 };
-                let (data, record) = match self.table {
-                    None => (
-                        (len << 32)
-                            | (parts_field << W8_PARTS_SHIFT)
-                            | (rreq << W8_REQ_SHIFT)
-                            | slot as u64,
+            if g.assigned >= g.n {
+                self.groups.remove(&gid);
+            }
+        }
+    }
+
+    /// Notes that message (tag, k) was handed over now (for POSTED).
+    pub(super) fn log_handed(&mut self, tk: (i32, u64)) {
+        if self.handed.len() >= HANDED_LOG {
+            self.handed.pop_front();
+        }
+        self.handed.push_back((tk, Instant::now()));
+    }
+
+    /// Sends `u` into buffer `slot` of group `gid` (its CTS entry is `u`'s (tag, k)): over the
+    /// lane with the buffer index, or queues its RMA writes (and size record).
+    pub(super) fn start(&mut self, u: Waiting, gid: u64, slot: usize) -> Result<()> {
+        let Some(g) = self.groups.get(&gid) else {
+            return Ok(());
+        };
+        let (e, grreq) = (g.entries[slot], g.rreq);
+        self.log_handed((u.tag, u.k));
+        self.group_assigned(gid);
+        let peer = self.link.peer;
+        let req = u.req;
+        if u.len as u64 > e.len {
+            return Err(Error::Truncated {
+                peer,
+                sent: u.len as u64,
+                posted: e.len as usize,
+                tag: u.tag,
+            });
+        }
+        if u.lane
+            && let Some(lane) = &mut self.lane
+        {
+            let payload = if u.len == 0 {
+                &[][..]
+            } else {
+                // SAFETY: the caller of isend keeps `ptr..ptr+len` readable until the
+                // request is done, which is after this copy.
+                unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
+            };
+            let end = lane.push(u.k, u.tag, Some(slot), payload);
+            self.lane_sends.push_back((end, req));
+            return Ok(());
+        }
+        let (rreq, len) = (u64::from(grreq), u.len as u64);
+        // Stripes: one per rail from the threshold on, else the whole message on the
+        // next rail in turn. The receiver learns their number from the CQ data.
+        let rails = self.eps.len();
+        let parts = if rails > 1 && u.len >= self.stripe {
+            rails
+        } else {
+            1
+        };
+        let chunk = u.len.div_ceil(parts);
+        let rail0 = if parts == 1 {
+            self.next_rail = (self.next_rail + 1) % rails;
+            self.next_rail
+        } else {
+            0
+        };
+        // Remote CQ data: 8 bytes `size << 32 | receiver's slot << 12 | stripes << 9 |
+        // request << 3 | buffer` (stripes 0 meaning 1; the slot is the rail's, added
+        // when posted); 4 bytes see IMM_*.
+        let parts_field = if parts > 1 { parts as u64 } else { 0 };
+        let (data, record) = match self.table {
+            None => (
+                (len << 32)
+                    | (parts_field << W8_PARTS_SHIFT)
+                    | (rreq << W8_REQ_SHIFT)
+                    | slot as u64,
+                None,
+            ),
+            Some((ta, tk)) => {
+                // 4-byte protocol: the size inline when it fits, else in a size record
+                // written to the receiver's table (its own completion: the receiver
+                // waits for both, so no ordering between the writes is needed). The check
+                // bits are the low bits of the buffer's k.
+                let base = rreq
+                    | ((slot as u64) << IMM_SLOT_SHIFT)
+                    | ((u.k & IMM_CHECK_MASK) << IMM_CHECK_SHIFT);
+                if parts == 1 && u.len <= IMM_SIZE_MAX {
+                    (
+                        base | (IMM_SIZED << IMM_KIND_SHIFT) | (len << IMM_SIZE_SHIFT),
                         None,
-                    ),
-                    Some((ta, tk)) => {
-                        // 4-byte protocol: the size inline when it fits, else in a size record
-                        // written to the receiver's table (its own completion: the receiver
-                        // waits for both, so no ordering between the writes is needed).
-                        let base = rreq
-                            | ((slot as u64) << IMM_SLOT_SHIFT)
-                            | ((u.seq & IMM_CHECK_MASK) << IMM_CHECK_SHIFT);
-                        if parts == 1 && u.len <= IMM_SIZE_MAX {
-                            (
-                                base | (IMM_SIZED << IMM_KIND_SHIFT) | (len << IMM_SIZE_SHIFT),
-                                None,
-                            )
-                        } else {
-                            let at = (g.rreq as usize * MAX_RECVS + slot) * REC;
-                            (
-                                base | (IMM_DATA << IMM_KIND_SHIFT)
-                                    | (parts_field << IMM_SIZE_SHIFT),
-                                Some(WriteOp {
-                                    rail: 0,
-                                    req,
-                                    ptr: 0,
-                                    len: REC,
-                                    addr: ta + at as u64,
-                                    key: tk,
-                                    data: base | (IMM_RECORD << IMM_KIND_SHIFT),
-                                    k: MAX_RAILS,
-                                    record: true,
-                                }),
-                            )
-                        }
-                    }
-                };
-                for k in 0..parts {
-                    let off = (k * chunk).min(u.len);
-                    let rail = if parts == 1 { rail0 } else { k };
-                    self.writes.push_back(WriteOp {
-                        rail,
-                        req,
-                        ptr: u.ptr + off,
-                        len: chunk.min(u.len - off),
-                        addr: e.addr[rail] + off as u64,
-                        key: e.key[rail],
-                        data,
-                        k,
-                        record: false,
-                    });
-                }
-                let mut n = parts;
-                if let Some(op) = record {
-                    let rb = self.recs.slot(req.index());
-                    put_u64(rb, 0, len);
-                    put_u64(rb, 8, u.seq);
-                    self.writes.push_back(op);
-                    n += 1;
-                }
-                if let Some(r) = self.reqs.get_mut(req) {
-                    r.writes_left = n;
+                    )
+                } else {
+                    let at = (grreq as usize * MAX_RECVS + slot) * REC;
+                    (
+                        base | (IMM_DATA << IMM_KIND_SHIFT) | (parts_field << IMM_SIZE_SHIFT),
+                        Some(WriteOp {
+                            rail: 0,
+                            req,
+                            ptr: 0,
+                            len: REC,
+                            addr: ta + at as u64,
+                            key: tk,
+                            data: base | (IMM_RECORD << IMM_KIND_SHIFT),
+                            k: MAX_RAILS,
+                            record: true,
+                        }),
+                    )
                 }
             }
-            if g.assigned == g.n {
-                self.groups.remove(&first);
-            }
-            self.unassigned.remove(i);
+        };
+        for k in 0..parts {
+            let off = (k * chunk).min(u.len);
+            let rail = if parts == 1 { rail0 } else { k };
+            self.writes.push_back(WriteOp {
+                rail,
+                req,
+                ptr: u.ptr + off,
+                len: chunk.min(u.len - off),
+                addr: e.addr[rail] + off as u64,
+                key: e.key[rail],
+                data,
+                k,
+                record: false,
+            });
+        }
+        let mut n = parts;
+        if let Some(op) = record {
+            let rb = self.recs.slot(req.index());
+            put_u64(rb, 0, len);
+            put_u64(rb, 8, u.k);
+            self.writes.push_back(op);
+            n += 1;
+        }
+        if let Some(r) = self.reqs.get_mut(req) {
+            r.writes_left = n;
         }
         Ok(())
     }
@@ -585,10 +534,10 @@ impl SendConn {
             let desc = self.eager.mr.desc();
             let c: *mut Ctx = &mut self.ctx[slot];
             let ok = if self.table.is_none() {
-                let seq = self.eager_seq[slot].unwrap_or(0);
+                let k = self.eager_tk[slot].map_or(0, |x| x.1);
                 let data = (u64::from(tag as u32) << 32)
                     | self.eps[0].peer_slot_bits()
-                    | (seq & EAGER_SEQ_MASK);
+                    | (k & EAGER_SEQ_MASK);
                 // From the caller's buffer, with its registration where the provider wants
                 // one (kept until the send completes); an empty message from the bounce slot.
                 let (p, desc) = if src == 0 {
@@ -738,11 +687,7 @@ impl SendConn {
     pub(super) fn timed_work(&self) -> bool {
         !self.writes.is_empty()
             || self.reqs.values().any(|r| r.posted && !r.done)
-            || (self.eager_busy > 0
-                && self
-                    .eager_seq
-                    .iter()
-                    .any(|s| s.is_some_and(|s| s < self.cts_upto)))
+            || (self.eager_busy > 0 && self.eager_covered.iter().any(|c| *c))
     }
 
     pub(super) fn progress(&mut self) -> Result<()> {
@@ -766,7 +711,6 @@ impl SendConn {
         } else {
             let r = self
                 .post_eager()
-                .and_then(|()| self.assign())
                 .and_then(|()| self.post_writes())
                 .and_then(|()| self.flush_lane());
             if let Err(e) = r {
@@ -780,28 +724,37 @@ impl SendConn {
             let e = self.data.timeout(Stage::Data, self.stall.timeout);
             return Err(self.fail(e));
         }
-        // The next message (after `assign`, the first without its CTS) is one the receiver
-        // has posted, and its CTS left the receiver `timeout` ago: lost on the data path.
-        let lost = !self.unassigned.is_empty() && {
-            let next = self.next_unassigned();
-            next < self.side.posted && !self.covers(next)
-        };
+        // A send waits for a CTS that the receiver says left `timeout` ago: lost on the data
+        // path (after `cts_grace` more of polling, for a CTS still in the provider).
+        let lost = !self.waiting.is_empty()
+            && self
+                .waiting
+                .iter()
+                .any(|w| self.side.cts_left.contains(&(w.tag, w.k)));
         if self.cts_lost.check(now, false, lost) {
             let e = self.data.timeout(Stage::Data, self.stall.timeout);
             return Err(self.fail(e));
         }
         // The receiver has seen nothing for `timeout` and waits for a message we handed over
-        // (and saw complete: the provider took it) `timeout` ago or more: lost on the way.
-        if let Some(w) = self.side.waits_for.take() {
-            let sent = self.next_unassigned();
-            let at = self.handed.partition_point(|h| h.0 < w);
-            let old = match self.handed.get(at) {
-                Some(&(seq, t)) if seq == w => t.elapsed() >= self.stall.timeout,
-                _ => at == 0,
-            };
-            if w < sent && old {
-                let e = self.data.timeout(Stage::Data, self.stall.timeout);
-                return Err(self.fail(e));
+        // `timeout` ago or more (or so long ago that it left the log): lost on the way. One
+        // we have not sent yet is not an error (we are late, not dead).
+        if let Some(ws) = self.side.waits_for.take() {
+            for tk in ws {
+                let sent =
+                    tk.1 < self.next_k_of(tk.0) && !self.waiting.iter().any(|w| (w.tag, w.k) == tk);
+                if !sent {
+                    continue;
+                }
+                let old = self
+                    .handed
+                    .iter()
+                    .rev()
+                    .find(|h| h.0 == tk)
+                    .is_none_or(|h| h.1.elapsed() >= self.stall.timeout);
+                if old {
+                    let e = self.data.timeout(Stage::Data, self.stall.timeout);
+                    return Err(self.fail(e));
+                }
             }
         }
         if self.side.eof && self.work_pending() {
@@ -845,8 +798,8 @@ impl SendConn {
             .map_or_else(Vec::new, |r| r.mrs.clone());
         // No completion-queue read before the message is handed over: with `tcp;ofi_rxm` a
         // read costs about a microsecond of system calls, all on the message's latency. A CTS
-        // that arrived but was not read yet only means the message goes eagerly (see the
-        // module docs: eager messages stay a prefix of their receive).
+        // that arrived but was not read yet only means the message goes eagerly (into the
+        // same buffer, (tag, k), which the receiver then has posted).
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -861,88 +814,62 @@ impl SendConn {
             self.progress()?;
             return Ok(None);
         }
-        let mut seq = self.next_seq;
-        let mut cts_known = self.covers(seq);
-        if cts_known {
-            if let Err(e) = self.assign() {
+        // Message (tag, k) goes into buffer (tag, k): by RMA (or on the lane with its index)
+        // when that buffer's CTS is here, else eagerly (or early on the lane) when there is
+        // credit, else it waits for that CTS.
+        let k = self.next_k_of(tag);
+        let known = self.cts_known.get(&(tag, k)).copied();
+        let early = known.is_none() && self.eager_sent - self.eager_consumed < self.peer_slots;
+        let on_lane = self.lane.is_some() && len < self.min_bytes;
+        let eager = !on_lane && early && len <= EAGER_MAX && !self.eager_free.is_empty();
+        // Not `posted` (timed by completions) until its writes are: an eager or lane send is
+        // bounded otherwise.
+        let Some(id) = self.reqs.insert(SendReq {
+            size: len,
+            done: false,
+            posted: false,
+            writes_left: usize::from(!on_lane && !eager),
+            // Eager with 8-byte CQ data, or RMA: sent from the caller's buffer, with its
+            // registration if any.
+            given,
+            _mr: Vec::new(),
+        }) else {
+            return Ok(None);
+        };
+        self.next_k.insert(tag, k + 1);
+        let w = Waiting {
+            tag,
+            k,
+            ptr: data as usize,
+            len,
+            req: id,
+            lane: on_lane,
+        };
+        if let Some((gid, slot)) = known {
+            self.cts_known.remove(&(tag, k));
+            if let Err(e) = self.start(w, gid, slot) {
                 return Err(self.fail(e));
             }
-            // Sends that waited for this CTS may have taken numbers.
-            seq = self.next_seq;
-            cts_known = self.covers(seq);
+            self.progress()?;
+            return Ok(Some(id));
         }
-        // Out of step (NCCL's InfiniBand semantics): when the receive this message reaches is
-        // known and none of its free buffers takes the tag, the message is for a later
-        // receive; "not yet" (the caller retries), rather than a send the receiver must refuse.
-        if cts_known {
-            let fits = self
-                .groups
-                .range(..=seq)
-                .next_back()
-                .is_none_or(|(_, g)| g.free_slot(tag).is_some());
-            if !fits {
-                self.progress()?;
-                return Ok(None);
-            }
-        }
-        let early = !cts_known
-            && self.unassigned.iter().all(|u| u.eager)
-            && self.eager_sent - self.eager_consumed < self.peer_slots;
-        if self.lane.is_some() && len < self.min_bytes {
-            // The TCP lane: now, without a buffer index, when an eager send could go now;
-            // else once the CTS gives the buffer.
-            // Not `posted` (timed by completions): the lane is bounded on its own.
-            let Some(id) = self.reqs.insert(SendReq {
-                size: len,
-                done: false,
-                posted: false,
-                writes_left: 0,
-                given: Vec::new(),
-                _mr: Vec::new(),
-            }) else {
-                return Ok(None);
-            };
-            if early && let Some(lane) = &mut self.lane {
+        if on_lane && early {
+            if let Some(lane) = &mut self.lane {
                 let payload = if len == 0 {
                     &[][..]
                 } else {
                     // SAFETY: the caller guarantees `data..data+len` is readable.
                     unsafe { std::slice::from_raw_parts(data, len) }
                 };
-                let end = lane.push(seq, tag, None, payload);
+                let end = lane.push(k, tag, None, payload);
                 self.lane_sends.push_back((end, id));
                 self.eager_sent += 1;
             }
-            // A send that waits for its buffer gets its number with it (see `assign`).
-            if early {
-                self.next_seq += 1;
-            }
-            self.unassigned.push_back(Unassigned {
-                seq,
-                tag,
-                ptr: data as usize,
-                len,
-                req: id,
-                eager: early,
-                lane: !early,
-            });
+            self.log_handed((tag, k));
             self.progress()?;
             return Ok(Some(id));
         }
-        let eager = len <= EAGER_MAX && early && !self.eager_free.is_empty();
         if eager && let Some(slot) = self.eager_free.pop() {
-            let Some(id) = self.reqs.insert(SendReq {
-                size: len,
-                done: false,
-                posted: false,
-                writes_left: 0,
-                // Sent from the caller's buffer (8-byte CQ data): its registration, if any.
-                given: given.clone(),
-                _mr: Vec::new(),
-            }) else {
-                self.eager_free.push(slot);
-                return Ok(None);
-            };
             // With 8-byte remote CQ data the message is the payload alone (its CQ data says
             // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size, and it goes straight
             // from the caller's buffer, which stays valid until the send is done (at its
@@ -956,7 +883,7 @@ impl SendConn {
                 let b = self.eager.slot(slot);
                 put_u32(b, 0, K_EAGER);
                 put_u32(b, 4, tag as u32);
-                put_u64(b, 8, seq);
+                put_u64(b, 8, k);
                 put_u64(b, 16, len as u64);
                 if len > 0 {
                     // SAFETY: the caller guarantees `data..data+len` is readable;
@@ -966,45 +893,18 @@ impl SendConn {
                 }
             }
             self.eager_busy += 1;
-            self.eager_seq[slot] = Some(seq);
+            self.eager_tk[slot] = Some((tag, k));
+            self.eager_covered[slot] = false;
             self.eager_sent += 1;
-            self.next_seq += 1;
             self.eager_queue.push_back((slot, len, id, tag, src));
-            self.unassigned.push_back(Unassigned {
-                seq,
-                tag,
-                ptr: data as usize,
-                len,
-                req: id,
-                eager: true,
-                lane: false,
-            });
+            self.log_handed((tag, k));
             // Straight onto the wire; completions are read by the next test.
             if let Err(e) = self.post_eager() {
                 return Err(self.fail(e));
             }
             return Ok(Some(id));
         }
-        let Some(id) = self.reqs.insert(SendReq {
-            size: len,
-            done: false,
-            posted: false,
-            writes_left: 1,
-            given,
-            _mr: Vec::new(),
-        }) else {
-            return Ok(None);
-        };
-        // Its sequence number comes with its buffer (see `assign`).
-        self.unassigned.push_back(Unassigned {
-            seq,
-            tag,
-            ptr: data as usize,
-            len,
-            req: id,
-            eager: false,
-            lane: false,
-        });
+        self.waiting.push_back(w);
         self.progress()?;
         Ok(Some(id))
     }
@@ -1055,7 +955,8 @@ impl RailEvents for SendConn {
             C_EAGER_TX => {
                 self.eager_free.push(i);
                 self.eager_busy -= 1;
-                self.eager_seq[i] = None;
+                self.eager_tk[i] = None;
+                self.eager_covered[i] = false;
                 if let Some(r) = self.eager_req[i]
                     .take()
                     .and_then(|id| self.reqs.get_mut(id))

@@ -79,10 +79,11 @@ pub(super) struct Side {
     pub(super) dec: FrameDecoder,
     pub(super) eof: bool,
     pub(super) next_check: Instant,
-    /// The largest "CTS sent up to" of the peer's POSTED frames.
-    pub(super) posted: u64,
-    /// The message the peer's latest POSTED waits for, until looked at.
-    pub(super) waits_for: Option<u64>,
+    /// The messages, by (tag, k), the peer's latest POSTED says it waits for and whose CTS
+    /// left `timeout` ago.
+    pub(super) cts_left: Vec<(i32, u64)>,
+    /// The messages the peer's latest POSTED waits for, until looked at.
+    pub(super) waits_for: Option<Vec<(i32, u64)>>,
     /// We sent ABORT (and shut our end down).
     pub(super) aborted: bool,
     /// We shut our end down as a closing receiver's notice (see [`STOPPED_TAG`]).
@@ -105,7 +106,7 @@ impl Side {
             dec: FrameDecoder::new(),
             eof: false,
             next_check: Instant::now(),
-            posted: 0,
+            cts_left: Vec::new(),
             waits_for: None,
             aborted: false,
             closing: false,
@@ -154,15 +155,19 @@ impl Side {
         self.poll(link, who)
     }
 
-    /// Tells the sender that we wait for message `first` and that our CTS up to sequence
-    /// number `upto` left, all at least `timeout` ago.
-    pub(super) fn send_posted(&mut self, first: u64, upto: u64) {
+    /// Tells the sender that we wait for messages `named` (by tag and k), each of a receive
+    /// whose CTS left, and have seen nothing for `timeout`.
+    pub(super) fn send_posted(&mut self, named: &[(i32, u64)]) {
         if self.aborted {
             return;
         }
-        let mut p = [0u8; 16];
-        put_u64(&mut p, 0, first);
-        put_u64(&mut p, 8, upto);
+        let mut p = vec![0u8; POSTED_ENTRY * named.len()];
+        for (i, (tag, k)) in named.iter().enumerate() {
+            let at = i * POSTED_ENTRY;
+            put_u32(&mut p, at, *tag as u32);
+            put_u32(&mut p, at + 4, POSTED_CTS_LEFT);
+            put_u64(&mut p, at + 8, *k);
+        }
         let mut b = Vec::new();
         Frame::encode_msg(&mut b, POSTED_TAG, Some(&p), p.len() as u64, 0);
         // A few bytes on a socket that carries nothing else: they fit (or the next stall
@@ -201,9 +206,18 @@ impl Side {
                     if self.answering.is_some() && !self.aborted {
                         let _ = (&self.sock).write(&alive::frame());
                     }
-                    if let Some(p) = h.inline.as_deref().filter(|p| p.len() >= 16) {
-                        self.waits_for = Some(get_u64(p, 0));
-                        self.posted = self.posted.max(get_u64(p, 8));
+                    if let Some(p) = h.inline.as_deref() {
+                        let named: Vec<(i32, u64, u32)> = p
+                            .chunks_exact(POSTED_ENTRY)
+                            .take(POSTED_MAX)
+                            .map(|e| (get_u32(e, 0) as i32, get_u64(e, 8), get_u32(e, 4)))
+                            .collect();
+                        self.cts_left = named
+                            .iter()
+                            .filter(|e| e.2 & POSTED_CTS_LEFT != 0)
+                            .map(|e| (e.0, e.1))
+                            .collect();
+                        self.waits_for = Some(named.iter().map(|e| (e.0, e.1)).collect());
                     }
                 }
                 Ok(Some(_)) => {}

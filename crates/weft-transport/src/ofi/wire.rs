@@ -171,11 +171,19 @@ pub(super) enum WriteEvent {
     Record { idx: usize, slot: usize, check: u64 },
 }
 
-/// The sequence number whose low [`EAGER_SEQ_BITS`] are `low`, nearest to `next` (the next
-/// receive's): within `next - 2048 .. next + 2048` (from 0 while `next` is smaller).
+/// The per-tag index k whose low [`EAGER_SEQ_BITS`] are `low`, nearest to `next` (the
+/// receiver's next buffer of that tag): within `next - 2048 .. next + 2048` (from 0 while
+/// `next` is smaller).
 pub(super) fn eager_seq(low: u64, next: u64) -> u64 {
-    let base = next.saturating_sub(1 << (EAGER_SEQ_BITS - 1));
-    base + (low.wrapping_sub(base) & EAGER_SEQ_MASK)
+    nearest(low, EAGER_SEQ_BITS, next)
+}
+
+/// The number whose low `bits` are `low`, nearest to `next`: within `next - 2^(bits-1) ..
+/// next + 2^(bits-1)` (from 0 while `next` is smaller).
+pub(super) fn nearest(low: u64, bits: u32, next: u64) -> u64 {
+    let mask = (1u64 << bits) - 1;
+    let base = next.saturating_sub(1 << (bits - 1));
+    base + (low.wrapping_sub(base) & mask)
 }
 
 pub(super) fn decode_cq_data(cq4: bool, data: u64) -> Option<WriteEvent> {
@@ -283,10 +291,10 @@ mod tests {
     }
 
     #[test]
-    fn eager_sequence_numbers_come_back_from_their_low_bits() {
-        // A message is at most the sender's requests ahead of the next receive and at most the
-        // posted receives' buffers behind it.
-        let ahead = MAX_SEND_REQUESTS as u64;
+    fn per_tag_indexes_come_back_from_their_low_bits() {
+        // An eager message's k is at most the sender's requests plus its eager credit ahead of
+        // the receiver's next buffer of its tag, and at most the posted buffers behind it.
+        let ahead = (MAX_SEND_REQUESTS + EAGER_SLOTS) as u64;
         let behind = (MAX_RECV_REQUESTS * MAX_RECVS) as u64;
         for next in [0u64, 1, 500, 2047, 2048, 4095, 4096, 4097, 10_000, 1 << 40] {
             for seq in next.saturating_sub(behind)..next + ahead {
@@ -423,18 +431,20 @@ mod tests {
             }
         }
 
-        /// A sequence number comes back from its low bits anywhere in the window the protocol
-        /// keeps it in (the sender's requests ahead of the next receive, the posted buffers
-        /// behind it).
+        /// A per-tag index comes back from its low bits anywhere in the window the protocol
+        /// keeps it in: for an eager message's 12 bits, the sender's requests and eager credit
+        /// ahead of the receiver's next buffer of the tag, the posted buffers behind it; for a
+        /// CTS entry's 32 bits, the same around the sender's next send of the tag.
         #[test]
-        fn any_eager_sequence_number_in_the_window_comes_back(
+        fn any_per_tag_index_in_the_window_comes_back(
             next in 0u64..(1 << 50),
             back in 0u64..=(MAX_RECV_REQUESTS * MAX_RECVS) as u64,
-            ahead in 0u64..MAX_SEND_REQUESTS as u64,
+            ahead in 0u64..(MAX_SEND_REQUESTS + EAGER_SLOTS) as u64,
             forward in proptest::bool::ANY,
         ) {
-            let seq = if forward { next + ahead } else { next.saturating_sub(back) };
-            proptest::prop_assert_eq!(eager_seq(seq & EAGER_SEQ_MASK, next), seq);
+            let k = if forward { next + ahead } else { next.saturating_sub(back) };
+            proptest::prop_assert_eq!(eager_seq(k & EAGER_SEQ_MASK, next), k);
+            proptest::prop_assert_eq!(nearest(k & u64::from(u32::MAX), 32, next), k);
         }
     }
 }

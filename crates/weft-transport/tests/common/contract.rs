@@ -10,7 +10,7 @@
 //!
 //! | group | promises |
 //! | --- | --- |
-//! | `data` | sizes 0..64 MiB; 32 in flight into grouped receives |
+//! | `data` | sizes 0..64 MiB; 32 in flight into grouped receives; out-of-step tags |
 //! | `ping_pong` | ping-pong on two connections of one transport, and a silent peer |
 //! | `setup` | wrong handles refused; a listener that never answers; accept with no peer; a silent socket; stray connections |
 //! | `processes` | a sender process that exits right after completion; rings of 3 to 8 processes |
@@ -256,6 +256,7 @@ macro_rules! contract_group {
             $b;
             sizes_0_to_64mib,
             thirty_two_in_flight_and_grouped_receives_by_tag,
+            out_of_step_tags_land_in_later_grouped_receives,
         );
     };
     (ping_pong, $b:expr) => {
@@ -393,6 +394,184 @@ pub fn thirty_two_in_flight_and_grouped_receives_by_tag(b: &Backend) {
     };
     let (mut tx, mut rx) = b.pair_on(&t);
     super::thirty_two_in_flight_and_grouped_receives_by_tag(b.name, &mut tx, &mut rx);
+}
+
+/// Out-of-step tags (issue 15): a sender that runs ahead of the receiver's grouped receives
+/// (the second tag-1 message comes before the first group's tag-2 one) never kills the
+/// connection: the k-th message of a tag lands in the k-th buffer of that tag, whichever way
+/// it travels. Sizes 0, 100 and 5,000 bytes (eager, or TCP inline) and 70,000 and 300,000
+/// (RMA after the CTS, TCP chunked); groups posted late (one by one, the sender ahead) and
+/// early (all before the first send). TCP caller-driven and with helper threads (2 x 2).
+pub fn out_of_step_tags_land_in_later_grouped_receives(b: &Backend) {
+    for layout in b.layouts(&[(0, 1), (2, 2)]) {
+        let Some(t) = b.transport_with(ROOMY, layout) else {
+            return;
+        };
+        let p = b.with_layout(layout);
+        for early in [false, true] {
+            let (tx, rx) = b.pair_on(&t);
+            out_of_step_tags_on(&p, tx, rx, early);
+        }
+    }
+}
+
+/// The rounds of [`out_of_step_tags_land_in_later_grouped_receives`] on one connection pair:
+/// 12 groups {tag 1, tag 2} of 300,000-byte buffers, posted one by one after the previous
+/// completed (`early` false: the sender runs ahead) or all at once before the sender starts;
+/// then one more message shows the connection still works.
+pub fn out_of_step_tags_on(p: &str, mut tx: SendConn, mut rx: RecvConn, early: bool) {
+    use weft_transport::RecvBuf;
+    const GROUPS: usize = 12;
+    const CAP: usize = 300_000;
+    let size = |k: usize| [0usize, 100, 5000, 70_000, 300_000][k % 5];
+    // Message k of the sender: tags 1, 1, 2, 2, 1, 1, 2, 2, ... so that every second message
+    // of tag 1 is one group early, and every first of tag 2 one group late.
+    let tags: Vec<i32> = (0..2 * GROUPS)
+        .map(|k| if (k / 2) % 2 == 0 { 1 } else { 2 })
+        .collect();
+    // Group g receives the g-th message of each tag.
+    let nth = |tag: i32, g: usize| {
+        tags.iter()
+            .enumerate()
+            .filter(|(_, t)| **t == tag)
+            .nth(g)
+            .map(|(k, _)| k)
+            .expect("every group has a message of each tag")
+    };
+    let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = (0..GROUPS)
+        .map(|_| (vec![0xa5u8; CAP], vec![0xa5u8; CAP]))
+        .collect();
+    let post = |rx: &mut RecvConn, a: &mut Vec<u8>, b: &mut Vec<u8>| {
+        let rb = [
+            RecvBuf {
+                ptr: a.as_mut_ptr(),
+                len: CAP,
+                tag: 1,
+            },
+            RecvBuf {
+                ptr: b.as_mut_ptr(),
+                len: CAP,
+                tag: 2,
+            },
+        ];
+        // SAFETY: the buffers outlive the request, tested to completion below.
+        unsafe { rx.irecv(&rb) }
+            .unwrap_or_else(|e| panic!("{p}: irecv: {e}"))
+            .unwrap_or_else(|| panic!("{p}: irecv busy"))
+    };
+    let check = |g: usize, sizes: &[usize], a: &[u8], b: &[u8]| {
+        let (k1, k2) = (nth(1, g), nth(2, g));
+        assert_eq!(
+            sizes,
+            &[size(k1), size(k2)],
+            "{p} (early {early}): group {g}"
+        );
+        for (buf, k, tag) in [(a, k1, 1), (b, k2, 2)] {
+            assert!(
+                buf[..size(k)] == pattern(size(k), k as u8)[..],
+                "{p} (early {early}): group {g} tag {tag} does not hold message {k}"
+            );
+            assert!(
+                buf[size(k)..].iter().all(|x| *x == 0xa5),
+                "{p} (early {early}): group {g} tag {tag}: written past message {k}"
+            );
+        }
+    };
+    let mut ids = Vec::new();
+    if early {
+        for (a, b) in bufs.iter_mut() {
+            ids.push(post(&mut rx, a, b));
+        }
+    }
+    let tags2 = tags.clone();
+    // All sends in flight at once, as NCCL's are: a large one waits for its buffer's receive,
+    // which may only be posted once a later message of the other tag completed an earlier
+    // group.
+    let h = thread::spawn(move || {
+        let msgs: Vec<Vec<u8>> = (0..tags2.len())
+            .map(|k| pattern(size(k), k as u8))
+            .collect();
+        let deadline = Instant::now() + ROOMY;
+        let mut ids = Vec::new();
+        let mut done = Vec::new();
+        let poll = |tx: &mut SendConn, ids: &[weft_transport::RequestId], done: &mut Vec<bool>| {
+            done.resize(ids.len(), false);
+            for (k, (id, d)) in ids.iter().zip(done.iter_mut()).enumerate() {
+                if !*d {
+                    *d = tx
+                        .test(*id)
+                        .unwrap_or_else(|e| panic!("send {k}: {e}"))
+                        .is_some();
+                }
+            }
+        };
+        for (k, tag) in tags2.iter().enumerate() {
+            let id = loop {
+                assert!(Instant::now() < deadline, "isend {k} stuck");
+                // SAFETY: `msgs` outlives the requests, tested to completion below.
+                let r = unsafe { tx.isend(msgs[k].as_ptr(), msgs[k].len(), *tag) }
+                    .unwrap_or_else(|e| panic!("send {k} (tag {tag}, {} bytes): {e}", size(k)));
+                if let Some(id) = r {
+                    break id;
+                }
+                poll(&mut tx, &ids, &mut done);
+            };
+            ids.push(id);
+        }
+        loop {
+            poll(&mut tx, &ids, &mut done);
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sends stuck: {done:?}");
+        }
+        tx
+    });
+    let deadline = Instant::now() + ROOMY;
+    if early {
+        let mut done: Vec<Option<Vec<usize>>> = vec![None; GROUPS];
+        while done.iter().any(Option::is_none) {
+            assert!(Instant::now() < deadline, "{p} (early): stuck: {done:?}");
+            for (id, d) in ids.iter().zip(done.iter_mut()) {
+                if d.is_none() {
+                    *d = rx
+                        .test(*id)
+                        .unwrap_or_else(|e| panic!("{p} (early): {e}"))
+                        .map(|c| c.sizes().to_vec());
+                }
+            }
+        }
+        for (g, d) in done.iter().enumerate() {
+            let (a, b) = &bufs[g];
+            check(g, d.as_deref().unwrap_or_default(), a, b);
+        }
+    } else {
+        thread::sleep(Duration::from_millis(50));
+        for (g, (a, b)) in bufs.iter_mut().enumerate() {
+            let id = post(&mut rx, a, b);
+            let c = loop {
+                assert!(Instant::now() < deadline, "{p}: group {g} stuck");
+                if let Some(c) = rx
+                    .test(id)
+                    .unwrap_or_else(|e| panic!("{p}: group {g}: {e}"))
+                {
+                    break c;
+                }
+            };
+            check(g, c.sizes(), a, b);
+        }
+    }
+    let mut tx = h.join().expect("the sender thread");
+    // Still one working connection.
+    tx.send(b"after", 9)
+        .unwrap_or_else(|e| panic!("{p}: send after: {e}"));
+    let mut buf = [0u8; 5];
+    assert_eq!(
+        rx.recv(&mut buf, 9)
+            .unwrap_or_else(|e| panic!("{p}: receive after: {e}")),
+        5
+    );
+    assert_eq!(&buf, b"after", "{p}");
 }
 
 /// `ping_pong`, which the latency benchmarks time: both sides complete 200 round trips of
