@@ -207,12 +207,16 @@ pub mod sys;
 mod watch;
 mod wire;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The maps a message touches on its way (by tag, or (tag, k)): Fx, not SipHash, since a
+/// ping-pong of small messages does several lookups per message.
+type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 use socket2::{Domain as SockDomain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 

@@ -45,13 +45,13 @@ pub struct RecvConn {
     pub(super) reqs: Slab<RecvReq>,
     pub(super) order: VecDeque<RequestId>,
     /// Per tag, the k of the next buffer of that tag posted.
-    pub(super) next_k: HashMap<i32, u64>,
+    pub(super) next_k: FastMap<i32, u64>,
     /// Posted buffers whose message has not begun to arrive: (tag, k) -> (request, buffer).
-    pub(super) posted: HashMap<(i32, u64), (RequestId, usize)>,
+    pub(super) posted: FastMap<(i32, u64), (RequestId, usize)>,
     /// Messages that came before their buffer was posted, by (tag, k): their bytes (copied
     /// out of the endpoint's buffers, see [`Payload::release`]); at most [`EAGER_SLOTS`], the
     /// sender's eager credit.
-    pub(super) unexpected: HashMap<(i32, u64), Payload>,
+    pub(super) unexpected: FastMap<(i32, u64), Payload>,
     pub(super) eager_consumed: u64,
     pub(super) virt_addr: bool,
     /// 4-byte protocol: the size table the senders write records into, one per buffer.
@@ -118,9 +118,9 @@ impl RecvConn {
             caches,
             reqs: Slab::new(MAX_RECV_REQUESTS),
             order: VecDeque::new(),
-            next_k: HashMap::new(),
-            posted: HashMap::new(),
-            unexpected: HashMap::new(),
+            next_k: FastMap::default(),
+            posted: FastMap::default(),
+            unexpected: FastMap::default(),
             eager_consumed: 0,
             virt_addr,
             table,

@@ -88,15 +88,15 @@ pub struct SendConn {
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<SendReq>,
     /// Per tag, the index the next isend of that tag gets (its k).
-    pub(super) next_k: HashMap<i32, u64>,
+    pub(super) next_k: FastMap<i32, u64>,
     /// Sends that wait for the CTS of their buffer, in isend order.
     pub(super) waiting: VecDeque<Waiting>,
     /// Receives whose CTS came and that still have a buffer without its message, by a local
     /// number (`next_group`).
-    pub(super) groups: HashMap<u64, Group>,
+    pub(super) groups: FastMap<u64, Group>,
     pub(super) next_group: u64,
     /// Buffers whose CTS came before their message was sent: (tag, k) -> (group, buffer).
-    pub(super) cts_known: HashMap<(i32, u64), (u64, usize)>,
+    pub(super) cts_known: FastMap<(i32, u64), (u64, usize)>,
     pub(super) writes: VecDeque<WriteOp>,
     /// RMA writes handed to the provider whose completion has not been read.
     pub(super) writes_out: usize,
@@ -187,11 +187,11 @@ impl SendConn {
             eager_queue: VecDeque::new(),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
-            next_k: HashMap::new(),
+            next_k: FastMap::default(),
             waiting: VecDeque::new(),
-            groups: HashMap::new(),
+            groups: FastMap::default(),
             next_group: 0,
-            cts_known: HashMap::new(),
+            cts_known: FastMap::default(),
             writes: VecDeque::new(),
             writes_out: 0,
             events: Vec::new(),
