@@ -11,14 +11,15 @@
 //! The listen handle is the TCP backend's (nonce and management address, no data address). The
 //! sender takes a port on the endpoint of each rail (see "Shared endpoints"), connects a TCP
 //! stream to the management address and writes HELLO (`nstreams = 0`) followed by a MSG frame
-//! whose inline payload is its *address record* (version 3: provider, `fi_getname` address of
+//! whose inline payload is its *address record* (version 4: provider, `fi_getname` address of
 //! each rail, eager slots, the bytes of remote CQ data it can use, and per rail the
 //! connection's key and slot on that endpoint); the receiver checks the nonce, takes its ports
 //! (as many rails as both sides have), `fi_av_insert`s the sender's addresses (once per
 //! address and endpoint) and answers ACK plus its own record, which fixes what the connection
 //! uses: the rails, and the remote CQ data size (the smaller of both sides', with, for 4 bytes,
-//! where its size table is). Records of versions 1 and 2 (an endpoint per connection) are
-//! refused: both sides must run this version. From then on
+//! where its size table is). Records of versions 1 and 2 (an endpoint per connection) and 3
+//! (messages matched by sequence ranges, not by (tag, k)) are refused: both sides must run
+//! this version. From then on
 //! the TCP stream is the side channel, as in the TCP backend: silent except for one ABORT when
 //! a side gives up, EOF when the peer process dies, and POSTED while a receive stalls (see
 //! "Failure detection"). It is also the liveness watch of a dead peer *host* (keepalive,
@@ -160,8 +161,7 @@
 //!   (with `tcp`, both complete once the kernel has the bytes). So a receive whose CTS left
 //!   and that sees nothing for `timeout` sends POSTED on the side channel (again every
 //!   `timeout / 4` while that lasts): the messages it waits for by (tag, k), those of every
-//!   incomplete receive whose CTS left (at most [`POSTED_MAX`]), each marked as one whose CTS
-//!   left. The sender fails, as for a stall, if a send of it waits for a CTS that POSTED says
+//!   incomplete receive whose CTS left (at most [`POSTED_MAX`]). The sender fails, as for a stall, if a send of it waits for a CTS that POSTED says
 //!   has left (after polling `min(timeout / 4, 1 s)` more, for a CTS still in its provider),
 //!   or if it handed a named message over `timeout` ago or more; a named message it has not
 //!   sent yet is not an error (it is late). A small receive whose CTS is held back is in no
@@ -307,15 +307,13 @@ const _: () = assert!(
 const ADDR_TAG: i32 = 0x4f46_4931; // "OFI1"
 /// Tag of the MSG frame a receiver sends on the side channel while a receive whose CTS left
 /// sees nothing for `timeout` (POSTED): its inline payload names the messages the receiver
-/// waits for, at most [`POSTED_MAX`] entries of [`POSTED_ENTRY`] bytes (tag u32, flags u32
-/// with [`POSTED_CTS_LEFT`], k u64, little endian). Peers that predate it ignore it.
+/// waits for, every one of a receive whose CTS left, at most [`POSTED_MAX`] entries of
+/// [`POSTED_ENTRY`] bytes (tag u32, k u64, little endian).
 const POSTED_TAG: i32 = 0x4f46_4950; // "OFIP"
 /// Messages one POSTED names at most (8 receives of 8 buffers).
 const POSTED_MAX: usize = 64;
 /// Bytes of one POSTED entry.
-const POSTED_ENTRY: usize = 16;
-/// POSTED entry flag: the CTS of the message's buffer left the receiver `timeout` ago.
-const POSTED_CTS_LEFT: u32 = 1;
+const POSTED_ENTRY: usize = 12;
 /// Tag of the MSG frame (no payload) a sender sends on the side channel once it has no RMA
 /// write in flight and will post no more (STOPPED): after the receiver's close notice (it shut
 /// its end of the side channel down), and as its own connection closes. A receiver that closes

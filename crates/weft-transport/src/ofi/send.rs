@@ -726,11 +726,10 @@ impl SendConn {
         }
         // A send waits for a CTS that the receiver says left `timeout` ago: lost on the data
         // path (after `cts_grace` more of polling, for a CTS still in the provider).
-        let lost = !self.waiting.is_empty()
-            && self
-                .waiting
-                .iter()
-                .any(|w| self.side.cts_left.contains(&(w.tag, w.k)));
+        let lost = self
+            .waiting
+            .iter()
+            .any(|w| self.side.cts_left.contains(&(w.tag, w.k)));
         if self.cts_lost.check(now, false, lost) {
             let e = self.data.timeout(Stage::Data, self.stall.timeout);
             return Err(self.fail(e));

@@ -79,8 +79,8 @@ pub(super) struct Side {
     pub(super) dec: FrameDecoder,
     pub(super) eof: bool,
     pub(super) next_check: Instant,
-    /// The messages, by (tag, k), the peer's latest POSTED says it waits for and whose CTS
-    /// left `timeout` ago.
+    /// The messages, by (tag, k), the peer's latest POSTED says it waits for (each of a
+    /// receive whose CTS left `timeout` ago), until the next POSTED.
     pub(super) cts_left: Vec<(i32, u64)>,
     /// The messages the peer's latest POSTED waits for, until looked at.
     pub(super) waits_for: Option<Vec<(i32, u64)>>,
@@ -165,8 +165,7 @@ impl Side {
         for (i, (tag, k)) in named.iter().enumerate() {
             let at = i * POSTED_ENTRY;
             put_u32(&mut p, at, *tag as u32);
-            put_u32(&mut p, at + 4, POSTED_CTS_LEFT);
-            put_u64(&mut p, at + 8, *k);
+            put_u64(&mut p, at + 4, *k);
         }
         let mut b = Vec::new();
         Frame::encode_msg(&mut b, POSTED_TAG, Some(&p), p.len() as u64, 0);
@@ -207,17 +206,13 @@ impl Side {
                         let _ = (&self.sock).write(&alive::frame());
                     }
                     if let Some(p) = h.inline.as_deref() {
-                        let named: Vec<(i32, u64, u32)> = p
+                        let named: Vec<(i32, u64)> = p
                             .chunks_exact(POSTED_ENTRY)
                             .take(POSTED_MAX)
-                            .map(|e| (get_u32(e, 0) as i32, get_u64(e, 8), get_u32(e, 4)))
+                            .map(|e| (get_u32(e, 0) as i32, get_u64(e, 4)))
                             .collect();
-                        self.cts_left = named
-                            .iter()
-                            .filter(|e| e.2 & POSTED_CTS_LEFT != 0)
-                            .map(|e| (e.0, e.1))
-                            .collect();
-                        self.waits_for = Some(named.iter().map(|e| (e.0, e.1)).collect());
+                        self.cts_left = named.clone();
+                        self.waits_for = Some(named);
                     }
                 }
                 Ok(Some(_)) => {}

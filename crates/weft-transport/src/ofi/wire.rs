@@ -30,7 +30,7 @@ impl AddrRecord {
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
         let mut p = Vec::new();
         p.extend_from_slice(b"WOFI");
-        p.push(3);
+        p.push(4);
         p.push(self.provider.len().min(255) as u8);
         p.extend_from_slice(&self.provider.as_bytes()[..self.provider.len().min(255)]);
         p.extend_from_slice(&(self.addr.len() as u16).to_be_bytes());
@@ -68,10 +68,11 @@ impl AddrRecord {
         Frame::encode_msg(out, ADDR_TAG, Some(&p), p.len() as u64, 0);
     }
 
-    /// Version 3 only: the tags and slots of shared endpoints (versions 1 and 2 had one
-    /// endpoint per connection, which a peer of this version cannot talk to).
+    /// Version 4 only: the tags and slots of shared endpoints (versions 1 and 2 had one
+    /// endpoint per connection; version 3 matched messages to buffers by sequence ranges, not
+    /// by (tag, k), and would place a peer of this version's messages in other buffers).
     pub(super) fn decode(p: &[u8]) -> Option<AddrRecord> {
-        if p.len() < 6 || &p[..4] != b"WOFI" || p[4] != 3 {
+        if p.len() < 6 || &p[..4] != b"WOFI" || p[4] != 4 {
             return None;
         }
         let pl = p[5] as usize;
@@ -281,9 +282,9 @@ mod tests {
         let p = record_payload(&one);
         assert_eq!(AddrRecord::decode(&p), Some(one));
         // Truncated records are refused, not misread; so are versions 1 and 2 (an endpoint
-        // per connection, untagged messages) and unknown ones.
+        // per connection, untagged messages), 3 (matching by sequence ranges) and unknown ones.
         assert_eq!(AddrRecord::decode(&p[..p.len() - 1]), None);
-        for v in [1, 2, 4] {
+        for v in [1, 2, 3, 5] {
             let mut other = p.clone();
             other[4] = v;
             assert_eq!(AddrRecord::decode(&other), None, "version {v}");
