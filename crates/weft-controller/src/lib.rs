@@ -37,6 +37,7 @@ pub mod model;
 mod openapi;
 pub mod reconcile;
 pub mod render;
+pub mod restore;
 mod server;
 pub mod store;
 pub mod tls;

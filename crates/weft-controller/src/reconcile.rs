@@ -93,6 +93,71 @@ pub struct Context {
     /// This delivery repairs drift (`--repair-drift`): it restores the applied state
     /// even over partitions someone else added (listed as removals in the audit).
     pub repair: bool,
+    /// The delivery's stamp and what it may replace: with it, the file carries the stamp
+    /// and an SM holding a newer file refuses it ([`FENCED`]).
+    pub fence: Option<weft_opensm::Fence>,
+    /// Records the checksum of the file about to be written, before any SM is written
+    /// ([`Store::begin_delivery`]).
+    pub intent: Intent,
+}
+
+/// The start of a [`Fabric::deliver`] error that is a fencing refusal: an SM holds a
+/// newer file than this delivery ([`weft_opensm::Fence::admits`]); nothing was written.
+pub const FENCED: &str = "fenced: ";
+
+/// What [`Intent`] calls with the checksum.
+type RecordFn = dyn Fn(&str) -> Result<(), String> + Send + Sync;
+
+/// A callback that records a delivery's checksum before the first write.
+#[derive(Clone, Default)]
+pub struct Intent(Option<Arc<RecordFn>>);
+
+impl std::fmt::Debug for Intent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Intent(recorded)"
+        } else {
+            "Intent(none)"
+        })
+    }
+}
+
+impl Intent {
+    /// An intent that calls `f` with the checksum.
+    pub fn new(f: impl Fn(&str) -> Result<(), String> + Send + Sync + 'static) -> Intent {
+        Intent(Some(Arc::new(f)))
+    }
+
+    /// Records `checksum` (nothing without a callback).
+    pub fn record(&self, checksum: &str) -> Result<(), String> {
+        match &self.0 {
+            Some(f) => f(checksum).map_err(|e| format!("cannot record the delivery: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Refuses ([`FENCED`]) a delivery that `ctx`'s fence does not admit over `held`, the
+/// file of the SM `sm`.
+fn fence_check(ctx: &Context, held: Option<&str>, sm: &str) -> Result<(), String> {
+    match (&ctx.fence, held) {
+        (Some(f), Some(h)) => f
+            .admits(h.as_bytes())
+            .map_err(|why| format!("{FENCED}refused by SM `{sm}`'s file: {why}")),
+        _ => Ok(()),
+    }
+}
+
+/// The file text for `full` with `ctx`'s owner header, and its stamp when fenced; the
+/// checksum recorded through [`Context::intent`] before anything is written.
+fn owned_text(full: &Conf, ctx: &Context) -> Result<String, String> {
+    let body = conf::render(full);
+    let text = match &ctx.fence {
+        Some(f) => weft_opensm::with_owner_stamped(&ctx.owner, f.stamp, body),
+        None => weft_opensm::with_owner(Some(&ctx.owner), body),
+    };
+    ctx.intent.record(&weft_opensm::checksum(text.as_bytes()))?;
+    Ok(text)
 }
 
 /// The file to write for `compiled` and what it removes from `held` (the master's file),
@@ -257,9 +322,16 @@ impl Fabric for OpenSmFabric {
             .collect();
         absent.sort();
         absent.dedup();
+        // Fenced out first: a deposed controller is told so, not what its file would
+        // remove. (The check that counts is the one under the SMs' locks.)
+        fence_check(ctx, held.as_deref(), "master")?;
         let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
-        let conf = weft_opensm::with_owner(Some(&ctx.owner), conf::render(&full));
-        match self.applier.apply_owned(&full, &before, &ctx.owner) {
+        let conf = owned_text(&full, ctx)?;
+        let applied = match &ctx.fence {
+            Some(f) => self.applier.apply_fenced(&full, &before, &ctx.owner, f),
+            None => self.applier.apply_owned(&full, &before, &ctx.owner),
+        };
+        match applied {
             Ok(r) => Ok(Delivered {
                 degraded: r
                     .degraded
@@ -282,7 +354,7 @@ impl Fabric for OpenSmFabric {
                 removed,
                 absent,
             }),
-            Err(e @ ApplyError::RolledBack { .. }) => Err(e.to_string()),
+            Err(e @ ApplyError::Fenced { .. }) => Err(format!("{FENCED}{e}")),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -328,8 +400,9 @@ impl Fabric for RecordingFabric {
     fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
         let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
         let held = self.held()?;
+        fence_check(ctx, held.as_deref(), "master")?;
         let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
-        let conf = weft_opensm::with_owner(Some(&ctx.owner), conf::render(&full));
+        let conf = owned_text(&full, ctx)?;
         {
             let mut fail = self.fail_next.lock().unwrap_or_else(|p| p.into_inner());
             if *fail > 0 {
@@ -412,6 +485,8 @@ pub async fn run(
     let mut resync_tries: u32 = 0;
     // SMs known to hold an older file, and why.
     let mut left_out: BTreeMap<String, String> = BTreeMap::new();
+    // The last fencing refusal audited (audited again only when it changes).
+    let mut fenced: Option<String> = None;
     let mut next_check = Instant::now();
     loop {
         let wait = next_check.saturating_duration_since(Instant::now());
@@ -431,7 +506,17 @@ pub async fn run(
         if failures > 0 && event == Event::Changed && Instant::now() < next_check {
             continue;
         }
-        match reconcile_once(&store, &fabric, &metrics, resync, adopt, repair).await {
+        match reconcile_once(
+            &store,
+            &fabric,
+            &metrics,
+            resync,
+            adopt,
+            repair,
+            &mut fenced,
+        )
+        .await
+        {
             Ok(Pass::Delivered(generation, degraded)) => {
                 failures = 0;
                 if repair {
@@ -820,6 +905,7 @@ async fn reconcile_once(
     resync: bool,
     adopt: bool,
     repair: bool,
+    fenced: &mut Option<String>,
 ) -> Result<Pass, ()> {
     let s = store.clone();
     let state = tokio::task::spawn_blocking(move || {
@@ -828,10 +914,11 @@ async fn reconcile_once(
             s.applied()?,
             s.controller_id()?,
             s.adopted()?,
+            s.fencing()?,
         ))
     })
     .await;
-    let (desired, applied, owner, adopted) = match state {
+    let (desired, applied, owner, adopted, fencing) = match state {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             tracing::error!(error = %e, "reconcile cannot read the store");
@@ -854,12 +941,24 @@ async fn reconcile_once(
             return Err(());
         }
     };
+    let s = store.clone();
     let ctx = Context {
         owner,
         adopted,
         last_applied: applied.conf.clone(),
         adopt,
         repair,
+        fence: Some(weft_opensm::Fence {
+            stamp: weft_opensm::Stamp {
+                fencing: fencing.number,
+                generation: u64::try_from(generation).unwrap_or(0),
+            },
+            applied: u64::try_from(applied.generation).unwrap_or(0),
+            in_flight: fencing.in_flight,
+        }),
+        intent: Intent::new(move |sum| {
+            s.begin_delivery(generation, sum).map_err(|e| e.to_string())
+        }),
     };
     let f = fabric.clone();
     let started = Instant::now();
@@ -959,9 +1058,13 @@ async fn reconcile_once(
                 tracing::error!("cannot record an applied generation");
                 return Err(());
             }
+            *fenced = None;
             Ok(Pass::Delivered(generation, degraded))
         }
         Ok(Err(e)) => {
+            if e.starts_with(FENCED) {
+                note_fenced(store, generation, &e, fenced).await;
+            }
             record_failure(store, generation, e, metrics).await;
             Err(())
         }
@@ -976,6 +1079,36 @@ async fn reconcile_once(
             Err(())
         }
     }
+}
+
+/// Audits a fencing refusal (`fence`/`refused`, naming the SM and both stamps) once per
+/// distinct refusal; `last` remembers the one audited.
+async fn note_fenced(
+    store: &Arc<dyn Store>,
+    generation: i64,
+    error: &str,
+    last: &mut Option<String>,
+) {
+    let why = error.trim_start_matches(FENCED).to_string();
+    if last.as_deref() == Some(why.as_str()) {
+        return;
+    }
+    tracing::error!(generation, error = %why, "delivery refused by fencing; delivering nothing until `weft controller restore`");
+    *last = Some(why.clone());
+    let s = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        let subject = format!("generation {generation}");
+        let line = AuditLine {
+            actor: "controller",
+            action: "fence",
+            subject: &subject,
+            outcome: "refused",
+            detail: &why,
+            ..AuditLine::default()
+        };
+        s.audit_append(&line, now())
+    })
+    .await;
 }
 
 async fn record_failure(

@@ -106,6 +106,26 @@ fn holder_is_dead_here(h: &str) -> bool {
         })
 }
 
+/// Runs `f` holding the store's lease, for a command that needs the controller stopped
+/// (`weft controller restore`): refused, naming the holder, while a controller runs on it.
+pub(crate) fn while_stopped<T>(store: &dyn Store, f: impl FnOnce() -> T) -> Result<T, StartError> {
+    let holder = format!("{} (restore)", holder_id());
+    store
+        .acquire_lease(
+            LEASE_NAME,
+            &holder,
+            LEASE_S,
+            unix_now(),
+            &holder_is_dead_here,
+        )?
+        .map_err(|holder| StartError::Leased { holder })?;
+    let out = f();
+    if let Err(e) = store.release_lease(LEASE_NAME, &holder) {
+        tracing::warn!(error = %e, "cannot give the store's lease back; it runs out by itself");
+    }
+    Ok(out)
+}
+
 /// The store's lease, held while the controller runs and given back when it is dropped.
 struct Lease {
     store: Arc<dyn Store>,

@@ -621,6 +621,8 @@ async fn openapi_describes_every_route() {
 
 // ---------------------------------------------------------------- the real fabric
 
+mod fencing;
+
 mod fabric {
     use super::*;
     use weft_fabric::conf;

@@ -15,6 +15,10 @@ use crate::sm::{SmError, SmHost, SmLock, checksum, unique_suffix};
 pub enum ApplyError {
     #[error("refusing to hand OpenSM this file: {0}")]
     Refused(String),
+    /// An SM's file is newer than this delivery ([`crate::Fence::admits`]); nothing was
+    /// written.
+    #[error("refused at SM `{sm}`'s apply lock: {why}")]
+    Fenced { sm: String, why: String },
     #[error(transparent)]
     Sm(#[from] SmError),
     #[error(transparent)]
@@ -378,18 +382,25 @@ impl Applier {
     /// [`ApplyReport::degraded`]. An unreachable master fails the apply (after rolling
     /// back whatever was written).
     pub fn apply(&self, conf: &Conf, before: &FabricSnapshot) -> Result<ApplyReport, ApplyError> {
-        self.apply_as(conf, before, None)
+        self.apply_as(conf, before, None, None)
     }
 
-    /// [`Applier::apply`], with `owner`'s header in the file (see `owner.rs`).
+    /// [`Applier::apply`], with `owner`'s header in the file (see `owner.rs`), and with
+    /// `fence`, its stamp in the header and every SM's file checked against it under the
+    /// locks, before anything is written.
     pub(crate) fn apply_as(
         &self,
         conf: &Conf,
         before: &FabricSnapshot,
         owner: Option<&str>,
+        fence: Option<&crate::owner::Fence>,
     ) -> Result<ApplyReport, ApplyError> {
         let start = Instant::now();
-        let text = crate::owner::with_owner(owner, Self::render_checked(conf)?);
+        let body = Self::render_checked(conf)?;
+        let text = match (owner, fence) {
+            (Some(o), Some(f)) => crate::owner::with_owner_stamped(o, f.stamp, body),
+            _ => crate::owner::with_owner(owner, body),
+        };
         let inventory = &before.inventory;
         let master = self.master_index(inventory)?;
         let ports = self.ports_to_verify(conf, before);
@@ -408,6 +419,18 @@ impl Applier {
                     previous.push(None);
                 }
                 Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(fence) = fence {
+            for (sm, held) in self.sms.iter().zip(&previous) {
+                if let Some(held) = held
+                    && let Err(why) = fence.admits(held)
+                {
+                    return Err(ApplyError::Fenced {
+                        sm: sm.name().to_string(),
+                        why,
+                    });
+                }
             }
         }
         let changed = previous

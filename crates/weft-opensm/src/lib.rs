@@ -47,7 +47,9 @@ pub use diag::{
     DiagError, DiagTools, FabricSnapshot, TableReader, TablesRead, parse_ibnetdiscover,
     parse_sminfo, parse_smpquery_pkeys,
 };
-pub use owner::{OWNER_PREFIX, owner_of, with_owner};
+pub use owner::{
+    FENCE_PREFIX, Fence, OWNER_PREFIX, Stamp, owner_of, stamp_of, with_owner, with_owner_stamped,
+};
 pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
 pub use sm::{LocalSm, SmError, SmHost, SmLock, checksum, lock_file_name, write_atomically};
 pub use smp::{PkeyTable, SmpError, SmpPath, SmpReader};

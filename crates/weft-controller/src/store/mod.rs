@@ -151,6 +151,16 @@ pub struct VerifiedDelivery<'a> {
     pub warning: Option<&'a str>,
 }
 
+/// Where a store stands in the order of deliveries (see `weft_opensm::Fence`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fencing {
+    /// The fencing number its deliveries carry: 1 until a restore raises it.
+    pub number: u64,
+    /// Checksums of the files it began to deliver above its applied generation (a
+    /// delivery killed before it was recorded as verified), so that it may replace them.
+    pub in_flight: Vec<String>,
+}
+
 /// One line for the append-only audit log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuditLine<'a> {
@@ -287,6 +297,25 @@ pub trait Store: Send + Sync + 'static {
         detail: &str,
         now: u64,
     ) -> Result<()>;
+    /// The fencing number and the deliveries in flight ([`Fencing`]).
+    fn fencing(&self) -> Result<Fencing>;
+    /// Records, before any SM is written, that a delivery of `generation` writes the file
+    /// whose checksum is `checksum`.
+    fn begin_delivery(&self, generation: i64, checksum: &str) -> Result<()>;
+    /// Raises the fencing number above both its own and `above` (the highest an SM's file
+    /// holds), with an audit line by `actor` saying `detail` (and `diff`); the new number.
+    /// With `held`, that file (the master's, written by this store's lineage) becomes the
+    /// applied file that the removal guard compares against: what the restored store's
+    /// next delivery changes on it is its own to change.
+    fn raise_fencing(
+        &self,
+        actor: &str,
+        above: u64,
+        held: Option<&str>,
+        diff: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<u64>;
     /// The newest `limit` audit lines, oldest first.
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>>;
     /// Desired against observed.

@@ -17,11 +17,12 @@ use crate::model::{
 };
 use crate::render::Desired;
 use crate::store::{
-    Applied, AuditLine, Change, ReportOutcome, ReportedPort, Result, Store, StoreError,
+    Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
     VerifiedDelivery,
 };
 
 mod audit;
+mod fencing;
 mod groups;
 mod leases;
 mod operations;
@@ -338,6 +339,26 @@ impl Store for SqliteStore {
         now: u64,
     ) -> Result<()> {
         self.tx(|tx| groups::adopt(tx, conf, pkeys, names, detail, now))
+    }
+
+    fn fencing(&self) -> Result<Fencing> {
+        self.tx(fencing::fencing)
+    }
+
+    fn begin_delivery(&self, generation: i64, checksum: &str) -> Result<()> {
+        self.tx(|tx| fencing::begin_delivery(tx, generation, checksum))
+    }
+
+    fn raise_fencing(
+        &self,
+        actor: &str,
+        above: u64,
+        held: Option<&str>,
+        diff: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<u64> {
+        self.tx(|tx| fencing::raise(tx, actor, above, held, (diff, detail), now))
     }
 
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
