@@ -140,7 +140,10 @@ pub enum TokenCommand {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ControllerArgs {
+    #[command(subcommand)]
+    command: Option<ControllerCommand>,
     /// API listen address (port 0 picks one; the address is printed) [default: `[controller]
     /// listen` of weft.toml, else 127.0.0.1:7100].
     #[arg(long)]
@@ -192,6 +195,26 @@ pub struct ControllerArgs {
     /// Serve plain HTTP on an address that is not loopback (tokens in clear).
     #[arg(long, env = "WEFT_INSECURE_HTTP")]
     insecure_http: bool,
+}
+
+/// Operator commands on a stopped controller's store.
+#[derive(Subcommand)]
+pub enum ControllerCommand {
+    /// Make a restored (or stale) store the one that delivers: read what every subnet
+    /// manager holds, and raise the store's fencing number above it, so that its
+    /// deliveries replace theirs and a controller still on the older number is refused.
+    #[command(
+        after_help = "Example:\n  systemctl stop weft-controller\n  cp /backup/controller.db /var/lib/weft/controller.db\n  weft --config weft.toml controller restore --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
+    )]
+    Restore {
+        /// The SQLite database [default: `[controller] db` of weft.toml, else
+        /// /var/lib/weft/controller.db].
+        #[arg(long)]
+        db: Option<PathBuf>,
+        /// No subnet managers to read (a store used with `weft controller --no-fabric`).
+        #[arg(long)]
+        no_fabric: bool,
+    },
 }
 
 #[derive(Args)]
@@ -508,15 +531,19 @@ fn failed(e: ClientError) -> Result<u8> {
 /// Runs one of the controller's commands.
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
+        ClusterCommand::Controller(ControllerArgs {
+            command: Some(ControllerCommand::Restore { db, no_fabric }),
+            ..
+        }) => restore(db, no_fabric, cfg, json),
         ClusterCommand::Controller(a) => controller(a, cfg),
         ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
 
-fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
-    let a = a.with_file(&cfg.controller)?;
-    let fabric: Arc<dyn Fabric> = if a.no_fabric {
+/// The SM hosts of `[[fabric.sm]]`, or a fabric that records (`no_fabric`).
+fn fabric_of(no_fabric: bool, cfg: &Config) -> Result<Arc<dyn Fabric>> {
+    Ok(if no_fabric {
         Arc::new(RecordingFabric::default())
     } else {
         let f = &cfg.fabric;
@@ -529,7 +556,72 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         Arc::new(OpenSmFabric {
             applier: f.applier()?,
         })
-    };
+    })
+}
+
+/// `weft controller restore`.
+fn restore(db: Option<PathBuf>, no_fabric: bool, cfg: &Config, json: bool) -> Result<u8> {
+    let db = db
+        .or_else(|| cfg.controller.db.clone())
+        .unwrap_or_else(|| "/var/lib/weft/controller.db".into());
+    if !db.is_file() {
+        return Err(anyhow!(
+            "the store {} does not exist: restore works on a store copied back from a backup",
+            db.display()
+        ));
+    }
+    let fabric = fabric_of(no_fabric, cfg)?;
+    let store = SqliteStore::open(&db)
+        .with_context(|| format!("cannot open the store {}", db.display()))?;
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let r = weft_controller::restore::restore(
+        &store,
+        fabric.as_ref(),
+        &actor,
+        weft_controller::unix_now(),
+    )
+    .with_context(|| format!("restore of {}", db.display()))?;
+    if json {
+        output::json(&r)?;
+        return Ok(EXIT_OK);
+    }
+    println!(
+        "{}",
+        output::table(
+            ["SM", "HOLDS"],
+            r.sms.iter().map(|(n, s)| {
+                [
+                    n.clone(),
+                    s.map_or_else(|| "no stamped file".into(), |s| s.to_string()),
+                ]
+            })
+        )
+    );
+    println!(
+        "fencing number {} -> {} (the SMs held at most {}); the store's applied generation is {}",
+        r.old_fencing, r.fencing, r.held_fencing, r.applied_generation
+    );
+    if r.diff.is_empty() {
+        println!("its next delivery replaces the master's file with its own state");
+    } else {
+        println!(
+            "its state, delivered once the controller starts, changes the master's file so:\n{}",
+            r.diff
+                .lines()
+                .map(output::clean)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    Ok(EXIT_OK)
+}
+
+fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
+    let a = a.with_file(&cfg.controller)?;
+    let fabric = fabric_of(a.no_fabric, cfg)?;
     let admin_token = match (&a.admin_token_file, std::env::var("WEFT_ADMIN_TOKEN")) {
         (Some(p), _) => Some(Secret::new(
             std::fs::read_to_string(p)

@@ -598,4 +598,51 @@ mod tests {
             .unwrap();
         assert_eq!(mode, "wal");
     }
+
+    #[test]
+    fn the_fencing_number_only_rises_and_deliveries_in_flight_end_with_the_applied_one() {
+        let s = SqliteStore::in_memory().unwrap();
+        assert_eq!(
+            s.fencing().unwrap(),
+            Fencing {
+                number: 1,
+                in_flight: vec![]
+            }
+        );
+        s.begin_delivery(1, "aa").unwrap();
+        s.begin_delivery(1, "aa").unwrap();
+        s.begin_delivery(2, "bb").unwrap();
+        assert_eq!(s.fencing().unwrap().in_flight, ["aa", "bb"]);
+        let d = VerifiedDelivery {
+            generation: 1,
+            checksum: "aa",
+            conf: "x",
+            detail: "",
+            warning: None,
+        };
+        s.mark_applied(&d, 2).unwrap();
+        // At or below the applied generation a file is replaceable anyway.
+        assert_eq!(s.fencing().unwrap().in_flight, ["bb"]);
+        // Raised above what the SMs hold, never below its own.
+        assert_eq!(
+            s.raise_fencing("operator:x", 5, None, "", "held 5", 3)
+                .unwrap(),
+            6
+        );
+        assert_eq!(
+            s.raise_fencing("operator:x", 2, Some("held"), "-a\n+b", "held 2", 4)
+                .unwrap(),
+            7
+        );
+        let f = s.fencing().unwrap();
+        assert_eq!((f.number, f.in_flight.len()), (7, 0));
+        assert_eq!(s.applied().unwrap().conf.as_deref(), Some("held"));
+        let a = s.audit(10).unwrap();
+        let raised: Vec<&AuditEntry> = a.iter().filter(|l| l.action == "fence").collect();
+        assert_eq!(raised.len(), 2);
+        assert!(
+            raised[1].detail.contains("6 -> 7") && raised[1].diff == "-a\n+b",
+            "{a:?}"
+        );
+    }
 }
