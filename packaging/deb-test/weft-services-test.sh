@@ -55,7 +55,7 @@ install -d /etc/systemd/system/weft-controller.service.d
 cat >/etc/systemd/system/weft-controller.service.d/no-fabric.conf <<'UNIT'
 [Service]
 ExecStart=
-ExecStart=/usr/bin/weft --config /etc/weft/weft.toml controller --db /var/lib/weft/controller.db --no-fabric
+ExecStart=/usr/bin/weft --config /etc/weft/weft.toml controller --db /var/lib/weft/controller.db --init --no-fabric
 UNIT
 systemctl daemon-reload
 

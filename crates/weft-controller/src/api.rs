@@ -98,6 +98,10 @@ pub enum ApiError {
     /// Something inside failed.
     #[error("{0}")]
     Internal(String),
+    /// The store cannot write now (the message names it and the cause); try again once
+    /// it can.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<StoreError> for ApiError {
@@ -108,6 +112,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(m) => ApiError::BadRequest(m),
             StoreError::Refused(m) => ApiError::Unauthorized(m),
             e @ StoreError::Db(_) => ApiError::Internal(e.to_string()),
+            StoreError::Unavailable(m) => ApiError::Unavailable(m),
         }
     }
 }
@@ -126,6 +131,17 @@ impl IntoResponse for ApiError {
                     (StatusCode::TOO_MANY_REQUESTS, Json(ErrorBody { error: m })).into_response();
                 r.headers_mut()
                     .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                return r;
+            }
+            ApiError::Unavailable(m) => {
+                tracing::error!(cause = %m, "store unavailable");
+                let mut r = (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(ErrorBody { error: m }),
+                )
+                    .into_response();
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
                 return r;
             }
             ApiError::Internal(detail) => {
@@ -246,15 +262,25 @@ fn open() -> OpenApiRouter<AppState> {
         .routes(routes!(enroll))
 }
 
-/// Liveness: `ok` while the controller serves.
+/// Readiness: `ok` while the controller serves and its store can take writes; 503 naming
+/// the store and the cause when it cannot (a full disk, an I/O error).
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "meta",
-    responses((status = 200, description = "the controller is up", content_type = "text/plain", body = String), RateLimited)
+    responses(
+        (status = 200, description = "the controller is up and its store takes writes", content_type = "text/plain", body = String),
+        (status = 503, description = "the store cannot write: the body names it and the cause", body = ErrorBody),
+        RateLimited
+    )
 )]
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(state): State<AppState>) -> ApiResult<&'static str> {
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || store.health())
+        .await
+        .map_err(|e| ApiError::Internal(format!("store task: {e}")))?
+        .map_err(ApiError::Unavailable)?;
+    Ok("ok\n")
 }
 
 /// This document (OpenAPI 3.1).
@@ -401,7 +427,7 @@ fn agents() -> OpenApiRouter<AppState> {
     path = "/v1/agents/enroll",
     tag = "agents",
     request_body = EnrollRequest,
-    responses((status = 200, description = "enrolled; the secret is shown once", body = Enrolled), BodyErrors, RateLimited, (status = 401, description = "an enrollment token that is unknown, used, expired or bound to another host", body = ErrorBody), (status = 500, description = "something inside failed (the detail is in the controller's log)", body = ErrorBody))
+    responses((status = 200, description = "enrolled; the secret is shown once", body = Enrolled), BodyErrors, RateLimited, (status = 401, description = "an enrollment token that is unknown, used, expired or bound to another host", body = ErrorBody), (status = 500, description = "something inside failed (the detail is in the controller's log)", body = ErrorBody), (status = 503, description = "the store cannot write now: the body names it and the cause", body = ErrorBody))
 )]
 async fn enroll(
     State(state): State<AppState>,

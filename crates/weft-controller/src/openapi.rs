@@ -102,6 +102,7 @@ error_set!(
     Authed:
     "401" => "no token, one the controller does not know, or one that expired or was revoked",
     "500" => "something inside failed (the detail is in the controller's log)",
+    "503" => "the store cannot write now (a full disk, an I/O error): the body names the store and the cause",
 );
 error_set!(
     /// What every admin-only route can answer.
@@ -109,6 +110,7 @@ error_set!(
     "401" => "no token, one the controller does not know, or one that expired or was revoked",
     "403" => "the token's role does not allow this (it needs an admin token)",
     "500" => "something inside failed (the detail is in the controller's log)",
+    "503" => "the store cannot write now (a full disk, an I/O error): the body names the store and the cause",
 );
 error_set!(
     /// A parameter or a stored-state rule refuses the request.

@@ -622,6 +622,7 @@ async fn openapi_describes_every_route() {
 // ---------------------------------------------------------------- the real fabric
 
 mod fencing;
+mod storage;
 
 mod fabric {
     use super::*;

@@ -86,7 +86,7 @@ pub struct Wait {
 pub enum ClusterCommand {
     /// Run the fabric controller: API, store, reconcile loop, metrics.
     #[command(
-        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
+        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
     )]
     Controller(ControllerArgs),
     /// Run the agent of this server: discover its ports and report them to the controller.
@@ -155,6 +155,10 @@ pub struct ControllerArgs {
     /// The SQLite database [default: `[controller] db`, else /var/lib/weft/controller.db].
     #[arg(long)]
     db: Option<PathBuf>,
+    /// Create the store when the file is missing or empty (first start). Without it such a
+    /// file is refused, so that a lost or unmounted database never comes back empty.
+    #[arg(long)]
+    init: bool,
     /// A file holding an admin API token to accept.
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
@@ -248,6 +252,7 @@ struct ControllerRun {
     listen: String,
     metrics_listen: String,
     db: PathBuf,
+    init: bool,
     admin_token_file: Option<PathBuf>,
     stale_after_s: u64,
     no_fabric: bool,
@@ -289,6 +294,7 @@ impl ControllerArgs {
                 .db
                 .or_else(|| f.db.clone())
                 .unwrap_or_else(|| "/var/lib/weft/controller.db".into()),
+            init: self.init,
             admin_token_file: self.admin_token_file.or_else(|| f.admin_token_file.clone()),
             stale_after_s: self.stale_after_s.or(f.stale_after_s).unwrap_or(30),
             no_fabric: self.no_fabric,
@@ -571,7 +577,7 @@ fn restore(db: Option<PathBuf>, no_fabric: bool, cfg: &Config, json: bool) -> Re
         ));
     }
     let fabric = fabric_of(no_fabric, cfg)?;
-    let store = SqliteStore::open(&db)
+    let store = SqliteStore::open_existing(&db)
         .with_context(|| format!("cannot open the store {}", db.display()))?;
     let actor = format!(
         "operator:{}",
@@ -632,8 +638,12 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         _ => None,
     };
     let tls = server_tls(&a)?;
-    let store = SqliteStore::open(&a.db)
-        .with_context(|| format!("cannot open the store {}", a.db.display()))?;
+    let store = if a.init {
+        SqliteStore::open(&a.db)
+    } else {
+        SqliteStore::open_existing(&a.db)
+    }
+    .with_context(|| format!("cannot open the store {}", a.db.display()))?;
     runtime()?.block_on(async move {
         let config = ControllerConfig {
             admin_token,

@@ -209,7 +209,7 @@ fn the_controller_takes_its_settings_from_weft_toml_and_flags_win() {
     let start = |extra: &[&str]| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
             .arg("controller")
-            .args(["--no-fabric"])
+            .args(["--no-fabric", "--init"])
             .args(extra)
             .current_dir(dir.path())
             .env_remove("WEFT_CONFIG")

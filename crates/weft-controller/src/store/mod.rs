@@ -63,6 +63,10 @@ pub enum StoreError {
     /// The database itself.
     #[error("database: {0}")]
     Db(#[from] rusqlite::Error),
+    /// The store cannot write (a full disk, an I/O error, a read-only or damaged file):
+    /// the message names the store and the cause. Nothing of the call was stored.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -316,6 +320,12 @@ pub trait Store: Send + Sync + 'static {
         detail: &str,
         now: u64,
     ) -> Result<u64>;
+    /// Whether the store can take writes now: `Err` names the store and the cause (its
+    /// last write failed for want of space or an I/O error and no write has succeeded
+    /// since, or its file system is nearly full). Readiness (`/healthz`) asks this.
+    fn health(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// The newest `limit` audit lines, oldest first.
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>>;
     /// Desired against observed.

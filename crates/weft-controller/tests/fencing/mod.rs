@@ -9,6 +9,12 @@ use weft_testbed::Topology;
 
 /// A controller on the store in `dir` (`controller.db`), plain HTTP on loopback.
 async fn start_in(dir: tempfile::TempDir, fabric: Arc<dyn Fabric>) -> Ctl {
+    let db = dir.path().join("controller.db");
+    start_at(dir, &db, fabric).await
+}
+
+/// A controller on the store `db` (created if missing), its fixtures in `dir`.
+pub(crate) async fn start_at(dir: tempfile::TempDir, db: &Path, fabric: Arc<dyn Fabric>) -> Ctl {
     let config = ControllerConfig {
         admin_token: Some(Secret::new(ADMIN)),
         stale_after_s: 30,
@@ -16,7 +22,7 @@ async fn start_in(dir: tempfile::TempDir, fabric: Arc<dyn Fabric>) -> Ctl {
         max_backoff: Duration::from_millis(500),
         ..ControllerConfig::default()
     };
-    let store = Arc::new(SqliteStore::open(&dir.path().join("controller.db")).unwrap());
+    let store = Arc::new(SqliteStore::open(db).unwrap());
     // A controller stopped just before gives the store's lease back as it winds down.
     let controller = until("the store's lease", Duration::from_secs(10), || {
         let r = Controller::start(store.clone(), fabric.clone(), config.clone()).ok();

@@ -289,6 +289,7 @@ fn start_controller_with(dir: &Path, port: u16, extra: &[&str]) -> Proc {
         "--config",
         "weft.toml",
         "controller",
+        "--init",
         "--listen",
         &listen,
         "--metrics-listen",
@@ -739,6 +740,7 @@ fn the_cli_never_claims_a_verification_that_did_not_happen() {
                 "--config",
                 "weft.toml",
                 "controller",
+                "--init",
                 "--listen",
                 "127.0.0.1:0",
                 "--metrics-listen",
@@ -763,6 +765,7 @@ fn the_cli_never_claims_a_verification_that_did_not_happen() {
         d,
         &[
             "controller",
+            "--init",
             "--no-fabric",
             "--db",
             "other.db",
@@ -801,7 +804,7 @@ fn the_cli_never_claims_a_verification_that_did_not_happen() {
 /// Starts `weft controller` with `args` (after `--config weft.toml controller`) and
 /// returns it with its stdout lines so far (up to the one that says where it listens).
 fn start_controller_args(dir: &Path, args: &[&str]) -> (Proc, String) {
-    let mut all = vec!["--config", "weft.toml", "controller"];
+    let mut all = vec!["--config", "weft.toml", "controller", "--init"];
     all.extend_from_slice(args);
     let mut child = weft_cmd(dir, &all)
         .env("WEFT_ADMIN_TOKEN", ADMIN)
@@ -860,7 +863,7 @@ fn tls_end_to_end_through_the_cli_and_an_agent_and_plain_http_only_on_loopback()
     let o = weft_cmd(
         d,
         &[
-            &["--config", "weft.toml", "controller"][..],
+            &["--config", "weft.toml", "controller", "--init"][..],
             &base,
             &[&wildcard],
         ]

@@ -76,6 +76,7 @@ fn plan_group_takes_nodes_gpus_and_memory_from_a_real_controller() {
         ADMIN,
         &[
             "controller",
+            "--init",
             "--listen",
             &listen,
             "--metrics-listen",

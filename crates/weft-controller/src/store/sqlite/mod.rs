@@ -42,6 +42,38 @@ const MIGRATIONS: &[&str] = &[
 /// `PRAGMA user_version`. One connection behind a mutex: SQLite serializes writers anyway.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// The database file (`:memory:` for a store in memory), named in every fault.
+    path: std::path::PathBuf,
+    /// Why the last write failed for the storage's sake, until a write succeeds again.
+    fault: Mutex<Option<String>>,
+}
+
+/// Below this many free bytes on the store's file system, readiness fails: a transaction
+/// writes a few pages and their WAL frames, and a full disk fails writes half way.
+const MIN_FREE_BYTES: u64 = 256 * 1024;
+
+/// Why a store file cannot be opened: it names the file and what is wrong with it.
+fn refuse(path: &Path, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("the store {}: {why}", path.display()))
+}
+
+/// Whether a database error is the storage's (space, I/O, permissions, a damaged file)
+/// rather than the call's.
+fn is_storage_fault(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            C::DiskFull
+                | C::SystemIoFailure
+                | C::ReadOnly
+                | C::CannotOpen
+                | C::DatabaseCorrupt
+                | C::NotADatabase
+                | C::PermissionDenied
+                | C::FileLockingProtocolFailed
+        )
+    )
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -66,17 +98,93 @@ fn secs(i: i64) -> u64 {
 }
 
 impl SqliteStore {
-    /// Opens (creating) the database at `path` and migrates it.
+    /// Opens the database at `path`, creating it (mode 0600) when it is missing or empty
+    /// (`weft controller --init`), checks it and migrates it.
     pub fn open(path: &Path) -> Result<SqliteStore> {
-        Self::with_connection(Connection::open(path)?)
+        Self::open_with(path, true)
+    }
+
+    /// Opens the existing database at `path`, checks it and migrates it: a missing or
+    /// empty file is refused, naming it (it is created only when asked: [`Self::open`]).
+    pub fn open_existing(path: &Path) -> Result<SqliteStore> {
+        Self::open_with(path, false)
+    }
+
+    fn open_with(path: &Path, init: bool) -> Result<SqliteStore> {
+        let len = match std::fs::metadata(path) {
+            Ok(m) => Some(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(refuse(path, e)),
+        };
+        if !init {
+            match len {
+                None => {
+                    return Err(refuse(
+                        path,
+                        "no such file; `weft controller --init` creates a new store (an existing one is refused if missing, so that a lost or unmounted file is never replaced by an empty store)",
+                    ));
+                }
+                Some(0) => {
+                    return Err(refuse(
+                        path,
+                        "the file is empty; `weft controller --init` makes a new store in it",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if len.is_none() {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| refuse(path, format!("cannot create it: {e}")))?;
+        }
+        let conn = Connection::open(path).map_err(|e| refuse(path, e))?;
+        let store = Self::with_connection(conn, path).map_err(|e| match e {
+            StoreError::Db(e) => refuse(path, e),
+            other => other,
+        })?;
+        // The database, its WAL and shared-memory files hold token hashes: owner only.
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let p = std::path::PathBuf::from(p);
+            if p.exists() {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| refuse(&p, format!("cannot make it private (0600): {e}")))?;
+            }
+        }
+        Ok(store)
     }
 
     /// An in-memory database (tests).
     pub fn in_memory() -> Result<SqliteStore> {
-        Self::with_connection(Connection::open_in_memory()?)
+        Self::with_connection(Connection::open_in_memory()?, Path::new(":memory:"))
     }
 
-    fn with_connection(mut conn: Connection) -> Result<SqliteStore> {
+    fn with_connection(mut conn: Connection, path: &Path) -> Result<SqliteStore> {
+        // A damaged file is refused at start, naming it, not some requests later.
+        let mut check: Vec<String> = Vec::new();
+        {
+            let mut stmt = conn.prepare("PRAGMA quick_check(5)")?;
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            for r in rows {
+                check.push(r?);
+            }
+        }
+        if check != ["ok"] {
+            return Err(refuse(
+                path,
+                format!(
+                    "SQLite's quick_check finds it damaged: {}; restore it from a backup (`weft controller restore`)",
+                    check.join("; ")
+                ),
+            ));
+        }
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         // WAL: readers never block the writer; NORMAL sync is durable across a process
         // crash (kill -9), which is the failure the controller must survive.
@@ -84,6 +192,15 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if usize::try_from(version).unwrap_or(usize::MAX) > MIGRATIONS.len() {
+            return Err(refuse(
+                path,
+                format!(
+                    "its schema is version {version}, newer than this weft's {}: run the weft that wrote it, or a newer one",
+                    MIGRATIONS.len()
+                ),
+            ));
+        }
         let tx = conn.transaction()?;
         for (i, m) in MIGRATIONS
             .iter()
@@ -96,15 +213,62 @@ impl SqliteStore {
         tx.commit()?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            fault: Mutex::new(None),
         })
     }
 
     fn tx<T>(&self, f: impl FnOnce(&Transaction) -> Result<T>) -> Result<T> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        let before = conn.total_changes();
+        let out = (|| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            // A write on a nearly full file system is refused whole (rolled back) rather
+            // than left to fail half way through a checkpoint.
+            if tx.total_changes() != before
+                && let Some(free) = self.free_bytes()
+                && free < MIN_FREE_BYTES
+            {
+                return Err(StoreError::Unavailable(format!(
+                    "the store {} cannot write: its file system has {free} bytes free (under {MIN_FREE_BYTES})",
+                    self.path.display()
+                )));
+            }
+            tx.commit()?;
+            Ok(out)
+        })();
+        match out {
+            Ok(v) => {
+                if conn.total_changes() != before {
+                    *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                Ok(v)
+            }
+            Err(StoreError::Unavailable(why)) => {
+                tracing::error!(store = %self.path.display(), %why, "store fault");
+                *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                Err(StoreError::Unavailable(why))
+            }
+            Err(StoreError::Db(e)) if is_storage_fault(&e) => {
+                let why = format!("the store {} cannot write: {e}", self.path.display());
+                tracing::error!(store = %self.path.display(), error = %e, "store fault");
+                *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                Err(StoreError::Unavailable(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Free bytes on the store's file system (`None`: in memory, or statvfs failed).
+    fn free_bytes(&self) -> Option<u64> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ if self.path == Path::new(":memory:") => return None,
+            _ => Path::new("."),
+        };
+        let v = nix::sys::statvfs::statvfs(dir).ok()?;
+        Some(v.blocks_available().saturating_mul(v.fragment_size()))
     }
 }
 
@@ -339,6 +503,27 @@ impl Store for SqliteStore {
         now: u64,
     ) -> Result<()> {
         self.tx(|tx| groups::adopt(tx, conf, pkeys, names, detail, now))
+    }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        if let Some(free) = self.free_bytes()
+            && free < MIN_FREE_BYTES
+        {
+            return Err(format!(
+                "the store {} cannot write: its file system has {free} bytes free (under {MIN_FREE_BYTES})",
+                self.path.display()
+            ));
+        }
+        let fault = self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(fault) = fault {
+            // Space came back, perhaps: a small write says whether writes work again.
+            let probe =
+                self.tx(|tx| set_meta(tx, "health_probe", &crate::server::unix_now().to_string()));
+            if probe.is_err() {
+                return Err(fault);
+            }
+        }
+        Ok(())
     }
 
     fn fencing(&self) -> Result<Fencing> {
@@ -644,5 +829,70 @@ mod tests {
             raised[1].detail.contains("6 -> 7") && raised[1].diff == "-a\n+b",
             "{a:?}"
         );
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_is_created_only_when_asked_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let e = SqliteStore::open_existing(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("--init"),
+            "{e}"
+        );
+        assert!(!path.exists(), "a refused open must not create the file");
+        std::fs::write(&path, b"").unwrap();
+        let e = SqliteStore::open_existing(&path).unwrap_err().to_string();
+        assert!(e.contains("empty") && e.contains("--init"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            s.create_tenant("admin:x", "alice", "ta", None, 1).unwrap();
+        }
+        let s = SqliteStore::open_existing(&path).unwrap();
+        assert_eq!(s.tenants().unwrap()[0].name, "alice");
+        for suffix in ["", "-wal", "-shm"] {
+            let p = dir.path().join(format!("c.db{suffix}"));
+            if p.exists() {
+                let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "{}", p.display());
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_file_or_a_newer_schema_is_refused_at_start_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            for i in 0..300 {
+                let name = format!("tenant{i:03}");
+                s.create_tenant("admin:x", &name, &format!("t{i}"), None, 1)
+                    .unwrap();
+            }
+        }
+        // Closed: the WAL is checkpointed into the file. Garbage into its middle.
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 64 * 1024, "{}", bytes.len());
+        let mid = bytes.len() / 2 / 4096 * 4096;
+        for b in &mut bytes[mid..mid + 4096] {
+            *b = 0xa5;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let e = SqliteStore::open_existing(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("damaged"),
+            "{e}"
+        );
+
+        let newer = dir.path().join("newer.db");
+        drop(SqliteStore::open(&newer).unwrap());
+        let conn = Connection::open(&newer).unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(conn);
+        let e = SqliteStore::open_existing(&newer).unwrap_err().to_string();
+        assert!(e.contains("version 99") && e.contains("newer.db"), "{e}");
     }
 }
