@@ -59,6 +59,28 @@ pub fn restore(
     crate::server::while_stopped(store, || restore_held(store, fabric, actor, now))?
 }
 
+/// Puts the backup `backup` in place of the store `db` and [`restore`]s it: refused while a
+/// controller runs on `db` (its lease), and when the backup is damaged; a `db` that is
+/// itself damaged (the reason to restore) is replaced.
+pub fn restore_from_backup(
+    backup: &std::path::Path,
+    db: &std::path::Path,
+    fabric: &dyn Fabric,
+    actor: &str,
+    now: u64,
+) -> Result<RestoreReport, RestoreError> {
+    use crate::store::SqliteStore;
+    if db.exists() {
+        match SqliteStore::open_existing(db) {
+            Ok(old) => crate::server::while_stopped(&old, || ())?,
+            Err(e) => tracing::warn!(error = %e, "replacing a store that does not open"),
+        }
+    }
+    SqliteStore::replace_with_backup(backup, db)?;
+    let store = SqliteStore::open_existing(db)?;
+    restore(&store, fabric, actor, now)
+}
+
 fn restore_held(
     store: &dyn Store,
     fabric: &dyn Fabric,

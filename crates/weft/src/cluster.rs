@@ -201,20 +201,37 @@ pub struct ControllerArgs {
     insecure_http: bool,
 }
 
-/// Operator commands on a stopped controller's store.
+/// Operator commands on a controller's store.
 #[derive(Subcommand)]
 pub enum ControllerCommand {
+    /// Copy the store into FILE while the controller runs (SQLite's online backup API: one
+    /// consistent moment, checked with quick_check; the file is new and 0600).
+    #[command(
+        after_help = "Example:\n  weft --config weft.toml controller backup /backup/controller-$(date +%F).db\n  weft controller backup --db /var/lib/weft/controller.db /backup/ctl.db --json\n\nPut it back with `weft controller restore --from FILE` on a stopped controller."
+    )]
+    Backup {
+        /// The backup file to create (never overwritten).
+        file: PathBuf,
+        /// The SQLite database [default: `[controller] db` of weft.toml, else
+        /// /var/lib/weft/controller.db].
+        #[arg(long)]
+        db: Option<PathBuf>,
+    },
     /// Make a restored (or stale) store the one that delivers: read what every subnet
     /// manager holds, and raise the store's fencing number above it, so that its
     /// deliveries replace theirs and a controller still on the older number is refused.
     #[command(
-        after_help = "Example:\n  systemctl stop weft-controller\n  cp /backup/controller.db /var/lib/weft/controller.db\n  weft --config weft.toml controller restore --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
+        after_help = "Example:\n  systemctl stop weft-controller\n  weft --config weft.toml controller restore --from /backup/ctl.db --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n  weft controller restore --db /var/lib/weft/controller.db   # a store copied back by hand\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
     )]
     Restore {
         /// The SQLite database [default: `[controller] db` of weft.toml, else
         /// /var/lib/weft/controller.db].
         #[arg(long)]
         db: Option<PathBuf>,
+        /// A backup (`weft controller backup`) to put in place of --db first (checked
+        /// before anything is replaced).
+        #[arg(long)]
+        from: Option<PathBuf>,
         /// No subnet managers to read (a store used with `weft controller --no-fabric`).
         #[arg(long)]
         no_fabric: bool,
@@ -538,9 +555,18 @@ fn failed(e: ClientError) -> Result<u8> {
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
         ClusterCommand::Controller(ControllerArgs {
-            command: Some(ControllerCommand::Restore { db, no_fabric }),
+            command:
+                Some(ControllerCommand::Restore {
+                    db,
+                    from,
+                    no_fabric,
+                }),
             ..
-        }) => restore(db, no_fabric, cfg, json),
+        }) => restore(db, from, no_fabric, cfg, json),
+        ClusterCommand::Controller(ControllerArgs {
+            command: Some(ControllerCommand::Backup { file, db }),
+            ..
+        }) => backup(&file, db, cfg, json),
         ClusterCommand::Controller(a) => controller(a, cfg),
         ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
@@ -565,11 +591,70 @@ fn fabric_of(no_fabric: bool, cfg: &Config) -> Result<Arc<dyn Fabric>> {
     })
 }
 
+/// The store of `--db`, else `[controller] db`, else the packaged default.
+fn store_path(db: Option<PathBuf>, cfg: &Config) -> PathBuf {
+    db.or_else(|| cfg.controller.db.clone())
+        .unwrap_or_else(|| "/var/lib/weft/controller.db".into())
+}
+
+/// `weft controller backup`.
+fn backup(file: &std::path::Path, db: Option<PathBuf>, cfg: &Config, json: bool) -> Result<u8> {
+    let db = store_path(db, cfg);
+    let r = SqliteStore::backup(&db, file)
+        .with_context(|| format!("backup of {} into {}", db.display(), file.display()))?;
+    if json {
+        output::json(&r)?;
+    } else {
+        println!(
+            "{}",
+            output::table(
+                [
+                    "BACKUP",
+                    "BYTES",
+                    "GENERATION",
+                    "APPLIED",
+                    "OPERATIONS",
+                    "AUDIT LINES"
+                ],
+                [[
+                    r.path.display().to_string(),
+                    r.bytes.to_string(),
+                    r.desired_generation.to_string(),
+                    r.applied_generation.to_string(),
+                    r.operations.to_string(),
+                    r.audit_lines.to_string(),
+                ]]
+            )
+        );
+    }
+    Ok(EXIT_OK)
+}
+
 /// `weft controller restore`.
-fn restore(db: Option<PathBuf>, no_fabric: bool, cfg: &Config, json: bool) -> Result<u8> {
-    let db = db
-        .or_else(|| cfg.controller.db.clone())
-        .unwrap_or_else(|| "/var/lib/weft/controller.db".into());
+fn restore(
+    db: Option<PathBuf>,
+    from: Option<PathBuf>,
+    no_fabric: bool,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    let db = store_path(db, cfg);
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    if let Some(from) = from {
+        let fabric = fabric_of(no_fabric, cfg)?;
+        let r = weft_controller::restore::restore_from_backup(
+            &from,
+            &db,
+            fabric.as_ref(),
+            &actor,
+            weft_controller::unix_now(),
+        )
+        .with_context(|| format!("restore of {} from {}", db.display(), from.display()))?;
+        return print_restore(&r, json);
+    }
     if !db.is_file() {
         return Err(anyhow!(
             "the store {} does not exist: restore works on a store copied back from a backup",
@@ -579,10 +664,6 @@ fn restore(db: Option<PathBuf>, no_fabric: bool, cfg: &Config, json: bool) -> Re
     let fabric = fabric_of(no_fabric, cfg)?;
     let store = SqliteStore::open_existing(&db)
         .with_context(|| format!("cannot open the store {}", db.display()))?;
-    let actor = format!(
-        "operator:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    );
     let r = weft_controller::restore::restore(
         &store,
         fabric.as_ref(),
@@ -590,8 +671,12 @@ fn restore(db: Option<PathBuf>, no_fabric: bool, cfg: &Config, json: bool) -> Re
         weft_controller::unix_now(),
     )
     .with_context(|| format!("restore of {}", db.display()))?;
+    print_restore(&r, json)
+}
+
+fn print_restore(r: &weft_controller::restore::RestoreReport, json: bool) -> Result<u8> {
     if json {
-        output::json(&r)?;
+        output::json(r)?;
         return Ok(EXIT_OK);
     }
     println!(

@@ -43,7 +43,7 @@ use crate::render::Desired;
 pub mod rules;
 mod sqlite;
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{BackupReport, SqliteStore};
 
 /// Why a store call did not succeed.
 #[derive(Debug, thiserror::Error)]

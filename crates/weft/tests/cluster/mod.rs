@@ -330,6 +330,8 @@ fn every_cluster_command_has_help_with_an_example() {
     let dir = tempfile::tempdir().unwrap();
     for args in [
         &["controller", "--help"][..],
+        &["controller", "backup", "--help"],
+        &["controller", "restore", "--help"],
         &["agent", "--help"],
         &["nodes", "--help"],
         &["nodes", "enroll", "--help"],

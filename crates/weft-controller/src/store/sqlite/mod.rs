@@ -22,6 +22,7 @@ use crate::store::{
 };
 
 mod audit;
+mod backup;
 mod fencing;
 mod groups;
 mod leases;
@@ -29,6 +30,8 @@ mod operations;
 mod servers;
 mod tenants;
 mod tokens;
+
+pub use backup::BackupReport;
 
 /// The schema's migrations, in order; a database at `user_version` N has run the first N.
 const MIGRATIONS: &[&str] = &[
