@@ -578,3 +578,76 @@ fn the_lock_over_ssh_excludes_other_applies_and_ends_with_its_session() {
         OPEN.as_bytes()
     );
 }
+
+/// Fencing over SSH: a delivery is stamped, and one older than what an SM's file holds
+/// (a lower fencing number, or the same number and a newer generation the store never
+/// wrote) is refused under the SMs' locks, naming the SM and both stamps, with every file
+/// left as it was; the writer's own file in flight, and a higher number, go through.
+#[test]
+fn an_older_stamp_is_refused_over_ssh_naming_both_and_nothing_is_written() {
+    use weft_opensm::{Fence, Stamp};
+    let bed = bed(&Topology::single_switch(4), true);
+    let (d1, d2) = (Sshd::start().unwrap(), Sshd::start().unwrap());
+    let a = bed.ssh_applier(vec![bed.ssh_sm(0, &d1, false), bed.ssh_sm(1, &d2, false)]);
+    let snap = a.diag.snapshot().unwrap();
+    let conf = compile(TWO_TENANTS, &snap.inventory);
+    let fence = |fencing, generation, applied, in_flight: Vec<String>| Fence {
+        stamp: Stamp {
+            fencing,
+            generation,
+        },
+        applied,
+        in_flight,
+    };
+    a.apply_fenced(&conf, &snap, "controller abc", &fence(2, 5, 4, vec![]))
+        .unwrap();
+    let held: Vec<String> = bed
+        .sms
+        .iter()
+        .map(|(_, f)| std::fs::read_to_string(f).unwrap())
+        .collect();
+    assert!(
+        held[0].contains("# weft-fence: fencing 2 generation 5"),
+        "{}",
+        held[0]
+    );
+    let open = conf::parse(OPEN).unwrap();
+    for (f, words) in [
+        (
+            fence(1, 50, 50, vec![]),
+            ["fencing 2 generation 5", "fencing 1 generation 50"],
+        ),
+        (
+            fence(2, 9, 3, vec![]),
+            ["fencing 2 generation 5", "restore"],
+        ),
+    ] {
+        let e = a
+            .apply_fenced(&open, &snap, "controller abc", &f)
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, ApplyError::Fenced { .. }), "{text}");
+        assert!(
+            text.contains("primary") || text.contains("standby"),
+            "{text}"
+        );
+        for w in words {
+            assert!(text.contains(w), "{text}");
+        }
+        for ((_, file), before) in bed.sms.iter().zip(&held) {
+            assert_eq!(&std::fs::read_to_string(file).unwrap(), before);
+        }
+    }
+    // Its own file in flight (killed before it was recorded as verified) is replaced.
+    let mine = checksum(held[0].as_bytes());
+    a.apply_fenced(&open, &snap, "controller abc", &fence(2, 9, 3, vec![mine]))
+        .unwrap();
+    // A higher fencing number replaces whatever generation.
+    a.apply_fenced(&conf, &snap, "controller abc", &fence(3, 1, 0, vec![]))
+        .unwrap();
+    assert!(
+        std::fs::read_to_string(&bed.sms[1].1)
+            .unwrap()
+            .contains("# weft-fence: fencing 3 generation 1")
+    );
+}
