@@ -112,6 +112,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(m) => ApiError::BadRequest(m),
             StoreError::Refused(m) => ApiError::Unauthorized(m),
             e @ StoreError::Db(_) => ApiError::Internal(e.to_string()),
+            StoreError::Storage(m) => ApiError::Unavailable(format!("the store cannot write: {m}")),
             StoreError::Unavailable(m) => ApiError::Unavailable(m),
         }
     }

@@ -60,9 +60,14 @@ pub enum StoreError {
     /// A token that is unknown, used or expired.
     #[error("{0}")]
     Refused(String),
-    /// The database itself.
+    /// The database itself (the backend's message; no backend's error type, so that the
+    /// trait stays the same for every backend).
     #[error("database: {0}")]
-    Db(#[from] rusqlite::Error),
+    Db(String),
+    /// The storage under the database failed (space, I/O, permissions, a damaged file);
+    /// the store turns it into [`StoreError::Unavailable`], naming itself.
+    #[error("storage: {0}")]
+    Storage(String),
     /// The store cannot write (a full disk, an I/O error, a read-only or damaged file):
     /// the message names the store and the cause. Nothing of the call was stored.
     #[error("{0}")]

@@ -60,6 +60,16 @@ fn refuse(path: &Path, why: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("the store {}: {why}", path.display()))
 }
 
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        if is_storage_fault(&e) {
+            StoreError::Storage(e.to_string())
+        } else {
+            StoreError::Db(e.to_string())
+        }
+    }
+}
+
 /// Whether a database error is the storage's (space, I/O, permissions, a damaged file)
 /// rather than the call's.
 fn is_storage_fault(e: &rusqlite::Error) -> bool {
@@ -147,7 +157,7 @@ impl SqliteStore {
         }
         let conn = Connection::open(path).map_err(|e| refuse(path, e))?;
         let store = Self::with_connection(conn, path).map_err(|e| match e {
-            StoreError::Db(e) => refuse(path, e),
+            StoreError::Db(e) | StoreError::Storage(e) => refuse(path, e),
             other => other,
         })?;
         // The database, its WAL and shared-memory files hold token hashes: owner only.
@@ -253,7 +263,7 @@ impl SqliteStore {
                 *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
                 Err(StoreError::Unavailable(why))
             }
-            Err(StoreError::Db(e)) if is_storage_fault(&e) => {
+            Err(StoreError::Storage(e)) => {
                 let why = format!("the store {} cannot write: {e}", self.path.display());
                 tracing::error!(store = %self.path.display(), error = %e, "store fault");
                 *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
