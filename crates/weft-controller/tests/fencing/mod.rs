@@ -269,3 +269,89 @@ async fn a_controller_on_a_stale_copy_of_the_store_never_delivers_older_state() 
         let _ = stop.send(true);
     }
 }
+
+/// The window between a delivery's write and its record as verified: a controller killed
+/// there restarts with the SM holding a newer generation of its own fencing number. The
+/// file it began to deliver (recorded before the first write) is its own and is replaced;
+/// the same stamp on a file it never began (a copy of its store wrote it) is refused and
+/// audited. On a recording fabric that plays the master SM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_the_store_began_to_deliver_is_its_own_after_a_kill_and_any_other_is_fenced() {
+    use weft_controller::store::Store;
+    for began in [true, false] {
+        let fabric = Arc::new(RecordingFabric {
+            plays_sm: true,
+            ..RecordingFabric::default()
+        });
+        let ctl = start_in(tempfile::tempdir().unwrap(), fabric.clone()).await;
+        ctl.admin.create_tenant("alice").await.unwrap();
+        let op = ctl
+            .admin
+            .create_group("a", "alice")
+            .await
+            .unwrap()
+            .operation
+            .unwrap();
+        ctl.admin
+            .wait_applied(op.id, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let mut ctl = ctl;
+        let dir = std::mem::replace(&mut ctl.dir, tempfile::tempdir().unwrap());
+        drop(ctl);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // While it is down: the SM holds the next generation's file, stamped with the
+        // store's fencing number; the store began that delivery, or never did.
+        let db = dir.path().join("controller.db");
+        let applied = tokio::task::block_in_place(|| {
+            let s = SqliteStore::open_existing(&db).unwrap();
+            s.applied().unwrap()
+        });
+        let next = weft_opensm::with_owner_stamped(
+            "controller someone",
+            weft_opensm::Stamp {
+                fencing: 1,
+                generation: u64::try_from(applied.generation).unwrap() + 1,
+            },
+            "Default=0x7fff, ipoib : ALL=full ;\n".into(),
+        );
+        if began {
+            tokio::task::block_in_place(|| {
+                let s = SqliteStore::open_existing(&db).unwrap();
+                s.begin_delivery(
+                    applied.generation + 1,
+                    &weft_opensm::checksum(next.as_bytes()),
+                )
+                .unwrap();
+            });
+        }
+        *fabric.held.lock().unwrap() = Some(next.clone());
+        let before = fabric.delivered.lock().unwrap().len();
+        let ctl = start_in(dir, fabric.clone()).await;
+        if began {
+            until(
+                "the restarted controller's delivery",
+                Duration::from_secs(10),
+                || async { (fabric.delivered.lock().unwrap().len() > before).then_some(()) },
+            )
+            .await;
+        } else {
+            let refused = until("the refusal audited", Duration::from_secs(10), || async {
+                let a = ctl.admin.audit(1000).await.ok()?;
+                a.into_iter()
+                    .find(|l| l.action == "fence" && l.outcome == "refused")
+            })
+            .await;
+            assert!(
+                refused
+                    .detail
+                    .contains(&format!("fencing 1 generation {}", applied.generation + 1))
+                    && refused.detail.contains("never wrote"),
+                "{refused:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert_eq!(fabric.delivered.lock().unwrap().len(), before);
+            assert_eq!(fabric.held.lock().unwrap().as_deref(), Some(next.as_str()));
+        }
+    }
+}
