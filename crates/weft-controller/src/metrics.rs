@@ -96,7 +96,8 @@ pub struct Metrics {
     pub latency: Family<Route, Histogram, fn() -> Histogram>,
     /// `weft_agent_reports_total`.
     pub reports: Counter,
-    /// `weft_fabric_applies_total`.
+    /// `weft_fabric_applies_total`, by outcome: `applied`, `degraded`, `failed`, `fenced` (an
+    /// SM holds a newer file than this store may replace).
     pub applies: Family<Outcome, Counter>,
     /// `weft_fabric_apply_duration_seconds`.
     pub apply_seconds: Histogram,

@@ -1117,10 +1117,16 @@ async fn record_failure(
     error: String,
     metrics: &Arc<Metrics>,
 ) {
+    // A fencing refusal is its own outcome: this store is out of date, not the fabric.
+    let outcome = if error.starts_with(FENCED) {
+        "fenced"
+    } else {
+        "failed"
+    };
     metrics
         .applies
         .get_or_create(&crate::metrics::Outcome {
-            outcome: "failed".into(),
+            outcome: outcome.into(),
         })
         .inc();
     tracing::warn!(generation, %error, "delivery failed; will retry");

@@ -30,9 +30,11 @@ pub(crate) async fn start_at(dir: tempfile::TempDir, db: &Path, fabric: Arc<dyn 
     })
     .await;
     let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", local(&api));
+    let metrics_url = format!("http://{}/metrics", local(&metrics));
     let (stop, mut rx) = watch::channel(false);
-    tokio::spawn(serve(controller, api, None, async move {
+    tokio::spawn(serve(controller, api, Some(metrics), async move {
         let _ = rx.wait_for(|s| *s).await;
     }));
     let trust = ClientTls::default();
@@ -44,7 +46,7 @@ pub(crate) async fn start_at(dir: tempfile::TempDir, db: &Path, fabric: Arc<dyn 
     )
     .unwrap();
     Ctl {
-        metrics: String::new(),
+        metrics: metrics_url,
         base,
         admin,
         dir,
@@ -351,6 +353,17 @@ async fn a_file_the_store_began_to_deliver_is_its_own_after_a_kill_and_any_other
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
             assert_eq!(fabric.delivered.lock().unwrap().len(), before);
+            let m = reqwest::get(&ctl.metrics)
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(
+                m.lines()
+                    .any(|l| l.starts_with("weft_fabric_applies_total{outcome=\"fenced\"}")),
+                "{m}"
+            );
             assert_eq!(fabric.held.lock().unwrap().as_deref(), Some(next.as_str()));
         }
     }
