@@ -180,6 +180,7 @@ impl SqliteStore {
     }
 
     fn with_connection(mut conn: Connection, path: &Path) -> Result<SqliteStore> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         // A damaged file is refused at start, naming it, not some requests later.
         let mut check: Vec<String> = Vec::new();
         {
@@ -198,7 +199,6 @@ impl SqliteStore {
                 ),
             ));
         }
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         // WAL: readers never block the writer; NORMAL sync is durable across a process
         // crash (kill -9), which is the failure the controller must survive.
         conn.pragma_update(None, "journal_mode", "WAL")?;
