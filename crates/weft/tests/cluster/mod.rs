@@ -842,6 +842,86 @@ fn start_controller_args(dir: &Path, args: &[&str]) -> (Proc, String) {
     (child, text)
 }
 
+/// The store's commands as an operator runs them: no store without `--init` (exit 2, naming
+/// the file and the flag); `backup` while the controller runs (JSON, a new 0600 file, never
+/// over an existing one); `restore --from` refused while it runs, naming the holder, and
+/// done once it is stopped (killed: its lease is taken over on this host), raising the
+/// fencing number.
+#[test]
+fn backup_while_running_and_restore_only_once_stopped_through_the_cli() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let run = [
+        "--no-fabric",
+        "--db",
+        "controller.db",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let o = weft_cmd(d, &[&["controller"][..], &run].concat())
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("controller.db") && text(&o).contains("--init"),
+        "{}",
+        text(&o)
+    );
+    assert!(!d.join("controller.db").exists());
+
+    let (ctl, _) = start_controller_args(d, &run);
+    let backup = [
+        "--json",
+        "controller",
+        "backup",
+        "--db",
+        "controller.db",
+        "b.db",
+    ];
+    let o = weft(d, &[], &backup);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["path"] == "b.db" && v["bytes"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let mode = std::fs::metadata(d.join("b.db"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let o = weft(d, &[], &backup);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("exists already"), "{}", text(&o));
+
+    let restore = [
+        "controller",
+        "restore",
+        "--from",
+        "b.db",
+        "--db",
+        "controller.db",
+        "--no-fabric",
+    ];
+    let o = weft(d, &[], &restore);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("another controller uses this store"),
+        "{}",
+        text(&o)
+    );
+    drop(ctl);
+    let o = weft(d, &[], &restore);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
+}
+
 /// TLS through the binary: plain HTTP off loopback is refused (controller and client)
 /// unless `--insecure-http`; `--tls-self-signed` prints the fingerprint, keeps it across
 /// restarts, and the CLI and an agent process speak https with `--pin` (or the
