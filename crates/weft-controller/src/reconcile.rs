@@ -138,12 +138,12 @@ impl Intent {
 }
 
 /// Refuses ([`FENCED`]) a delivery that `ctx`'s fence does not admit over `held`, the
-/// file of the SM `sm`.
-fn fence_check(ctx: &Context, held: Option<&str>, sm: &str) -> Result<(), String> {
+/// master SM's file.
+fn fence_check(ctx: &Context, held: Option<&str>) -> Result<(), String> {
     match (&ctx.fence, held) {
         (Some(f), Some(h)) => f
             .admits(h.as_bytes())
-            .map_err(|why| format!("{FENCED}refused by SM `{sm}`'s file: {why}")),
+            .map_err(|why| format!("{FENCED}refused by the master SM's file: {why}")),
         _ => Ok(()),
     }
 }
@@ -324,7 +324,7 @@ impl Fabric for OpenSmFabric {
         absent.dedup();
         // Fenced out first: a deposed controller is told so, not what its file would
         // remove. (The check that counts is the one under the SMs' locks.)
-        fence_check(ctx, held.as_deref(), "master")?;
+        fence_check(ctx, held.as_deref())?;
         let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
         let conf = owned_text(&full, ctx)?;
         let applied = match &ctx.fence {
@@ -400,7 +400,7 @@ impl Fabric for RecordingFabric {
     fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
         let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
         let held = self.held()?;
-        fence_check(ctx, held.as_deref(), "master")?;
+        fence_check(ctx, held.as_deref())?;
         let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
         let conf = owned_text(&full, ctx)?;
         {
