@@ -899,6 +899,8 @@ mod tests {
             e.contains(&path.display().to_string()) && e.contains("damaged"),
             "{e}"
         );
+        // Refused as it is: the file is not changed (nor "repaired" into less).
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
 
         let newer = dir.path().join("newer.db");
         drop(SqliteStore::open(&newer).unwrap());
