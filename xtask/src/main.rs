@@ -37,6 +37,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("debootstrap", "/usr/sbin/debootstrap"),
     ("systemd", "/usr/bin/systemd-analyze"),
     ("systemd-container", "/usr/bin/systemd-nspawn"),
+    // The PostgreSQL store's tests start a real PostgreSQL 15 (weft_testbed::Postgres).
+    ("postgresql", "/usr/lib/postgresql/15/bin/postgres"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -52,6 +52,7 @@
 mod error;
 mod fabric;
 pub mod partitions;
+mod postgres;
 mod sadump;
 mod sshd;
 mod topology;
@@ -63,6 +64,7 @@ pub use fabric::{
 };
 /// Signals for [`SimFabric::kill_sm`] (re-exported from `nix`).
 pub use nix::sys::signal::Signal;
+pub use postgres::{PG_BIN, Postgres};
 pub use sadump::{DumpedGroup, parse_sa_dump_groups};
 pub use sshd::{SSHD, Sshd, SshdOptions};
 pub use topology::{
