@@ -40,9 +40,12 @@ use crate::model::{
 };
 use crate::render::Desired;
 
+mod migrations;
+mod postgres;
 pub mod rules;
 mod sqlite;
 
+pub use self::postgres::PgStore;
 pub use sqlite::{BackupReport, SqliteStore};
 
 /// Why a store call did not succeed.

@@ -18,7 +18,7 @@ use crate::model::{
 use crate::render::Desired;
 use crate::store::{
     Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
-    VerifiedDelivery,
+    VerifiedDelivery, migrations,
 };
 
 mod audit;
@@ -32,14 +32,6 @@ mod tenants;
 mod tokens;
 
 pub use backup::BackupReport;
-
-/// The schema's migrations, in order; a database at `user_version` N has run the first N.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/0001_schema.sql"),
-    include_str!("../migrations/0002_token_life_and_lease.sql"),
-    include_str!("../migrations/0003_operation_warning.sql"),
-    include_str!("../migrations/0004_server_gpus.sql"),
-];
 
 /// [`Store`] on SQLite: WAL journal, foreign keys on, embedded migrations tracked in
 /// `PRAGMA user_version`. One connection behind a mutex: SQLite serializes writers anyway.
@@ -205,22 +197,16 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if usize::try_from(version).unwrap_or(usize::MAX) > MIGRATIONS.len() {
-            return Err(refuse(
-                path,
-                format!(
-                    "its schema is version {version}, newer than this weft's {}: run the weft that wrote it, or a newer one",
-                    MIGRATIONS.len()
-                ),
-            ));
+        if let Some(why) = migrations::too_new(version) {
+            return Err(refuse(path, why));
         }
         let tx = conn.transaction()?;
-        for (i, m) in MIGRATIONS
+        for (i, m) in migrations::STEPS
             .iter()
             .enumerate()
             .skip(usize::try_from(version).unwrap_or(0))
         {
-            tx.execute_batch(m)?;
+            tx.execute_batch(m.sqlite)?;
             tx.pragma_update(None, "user_version", i as i64 + 1)?;
         }
         tx.commit()?;

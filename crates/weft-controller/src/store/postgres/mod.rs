@@ -1,0 +1,591 @@
+//! The store on PostgreSQL: the schema from [`super::migrations`] (PostgreSQL's text of
+//! each step), its version in the table `weft_schema`, and each call one transaction, as
+//! on SQLite.
+//!
+//! The bridge from the sync [`super::Store`] trait is the `postgres` crate's blocking
+//! client: the trait is called on tokio's blocking threads (`spawn_blocking`), one call is
+//! one transaction, and the client runs each statement to completion on its own small
+//! runtime, so no async code leaks into the store and no pool is needed for one
+//! connection per controller. Writers are serialized across every controller on the
+//! database by a transaction-scoped advisory lock ([`WRITE_LOCK`]), as SQLite's
+//! `BEGIN IMMEDIATE` serializes them on one file: a change reads, decides and writes
+//! without another controller's change in between.
+//!
+//! A lost connection, a server shutting down, a full disk or a read-only server is
+//! [`StoreError::Unavailable`], naming the store (its URL without a password) and the
+//! cause; the connection is dropped and made again at the next call.
+//!
+//! Layout: this file connects, migrates and runs transactions; one file per concern
+//! holds its SQL (`audit`, `fencing`), one function per store method.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use postgres::{Client, NoTls, Transaction};
+
+use crate::model::AuditEntry;
+use crate::store::{AuditLine, Fencing, Result, StoreError, migrations};
+
+mod audit;
+mod fencing;
+
+/// The advisory lock key every write transaction takes (`pg_advisory_xact_lock`): "weft".
+pub(crate) const WRITE_LOCK: i64 = 0x7765_6674;
+
+/// How long a connection attempt may take before the store is unavailable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The server-side bounds of every statement and lock wait (milliseconds): a stuck
+/// statement or a lock held by a dead peer is an error within them, never a hang.
+const SESSION_OPTIONS: &str =
+    "-c statement_timeout=15000 -c lock_timeout=10000 -c idle_in_transaction_session_timeout=30000";
+
+/// The controller's store on PostgreSQL.
+pub struct PgStore {
+    config: postgres::Config,
+    /// The URL without its password, named in every fault.
+    name: String,
+    client: Mutex<Option<Client>>,
+    /// Why the last call failed for the database's sake, until a call succeeds again.
+    fault: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgStore({})", self.name)
+    }
+}
+
+/// `url` without the password of its user, if it has one.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some((a, h)) => (Some(a), h),
+        None => (None, rest),
+    };
+    match auth {
+        Some(a) => {
+            let user = a.split_once(':').map_or(a, |(u, _)| u);
+            format!("{scheme}://{user}@{host}")
+        }
+        None => format!("{scheme}://{host}"),
+    }
+}
+
+/// Whether a PostgreSQL error is the database's or the connection's (unreachable, shut
+/// down, out of space or memory, read-only, damaged) rather than the call's.
+fn is_storage_fault(e: &postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        // No answer from the server: the connection (I/O, closed, a timeout).
+        return true;
+    };
+    let code = db.code().code();
+    code.starts_with("08") // connection exception
+        || code.starts_with("53") // insufficient resources: disk full, out of memory
+        || code.starts_with("57P") // admin or crash shutdown, cannot connect now
+        || code.starts_with("58") // system error (I/O)
+        || code.starts_with("XX") // internal error, data corrupted
+        || code == "25006" // read-only transaction (a standby)
+}
+
+/// The error's words: the server's message (and detail) or the connection's cause.
+fn words(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return match db.detail() {
+            Some(d) => format!("{} ({d})", db.message()),
+            None => db.message().to_string(),
+        };
+    }
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> StoreError {
+        if is_storage_fault(&e) {
+            StoreError::Storage(words(&e))
+        } else {
+            StoreError::Db(words(&e))
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user@host/db`, a unix socket
+    /// directory as a percent-encoded host), and migrates it. With `init`, a database
+    /// without a weft schema gets one (`weft controller --init`); without, it is refused,
+    /// so that a wrong or emptied database is never taken for a new store.
+    pub fn open(url: &str, init: bool) -> Result<PgStore> {
+        let name = redact(url);
+        let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+            StoreError::Invalid(format!("the store URL {name}: {}", words(&e)))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let options = match config.get_options() {
+            Some(o) => format!("{o} {SESSION_OPTIONS}"),
+            None => SESSION_OPTIONS.to_string(),
+        };
+        config.options(&options);
+        config.keepalives(true);
+        config.application_name("weft-controller");
+        let store = PgStore {
+            config,
+            name,
+            client: Mutex::new(None),
+            fault: Mutex::new(None),
+        };
+        store.migrate(init).map_err(|e| match e {
+            StoreError::Db(e) | StoreError::Storage(e) => store.refuse(e),
+            other => other,
+        })?;
+        Ok(store)
+    }
+
+    /// The store's name in messages: its URL without a password.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn refuse(&self, why: impl std::fmt::Display) -> StoreError {
+        StoreError::Unavailable(format!("the store {}: {why}", self.name))
+    }
+
+    fn migrate(&self, init: bool) -> Result<()> {
+        self.run(|tx| {
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
+            let exists: bool = tx
+                .query_one("SELECT to_regclass('weft_schema') IS NOT NULL", &[])?
+                .get(0);
+            if !exists {
+                let tables: i64 = tx
+                    .query_one(
+                        "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
+                        &[],
+                    )?
+                    .get(0);
+                if !init {
+                    return Err(StoreError::Unavailable(format!(
+                        "the store {}: the database has no weft store ({tables} other tables); `weft controller --init` creates one in it",
+                        self.name
+                    )));
+                }
+                if tables > 0 {
+                    return Err(StoreError::Unavailable(format!(
+                        "the store {}: the database already holds {tables} tables that are not a weft store; give weft an empty database",
+                        self.name
+                    )));
+                }
+                tx.batch_execute("CREATE TABLE weft_schema (version BIGINT NOT NULL)")?;
+                tx.execute("INSERT INTO weft_schema (version) VALUES (0)", &[])?;
+            }
+            let version: i64 = tx.query_one("SELECT version FROM weft_schema", &[])?.get(0);
+            if let Some(why) = migrations::too_new(version) {
+                return Err(StoreError::Unavailable(format!(
+                    "the store {}: {why}",
+                    self.name
+                )));
+            }
+            for (i, step) in migrations::STEPS
+                .iter()
+                .enumerate()
+                .skip(usize::try_from(version).unwrap_or(0))
+            {
+                tx.batch_execute(step.postgres())?;
+                tx.execute("UPDATE weft_schema SET version = $1", &[&(i as i64 + 1)])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The schema version of the database (the number of [`migrations::STEPS`] it has run).
+    pub fn schema_version(&self) -> Result<i64> {
+        self.run(|tx| Ok(tx.query_one("SELECT version FROM weft_schema", &[])?.get(0)))
+    }
+
+    /// Runs `f` in one transaction holding [`WRITE_LOCK`].
+    fn tx<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.run(|tx| {
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
+            f(tx)
+        })
+    }
+
+    /// Runs `f` in one transaction, connecting first when there is no live connection;
+    /// a fault of the connection or the server is [`StoreError::Unavailable`] and drops
+    /// the connection.
+    fn run<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
+        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let out = (|| {
+            if slot.as_ref().is_none_or(Client::is_closed) {
+                *slot = None;
+                *slot = Some(self.config.connect(NoTls)?);
+            }
+            let Some(client) = slot.as_mut() else {
+                return Err(StoreError::Storage("no connection".into()));
+            };
+            let mut tx = client.transaction()?;
+            let out = f(&mut tx)?;
+            tx.commit()?;
+            Ok(out)
+        })();
+        match out {
+            Ok(v) => {
+                *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(v)
+            }
+            Err(StoreError::Storage(e)) => {
+                *slot = None;
+                let why = format!("the store {} cannot write: {e}", self.name);
+                tracing::error!(store = %self.name, error = %e, "store fault");
+                *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                Err(StoreError::Unavailable(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`super::Store::health`]: the last fault, until a call succeeds; else a probe.
+    pub fn health(&self) -> std::result::Result<(), String> {
+        if let Some(why) = self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            // A fault stays until the database answers again.
+            return match self.run(|tx| Ok(tx.batch_execute("SELECT 1")?)) {
+                Ok(()) => Ok(()),
+                Err(_) => Err(why),
+            };
+        }
+        Ok(())
+    }
+
+    /// [`super::Store::audit_append`].
+    pub fn audit_append(&self, line: &AuditLine<'_>, now: u64) -> Result<()> {
+        self.tx(|tx| audit::append(tx, now, line))
+    }
+
+    /// [`super::Store::audit`].
+    pub fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
+        self.tx(|tx| audit::newest(tx, limit))
+    }
+
+    /// [`super::Store::fencing`].
+    pub fn fencing(&self) -> Result<Fencing> {
+        self.tx(fencing::fencing)
+    }
+
+    /// [`super::Store::begin_delivery`].
+    pub fn begin_delivery(&self, generation: i64, checksum: &str) -> Result<()> {
+        self.tx(|tx| fencing::begin_delivery(tx, generation, checksum))
+    }
+
+    /// [`super::Store::raise_fencing`].
+    pub fn raise_fencing(
+        &self,
+        actor: &str,
+        above: u64,
+        held: Option<&str>,
+        diff: &str,
+        detail: &str,
+        now: u64,
+    ) -> Result<u64> {
+        self.tx(|tx| fencing::raise(tx, actor, above, held, (diff, detail), now))
+    }
+}
+
+fn meta(tx: &mut Transaction<'_>, key: &str) -> Result<Option<String>> {
+    Ok(tx
+        .query_opt("SELECT value FROM meta WHERE key = $1", &[&key])?
+        .map(|r| r.get(0)))
+}
+
+fn set_meta(tx: &mut Transaction<'_>, key: &str, value: &str) -> Result<()> {
+    tx.execute(
+        "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = $2",
+        &[&key, &value],
+    )?;
+    Ok(())
+}
+
+fn meta_i64(tx: &mut Transaction<'_>, key: &str) -> Result<i64> {
+    Ok(meta(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+/// Seconds since the epoch read back (a negative value reads as 0).
+fn secs(i: i64) -> u64 {
+    u64::try_from(i).unwrap_or(0)
+}
+
+/// Appends an audit line: the short form of [`audit::append`] that the concerns use.
+#[allow(clippy::too_many_arguments)]
+fn audit(
+    tx: &mut Transaction<'_>,
+    now: u64,
+    actor: &str,
+    action: &str,
+    subject: &str,
+    diff: &str,
+    outcome: &str,
+    detail: &str,
+) -> Result<()> {
+    let line = AuditLine {
+        actor,
+        action,
+        subject,
+        diff,
+        outcome,
+        detail,
+    };
+    audit::append(tx, now, &line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{SqliteStore, Store};
+
+    /// A real PostgreSQL, or `None` where it cannot run (a failure under
+    /// `WEFT_TEST_REQUIRE=all`).
+    fn server(test: &str) -> Option<weft_testbed::Postgres> {
+        if let Err(why) = weft_testbed::Postgres::available() {
+            weft_netns::require::skip(test, &why);
+            return None;
+        }
+        Some(weft_testbed::Postgres::start().expect("start PostgreSQL"))
+    }
+
+    fn line<'a>(actor: &'a str, detail: &'a str) -> AuditLine<'a> {
+        AuditLine {
+            actor,
+            action: "test",
+            subject: "store",
+            diff: "",
+            outcome: "ok",
+            detail,
+        }
+    }
+
+    #[test]
+    fn migrations_run_once_and_a_missing_newer_or_foreign_schema_is_refused() {
+        let Some(pg) = server("PostgreSQL store migrations") else {
+            return;
+        };
+        let url = pg.database("weft").unwrap();
+        let err = PgStore::open(&url, false).unwrap_err().to_string();
+        assert!(
+            err.contains("no weft store") && err.contains("--init") && err.contains("/weft"),
+            "{err}"
+        );
+        let store = PgStore::open(&url, true).unwrap();
+        assert_eq!(
+            store.schema_version().unwrap(),
+            migrations::STEPS.len() as i64
+        );
+        store.audit_append(&line("admin:a", "kept"), 7).unwrap();
+        drop(store);
+        // Opened again (with or without --init), nothing is run twice or lost.
+        let store = PgStore::open(&url, true).unwrap();
+        assert_eq!(
+            store.schema_version().unwrap(),
+            migrations::STEPS.len() as i64
+        );
+        assert_eq!(store.audit(10).unwrap().len(), 1);
+        drop(store);
+        let bumped = psql_url(
+            &url,
+            &format!(
+                "UPDATE weft_schema SET version = {}",
+                migrations::STEPS.len() + 1
+            ),
+        );
+        assert!(bumped.status.success(), "{bumped:?}");
+        let err = PgStore::open(&url, false).unwrap_err().to_string();
+        assert!(
+            err.contains("newer than this weft's") && err.contains("/weft"),
+            "{err}"
+        );
+        // A database holding someone else's tables is not made a store.
+        let other = pg.database("other").unwrap();
+        psql_url(&other, "CREATE TABLE payroll (id int)");
+        let err = PgStore::open(&other, true).unwrap_err().to_string();
+        assert!(err.contains("not a weft store"), "{err}");
+    }
+
+    fn psql_url(url: &str, sql: &str) -> std::process::Output {
+        std::process::Command::new(std::path::Path::new(weft_testbed::PG_BIN).join("psql"))
+            .args([url, "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql])
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_audit_is_append_only_in_the_database_itself() {
+        let Some(pg) = server("PostgreSQL audit append-only") else {
+            return;
+        };
+        let url = pg.database("weft").unwrap();
+        let store = PgStore::open(&url, true).unwrap();
+        store.audit_append(&line("admin:a", "first"), 1).unwrap();
+        store
+            .audit_append(&line("tenant:bob:b", "second"), 2)
+            .unwrap();
+        for sql in [
+            "UPDATE audit SET actor = 'nobody'",
+            "DELETE FROM audit",
+            "TRUNCATE audit",
+        ] {
+            let out = psql_url(&url, sql);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{sql} went through");
+            assert!(stderr.contains("append-only"), "{sql}: {stderr}");
+        }
+        let lines = store.audit(10).unwrap();
+        let got: Vec<(&str, &str, u64)> = lines
+            .iter()
+            .map(|l| (l.actor.as_str(), l.detail.as_str(), l.at))
+            .collect();
+        assert_eq!(
+            got,
+            [("admin:a", "first", 1), ("tenant:bob:b", "second", 2)]
+        );
+        assert!(lines[0].id < lines[1].id);
+    }
+
+    /// The fencing calls both stores answer, so that one scenario runs on each.
+    trait Fenced {
+        fn fencing(&self) -> Result<Fencing>;
+        fn begin(&self, generation: i64, checksum: &str) -> Result<()>;
+        fn raise(&self, above: u64, held: Option<&str>) -> Result<u64>;
+        fn audit(&self) -> Result<Vec<AuditEntry>>;
+    }
+
+    impl Fenced for SqliteStore {
+        fn fencing(&self) -> Result<Fencing> {
+            Store::fencing(self)
+        }
+        fn begin(&self, generation: i64, checksum: &str) -> Result<()> {
+            Store::begin_delivery(self, generation, checksum)
+        }
+        fn raise(&self, above: u64, held: Option<&str>) -> Result<u64> {
+            Store::raise_fencing(self, "admin:r", above, held, "", "restored", 9)
+        }
+        fn audit(&self) -> Result<Vec<AuditEntry>> {
+            Store::audit(self, 100)
+        }
+    }
+
+    impl Fenced for PgStore {
+        fn fencing(&self) -> Result<Fencing> {
+            PgStore::fencing(self)
+        }
+        fn begin(&self, generation: i64, checksum: &str) -> Result<()> {
+            PgStore::begin_delivery(self, generation, checksum)
+        }
+        fn raise(&self, above: u64, held: Option<&str>) -> Result<u64> {
+            PgStore::raise_fencing(self, "admin:r", above, held, "", "restored", 9)
+        }
+        fn audit(&self) -> Result<Vec<AuditEntry>> {
+            PgStore::audit(self, 100)
+        }
+    }
+
+    /// What the scenario saw, to compare between backends.
+    fn fencing_scenario(s: &dyn Fenced) -> Vec<String> {
+        let mut seen = Vec::new();
+        let f = s.fencing().unwrap();
+        assert_eq!(f.number, 1, "a new store's fencing number");
+        seen.push(format!("{f:?}"));
+        s.begin(1, "aaa").unwrap();
+        s.begin(1, "aaa").unwrap(); // a retry of one generation counts once
+        s.begin(2, "bbb").unwrap();
+        seen.push(format!("{:?}", s.fencing().unwrap()));
+        let new = s.raise(5, Some("held file\n")).unwrap();
+        assert_eq!(new, 6, "above both its own (1) and the held (5)");
+        let f = s.fencing().unwrap();
+        assert!(f.in_flight.is_empty(), "{f:?}");
+        seen.push(format!("{f:?}"));
+        assert_eq!(s.raise(2, None).unwrap(), 7, "never goes back");
+        for l in s.audit().unwrap() {
+            seen.push(format!(
+                "{} {} {} {} {}",
+                l.actor, l.action, l.subject, l.outcome, l.detail
+            ));
+        }
+        seen
+    }
+
+    #[test]
+    fn fencing_and_begin_delivery_are_the_same_on_sqlite_and_postgresql() {
+        let Some(pg) = server("PostgreSQL fencing") else {
+            return;
+        };
+        let sqlite = fencing_scenario(&SqliteStore::in_memory().unwrap());
+        let store = PgStore::open(&pg.database("weft").unwrap(), true).unwrap();
+        let postgres = fencing_scenario(&store);
+        assert_eq!(sqlite, postgres);
+        assert!(
+            postgres.iter().any(|l| l.contains("fencing number 1 -> 6")),
+            "{postgres:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_connection_is_unavailable_naming_the_store_and_nothing_is_half_written() {
+        let Some(pg) = server("PostgreSQL faults") else {
+            return;
+        };
+        let url = pg.database("weft").unwrap();
+        let store = PgStore::open(&url, true).unwrap();
+        store.audit_append(&line("admin:a", "before"), 1).unwrap();
+        assert_eq!(store.health(), Ok(()));
+        // The server ends the store's session (as an operator's pg_terminate_backend or
+        // a failover does).
+        let out = pg
+            .psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'weft-controller'")
+            .unwrap();
+        assert_eq!(out.trim(), "1", "{out}");
+        let err = store.audit_append(&line("admin:a", "lost"), 2).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            msg.contains(store.name()) && msg.contains("cannot write"),
+            "{msg}"
+        );
+        // The next call connects again; the failed one left nothing.
+        store.audit_append(&line("admin:a", "after"), 3).unwrap();
+        let details: Vec<String> = store
+            .audit(10)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.detail)
+            .collect();
+        assert_eq!(details, ["before", "after"]);
+        assert_eq!(store.health(), Ok(()));
+        // A server that is not there: refused within the connect bound, naming the store.
+        drop(store);
+        let gone = pg.url("weft");
+        drop(pg);
+        let t = std::time::Instant::now();
+        let err = PgStore::open(&gone, false).unwrap_err();
+        assert!(t.elapsed() < CONNECT_TIMEOUT + Duration::from_secs(5));
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(msg.contains(&redact(&gone)), "{msg}");
+    }
+
+    #[test]
+    fn a_password_is_never_named() {
+        assert_eq!(
+            redact("postgres://weft:s3cret@db.example:5432/weft"),
+            "postgres://weft@db.example:5432/weft"
+        );
+        assert_eq!(redact("postgres://db/weft"), "postgres://db/weft");
+    }
+}
