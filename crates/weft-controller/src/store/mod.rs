@@ -48,6 +48,24 @@ mod sqlite;
 pub use self::postgres::PgStore;
 pub use sqlite::{BackupReport, SqliteStore};
 
+/// A new controller id (`controller` and 16 hex digits from the time, the process and an
+/// address), made once per store and kept in it.
+fn new_controller_id() -> String {
+    use sha2::Digest;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed = format!("{nanos} {} {:p}", std::process::id(), &nanos);
+    let digest = sha2::Sha256::digest(seed.as_bytes());
+    format!(
+        "controller {}",
+        digest[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
 /// Why a store call did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -28,6 +28,7 @@ use crate::store::{AuditLine, Fencing, Result, StoreError, migrations};
 
 mod audit;
 mod fencing;
+mod leases;
 
 /// The advisory lock key every write transaction takes (`pg_advisory_xact_lock`): "weft".
 pub(crate) const WRITE_LOCK: i64 = 0x7765_6674;
@@ -264,6 +265,28 @@ impl PgStore {
             };
         }
         Ok(())
+    }
+
+    /// [`super::Store::acquire_lease`].
+    pub fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_s: u64,
+        now: u64,
+        steal: &dyn Fn(&str) -> bool,
+    ) -> Result<Result<(), String>> {
+        self.tx(|tx| leases::acquire_lease(tx, name, holder, ttl_s, now, steal))
+    }
+
+    /// [`super::Store::release_lease`].
+    pub fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        self.tx(|tx| leases::release_lease(tx, name, holder))
+    }
+
+    /// [`super::Store::controller_id`].
+    pub fn controller_id(&self) -> Result<String> {
+        self.tx(leases::controller_id)
     }
 
     /// [`super::Store::audit_append`].
@@ -534,6 +557,57 @@ mod tests {
             postgres.iter().any(|l| l.contains("fencing number 1 -> 6")),
             "{postgres:?}"
         );
+    }
+
+    /// `acquire_lease("controller", holder, 30, now, steal)` on either backend.
+    type Acquire<'a> = &'a dyn Fn(&str, u64, bool) -> Result<Result<(), String>>;
+
+    /// The lease scenario on either backend: what each call answered.
+    fn lease_scenario(
+        acquire: Acquire<'_>,
+        release: &dyn Fn(&str) -> Result<()>,
+        id: &dyn Fn() -> Result<String>,
+    ) -> Vec<String> {
+        let steps = [
+            format!("{:?}", acquire("host-a", 100, false).unwrap()),
+            format!("{:?}", acquire("host-b", 110, false).unwrap()), // a live holder keeps it
+            format!("{:?}", acquire("host-b", 110, true).unwrap()),  // a dead one is replaced
+            format!("{:?}", acquire("host-a", 120, false).unwrap()),
+            format!("{:?}", release("host-a")), // not its lease: no-op
+            format!("{:?}", acquire("host-a", 200, false).unwrap()), // expired at 140
+            format!("{:?}", release("host-a")),
+            format!("{:?}", acquire("host-c", 201, false).unwrap()),
+        ];
+        let first = id().unwrap();
+        assert_eq!(id().unwrap(), first, "the controller id is made once");
+        assert!(
+            first.starts_with("controller ") && first.len() == 27,
+            "{first}"
+        );
+        steps.to_vec()
+    }
+
+    #[test]
+    fn leases_and_the_controller_id_are_the_same_on_sqlite_and_postgresql() {
+        let Some(pg) = server("PostgreSQL leases") else {
+            return;
+        };
+        let lite = SqliteStore::in_memory().unwrap();
+        let sqlite = lease_scenario(
+            &|h, now, steal| Store::acquire_lease(&lite, "controller", h, 30, now, &|_| steal),
+            &|h| Store::release_lease(&lite, "controller", h),
+            &|| Store::controller_id(&lite),
+        );
+        let store = PgStore::open(&pg.database("weft").unwrap(), true).unwrap();
+        let postgres = lease_scenario(
+            &|h, now, steal| store.acquire_lease("controller", h, 30, now, &|_| steal),
+            &|h| store.release_lease("controller", h),
+            &|| store.controller_id(),
+        );
+        assert_eq!(sqlite, postgres);
+        assert_eq!(postgres[1], "Err(\"host-a\")", "{postgres:?}");
+        assert_eq!(postgres[3], "Err(\"host-b\")", "{postgres:?}");
+        assert_eq!(postgres[5], "Ok(())", "{postgres:?}");
     }
 
     #[test]

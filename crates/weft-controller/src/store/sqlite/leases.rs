@@ -48,19 +48,7 @@ pub(super) fn controller_id(tx: &Transaction) -> Result<String> {
     if let Some(id) = meta(tx, "controller_id")? {
         return Ok(id);
     }
-    use sha2::Digest;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let seed = format!("{nanos} {} {:p}", std::process::id(), &nanos);
-    let digest = sha2::Sha256::digest(seed.as_bytes());
-    let id = format!(
-        "controller {}",
-        digest[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    );
+    let id = crate::store::new_controller_id();
     set_meta(tx, "controller_id", &id)?;
     Ok(id)
 }
