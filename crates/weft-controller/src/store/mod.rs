@@ -66,6 +66,11 @@ fn new_controller_id() -> String {
     )
 }
 
+/// "expires N" or "no expiry", for audit lines.
+fn expiry(expires: Option<u64>) -> String {
+    expires.map_or_else(|| "no expiry".into(), |e| format!("expires {e}"))
+}
+
 /// Why a store call did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

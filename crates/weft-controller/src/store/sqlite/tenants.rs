@@ -2,10 +2,10 @@
 
 use rusqlite::{Transaction, params};
 
-use super::{audit, exists, tokens::expiry};
+use super::{audit, exists};
 use crate::auth::token_id;
 use crate::model::TenantView;
-use crate::store::{Result, StoreError};
+use crate::store::{Result, StoreError, expiry};
 
 pub(super) fn create_tenant(
     tx: &Transaction,

@@ -6,12 +6,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use super::{audit, exists, secs};
 use crate::auth::{Principal, Role, token_id};
 use crate::model::{TokenRole, TokenView};
-use crate::store::{Result, StoreError};
-
-/// "expires N" or "no expiry", for audit lines.
-pub(super) fn expiry(expires: Option<u64>) -> String {
-    expires.map_or_else(|| "no expiry".into(), |e| format!("expires {e}"))
-}
+use crate::store::{Result, StoreError, expiry};
 
 pub(super) fn bootstrap_admin(tx: &Transaction, hash: &str, now: u64) -> Result<()> {
     let known: Option<(String, String, Option<i64>)> = tx
