@@ -40,6 +40,8 @@ use crate::model::{
 };
 use crate::render::Desired;
 
+#[cfg(test)]
+mod backend_tests;
 mod migrations;
 mod postgres;
 pub mod rules;

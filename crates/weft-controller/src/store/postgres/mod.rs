@@ -18,18 +18,31 @@
 //! Layout: this file connects, migrates and runs transactions; one file per concern
 //! holds its SQL (`audit`, `fencing`), one function per store method.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use postgres::{Client, NoTls, Transaction};
 
+use weft_fabric::Guid;
+
 use crate::auth::{Principal, Role};
-use crate::model::{AuditEntry, TenantView, TokenView};
-use crate::store::{AuditLine, Fencing, Result, StoreError, migrations};
+use crate::model::{
+    AuditEntry, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView, TenantView,
+    TokenView,
+};
+use crate::render::Desired;
+use crate::store::{
+    Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
+    VerifiedDelivery, migrations,
+};
 
 mod audit;
 mod fencing;
+mod groups;
 mod leases;
+mod operations;
+mod servers;
 mod tenants;
 mod tokens;
 
@@ -257,31 +270,20 @@ impl PgStore {
             Err(e) => Err(e),
         }
     }
+}
 
-    /// [`super::Store::health`]: the last fault, until a call succeeds; else a probe.
-    pub fn health(&self) -> std::result::Result<(), String> {
-        if let Some(why) = self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            // A fault stays until the database answers again.
-            return match self.run(|tx| Ok(tx.batch_execute("SELECT 1")?)) {
-                Ok(()) => Ok(()),
-                Err(_) => Err(why),
-            };
-        }
-        Ok(())
-    }
-
-    /// [`super::Store::bootstrap_admin`].
-    pub fn bootstrap_admin(&self, hash: &str, now: u64) -> Result<()> {
+/// One function of a concern file per method, in one transaction each (see
+/// `../sqlite/mod.rs` for the same on SQLite).
+impl Store for PgStore {
+    fn bootstrap_admin(&self, hash: &str, now: u64) -> Result<()> {
         self.tx(|tx| tokens::bootstrap_admin(tx, hash, now))
     }
 
-    /// [`super::Store::principal`].
-    pub fn principal(&self, hash: &str, now: u64) -> Result<Option<Principal>> {
+    fn principal(&self, hash: &str, now: u64) -> Result<Option<Principal>> {
         self.tx(|tx| tokens::principal(tx, hash, now))
     }
 
-    /// [`super::Store::create_api_token`].
-    pub fn create_api_token(
+    fn create_api_token(
         &self,
         actor: &str,
         role: &Role,
@@ -292,18 +294,15 @@ impl PgStore {
         self.tx(|tx| tokens::create_api_token(tx, actor, role, hash, expires, now))
     }
 
-    /// [`super::Store::tokens`].
-    pub fn tokens(&self) -> Result<Vec<TokenView>> {
+    fn tokens(&self) -> Result<Vec<TokenView>> {
         self.tx(tokens::tokens)
     }
 
-    /// [`super::Store::revoke_token`].
-    pub fn revoke_token(&self, actor: &str, id: &str, now: u64) -> Result<()> {
+    fn revoke_token(&self, actor: &str, id: &str, now: u64) -> Result<()> {
         self.tx(|tx| tokens::revoke_token(tx, actor, id, now))
     }
 
-    /// [`super::Store::create_tenant`].
-    pub fn create_tenant(
+    fn create_tenant(
         &self,
         actor: &str,
         name: &str,
@@ -314,18 +313,15 @@ impl PgStore {
         self.tx(|tx| tenants::create_tenant(tx, actor, name, token_hash, expires, now))
     }
 
-    /// [`super::Store::delete_tenant`].
-    pub fn delete_tenant(&self, actor: &str, name: &str, now: u64) -> Result<()> {
+    fn delete_tenant(&self, actor: &str, name: &str, now: u64) -> Result<()> {
         self.tx(|tx| tenants::delete_tenant(tx, actor, name, now))
     }
 
-    /// [`super::Store::tenants`].
-    pub fn tenants(&self) -> Result<Vec<TenantView>> {
-        self.tx(tenants::tenants)
+    fn remove_server(&self, actor: &str, name: &str, now: u64) -> Result<()> {
+        self.tx(|tx| servers::remove_server(tx, actor, name, now))
     }
 
-    /// [`super::Store::acquire_lease`].
-    pub fn acquire_lease(
+    fn acquire_lease(
         &self,
         name: &str,
         holder: &str,
@@ -336,38 +332,145 @@ impl PgStore {
         self.tx(|tx| leases::acquire_lease(tx, name, holder, ttl_s, now, steal))
     }
 
-    /// [`super::Store::release_lease`].
-    pub fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+    fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
         self.tx(|tx| leases::release_lease(tx, name, holder))
     }
 
-    /// [`super::Store::controller_id`].
-    pub fn controller_id(&self) -> Result<String> {
-        self.tx(leases::controller_id)
+    fn tenants(&self) -> Result<Vec<TenantView>> {
+        self.tx(tenants::tenants)
     }
 
-    /// [`super::Store::audit_append`].
-    pub fn audit_append(&self, line: &AuditLine<'_>, now: u64) -> Result<()> {
+    fn create_enrollment(
+        &self,
+        actor: &str,
+        hash: &str,
+        server: Option<&str>,
+        expires: u64,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| servers::create_enrollment(tx, actor, hash, server, expires, now))
+    }
+
+    fn enroll(
+        &self,
+        token_hash: &str,
+        hostname: &str,
+        secret_hash: &str,
+        now: u64,
+    ) -> Result<String> {
+        match self.tx(|tx| servers::enroll(tx, token_hash, hostname, secret_hash, now))? {
+            Ok(s) => Ok(s),
+            Err(why) => {
+                // The refusal is audited in its own transaction (the failed one changed nothing).
+                let actor = format!("agent:{hostname}");
+                let line = AuditLine {
+                    actor: &actor,
+                    action: "agent.enroll",
+                    subject: hostname,
+                    outcome: "refused",
+                    detail: &why,
+                    ..AuditLine::default()
+                };
+                self.audit_append(&line, now)?;
+                Err(StoreError::Refused(why))
+            }
+        }
+    }
+
+    fn agent(&self, secret_hash: &str) -> Result<Option<String>> {
+        self.tx(|tx| servers::agent(tx, secret_hash))
+    }
+
+    fn report(
+        &self,
+        server: &str,
+        ports: &[ReportedPort],
+        report_hash: &str,
+        now: u64,
+    ) -> Result<ReportOutcome> {
+        self.tx(|tx| servers::report(tx, server, ports, report_hash, now))
+    }
+
+    fn heartbeat(&self, server: &str, now: u64) -> Result<()> {
+        self.tx(|tx| servers::heartbeat(tx, server, now))
+    }
+
+    fn servers(&self, now: u64, stale_after_s: u64) -> Result<Vec<ServerView>> {
+        self.tx(|tx| servers::servers(tx, now, stale_after_s))
+    }
+
+    fn groups(&self) -> Result<Vec<GroupView>> {
+        self.tx(groups::groups)
+    }
+
+    fn change(&self, actor: &str, change: &Change, now: u64) -> Result<Option<OperationView>> {
+        self.tx(|tx| groups::change(tx, actor, change, now))
+    }
+
+    fn reject_claim(&self, actor: &str, id: i64, now: u64) -> Result<()> {
+        self.tx(|tx| servers::reject_claim(tx, actor, id, now))
+    }
+
+    fn claims(&self) -> Result<Vec<ClaimView>> {
+        self.tx(servers::claims)
+    }
+
+    fn desired(&self) -> Result<Desired> {
+        self.tx(groups::read_desired)
+    }
+
+    fn applied(&self) -> Result<Applied> {
+        self.tx(operations::applied)
+    }
+
+    fn mark_applied(&self, delivered: &VerifiedDelivery<'_>, now: u64) -> Result<Vec<i64>> {
+        self.tx(|tx| operations::mark_applied(tx, delivered, now))
+    }
+
+    fn mark_failed(&self, generation: i64, error: &str, now: u64) -> Result<()> {
+        self.tx(|tx| operations::mark_failed(tx, generation, error, now))
+    }
+
+    fn operation(&self, id: i64) -> Result<OperationView> {
+        self.tx(|tx| operations::read_operation(tx, id))
+    }
+
+    fn operations(&self, pending_only: bool) -> Result<Vec<OperationView>> {
+        self.tx(|tx| operations::operations(tx, pending_only))
+    }
+
+    fn audit_append(&self, line: &AuditLine<'_>, now: u64) -> Result<()> {
         self.tx(|tx| audit::append(tx, now, line))
     }
 
-    /// [`super::Store::audit`].
-    pub fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
-        self.tx(|tx| audit::newest(tx, limit))
+    fn controller_id(&self) -> Result<String> {
+        self.tx(leases::controller_id)
     }
 
-    /// [`super::Store::fencing`].
-    pub fn fencing(&self) -> Result<Fencing> {
+    fn adopted(&self) -> Result<Option<String>> {
+        self.tx(|tx| meta(tx, "adopted_conf"))
+    }
+
+    fn adopt(
+        &self,
+        conf: &str,
+        pkeys: &[u16],
+        names: &[String],
+        detail: &str,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| groups::adopt(tx, conf, pkeys, names, detail, now))
+    }
+
+    fn fencing(&self) -> Result<Fencing> {
         self.tx(fencing::fencing)
     }
 
-    /// [`super::Store::begin_delivery`].
-    pub fn begin_delivery(&self, generation: i64, checksum: &str) -> Result<()> {
+    fn begin_delivery(&self, generation: i64, checksum: &str) -> Result<()> {
         self.tx(|tx| fencing::begin_delivery(tx, generation, checksum))
     }
 
-    /// [`super::Store::raise_fencing`].
-    pub fn raise_fencing(
+    fn raise_fencing(
         &self,
         actor: &str,
         above: u64,
@@ -377,6 +480,42 @@ impl PgStore {
         now: u64,
     ) -> Result<u64> {
         self.tx(|tx| fencing::raise(tx, actor, above, held, (diff, detail), now))
+    }
+
+    /// The last fault, until the database answers again.
+    fn health(&self) -> std::result::Result<(), String> {
+        let fault = self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(fault) = fault {
+            // The server may be back: a round trip says whether calls work again.
+            if self.run(|tx| Ok(tx.batch_execute("SELECT 1")?)).is_err() {
+                return Err(fault);
+            }
+        }
+        Ok(())
+    }
+
+    fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
+        self.tx(|tx| audit::newest(tx, limit))
+    }
+
+    fn status(&self, now: u64, stale_after_s: u64) -> Result<StatusView> {
+        let stale_servers = self
+            .servers(now, stale_after_s)?
+            .into_iter()
+            .filter(|s| s.liveness == Liveness::Stale)
+            .map(|s| s.name)
+            .collect();
+        self.tx(|tx| operations::status(tx, stale_servers))
+    }
+
+    fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()> {
+        let json = serde_json::to_string(gpus)
+            .map_err(|e| StoreError::Invalid(format!("GPUs of `{server}`: {e}")))?;
+        self.tx(|tx| servers::set_gpus(tx, server, &json, now))
+    }
+
+    fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
+        self.tx(servers::gpus)
     }
 }
 
@@ -405,6 +544,22 @@ fn exists(
     key: &(dyn postgres::types::ToSql + Sync),
 ) -> Result<bool> {
     Ok(tx.query_opt(sql, &[key])?.is_some())
+}
+
+/// A GUID as BIGINT (the same 64 bits).
+fn guid_to_sql(g: Guid) -> i64 {
+    g.0 as i64
+}
+
+/// A GUID read back.
+fn guid_from_sql(i: i64) -> Guid {
+    Guid(i as u64)
+}
+
+/// A BIGINT read back into a narrower type (a port number, a LID): out of range is the
+/// database's fault, named.
+fn num<T: TryFrom<i64>>(i: i64, what: &str) -> Result<T> {
+    T::try_from(i).map_err(|_| StoreError::Db(format!("{what} {i} is out of range")))
 }
 
 /// Seconds since the epoch read back (a negative value reads as 0).
@@ -438,7 +593,7 @@ fn audit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{SqliteStore, Store};
+    use crate::store::SqliteStore;
 
     /// A real PostgreSQL, or `None` where it cannot run (a failure under
     /// `WEFT_TEST_REQUIRE=all`).
@@ -572,16 +727,16 @@ mod tests {
 
     impl Fenced for PgStore {
         fn fencing(&self) -> Result<Fencing> {
-            PgStore::fencing(self)
+            Store::fencing(self)
         }
         fn begin(&self, generation: i64, checksum: &str) -> Result<()> {
-            PgStore::begin_delivery(self, generation, checksum)
+            Store::begin_delivery(self, generation, checksum)
         }
         fn raise(&self, above: u64, held: Option<&str>) -> Result<u64> {
-            PgStore::raise_fencing(self, "admin:r", above, held, "", "restored", 9)
+            Store::raise_fencing(self, "admin:r", above, held, "", "restored", 9)
         }
         fn audit_lines(&self) -> Result<Vec<AuditEntry>> {
-            PgStore::audit(self, 100)
+            Store::audit(self, 100)
         }
     }
 
