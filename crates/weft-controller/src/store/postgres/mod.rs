@@ -67,6 +67,24 @@ pub struct PgStore {
     fault: Mutex<Option<String>>,
 }
 
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // The client's close blocks on its own runtime: never on a runtime's thread.
+        let client = self
+            .client
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(client) = client
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            std::thread::scope(|scope| {
+                scope.spawn(move || drop(client));
+            });
+        }
+    }
+}
+
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PgStore({})", self.name)
@@ -230,7 +248,7 @@ impl PgStore {
     }
 
     /// Runs `f` in one transaction holding [`WRITE_LOCK`].
-    fn tx<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn tx<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
         self.run(|tx| {
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
             f(tx)
@@ -240,7 +258,24 @@ impl PgStore {
     /// Runs `f` in one transaction, connecting first when there is no live connection;
     /// a fault of the connection or the server is [`StoreError::Unavailable`] and drops
     /// the connection.
-    fn run<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn run<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
+        // The blocking client runs each statement on a small runtime of its own, which
+        // tokio forbids on a thread that is in a runtime (a worker, or a test's single
+        // thread): there the call runs on a thread of its own, joined before returning.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.run_here(f);
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("weft-pg".into())
+                .spawn_scoped(scope, || self.run_here(f))
+                .map_err(|e| self.refuse(format!("cannot start a thread for the call: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(self.refuse("the call panicked")))
+        })
+    }
+
+    fn run_here<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
         let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
         let out = (|| {
             if slot.as_ref().is_none_or(Client::is_closed) {
@@ -329,7 +364,18 @@ impl Store for PgStore {
         now: u64,
         steal: &dyn Fn(&str) -> bool,
     ) -> Result<Result<(), String>> {
-        self.tx(|tx| leases::acquire_lease(tx, name, holder, ttl_s, now, steal))
+        // `steal` is the caller's (not Send): asked here about the holder read first; a
+        // holder that changed in between is asked nothing and keeps the lease.
+        let current: Option<String> = self.tx(|tx| {
+            Ok(tx
+                .query_opt("SELECT holder FROM leases WHERE name = $1", &[&name])?
+                .map(|r| r.try_get(0))
+                .transpose()?)
+        })?;
+        let may_steal = current.as_deref().is_some_and(steal);
+        let asked = current.unwrap_or_default();
+        let steal_asked = move |h: &str| may_steal && h == asked;
+        self.tx(|tx| leases::acquire_lease(tx, name, holder, ttl_s, now, &steal_asked))
     }
 
     fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
@@ -962,6 +1008,46 @@ mod tests {
         let msg = err.to_string();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert!(msg.contains(&redact(&gone)), "{msg}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_work_from_a_runtime_worker_and_from_spawn_blocking() {
+        let Some(pg) = server("PostgreSQL store in a runtime") else {
+            return;
+        };
+        let store =
+            std::sync::Arc::new(PgStore::open(&pg.database("weft").unwrap(), true).unwrap());
+        // As Controller::start does: straight from async code on a worker.
+        store.bootstrap_admin(&"a".repeat(64), 1).unwrap();
+        let s = store.clone();
+        let tenants = tokio::task::spawn_blocking(move || {
+            s.create_tenant("admin:x", "bob", &"b".repeat(64), None, 2)?;
+            s.tenants()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(tenants[0].name, "bob");
+        assert_eq!(store.audit(10).unwrap().len(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_work_on_a_single_threaded_runtime() {
+        let Some(pg) = server("PostgreSQL store on one thread") else {
+            return;
+        };
+        let url = pg.database("weft").unwrap();
+        let store = tokio::task::spawn_blocking(move || PgStore::open(&url, true))
+            .await
+            .unwrap()
+            .unwrap();
+        // On the runtime's only thread, as a `#[tokio::test]` calls it.
+        store
+            .create_tenant("admin:x", "bob", &"b".repeat(64), None, 2)
+            .unwrap();
+        assert_eq!(store.tenants().unwrap()[0].name, "bob");
+        // Dropped here too: the client's close must not block this thread's runtime.
+        drop(store);
     }
 
     #[test]
