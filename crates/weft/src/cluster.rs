@@ -13,7 +13,7 @@ use weft_controller::auth::Secret;
 use weft_controller::client::{Client, ClientError};
 use weft_controller::model::{Accepted, OpState, OperationView};
 use weft_controller::reconcile::{Fabric, OpenSmFabric, RecordingFabric};
-use weft_controller::store::SqliteStore;
+use weft_controller::store::{PgStore, SqliteStore};
 use weft_controller::tls::{ClientTls, ServerTls};
 use weft_controller::{Controller, ControllerConfig};
 
@@ -155,6 +155,16 @@ pub struct ControllerArgs {
     /// The SQLite database [default: `[controller] db`, else /var/lib/weft/controller.db].
     #[arg(long)]
     db: Option<PathBuf>,
+    /// A PostgreSQL store instead of the SQLite --db: `postgres://USER@HOST/DATABASE` (a
+    /// unix socket directory as a percent-encoded host; a password in it is never printed)
+    /// [default: `[controller] store_url` of weft.toml, unless --db is given].
+    #[arg(
+        long,
+        env = "WEFT_STORE_URL",
+        hide_env_values = true,
+        conflicts_with = "db"
+    )]
+    store: Option<String>,
     /// Create the store when the file is missing or empty (first start). Without it such a
     /// file is refused, so that a lost or unmounted database never comes back empty.
     #[arg(long)]
@@ -216,6 +226,15 @@ pub enum ControllerCommand {
         /// /var/lib/weft/controller.db].
         #[arg(long)]
         db: Option<PathBuf>,
+        /// A PostgreSQL store instead of the SQLite --db: `postgres://USER@HOST/DATABASE`
+        /// [default: `[controller] store_url` of weft.toml, unless --db is given].
+        #[arg(
+            long,
+            env = "WEFT_STORE_URL",
+            hide_env_values = true,
+            conflicts_with = "db"
+        )]
+        store: Option<String>,
     },
     /// Make a restored (or stale) store the one that delivers: read what every subnet
     /// manager holds, and raise the store's fencing number above it, so that its
@@ -228,6 +247,15 @@ pub enum ControllerCommand {
         /// /var/lib/weft/controller.db].
         #[arg(long)]
         db: Option<PathBuf>,
+        /// A PostgreSQL store instead of the SQLite --db: `postgres://USER@HOST/DATABASE`
+        /// [default: `[controller] store_url` of weft.toml, unless --db is given].
+        #[arg(
+            long,
+            env = "WEFT_STORE_URL",
+            hide_env_values = true,
+            conflicts_with = "db"
+        )]
+        store: Option<String>,
         /// A backup (`weft controller backup`) to put in place of --db first (checked
         /// before anything is replaced).
         #[arg(long)]
@@ -269,6 +297,8 @@ struct ControllerRun {
     listen: String,
     metrics_listen: String,
     db: PathBuf,
+    /// The PostgreSQL store, when one is set (else the SQLite `db`).
+    store_url: Option<String>,
     init: bool,
     admin_token_file: Option<PathBuf>,
     stale_after_s: u64,
@@ -309,8 +339,14 @@ impl ControllerArgs {
                 .unwrap_or_else(|| "127.0.0.1:7101".into()),
             db: self
                 .db
+                .clone()
                 .or_else(|| f.db.clone())
                 .unwrap_or_else(|| "/var/lib/weft/controller.db".into()),
+            store_url: match self.store {
+                Some(url) => Some(url),
+                None if self.db.is_some() => None,
+                None => f.store_url.clone(),
+            },
             init: self.init,
             admin_token_file: self.admin_token_file.or_else(|| f.admin_token_file.clone()),
             stale_after_s: self.stale_after_s.or(f.stale_after_s).unwrap_or(30),
@@ -558,15 +594,26 @@ pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
             command:
                 Some(ControllerCommand::Restore {
                     db,
+                    store,
                     from,
                     no_fabric,
                 }),
             ..
-        }) => restore(db, from, no_fabric, cfg, json),
+        }) => match postgres_url(store, db.as_ref(), cfg) {
+            Some(url) => restore_postgres(&url, from, no_fabric, cfg, json),
+            None => restore(db, from, no_fabric, cfg, json),
+        },
         ClusterCommand::Controller(ControllerArgs {
-            command: Some(ControllerCommand::Backup { file, db }),
+            command: Some(ControllerCommand::Backup { file, db, store }),
             ..
-        }) => backup(&file, db, cfg, json),
+        }) => match postgres_url(store, db.as_ref(), cfg) {
+            Some(url) => Err(anyhow!(
+                "the store is on PostgreSQL ({}): back it up with PostgreSQL's own tools, e.g. `pg_dump --format=custom --file {} 'URL'` (one consistent snapshot while the controller runs), or its replication; `weft controller backup` copies SQLite stores only",
+                weft_controller::store::redact(&url),
+                file.display()
+            )),
+            None => backup(&file, db, cfg, json),
+        },
         ClusterCommand::Controller(a) => controller(a, cfg),
         ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
@@ -589,6 +636,49 @@ fn fabric_of(no_fabric: bool, cfg: &Config) -> Result<Arc<dyn Fabric>> {
             applier: f.applier()?,
         })
     })
+}
+
+/// The PostgreSQL store's URL: `--store`, else `[controller] store_url` unless `--db` is
+/// given (a flag beats the file); `None`: the SQLite store.
+fn postgres_url(flag: Option<String>, db: Option<&PathBuf>, cfg: &Config) -> Option<String> {
+    flag.or_else(|| {
+        db.is_none()
+            .then(|| cfg.controller.store_url.clone())
+            .flatten()
+    })
+}
+
+/// `weft controller restore` on a PostgreSQL store (after `pg_restore` into it, or on a
+/// replica promoted by hand): the fencing number raised above what the SMs hold.
+fn restore_postgres(
+    url: &str,
+    from: Option<PathBuf>,
+    no_fabric: bool,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    let name = weft_controller::store::redact(url);
+    if let Some(from) = from {
+        return Err(anyhow!(
+            "the store is on PostgreSQL ({name}): put {} back with `pg_restore --dbname 'URL' {}` into an empty database first, then run `weft controller restore --store URL` without --from",
+            from.display(),
+            from.display()
+        ));
+    }
+    let fabric = fabric_of(no_fabric, cfg)?;
+    let store = PgStore::open(url, false)?;
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let r = weft_controller::restore::restore(
+        &store,
+        fabric.as_ref(),
+        &actor,
+        weft_controller::unix_now(),
+    )
+    .with_context(|| format!("restore of {name}"))?;
+    print_restore(&r, json)
 }
 
 /// The store of `--db`, else `[controller] db`, else the packaged default.
@@ -723,12 +813,17 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         _ => None,
     };
     let tls = server_tls(&a)?;
-    let store = if a.init {
-        SqliteStore::open(&a.db)
-    } else {
-        SqliteStore::open_existing(&a.db)
-    }
-    .with_context(|| format!("cannot open the store {}", a.db.display()))?;
+    let store: Arc<dyn weft_controller::store::Store> = match &a.store_url {
+        Some(url) => Arc::new(PgStore::open(url, a.init)?),
+        None => Arc::new(
+            if a.init {
+                SqliteStore::open(&a.db)
+            } else {
+                SqliteStore::open_existing(&a.db)
+            }
+            .with_context(|| format!("cannot open the store {}", a.db.display()))?,
+        ),
+    };
     runtime()?.block_on(async move {
         let config = ControllerConfig {
             admin_token,
@@ -739,7 +834,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             repair_drift: a.repair_drift,
             ..ControllerConfig::default()
         };
-        let ctl = Controller::start(Arc::new(store), fabric, config)?;
+        let ctl = Controller::start(store, fabric, config)?;
         let api = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.listen))?;

@@ -63,6 +63,11 @@ pub struct ControllerClientConfig {
     /// `weft controller`: the SQLite database (default /var/lib/weft/controller.db).
     #[schemars(example = &"/var/lib/weft/controller.db")]
     pub db: Option<PathBuf>,
+    /// `weft controller`: a PostgreSQL store instead of the SQLite `db`
+    /// (`postgres://USER@HOST/DATABASE`; `WEFT_STORE_URL` and `--store` take precedence,
+    /// `--db` selects SQLite). Back it up with pg_dump, not `weft controller backup`.
+    #[schemars(example = &"postgres://weft@db.example/weft")]
+    pub store_url: Option<String>,
     /// `weft controller`: a file holding an admin API token to accept.
     #[schemars(example = &"/etc/weft/admin-token")]
     pub admin_token_file: Option<PathBuf>,

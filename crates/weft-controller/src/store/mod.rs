@@ -21,13 +21,15 @@
 //! | `operations` | each change: generation, pending/applied, attempts, last error, diff |
 //! | `audit` | at, actor, action, subject, diff, outcome, detail |
 //!
-//! A PostgreSQL store would implement the same trait with the same transactions.
+//! [`PgStore`] implements the same trait on PostgreSQL with the same transactions; the
+//! migrations of both come from one versioned list (`migrations.rs`).
 //!
 //! Layout: this file is the trait and the types it speaks; [`rules`] holds the decisions
 //! a change makes (a group's name and P_Key, what a move does to membership) as pure
 //! functions, over weft-fabric's allocator and reserved names; `sqlite/` is the SQLite
 //! implementation, one file per concern (tokens, tenants, servers and their reports,
-//! groups and changes, operations, audit, leases).
+//! groups and changes, operations, audit, leases); `postgres/` is the PostgreSQL one, file
+//! for file.
 
 use std::collections::BTreeMap;
 
@@ -47,7 +49,7 @@ mod postgres;
 pub mod rules;
 mod sqlite;
 
-pub use self::postgres::PgStore;
+pub use self::postgres::{PgStore, redact};
 pub use sqlite::{BackupReport, SqliteStore};
 
 /// A new controller id (`controller` and 16 hex digits from the time, the process and an

@@ -922,6 +922,89 @@ fn backup_while_running_and_restore_only_once_stopped_through_the_cli() {
     assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
 }
 
+/// `weft controller --store URL` on a real PostgreSQL (weft_testbed::Postgres): an empty
+/// database is refused without `--init`, naming the store and the flag; with it the
+/// controller serves from PostgreSQL (`weft tenants create` lands there); `backup` is
+/// refused with pg_dump's advice and `restore --from` with pg_restore's (exit 2); `restore`
+/// is refused while the controller runs and raises the fencing number once it is stopped.
+#[test]
+fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
+    if let Err(why) = weft_testbed::Postgres::available() {
+        weft_netns::require::skip("weft controller --store postgres", &why);
+        return;
+    }
+    let pg = weft_testbed::Postgres::start().expect("start PostgreSQL");
+    let url = pg.database("weft").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let run = [
+        "--no-fabric",
+        "--store",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let o = weft_cmd(d, &[&["controller"][..], &run].concat())
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&url) && text(&o).contains("--init"),
+        "{}",
+        text(&o)
+    );
+
+    let (ctl, listen) = start_controller_args(d, &run);
+    let base = listen
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let o = weft(
+        d,
+        &[("WEFT_CONTROLLER", &base)],
+        &["tenant", "create", "bob"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let psql = Command::new(std::path::Path::new(weft_testbed::PG_BIN).join("psql"))
+        .args([&url, "-qAt", "-c", "SELECT name FROM tenants"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&psql.stdout).trim(),
+        "bob",
+        "{psql:?}"
+    );
+
+    let o = weft(
+        d,
+        &[("WEFT_STORE_URL", &url)],
+        &["controller", "backup", "b.dump"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("pg_dump"), "{}", text(&o));
+    assert!(!d.join("b.dump").exists());
+    let restore = ["controller", "restore", "--store", &url, "--no-fabric"];
+    let o = weft(d, &[], &[&restore[..], &["--from", "b.dump"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("pg_restore"), "{}", text(&o));
+    let o = weft(d, &[], &restore);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("another controller uses this store"),
+        "{}",
+        text(&o)
+    );
+    drop(ctl);
+    let o = weft(d, &[], &restore);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
+}
+
 /// TLS through the binary: plain HTTP off loopback is refused (controller and client)
 /// unless `--insecure-http`; `--tls-self-signed` prints the fingerprint, keeps it across
 /// restarts, and the CLI and an agent process speak https with `--pin` (or the
