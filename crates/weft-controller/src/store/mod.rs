@@ -70,6 +70,21 @@ fn new_controller_id() -> String {
     )
 }
 
+/// A GUID as the databases' 64-bit integer (the same 64 bits).
+fn guid_to_sql(g: Guid) -> i64 {
+    g.0 as i64
+}
+
+/// A GUID read back from a database.
+fn guid_from_sql(i: i64) -> Guid {
+    Guid(i as u64)
+}
+
+/// Seconds since the epoch read back from a database (a negative value reads as 0).
+fn secs(i: i64) -> u64 {
+    u64::try_from(i).unwrap_or(0)
+}
+
 /// "expires N" or "no expiry", for audit lines.
 fn expiry(expires: Option<u64>) -> String {
     expires.map_or_else(|| "no expiry".into(), |e| format!("expires {e}"))

@@ -24,8 +24,6 @@ use std::time::Duration;
 
 use postgres::{Client, NoTls, Transaction};
 
-use weft_fabric::Guid;
-
 use crate::auth::{Principal, Role};
 use crate::model::{
     AuditEntry, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView, TenantView,
@@ -34,7 +32,7 @@ use crate::model::{
 use crate::render::Desired;
 use crate::store::{
     Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
-    VerifiedDelivery, migrations,
+    VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
 };
 
 mod audit;
@@ -592,25 +590,10 @@ fn exists(
     Ok(tx.query_opt(sql, &[key])?.is_some())
 }
 
-/// A GUID as BIGINT (the same 64 bits).
-fn guid_to_sql(g: Guid) -> i64 {
-    g.0 as i64
-}
-
-/// A GUID read back.
-fn guid_from_sql(i: i64) -> Guid {
-    Guid(i as u64)
-}
-
 /// A BIGINT read back into a narrower type (a port number, a LID): out of range is the
 /// database's fault, named.
 fn num<T: TryFrom<i64>>(i: i64, what: &str) -> Result<T> {
     T::try_from(i).map_err(|_| StoreError::Db(format!("{what} {i} is out of range")))
-}
-
-/// Seconds since the epoch read back (a negative value reads as 0).
-fn secs(i: i64) -> u64 {
-    u64::try_from(i).unwrap_or(0)
 }
 
 /// Appends an audit line: the short form of [`audit::append`] that the concerns use.

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-use weft_fabric::Guid;
 
 use crate::auth::{Principal, Role};
 use crate::model::{
@@ -18,7 +17,7 @@ use crate::model::{
 use crate::render::Desired;
 use crate::store::{
     Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
-    VerifiedDelivery, migrations,
+    VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
 };
 
 mod audit;
@@ -85,21 +84,6 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SqliteStore")
     }
-}
-
-/// A GUID as SQLite's INTEGER (the same 64 bits).
-fn guid_to_sql(g: Guid) -> i64 {
-    g.0 as i64
-}
-
-/// A GUID read back from SQLite.
-fn guid_from_sql(i: i64) -> Guid {
-    Guid(i as u64)
-}
-
-/// Seconds since the epoch read back from SQLite (a negative value reads as 0).
-fn secs(i: i64) -> u64 {
-    u64::try_from(i).unwrap_or(0)
 }
 
 impl SqliteStore {
