@@ -321,6 +321,12 @@ const POSTED_ENTRY: usize = 12;
 /// that reaches a closed registration ends the provider connection that every connection
 /// between the two processes shares (`tcp`). Peers that predate it ignore it.
 const STOPPED_TAG: i32 = 0x4f46_4953; // "OFIS"
+/// Tag of the MSG frame (no payload) a sender sends on the side channel while a send of it
+/// has not completed and nothing moved for a quarter of the timeout (PROBE: is the receiver's
+/// process running?). The receiver's process answers with ALIVE, from its polls or its
+/// `alive` thread; one left unanswered is a stopped (SIGSTOP) receiver (see
+/// [`crate::alive::Probe`]).
+const PROBE_TAG: i32 = 0x4f46_4951; // "OFIQ"
 /// Reject code: the sender is not an ofi sender (TCP backend on the other side).
 const REJECT_NOT_OFI: u16 = 100;
 

@@ -109,7 +109,7 @@ impl RecvConn {
         let r = RecvConn {
             eps,
             link,
-            side: Side::new(sock),
+            side: Side::new(sock).answering(PROBE_TAG),
             ctx,
             cts,
             events: Vec::new(),

@@ -138,6 +138,11 @@ pub struct SendConn {
     pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
     pub(super) eof_at: Option<Instant>,
     pub(super) error: Option<Error>,
+    /// Whether the receiver's process still runs while a send of ours does not complete and
+    /// nothing moves (PROBE/ALIVE): a stopped receiver never sends the CTS a send waits for.
+    pub(super) probe: alive::Probe,
+    /// Grows with every completion or message this connection reads (its progress mark).
+    pub(super) moved: u64,
 }
 
 impl std::fmt::Debug for SendConn {
@@ -179,7 +184,7 @@ impl SendConn {
         let s = SendConn {
             eps,
             link,
-            side: Side::new(sock).answering(),
+            side: Side::new(sock).answering(POSTED_TAG),
             ctx,
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
@@ -218,6 +223,8 @@ impl SendConn {
             eager_req: [None; EAGER_SLOTS],
             eof_at: None,
             error: None,
+            probe: alive::Probe::new(Duration::from_secs(30), Instant::now()),
+            moved: 0,
         };
         Ok(s)
     }
@@ -754,6 +761,26 @@ impl SendConn {
                     let e = self.data.timeout(Stage::Data, self.stall.timeout);
                     return Err(self.fail(e));
                 }
+            }
+        }
+        // A send that does not complete while nothing moves: is the receiver's process
+        // running? (A live receiver that is late to post answers and is never an error.)
+        if progressed {
+            self.moved = self.moved.wrapping_add(1);
+        }
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let pending = self.work_pending() && !self.side.eof;
+        let mark = self
+            .moved
+            .wrapping_add(self.lane.as_ref().map_or(0, |l| l.written));
+        match self.probe.check(now, pending, mark) {
+            alive::ProbeStep::Wait => {}
+            alive::ProbeStep::Send => self.side.send_probe(),
+            alive::ProbeStep::Frozen => {
+                let e = self.data.timeout(Stage::Data, self.stall.timeout);
+                return Err(self.fail(e));
             }
         }
         if self.side.eof && self.work_pending() {
