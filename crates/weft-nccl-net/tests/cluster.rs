@@ -749,9 +749,9 @@ fn t_slow_receiver_is_not_an_error() -> R {
 /// The timeout of the dead- and frozen-peer tests (short, to keep the suite's time down).
 const PEER_T: Duration = Duration::from_millis(1000);
 
-/// Runs `scenario` between two hosts whose workers use the TCP backend with [`PEER_T`].
-fn peer_scenario(scenario: impl FnOnce(&peers::Spawn<'_>) -> R) -> R {
-    let c = cluster(2, 1)?;
+/// Runs `scenario` among `hosts` hosts whose workers use the TCP backend with [`PEER_T`].
+fn peer_scenario(hosts: usize, scenario: impl FnOnce(&peers::Spawn<'_>) -> R) -> R {
+    let c = Cluster::create(&ClusterSpec::new(hosts, 1)).map_err(|e| e.to_string())?;
     let ms = PEER_T.as_millis().to_string();
     let env = [
         ("WEFT_TIMEOUT_MS", ms.as_str()),
@@ -764,23 +764,30 @@ fn peer_scenario(scenario: impl FnOnce(&peers::Spawn<'_>) -> R) -> R {
 /// (e) A sender stopped (SIGSTOP) right after a message completed, its receiver's next
 /// receive posted: the receiver asks (PROBE) and fails within the timeout plus a quarter.
 fn t_frozen_sender_after_a_message() -> R {
-    peer_scenario(|s| peers::frozen_sender_after_a_message(s, PEER_T))
+    peer_scenario(2, |s| peers::frozen_sender_after_a_message(s, PEER_T))
 }
 
 /// (f) A receiver stopped while its sender keeps sending 16 MiB messages: the sender fails
 /// within the timeout plus a quarter.
 fn t_frozen_receiver_while_sending() -> R {
-    peer_scenario(|s| peers::frozen_receiver_while_sending(s, PEER_T))
+    peer_scenario(2, |s| peers::frozen_receiver_while_sending(s, PEER_T))
 }
 
 /// (g) A sender or receiver that pauses 2.5 timeouts without calling in is not an error.
 fn t_slow_peers_are_not_errors() -> R {
-    peer_scenario(|s| peers::slow_peers_are_not_errors(s, PEER_T))
+    peer_scenario(2, |s| peers::slow_peers_are_not_errors(s, PEER_T))
+}
+
+/// A rank of a three-host ring killed: both survivors fail and have closed within 1 s.
+fn t_killed_rank_of_a_ring_within_1s() -> R {
+    peer_scenario(3, |s| {
+        peers::killed_rank_of_a_ring_within(s, Duration::from_secs(1))
+    })
 }
 
 /// (h) A peer killed mid-traffic both ways: the survivor fails and has closed within 1 s.
 fn t_killed_peer_within_1s() -> R {
-    peer_scenario(|s| peers::killed_peer_within(s, Duration::from_secs(1)))
+    peer_scenario(2, |s| peers::killed_peer_within(s, Duration::from_secs(1)))
 }
 
 fn main() {
@@ -831,6 +838,10 @@ fn main() {
         ),
         ("slow_peers_are_not_errors", t_slow_peers_are_not_errors),
         ("killed_peer_within_1s", t_killed_peer_within_1s),
+        (
+            "killed_rank_of_a_ring_within_1s",
+            t_killed_rank_of_a_ring_within_1s,
+        ),
     ];
     let (mut passed, mut failed, mut filtered) = (0, 0, 0);
     for (name, f) in tests {

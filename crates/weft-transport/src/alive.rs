@@ -171,16 +171,18 @@ impl Drop for Answering {
     }
 }
 
-/// When a TCP sender asks its receiver's process whether it runs (PROBE on the side channel),
-/// and when the lack of an answer makes the receiver frozen: pure, time passed in.
+/// When an end of a connection asks its peer's process whether it runs (PROBE on the side
+/// channel), and when the lack of an answer makes the peer frozen: pure, time passed in. Used
+/// by both TCP ends (a sender whose bytes wait for the receiver, a receiver whose posted
+/// receive waits for bytes) and by the ofi sender (a send that has not completed).
 ///
-/// A sender with bytes waiting for the receiver (`pending`) whose progress mark (any number
-/// that changes when bytes move or credit comes) stays the same for `timeout / 4` sends a
-/// PROBE, and again every `timeout / 4` while that lasts; any ALIVE answers every PROBE sent
-/// so far, and progress does too. A PROBE unanswered for [`Probe::answer_bound`] (three
-/// quarters of the timeout, at least 200 ms) is a frozen receiver. So a frozen receiver fails
-/// its sender about `timeout` after its last byte moved; a receiver that is late to post
-/// answers and is never an error, however late.
+/// An end with work waiting on the peer (`pending`) whose progress mark (any number that
+/// changes when bytes move or credit comes) stays the same for `timeout / 4` sends a PROBE,
+/// and again every `timeout / 4` while that lasts; any ALIVE answers every PROBE sent so far,
+/// and progress does too. A PROBE unanswered for [`Probe::answer_bound`] (three quarters of
+/// the timeout, at least 200 ms) is a frozen peer. So a frozen peer fails the waiting end
+/// about `timeout` after the last byte moved; a peer that is late (to post, to send) answers
+/// and is never an error, however late.
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
     timeout: Duration,
@@ -326,6 +328,56 @@ mod tests {
         assert_eq!(p.check(now + T / 2, true, 2), ProbeStep::Send);
         p.answered();
         assert_eq!(p.check(now + T, true, 2), ProbeStep::Send);
+    }
+
+    fn question(tag: i32, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, tag, Some(payload), payload.len() as u64, 0);
+        b
+    }
+
+    #[test]
+    fn questions_are_counted_at_any_offset_and_answers_never() {
+        const Q: i32 = 0x5151_5151;
+        let mut prefix = [0u8; QUESTION_PREFIX];
+        prefix.copy_from_slice(&question(Q, &[])[..QUESTION_PREFIX]);
+        let alive = frame();
+        // Only ALIVEs: no question.
+        assert_eq!(count(&[alive.clone(), alive.clone()].concat(), &prefix), 0);
+        // A question behind the tail of a frame the application read part of, one with a
+        // payload, and ALIVEs between them.
+        let bytes = [
+            alive[5..].to_vec(),
+            question(Q, &[]),
+            alive.clone(),
+            question(Q, &[1; 24]),
+        ]
+        .concat();
+        assert_eq!(count(&bytes, &prefix), 2);
+        // Another question's tag is not this one.
+        assert_eq!(count(&question(Q + 1, &[]), &prefix), 0);
+    }
+
+    /// Both ends of a loopback connection answer (as both TCP ends do): a question to one of
+    /// them gets exactly one ALIVE from its thread, and that ALIVE, unread, is not answered in
+    /// turn (no answers bouncing between two processes that do not call in).
+    #[test]
+    fn the_thread_answers_a_question_once_and_never_an_answer() {
+        use std::io::Read;
+        const Q: i32 = 0x5152_5354;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let _ga = Answering::new(&a, Q).unwrap();
+        let _gb = Answering::new(&b, Q).unwrap();
+        (&a).write_all(&question(Q, &[])).unwrap();
+        std::thread::sleep(PERIOD * 15);
+        // b's thread answered once: a holds one ALIVE, unread; b still holds the question.
+        assert_eq!(unread(&a), crate::proto::FRAME_LEN);
+        assert_eq!(unread(&b), crate::proto::FRAME_LEN);
+        let mut got = [0u8; crate::proto::FRAME_LEN];
+        (&a).read_exact(&mut got).unwrap();
+        assert_eq!(got.to_vec(), frame());
     }
 
     #[test]

@@ -45,8 +45,15 @@ pub fn worker_peer(net: &Net, ctx: *mut c_void, a: &[String], stdin: &mut Lines)
     let (sends, recvs) = match role {
         "send" => (true, false),
         "recv" => (false, true),
-        "duplex" => (true, true),
+        "duplex" | "ring" | "ring-first" => (true, true),
         other => return Err(format!("unknown role {other:?}")),
+    };
+    // In a ring each step's send needs the step's receive first (as a ring all_reduce's GPU
+    // waits for the previous rank's data), except on the rank that starts it.
+    let order = match role {
+        "ring" => Order::RecvThenSend,
+        "ring-first" => Order::SendThenRecv,
+        _ => Order::Together,
     };
     let mut comms = Comms {
         send: std::ptr::null_mut(),
@@ -54,7 +61,7 @@ pub fn worker_peer(net: &Net, ctx: *mut c_void, a: &[String], stdin: &mut Lines)
     };
     let r = connect(net, ctx, sends, recvs, stdin, &mut comms).and_then(|()| {
         println!("CONNECTED");
-        run(net, &comms, size, count, pause_at, stdin)
+        run(net, &comms, order, (size, count, pause_at), stdin)
     });
     comms.close(net);
     r
@@ -106,35 +113,65 @@ fn connect(
     Ok(())
 }
 
-fn run(net: &Net, c: &Comms, size: usize, count: usize, pause_at: usize, stdin: &mut Lines) -> R {
+/// In which order a worker with both connections moves each step's two messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// Both posted at once.
+    Together,
+    /// The receive completes before the send is posted.
+    RecvThenSend,
+    /// The send completes before the receive is posted.
+    SendThenRecv,
+}
+
+/// Moves the step's messages: `send` and `recv` say which to post now.
+fn step(net: &Net, c: &Comms, (send, recv): (bool, bool), src: &[u8], dst: &mut [u8]) -> R {
+    let mut sreq = None;
+    let mut rreq = None;
+    while send && !c.send.is_null() && sreq.is_none() {
+        sreq = net.isend(c.send, src, 1, std::ptr::null_mut())?;
+    }
+    while recv && !c.recv.is_null() && rreq.is_none() {
+        rreq = net.irecv(c.recv, &mut [&mut *dst], &[1], &[std::ptr::null_mut()])?;
+    }
+    // No deadline of our own: the plugin must bound every wait (the parent bounds us).
+    while sreq.is_some() || rreq.is_some() {
+        if let Some(q) = sreq
+            && net.test(q)?.is_some()
+        {
+            sreq = None;
+        }
+        if let Some(q) = rreq
+            && let Some(s) = net.test(q)?
+        {
+            if s[0] as usize != src.len() || dst != src {
+                return Err("a message arrived wrong".into());
+            }
+            dst.fill(0);
+            rreq = None;
+        }
+    }
+    Ok(())
+}
+
+fn run(
+    net: &Net,
+    c: &Comms,
+    order: Order,
+    (size, count, pause_at): (usize, usize, usize),
+    stdin: &mut Lines,
+) -> R {
     let src = pattern(size, 7);
     let mut dst = vec![0u8; size];
     for i in 0..count {
-        let mut sreq = None;
-        let mut rreq = None;
-        while !c.send.is_null() && sreq.is_none() {
-            sreq = net.isend(c.send, &src, 1, std::ptr::null_mut())?;
-        }
-        while !c.recv.is_null() && rreq.is_none() {
-            rreq = net.irecv(c.recv, &mut [&mut dst[..]], &[1], &[std::ptr::null_mut()])?;
-        }
-        // No deadline of our own: the plugin must bound every wait (the parent bounds us).
-        while sreq.is_some() || rreq.is_some() {
-            if let Some(q) = sreq
-                && net.test(q)?.is_some()
-            {
-                sreq = None;
-            }
-            if let Some(q) = rreq
-                && let Some(s) = net.test(q)?
-            {
-                if s[0] as usize != size || dst != src {
-                    return Err(format!("message {i} wrong"));
-                }
-                dst.fill(0);
-                rreq = None;
-            }
-        }
+        let r = match order {
+            Order::Together => step(net, c, (true, true), &src, &mut dst),
+            Order::RecvThenSend => step(net, c, (false, true), &src, &mut dst)
+                .and_then(|()| step(net, c, (true, false), &src, &mut dst)),
+            Order::SendThenRecv => step(net, c, (true, false), &src, &mut dst)
+                .and_then(|()| step(net, c, (false, true), &src, &mut dst)),
+        };
+        r.map_err(|e| format!("step {i}: {e}"))?;
         println!("STEP {i}");
         if i == pause_at {
             println!("PAUSED");
@@ -292,6 +329,45 @@ pub fn slow_peers_are_not_errors(spawn: &Spawn<'_>, t: Duration) -> R {
             .map_err(|e| format!("{size}-byte messages, pause {pause:?}: {e}"))?;
         tx.expect("DONE", Duration::from_secs(60))
             .map_err(|e| format!("{size}-byte messages, pause {pause:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A ring of three hosts (each sends to the next and receives from the previous one, a step's
+/// send waiting for its receive, as a ring all_reduce's does) with host 1 killed (SIGKILL)
+/// mid-traffic: host 2, which receives from it, fails; host 0, which only sends to it and
+/// whose sends are all done, learns through host 2 closing its connections. Both fail and
+/// have closed theirs (as `ncclCommAbort` does) within `bound` of the kill.
+pub fn killed_rank_of_a_ring_within(spawn: &Spawn<'_>, bound: Duration) -> R {
+    let mut w = Vec::new();
+    for (h, role) in ["ring-first", "ring", "ring"].iter().enumerate() {
+        let n = 1_000_000.to_string();
+        let never = NEVER.to_string();
+        w.push(spawn(h, &["peer", role, "65536", &n, &never])?);
+    }
+    let mut handles = Vec::new();
+    for x in &mut w {
+        handles.push(x.expect("H ", Duration::from_secs(30))?);
+    }
+    for h in 0..3 {
+        let next = &handles[(h + 1) % 3];
+        w[h].send(&format!("C {}", &next[2..]))?;
+    }
+    for x in &mut w {
+        x.expect("CONNECTED", Duration::from_secs(30))?;
+    }
+    w[0].expect("STEP 50", Duration::from_secs(30))?;
+    w[1].child.kill().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let _ = w[1].child.wait();
+    for h in [2, 0] {
+        let (after, l) = err_after(&mut w[h], t0, bound + Duration::from_secs(20))?;
+        verbose(&format!("ring host {h} after host 1 was killed"), after, &l);
+        if after > bound {
+            return Err(format!(
+                "host {h} failed and closed {after:?} after host 1 was killed, over {bound:?}: {l}"
+            ));
+        }
     }
     Ok(())
 }

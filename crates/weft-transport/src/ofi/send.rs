@@ -136,7 +136,8 @@ pub struct SendConn {
     pub(super) eager_covered: [bool; EAGER_SLOTS],
     /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
     pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
-    pub(super) eof_at: Option<Instant>,
+    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
+    pub(super) eof_wait: Stall,
     pub(super) error: Option<Error>,
     /// Whether the receiver's process still runs while a send of ours does not complete and
     /// nothing moves (PROBE/ALIVE): a stopped receiver never sends the CTS a send waits for.
@@ -221,7 +222,7 @@ impl SendConn {
             eager_tk: [None; EAGER_SLOTS],
             eager_covered: [false; EAGER_SLOTS],
             eager_req: [None; EAGER_SLOTS],
-            eof_at: None,
+            eof_wait: eof_wait(Instant::now()),
             error: None,
             probe: alive::Probe::new(Duration::from_secs(30), Instant::now()),
             moved: 0,
@@ -783,12 +784,10 @@ impl SendConn {
                 return Err(self.fail(e));
             }
         }
-        if self.side.eof && self.work_pending() {
-            let at = *self.eof_at.get_or_insert_with(Instant::now);
-            if at.elapsed() >= EOF_GRACE {
-                let e = self.link.closed(Stage::Data);
-                return Err(self.fail(e));
-            }
+        let after_eof = self.side.eof && self.work_pending();
+        if self.eof_wait.check(now, progressed, after_eof) {
+            let e = self.link.closed(Stage::Data);
+            return Err(self.fail(e));
         }
         Ok(())
     }

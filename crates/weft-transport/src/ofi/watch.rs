@@ -276,9 +276,21 @@ impl Side {
     }
 }
 
-/// How long a side whose peer's process ended (side channel EOF) keeps reading completions
-/// before it calls the connection closed: what the peer sent before dying still lands.
-pub(super) const EOF_GRACE: Duration = Duration::from_millis(500);
+/// How long a side whose peer's process ended (side channel EOF), with work still waiting on
+/// the peer, keeps reading completions without one arriving before it calls the connection
+/// closed: what the peer sent before dying still lands, and while it does (a completion at
+/// least every `EOF_QUIET` of polling) the wait goes on. Time nobody polled does not count
+/// (see [`Stall`]). A fixed 500 ms from the EOF before made a killed rank of a ring an error
+/// for its neighbour after 0.6 s and, through that neighbour's close, for the rank after it
+/// only after 1.1 s.
+pub(super) const EOF_QUIET: Duration = Duration::from_millis(200);
+
+/// The [`Stall`] that bounds the wait after a peer's EOF (see [`EOF_QUIET`]).
+pub(super) fn eof_wait(now: Instant) -> Stall {
+    let mut s = Stall::new(now);
+    s.timeout = EOF_QUIET;
+    s
+}
 
 #[cfg(test)]
 mod tests {
