@@ -416,7 +416,8 @@ impl Connecting {
                 let dup = |s: &Socket| -> Result<TcpStream> {
                     Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
                 };
-                let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
+                let side =
+                    SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone()).answering();
                 let joined = match (ev, self.offer.take()) {
                     (ConnectEvent::Joined, Some(o)) => o.accept(),
                     // A plain ACK answers a JOIN with "no": the offered slot stays unused.
@@ -695,6 +696,8 @@ impl Listener {
                         next: None,
                         held: VecDeque::new(),
                         held_bytes: 0,
+                        timeout: self.cfg.timeout,
+                        probe: Probe::new(self.cfg.timeout, now),
                     }))
                 }
             };
@@ -1246,9 +1249,54 @@ pub struct RecvConn {
     /// helper threads may write into them until the engine is dropped).
     held: VecDeque<Held>,
     held_bytes: u64,
+    timeout: Duration,
+    /// Whether the sender's process still runs while a posted receive gets no byte
+    /// (PROBE/ALIVE).
+    probe: Probe,
 }
 
 impl RecvConn {
+    /// Whether a posted receive still waits for bytes from the sender (not one whose bytes
+    /// all arrived and that only waits for `test`).
+    fn waiting(&self) -> bool {
+        let busy = |c: &Arc<ReqState>| c.remaining.load(Ordering::Acquire) > 0;
+        !self.order.is_empty()
+            || self
+                .reqs
+                .values()
+                .any(|r| busy(&r.chunks) || r.copies.iter().any(|(m, _)| busy(&m.chunks)))
+    }
+
+    /// Any number that changes when bytes from the sender arrive (control stream or data
+    /// streams).
+    fn progress_mark(&self) -> u64 {
+        self.ctrl
+            .consumed()
+            .wrapping_add(self.engine.moved())
+            .wrapping_add(self.msgs.len() as u64)
+    }
+
+    /// Tells a frozen sender (SIGSTOP: its kernel acknowledges, it sends nothing) from a late
+    /// one while a posted receive gets no byte: PROBE once nothing has arrived for a quarter
+    /// of the timeout, and an error when the sender's process leaves one unanswered (see
+    /// [`Probe`]). A sender that computes or waits between messages answers from its
+    /// `alive` thread and is never an error, however long it takes.
+    fn watch_sender(&mut self, now: Instant) -> Result<()> {
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let waiting = self.waiting();
+        let mark = if waiting { self.progress_mark() } else { 0 };
+        match self.probe.check(now, waiting, mark) {
+            ProbeStep::Wait => Ok(()),
+            ProbeStep::Send => {
+                self.side.send_probe();
+                Ok(())
+            }
+            ProbeStep::Frozen => Err(self.link.timeout(Stage::Data, self.timeout)),
+        }
+    }
+
     /// Reads the control stream; errors are failures of the stream itself.
     fn read_ctrl(&mut self) -> Result<()> {
         self.ctrl.pump(true)?;
@@ -1374,7 +1422,8 @@ impl RecvConn {
             return Err(e.clone());
         }
         let now = Instant::now();
-        if now >= self.next_check {
+        let check = now >= self.next_check;
+        if check {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Some(e) = self.side.poll_abort("sender") {
                 return Err(self.fail(e, false));
@@ -1384,7 +1433,13 @@ impl RecvConn {
             return Err(self.fail(e, true));
         }
         let r = self.match_msgs().and_then(|()| self.engine.progress());
-        r.map_err(|e| self.fail(e, false))
+        if let Err(e) = r {
+            return Err(self.fail(e, false));
+        }
+        if check && let Err(e) = self.watch_sender(now) {
+            return Err(self.fail(e, false));
+        }
+        Ok(())
     }
 
     /// Posts a receive of up to [`MAX_RECVS`] buffers; each incoming message lands in the first
