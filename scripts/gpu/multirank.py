@@ -103,7 +103,8 @@ def launch(role, world, kind, args, extra=None):
                     "TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"})
         cmd = [sys.executable, HERE, "--worker", role, "--rank", str(rank), "--world", str(world),
                "--port", str(port), "--kind", kind, "--args", json.dumps({**vars(args), **(extra or {})})]
-        log = open(os.path.join(args.out, f"{role}-{kind}-n{world}-r{rank}.log"), "w")
+        tag = (extra or {}).get("tag", "")
+        log = open(os.path.join(args.out, f"{role}-{kind}-n{world}{tag}-r{rank}.log"), "w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
@@ -473,7 +474,7 @@ def phase_faults(args, report):
                     for r in range(n):
                         if os.path.exists(result + f".r{r}"):
                             os.remove(result + f".r{r}")
-                    procs = launch("fault", n, kind, args, {"result": result})
+                    procs = launch("fault", n, kind, args, {"result": result, "tag": f"-{sig.name}-{rep}"})
                     victim = n - 1  # never rank 0: it holds the rendezvous store
                     # wait until the survivors have completed a few all_reduces
                     t_end = time.time() + 90
