@@ -494,15 +494,22 @@ pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, 
     Ok((c, url))
 }
 
-/// The exit code for a failed API call: refusals of what was asked are failed checks;
-/// no answer, a bad token or a broken controller are environment errors.
-fn failed(e: ClientError) -> Result<u8> {
-    eprintln!("weft: {e}");
-    Ok(match &e {
-        ClientError::Refused { status, .. } if *status != 401 => EXIT_CHECK_FAILED,
+/// A failed API call, reported in the one error shape (`output::error`), and its exit code:
+/// a change the controller accepted but did not apply within the wait is a failed check (1);
+/// everything else is usage or environment (2): a refusal of what was asked (HTTP 4xx:
+/// bad input, a bad or missing token, a name that does not exist, a conflict), no answer,
+/// an untrusted certificate, a broken controller.
+fn failed(e: ClientError, json: bool) -> Result<u8> {
+    let code = match &e {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
-    })
+    };
+    let extra = match e.status() {
+        Some(s) => serde_json::json!({ "http_status": s }),
+        None => serde_json::Value::Null,
+    };
+    output::error(json, code, &e.to_string(), &[], extra);
+    Ok(code)
 }
 
 /// Runs one of the controller's commands.
@@ -747,17 +754,16 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
                 "operation {id} is not applied after {:.0} s ({last_error}); it stays pending and the controller keeps delivering it: see `weft audit` for when it is applied",
                 waited.as_secs_f64()
             );
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "error": message, "operation": id, "state": "pending" })
-                );
-            } else {
-                eprintln!("weft: {message}");
-            }
+            output::error(
+                json,
+                EXIT_CHECK_FAILED,
+                &message,
+                &[],
+                serde_json::json!({ "operation": id, "state": "pending" }),
+            );
             Ok(EXIT_CHECK_FAILED)
         }
-        Err(e) => failed(e),
+        Err(e) => failed(e, json),
     }
 }
 
@@ -797,7 +803,7 @@ async fn client_command(
         ($e:expr) => {
             match $e.await {
                 Ok(v) => v,
-                Err(e) => return failed(e),
+                Err(e) => return failed(e, json),
             }
         };
     }

@@ -149,11 +149,7 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            if cli.json {
-                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-                print_json_error(&e.to_string(), &causes);
-            }
-            eprintln!("weft: error: {e:#}");
+            output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
             return ExitCode::from(EXIT_ENVIRONMENT);
         }
     };
@@ -189,7 +185,7 @@ fn main() -> ExitCode {
             return match write_manpages(dir) {
                 Ok(()) => ExitCode::from(EXIT_OK),
                 Err(e) => {
-                    eprintln!("weft: error: {e:#}");
+                    output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
                     ExitCode::from(EXIT_ENVIRONMENT)
                 }
             };
@@ -233,11 +229,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            if cli.json {
-                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-                print_json_error(&e.to_string(), &causes);
-            }
-            eprintln!("weft: error: {e:#}");
+            output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
@@ -251,8 +243,18 @@ fn usage_error(e: clap::Error) -> ExitCode {
         EXIT_OK
     };
     if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
-        // A script that asked for JSON gets JSON, even for a usage error.
-        print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+        // A script that asked for JSON gets JSON, even for a usage error: clap's message
+        // (its first line, without the `error: ` clap puts in front) and its kind as the cause.
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        let message = first.strip_prefix("error: ").unwrap_or(first);
+        let v = output::error_value(
+            message,
+            &[e.kind().to_string()],
+            code,
+            serde_json::Value::Null,
+        );
+        println!("{v}");
     }
     let _ = e.print();
     ExitCode::from(code)
@@ -312,13 +314,6 @@ static CONFIG_PATH: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::
 /// The config file named on the command line, if any (else `./weft.toml` is looked for).
 pub fn config_path() -> Option<PathBuf> {
     CONFIG_PATH.get().cloned().flatten()
-}
-
-/// An error for a script that asked for `--json`, on stdout where it reads the result:
-/// `{"error": "...", "causes": ["...", ...]}` (the source chain, outermost first).
-fn print_json_error(error: &str, causes: &[String]) {
-    let v = serde_json::json!({ "error": error, "causes": causes });
-    println!("{v}");
 }
 
 /// One man page per command: `weft.1`, `weft-fabric.1`, `weft-fabric-apply.1`, ...

@@ -1147,7 +1147,18 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         drift.len() >= 3 && drift[0] == "drift" && drift[1] == "in-sync",
         "{drift:?}"
     );
-    // --force replaces the owned file.
+    // --force replaces the owned file: the file no longer names the controller, and
+    // `weft fabric status` still says what the controller's drift check found (exit 1).
     let o = weft(d, &[], &[&apply[..], &["--force"]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = until(
+        "status to show the drift after --force",
+        Duration::from_secs(20),
+        || {
+            let o = weft(d, &[], &status);
+            text(&o).contains("drift check: DRIFT").then_some(o)
+        },
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("owner: controller"), "{}", text(&o));
 }
