@@ -784,7 +784,7 @@ async fn create_token(
     let ttl = match (req.ttl_s, &role) {
         (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S).map_err(bad)?),
         (None, Role::Tenant(_)) => Some(DEFAULT_TENANT_TOKEN_TTL_S),
-        (None, Role::Admin) => None,
+        (None, Role::Admin) => Some(DEFAULT_ADMIN_TOKEN_TTL_S),
     };
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
@@ -801,6 +801,9 @@ async fn create_token(
     ))
 }
 
+/// How long an admin token made through the API lives when the request does not say: one
+/// day. (It also ends when the controller's own admin token is rotated.)
+pub const DEFAULT_ADMIN_TOKEN_TTL_S: u64 = 86_400;
 /// How long a tenant token lives when the request does not say: 90 days.
 pub const DEFAULT_TENANT_TOKEN_TTL_S: u64 = 90 * 86_400;
 /// The longest life a token may be given: ten years.

@@ -1189,6 +1189,18 @@ async fn the_admin_token_is_required_strong_and_rotated_by_a_restart() {
     let (base, stop, task) = serve_with(OLD).await;
     let old = Client::new(&base, Some(Secret::new(OLD)), Duration::from_secs(5)).unwrap();
     old.create_tenant("alice").await.unwrap();
+    // An admin token made through the API has a lifetime by default (one day), and a
+    // tenant's token its 90 days; both work until the rotation.
+    let made = old.create_token(None, None).await.unwrap();
+    let tenant = old.create_token(Some("alice"), None).await.unwrap();
+    let day = weft_controller::unix_now() + 86_400;
+    assert!(
+        made.expires.is_some_and(|e| e.abs_diff(day) < 60),
+        "{:?}",
+        made.expires
+    );
+    let (made, tenant) = (made.token, tenant.token);
+    assert!(old.with_token(Some(made.clone())).servers().await.is_ok());
     let _ = stop.send(true);
     task.await.unwrap().unwrap();
 
@@ -1197,6 +1209,10 @@ async fn the_admin_token_is_required_strong_and_rotated_by_a_restart() {
     let new = old.with_token(Some(Secret::new(NEW)));
     assert_eq!(old.servers().await.unwrap_err().status(), Some(401));
     assert_eq!(new.tenants().await.unwrap().len(), 1);
+    // The rotation ends the admin tokens made with the old one; a tenant's token stays.
+    let made = new.with_token(Some(made));
+    assert_eq!(made.servers().await.unwrap_err().status(), Some(401));
+    assert!(new.with_token(Some(tenant)).groups().await.is_ok());
     let audit = new.audit(100).await.unwrap();
     assert!(
         audit

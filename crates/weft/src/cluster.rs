@@ -124,7 +124,8 @@ pub enum TokenCommand {
     /// Make another admin token (shown once).
     #[command(after_help = "Example:\n  weft token admin --ttl-s 86400")]
     Admin {
-        /// Seconds it stays valid (default: no expiry).
+        /// Seconds it stays valid (60 to 315360000; default one day). It also ends when the
+        /// controller restarts with a new WEFT_ADMIN_TOKEN.
         #[arg(long)]
         ttl_s: Option<u64>,
         #[command(flatten)]

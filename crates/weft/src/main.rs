@@ -48,6 +48,10 @@ struct Cli {
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// The log's format on stderr: `text` (colour on a terminal unless NO_COLOR is set) or
+    /// `json` (one object a line: time, level, target, fields; for a log collector).
+    #[arg(long, global = true, env = "WEFT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -166,15 +170,20 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person: a log file, a pipe or journald gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => log.json().with_current_span(false).init(),
+        LogFormat::Text => log
+            .with_ansi(log_colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
+            .init(),
+    }
     match &cli.command {
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -233,6 +242,21 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// How the log is written (`--log-format`, `WEFT_LOG_FORMAT`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Whether the text log is coloured: only for a person (a log file, a pipe or journald
+/// gets plain text), and never when `NO_COLOR` is set to anything but the empty string
+/// (no-color.org). An explicit `with_ansi` overrides tracing-subscriber's own NO_COLOR
+/// check, so it is made here.
+fn log_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// A command-line error: usage (exit 2, JSON too under `--json`), or `--help` (exit 0).

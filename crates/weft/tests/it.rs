@@ -210,6 +210,74 @@ fn every_client_command_under_json_fails_as_json_against_an_unreachable_controll
     }
 }
 
+/// The log on a terminal (a pty from util-linux `script`): coloured, unless `NO_COLOR` is
+/// set (no-color.org), which once worked, then stopped when the colour was made to follow
+/// the terminal. `--log-format json` writes one JSON object a line.
+#[test]
+fn no_color_turns_the_log_colour_off_on_a_terminal_and_the_log_can_be_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let bin = env!("CARGO_BIN_EXE_weft");
+    // A command that logs (reqwest's connection attempt, at DEBUG) and fails fast.
+    let cmd = format!("{bin} nodes --controller http://127.0.0.1:{port} --timeout-s 2");
+    let on_tty = |no_color: Option<&str>| {
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"])
+            .current_dir(dir.path())
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_LOG_FORMAT")
+            .env("WEFT_LOG", "debug")
+            .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        let o = c.output().expect("util-linux `script` runs");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let coloured = on_tty(None);
+    assert!(coloured.contains("DEBUG"), "the command logs: {coloured}");
+    assert!(
+        coloured.contains('\x1b'),
+        "a terminal gets colour: {coloured:?}"
+    );
+    let plain = on_tty(Some("1"));
+    assert!(plain.contains("DEBUG"), "{plain}");
+    assert!(!plain.contains('\x1b'), "NO_COLOR=1: {plain:?}");
+    // no-color.org: an empty NO_COLOR is as if unset.
+    assert!(on_tty(Some("")).contains('\x1b'));
+
+    let o = Command::new(bin)
+        .args(["--log-format", "json", "nodes", "--controller"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .current_dir(dir.path())
+        .env_remove("WEFT_CONFIG")
+        .env("WEFT_LOG", "debug")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let logged: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!logged.is_empty(), "{err}");
+    assert!(
+        logged
+            .iter()
+            .all(|v| v["level"].is_string() && v["timestamp"].is_string()),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .all(|l| l.starts_with('{') || l.starts_with("weft: ")),
+        "only JSON lines and the error line: {err}"
+    );
+}
+
 #[test]
 fn a_broken_weft_toml_stops_only_the_commands_that_read_it() {
     let dir = tempfile::tempdir().unwrap();
