@@ -68,6 +68,8 @@ pub struct AppState {
     pub delivers: bool,
     /// The drift check's last findings, written by the reconcile loop.
     pub drift: Arc<std::sync::Mutex<crate::model::DriftView>>,
+    /// Per agent: how often its reports may change what the store holds.
+    pub reports: Arc<input::ReportLimiter>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -452,7 +454,7 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
     tag = "agents",
     security(("agent" = [])),
     request_body = HostReportSchema,
-    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
+    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, RateLimited, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
 )]
 async fn report(
     State(state): State<AppState>,
@@ -467,6 +469,15 @@ async fn report(
     }
     let ports = reported_ports(&report);
     let gpus = report.gpus.clone();
+    if ports.len() > input::MAX_REPORT_PORTS || gpus.len() > input::MAX_REPORT_GPUS {
+        return Err(bad(format!(
+            "the report of `{server}` names {} fabric port(s) and {} GPU(s); at most {} and {} a host",
+            ports.len(),
+            gpus.len(),
+            input::MAX_REPORT_PORTS,
+            input::MAX_REPORT_GPUS
+        )));
+    }
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -474,6 +485,15 @@ async fn report(
             .map(|b| format!("{b:02x}"))
             .collect()
     };
+    let content = format!("{hash} {:?}", gpus);
+    if !state.reports.allow(&server, &content, Instant::now()) {
+        state.metrics.rate_limited.inc();
+        return Err(ApiError::TooMany(format!(
+            "the reports of `{server}` change too often (at most {} changes at once, then one every {:.0} s); the agent reports again later",
+            input::REPORT_CHANGES.burst,
+            1.0 / input::REPORT_CHANGES.per_s
+        )));
+    }
     let outcome = db(&state, move |s| {
         let o = s.report(&server, &ports, &hash, now())?;
         s.set_gpus(&server, &gpus, now())?;

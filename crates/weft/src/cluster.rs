@@ -582,6 +582,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         if let Some(t) = &tls {
             println!("weft controller: TLS certificate {}", t.fingerprint());
         }
+
         weft_controller::serve_tls(
             ctl,
             api,
@@ -716,6 +717,14 @@ fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()
     println!("operation {}: {} ({state})", op.id, op.action);
     if let Some(w) = &op.warning {
         println!("  {}", output::clean(w));
+    }
+    if !op.taken.is_empty() {
+        println!(
+            "  takes away from what the subnet managers held (also from servers it did not name):"
+        );
+        for line in &op.taken {
+            println!("    {}", output::clean(line));
+        }
     }
     for line in op.diff.lines() {
         println!("  {line}");

@@ -454,12 +454,40 @@ fn the_controller_over_ssh_survives_kill_9_a_standby_host_down_and_a_master_sm_f
         .trim()
         .to_string();
     ok(weft(d, &env, &["tenant", "create", "bob"]));
-    ok(weft(
+    // The first group makes Default isolating on a fabric that was open (`ALL=full`):
+    // its output says what it takes from every port, though it named none of them.
+    let out = ok(weft(
         d,
         &env,
         &["group", "create", "a", "--tenant", "alice"],
     ));
-    ok(weft(d, &env, &["group", "create", "b", "--tenant", "bob"]));
+    assert!(
+        out.contains("takes away")
+            && out.contains("goes from full to limited in partition `Default`"),
+        "{out}"
+    );
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        for (_, g) in &h.port_guids {
+            assert!(
+                out.contains(&format!("port {}", Guid(*g))),
+                "port {:#x} of {} is not named: {out}",
+                g,
+                h.name
+            );
+        }
+    }
+    assert!(out.contains("loses 0xffff"), "{out}");
+
+    let v: serde_json::Value = serde_json::from_str(&ok(weft(
+        d,
+        &env,
+        &["--json", "group", "create", "b", "--tenant", "bob"],
+    )))
+    .unwrap();
+    assert!(
+        v.get("taken").is_none(),
+        "the second group takes nothing: {v}"
+    );
     ok(weft(d, &env, &["group", "add", "a", "node1", "node2"]));
     let out = ok(weft(d, &env, &["group", "add", "b", "node3", "node4"]));
     assert!(out.contains("applied and verified"), "{out}");
