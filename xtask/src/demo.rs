@@ -819,6 +819,8 @@ fn checks_tour() -> Result<()> {
     println!("$ ip -n {faulty} link set data0 mtu 1500   # the planted fault");
     c.set_mtu(2, "data0", 1500)?;
     let tmp = tempfile_dir()?;
+    // No settings file: every setting is on the command line here.
+    std::fs::write(tmp.join("weft.toml"), "")?;
     let on_hosts = [
         "--hosts",
         hosts.as_str(),
@@ -862,7 +864,18 @@ fn checks_tour() -> Result<()> {
     );
     let mut coll = vec!["bench", "collectives", "all_reduce", "all_gather"];
     coll.extend(on_hosts);
-    coll.extend(["-b", "1K", "-e", "1M", "-f", "32"]);
+    // Rank 0's management address is where the ranks meet.
+    let rendezvous = format!("{}:29517", c.hosts()[0].mgmt_addr);
+    coll.extend([
+        "--rendezvous",
+        rendezvous.as_str(),
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-f",
+        "32",
+    ]);
     expect_ok(weft(&bin, &tmp, &coll)?, "bench collectives")?;
     Ok(())
 }
