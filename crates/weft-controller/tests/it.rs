@@ -1097,6 +1097,9 @@ async fn ten_seconds_of_churning_reports_grow_the_store_by_a_bounded_amount() {
         "{added} audit lines from {sent} reports ({limited} limited)"
     );
     let grown = db_bytes(ctl.dir.path()).saturating_sub(size_before);
+    eprintln!(
+        "churn: {sent} changing reports in 10 s, {limited} limited (429), {same} unchanged ones taken; the audit grew by {added} lines, the store by {grown} bytes"
+    );
     assert!(grown < 256 * 1024, "the store grew by {grown} bytes");
     // The controller states its Default policy (also in its log when it starts).
     let st = ctl.admin.status().await.unwrap();

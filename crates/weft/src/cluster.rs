@@ -517,7 +517,7 @@ fn failed(e: ClientError, json: bool) -> Result<u8> {
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
         ClusterCommand::Controller(a) => controller(a, cfg),
-        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
+        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller, json),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
@@ -645,7 +645,7 @@ fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
     }
 }
 
-fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
+fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
     let (url, tls) = a.trust.resolve(file);
     let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
     cfg.tls = tls;
@@ -674,7 +674,13 @@ fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
         match weft_controller::agent::run(cfg, rx).await {
             Ok(()) => Ok(EXIT_OK),
             Err(e @ (AgentError::Refused(_) | AgentError::NoToken | AgentError::Untrusted(_))) => {
-                eprintln!("weft agent: {e}");
+                output::error(
+                    json,
+                    EXIT_ENVIRONMENT,
+                    &format!("agent: {e}"),
+                    &[],
+                    serde_json::Value::Null,
+                );
                 Ok(EXIT_ENVIRONMENT)
             }
             Err(e) => Err(e.into()),

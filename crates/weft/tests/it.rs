@@ -208,6 +208,31 @@ fn every_client_command_under_json_fails_as_json_against_an_unreachable_controll
             "{c:?}: the cause once: {all}"
         );
     }
+    // The agent, which has no credentials yet and no enrollment token: the same shape.
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "--json",
+            "agent",
+            "--state-file",
+            "nothere.json",
+            "--controller",
+            &url,
+        ])
+        .current_dir(dir.path())
+        .env_remove("WEFT_CONFIG")
+        .env_remove("WEFT_ENROLL_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("agent: stdout is not JSON ({e}): {}", text(&o)));
+    assert_eq!(v["exit"], 2, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("agent: ")),
+        "{v}"
+    );
 }
 
 /// The log on a terminal (a pty from util-linux `script`): coloured, unless `NO_COLOR` is
