@@ -1075,6 +1075,18 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         &[&cfg[..], &["group", "create", "a", "--tenant", "alice"]].concat(),
     ));
     assert!(out.contains("applied and verified"), "{out}");
+    // Refusals are usage errors (exit 2, as the README says), in the one JSON shape with
+    // the HTTP status: a name that does not exist (404), one that exists already (409).
+    for (args, status) in [
+        (&["group", "remove", "nosuch"][..], 404),
+        (&["group", "create", "a", "--tenant", "alice"][..], 409),
+    ] {
+        let o = weft(d, &[], &[&cfg[..], &["--json"], args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["http_status"], status, "{args:?}: {v}");
+        assert_eq!(v["exit"], 2, "{args:?}: {v}");
+    }
     let primary = std::fs::read_to_string(&bed.sms[0].1).unwrap();
     assert!(
         primary.starts_with("# weft-owner: controller "),
