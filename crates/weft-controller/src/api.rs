@@ -68,6 +68,8 @@ pub struct AppState {
     pub delivers: bool,
     /// The drift check's last findings, written by the reconcile loop.
     pub drift: Arc<std::sync::Mutex<crate::model::DriftView>>,
+    /// Per agent: how often its reports may change what the store holds.
+    pub reports: Arc<input::ReportLimiter>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -479,7 +481,7 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
     tag = "agents",
     security(("agent" = [])),
     request_body = HostReportSchema,
-    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
+    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, RateLimited, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
 )]
 async fn report(
     State(state): State<AppState>,
@@ -494,6 +496,15 @@ async fn report(
     }
     let ports = reported_ports(&report);
     let gpus = report.gpus.clone();
+    if ports.len() > input::MAX_REPORT_PORTS || gpus.len() > input::MAX_REPORT_GPUS {
+        return Err(bad(format!(
+            "the report of `{server}` names {} fabric port(s) and {} GPU(s); at most {} and {} a host",
+            ports.len(),
+            gpus.len(),
+            input::MAX_REPORT_PORTS,
+            input::MAX_REPORT_GPUS
+        )));
+    }
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -501,6 +512,15 @@ async fn report(
             .map(|b| format!("{b:02x}"))
             .collect()
     };
+    let content = format!("{hash} {:?}", gpus);
+    if !state.reports.allow(&server, &content, Instant::now()) {
+        state.metrics.rate_limited.inc();
+        return Err(ApiError::TooMany(format!(
+            "the reports of `{server}` change too often (at most {} changes at once, then one every {:.0} s); the agent reports again later",
+            input::REPORT_CHANGES.burst,
+            1.0 / input::REPORT_CHANGES.per_s
+        )));
+    }
     let outcome = db(&state, move |s| {
         let o = s.report(&server, &ports, &hash, now())?;
         s.set_gpus(&server, &gpus, now())?;
@@ -811,7 +831,7 @@ async fn create_token(
     let ttl = match (req.ttl_s, &role) {
         (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S).map_err(bad)?),
         (None, Role::Tenant(_)) => Some(DEFAULT_TENANT_TOKEN_TTL_S),
-        (None, Role::Admin) => None,
+        (None, Role::Admin) => Some(DEFAULT_ADMIN_TOKEN_TTL_S),
     };
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
@@ -828,6 +848,9 @@ async fn create_token(
     ))
 }
 
+/// How long an admin token made through the API lives when the request does not say: one
+/// day. (It also ends when the controller's own admin token is rotated.)
+pub const DEFAULT_ADMIN_TOKEN_TTL_S: u64 = 86_400;
 /// How long a tenant token lives when the request does not say: 90 days.
 pub const DEFAULT_TENANT_TOKEN_TTL_S: u64 = 90 * 86_400;
 /// The longest life a token may be given: ten years.

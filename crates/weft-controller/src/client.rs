@@ -179,15 +179,22 @@ impl Client {
             req = req.json(b);
         }
         let resp = req.send().await.map_err(|e| {
-            if is_tls(&e) {
+            // reqwest's own line repeats the URL ("error sending request for url (...)");
+            // the message names it once, so the reason is the causes alone.
+            let tls = is_tls(&e);
+            let reason = match std::error::Error::source(&e) {
+                Some(cause) => error_chain(cause),
+                None => e.without_url().to_string(),
+            };
+            if tls {
                 ClientError::Untrusted {
                     url: url.clone(),
-                    reason: error_chain(&e),
+                    reason,
                 }
             } else {
                 ClientError::Unreachable {
                     url: url.clone(),
-                    reason: error_chain(&e),
+                    reason,
                 }
             }
         })?;

@@ -139,6 +139,12 @@ pub struct OperationView {
     /// fabric, by GUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// What its delivery took away from what the SMs held, one line each: removals in
+    /// words (`- ALL goes from full to limited in partition `Default` (0x7fff)`), then every
+    /// port that loses a key (`port 0x... (node1 HCA-1): loses 0xffff`), also ports of
+    /// servers it did not name. Empty when it took nothing (or was not yet applied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taken: Vec<String>,
 }
 
 /// One line of the audit log.
@@ -207,6 +213,9 @@ pub struct StatusView {
     #[serde(default)]
     #[schema(required = true)]
     pub applied_conf: Option<String>,
+    /// The controller's Default partition policy, in words (it isolates).
+    #[serde(default)]
+    pub default_policy: String,
 }
 
 /// Whether the fabric still holds what the controller applied.

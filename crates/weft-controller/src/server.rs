@@ -215,6 +215,10 @@ impl Controller {
             holder: holder.clone(),
         });
         store.bootstrap_admin(&token.hash(), unix_now())?;
+        tracing::info!(
+            policy = crate::render::DEFAULT_POLICY,
+            "the Default partition"
+        );
         let weak = Arc::downgrade(&lease);
         tokio::spawn(async move {
             loop {
@@ -265,6 +269,7 @@ impl Controller {
                 limiter: Arc::new(Limiter::new(config.rate_limit)),
                 delivers,
                 drift,
+                reports: Arc::default(),
             },
             _lease: lease,
         })

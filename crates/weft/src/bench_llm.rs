@@ -153,7 +153,7 @@ pub fn run(a: LlmArgs, json: bool) -> Result<u8> {
     match out {
         Ok(code) => Ok(code),
         Err(e) if json => {
-            println!("{}", serde_json::json!({"error": format!("{e:#}")}));
+            crate::output::anyhow_error(true, EXIT_ENVIRONMENT, &e);
             Ok(EXIT_ENVIRONMENT)
         }
         Err(e) => Err(e),

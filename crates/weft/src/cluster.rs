@@ -124,7 +124,8 @@ pub enum TokenCommand {
     /// Make another admin token (shown once).
     #[command(after_help = "Example:\n  weft token admin --ttl-s 86400")]
     Admin {
-        /// Seconds it stays valid (default: no expiry).
+        /// Seconds it stays valid (60 to 315360000; default one day). It also ends when the
+        /// controller restarts with a new WEFT_ADMIN_TOKEN.
         #[arg(long)]
         ttl_s: Option<u64>,
         #[command(flatten)]
@@ -540,15 +541,22 @@ pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, 
     Ok((c, url))
 }
 
-/// The exit code for a failed API call: refusals of what was asked are failed checks;
-/// no answer, a bad token or a broken controller are environment errors.
-fn failed(e: ClientError) -> Result<u8> {
-    eprintln!("weft: {e}");
-    Ok(match &e {
-        ClientError::Refused { status, .. } if *status != 401 => EXIT_CHECK_FAILED,
+/// A failed API call, reported in the one error shape (`output::error`), and its exit code:
+/// a change the controller accepted but did not apply within the wait is a failed check (1);
+/// everything else is usage or environment (2): a refusal of what was asked (HTTP 4xx:
+/// bad input, a bad or missing token, a name that does not exist, a conflict), no answer,
+/// an untrusted certificate, a broken controller.
+fn failed(e: ClientError, json: bool) -> Result<u8> {
+    let code = match &e {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
-    })
+    };
+    let extra = match e.status() {
+        Some(s) => serde_json::json!({ "http_status": s }),
+        None => serde_json::Value::Null,
+    };
+    output::error(json, code, &e.to_string(), &[], extra);
+    Ok(code)
 }
 
 /// Runs one of the controller's commands.
@@ -568,7 +576,7 @@ pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
             ..
         }) => backup(&file, db, cfg, json),
         ClusterCommand::Controller(a) => controller(a, cfg),
-        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
+        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller, json),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
@@ -761,6 +769,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         if let Some(t) = &tls {
             println!("weft controller: TLS certificate {}", t.fingerprint());
         }
+
         weft_controller::serve_tls(
             ctl,
             api,
@@ -823,7 +832,7 @@ fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
     }
 }
 
-fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
+fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
     let (url, tls) = a.trust.resolve(file);
     let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
     cfg.tls = tls;
@@ -852,7 +861,13 @@ fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
         match weft_controller::agent::run(cfg, rx).await {
             Ok(()) => Ok(EXIT_OK),
             Err(e @ (AgentError::Refused(_) | AgentError::NoToken | AgentError::Untrusted(_))) => {
-                eprintln!("weft agent: {e}");
+                output::error(
+                    json,
+                    EXIT_ENVIRONMENT,
+                    &format!("agent: {e}"),
+                    &[],
+                    serde_json::Value::Null,
+                );
                 Ok(EXIT_ENVIRONMENT)
             }
             Err(e) => Err(e.into()),
@@ -896,6 +911,14 @@ fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()
     if let Some(w) = &op.warning {
         println!("  {}", output::clean(w));
     }
+    if !op.taken.is_empty() {
+        println!(
+            "  takes away from what the subnet managers held (also from servers it did not name):"
+        );
+        for line in &op.taken {
+            println!("    {}", output::clean(line));
+        }
+    }
     for line in op.diff.lines() {
         println!("  {line}");
     }
@@ -934,17 +957,16 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
                 "operation {id} is not applied after {:.0} s ({last_error}); it stays pending and the controller keeps delivering it: see `weft audit` for when it is applied",
                 waited.as_secs_f64()
             );
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "error": message, "operation": id, "state": "pending" })
-                );
-            } else {
-                eprintln!("weft: {message}");
-            }
+            output::error(
+                json,
+                EXIT_CHECK_FAILED,
+                &message,
+                &[],
+                serde_json::json!({ "operation": id, "state": "pending" }),
+            );
             Ok(EXIT_CHECK_FAILED)
         }
-        Err(e) => failed(e),
+        Err(e) => failed(e, json),
     }
 }
 
@@ -984,7 +1006,7 @@ async fn client_command(
         ($e:expr) => {
             match $e.await {
                 Ok(v) => v,
-                Err(e) => return failed(e),
+                Err(e) => return failed(e, json),
             }
         };
     }

@@ -142,7 +142,7 @@ pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
             Ok(code)
         }
         Err(e) if json => {
-            crate::output::json(&serde_json::json!({"error": format!("{e:#}")}))?;
+            crate::output::anyhow_error(true, EXIT_ENVIRONMENT, &e);
             Ok(EXIT_ENVIRONMENT)
         }
         Err(e) => Err(e),

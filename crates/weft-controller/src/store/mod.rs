@@ -158,6 +158,9 @@ pub struct VerifiedDelivery<'a> {
     pub detail: &'a str,
     /// What it could not verify (ports not on the fabric); kept on each operation.
     pub warning: Option<&'a str>,
+    /// What it took away from what the SMs held (removals in words, then ports and the
+    /// keys they lose), one per line; kept on each operation.
+    pub taken: &'a str,
 }
 
 /// Where a store stands in the order of deliveries (see `weft_opensm::Fence`).

@@ -457,12 +457,40 @@ fn the_controller_over_ssh_survives_kill_9_a_standby_host_down_and_a_master_sm_f
         .trim()
         .to_string();
     ok(weft(d, &env, &["tenant", "create", "bob"]));
-    ok(weft(
+    // The first group makes Default isolating on a fabric that was open (`ALL=full`):
+    // its output says what it takes from every port, though it named none of them.
+    let out = ok(weft(
         d,
         &env,
         &["group", "create", "a", "--tenant", "alice"],
     ));
-    ok(weft(d, &env, &["group", "create", "b", "--tenant", "bob"]));
+    assert!(
+        out.contains("takes away")
+            && out.contains("goes from full to limited in partition `Default`"),
+        "{out}"
+    );
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        for (_, g) in &h.port_guids {
+            assert!(
+                out.contains(&format!("port {}", Guid(*g))),
+                "port {:#x} of {} is not named: {out}",
+                g,
+                h.name
+            );
+        }
+    }
+    assert!(out.contains("loses 0xffff"), "{out}");
+
+    let v: serde_json::Value = serde_json::from_str(&ok(weft(
+        d,
+        &env,
+        &["--json", "group", "create", "b", "--tenant", "bob"],
+    )))
+    .unwrap();
+    assert!(
+        v.get("taken").is_none(),
+        "the second group takes nothing: {v}"
+    );
     ok(weft(d, &env, &["group", "add", "a", "node1", "node2"]));
     let out = ok(weft(d, &env, &["group", "add", "b", "node3", "node4"]));
     assert!(out.contains("applied and verified"), "{out}");
@@ -1132,6 +1160,18 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         &[&cfg[..], &["group", "create", "a", "--tenant", "alice"]].concat(),
     ));
     assert!(out.contains("applied and verified"), "{out}");
+    // Refusals are usage errors (exit 2, as the README says), in the one JSON shape with
+    // the HTTP status: a name that does not exist (404), one that exists already (409).
+    for (args, status) in [
+        (&["group", "remove", "nosuch"][..], 404),
+        (&["group", "create", "a", "--tenant", "alice"][..], 409),
+    ] {
+        let o = weft(d, &[], &[&cfg[..], &["--json"], args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["http_status"], status, "{args:?}: {v}");
+        assert_eq!(v["exit"], 2, "{args:?}: {v}");
+    }
     let primary = std::fs::read_to_string(&bed.sms[0].1).unwrap();
     assert!(
         primary.starts_with("# weft-owner: controller "),
@@ -1232,7 +1272,18 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         drift.len() >= 3 && drift[0] == "drift" && drift[1] == "in-sync",
         "{drift:?}"
     );
-    // --force replaces the owned file.
+    // --force replaces the owned file: the file no longer names the controller, and
+    // `weft fabric status` still says what the controller's drift check found (exit 1).
     let o = weft(d, &[], &[&apply[..], &["--force"]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = until(
+        "status to show the drift after --force",
+        Duration::from_secs(20),
+        || {
+            let o = weft(d, &[], &status);
+            text(&o).contains("drift check: DRIFT").then_some(o)
+        },
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("owner: controller"), "{}", text(&o));
 }

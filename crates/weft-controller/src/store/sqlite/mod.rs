@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_token_life_and_lease.sql"),
     include_str!("../migrations/0003_operation_warning.sql"),
     include_str!("../migrations/0004_server_gpus.sql"),
+    include_str!("../migrations/0005_operation_taken.sql"),
 ];
 
 /// [`Store`] on SQLite: WAL journal, foreign keys on, embedded migrations tracked in
@@ -817,6 +818,7 @@ mod tests {
             conf: "x",
             detail: "",
             warning: None,
+            taken: "",
         };
         s.mark_applied(&d, 2).unwrap();
         // At or below the applied generation a file is replaceable anyway.

@@ -72,17 +72,34 @@ pub(super) fn report(
             .prepare("SELECT guid FROM ports WHERE server = ?1")?
             .query_map([server], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
-        for g in owned.iter().filter(|g| !reported.contains(g)) {
+        // One audit line for the report, not one per port: a report that drops a
+        // thousand ports is one change.
+        let gone: Vec<&i64> = owned.iter().filter(|g| !reported.contains(g)).collect();
+        for g in &gone {
             tx.execute("DELETE FROM ports WHERE guid = ?1", [g])?;
+        }
+        if !gone.is_empty() {
+            let mut named: Vec<String> = gone
+                .iter()
+                .take(8)
+                .map(|g| guid_from_sql(**g).to_string())
+                .collect();
+            if gone.len() > named.len() {
+                named.push(format!("and {} more", gone.len() - named.len()));
+            }
             audit(
                 tx,
                 now,
                 &format!("agent:{server}"),
                 "port.gone",
-                &guid_from_sql(*g).to_string(),
+                server,
                 "",
                 "ok",
-                "no longer reported",
+                &format!(
+                    "{} port(s) no longer reported: {}",
+                    gone.len(),
+                    named.join(", ")
+                ),
             )?;
         }
         for p in ports {
