@@ -43,7 +43,7 @@ pub struct LlmArgs {
 pub enum LlmCommand {
     /// Scaling report across runs on different node counts or layouts: table and PNG plots.
     #[command(
-        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared."
+        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared.\nThe plots draw one sd over the runs as error bars. Warnings: two runs of one node count and\nlayout, different models or tests, efficiency per node above 115 %, runs that spread over 20 %."
     )]
     Compare(CompareArgs),
 }

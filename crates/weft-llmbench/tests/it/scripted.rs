@@ -606,14 +606,17 @@ fn scripted_standin_role_chunk_before_prefill_pp_is_timed_to_the_first_token() {
             prefill_per_token: Duration::from_micros(250),
             itl: Duration::from_millis(5),
             role_chunk: true,
+            spin_before: Duration::from_millis(2),
             ..Default::default()
         })
         .await
         .unwrap();
         let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
+        // The median of 5 runs: on the loaded 2-core CI machine a single first token can be
+        // late by more than 5 % of 128 ms.
         let r = runner::run(
             &c,
-            &plan(&[512], &[8], &[0], &[1], 3),
+            &plan(&[512], &[8], &[0], &[1], 5),
             Corpus::words(),
             None,
             &labels(),
@@ -628,7 +631,7 @@ fn scripted_standin_role_chunk_before_prefill_pp_is_timed_to_the_first_token() {
         let p = t.prompt_tokens.unwrap().mean;
         assert!((p - 512.0).abs() <= 512.0 * 0.02, "prompt tokens {p}");
         let mut pp: Vec<f64> = t.runs.iter().filter_map(|x| x.pp_tps).collect();
-        assert_eq!(pp.len(), 3);
+        assert_eq!(pp.len(), 5);
         let pp = crate::llamacpp::median(&mut pp);
         assert!(
             (pp / 4000.0 - 1.0).abs() <= 0.05,
