@@ -112,11 +112,33 @@ pub fn build(root: &Path, how: Build) -> Result<PathBuf> {
         "/etc/weft/weft.toml\n",
         0o644,
     )?;
+    // The binary embeds DejaVu Sans (weft-font): its copyright and licence stanza, as
+    // Debian's fonts-dejavu-core gives it, from the file kept beside the font.
+    let font_licence = root.join("crates/weft-font/fonts/LICENSE-DejaVu");
+    let dejavu = std::fs::read_to_string(&font_licence)
+        .with_context(|| format!("cannot read {}", font_licence.display()))?;
+    let stanza: String = dejavu
+        .lines()
+        .skip_while(|l| !l.starts_with("Files: *"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Files:"))
+        .map(|l| format!("{}\n", l.trim_end()))
+        .collect();
+    if !stanza.contains("License: bitstream-vera") {
+        bail!(
+            "{}: no `Files: *` stanza with the bitstream-vera licence",
+            font_licence.display()
+        );
+    }
     write(
         &stage.join("usr/share/doc/weft/copyright"),
-        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
-         Upstream-Name: weft\n\nFiles: *\nCopyright: 2025-2026 the weft developers\nLicense: Apache-2.0\n \
-         On Debian systems the full text is in /usr/share/common-licenses/Apache-2.0.\n",
+        &format!(
+            "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
+             Upstream-Name: weft\n\nFiles: *\nCopyright: 2025-2026 the weft developers\nLicense: Apache-2.0\n \
+             On Debian systems the full text is in /usr/share/common-licenses/Apache-2.0.\n\n\
+             Files: crates/weft-font/fonts/*\n{}",
+            stanza.trim_end_matches('\n').to_string() + "\n"
+        ),
         0o644,
     )?;
     for (shell, path) in [

@@ -38,7 +38,6 @@ pub mod comm;
 pub mod doctor;
 pub mod dtype;
 pub mod facts;
-pub mod glyphs;
 pub mod judge;
 pub mod launch;
 pub mod links;

@@ -36,6 +36,7 @@ pub mod layout;
 pub mod manifest;
 pub mod mesh;
 pub mod run;
+pub mod stall;
 pub mod sync;
 pub mod wire;
 

@@ -23,7 +23,8 @@ pub const AFTER_HELP: &str = "Examples:
   weft bench llm compare 1n.json 2n.json 4n.json --plot scaling
 
 Each test sends --concurrency requests together, --runs times: `ppN @ dD` rows time the prompt
-(t/s = prompt tokens / (ttfr - latency)), `tgN @ dD` rows the generation (t/s = tokens after the
+(t/s = prompt tokens / (time to the first chunk with a token - latency); llama-benchy's figure, to
+the first byte, is kept as pp_tps_first_byte in the JSON), `tgN @ dD` rows the generation (t/s = tokens after the
 first chunk / time from first to last chunk). Tokens come from the server's token ids or usage,
 or from --tokenizer on the whole text, never one chunk as one token. Every request starts with a
 unique tag, so no cache is hit unless --prefix-cache asks for the two-step test.
@@ -42,7 +43,7 @@ pub struct LlmArgs {
 pub enum LlmCommand {
     /// Scaling report across runs on different node counts or layouts: table and PNG plots.
     #[command(
-        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared."
+        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared.\nThe plots draw one sd over the runs as error bars. Warnings: two runs of one node count and\nlayout, different models or tests, efficiency per node above 115 %, runs that spread over 20 %."
     )]
     Compare(CompareArgs),
 }

@@ -481,7 +481,12 @@ fn import(
             Ok(c) => c,
             Err(errs) => return show(&errs, "errors"),
         };
-        if !weft_fabric::auto_keyed(&parsed).is_empty() {
+        // Partitions without ports are in no port's table: import gives them a free key.
+        let empty = weft_fabric::keyless_empty(&parsed);
+        if weft_fabric::auto_keyed(&parsed)
+            .iter()
+            .any(|n| !empty.contains(n))
+        {
             match live_keys(fc, &parsed)? {
                 Ok(keys) => opts.keys = keys,
                 Err(msg) => return bad_input(&format!("{}: {msg}", file.display()), as_json),
@@ -520,7 +525,11 @@ fn live_keys(
 ) -> Result<std::result::Result<std::collections::BTreeMap<String, weft_fabric::PKey>, String>> {
     let a = applier(fc, None)?;
     let snapshot = a.diag.snapshot()?;
-    let auto = weft_fabric::auto_keyed(parsed);
+    let empty = weft_fabric::keyless_empty(parsed);
+    let auto: Vec<String> = weft_fabric::auto_keyed(parsed)
+        .into_iter()
+        .filter(|n| !empty.contains(n))
+        .collect();
     Ok(weft_fabric::keys_from_tables(
         parsed,
         &snapshot.inventory,

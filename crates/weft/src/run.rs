@@ -14,7 +14,9 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long.\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
+    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long, and the one
+that froze first: a stopped process (state T), a node that stopped answering, or the rank whose
+output and CPU time stopped first (ranks waiting in a collective keep spinning).\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -218,12 +220,29 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         }
         for s in &r.stalled {
             println!(
-                "\nSTALL node {} ({}): nothing printed for {:.0} s; last line: {}; last NCCL line: {}",
+                "\nSTALL node {} ({}): nothing printed for {:.0} s; last line: {}; last NCCL line: {}{}",
                 s.node_rank,
                 s.host,
                 s.silent_s,
                 s.last_line.as_deref().unwrap_or("-"),
-                s.last_nccl_line.as_deref().unwrap_or("-")
+                s.last_nccl_line.as_deref().unwrap_or("-"),
+                s.state
+                    .as_ref()
+                    .map(|x| format!("; processes: {x}"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(x) = &r.suspect {
+            println!(
+                "\nFROZEN FIRST node {} ({}): {}; last line: {}",
+                x.node_rank,
+                x.host,
+                x.why,
+                x.last_line.as_deref().unwrap_or("-")
+            );
+        } else if !r.stalled.is_empty() {
+            println!(
+                "\nno node stands out: the ranks stopped together (no stopped process, every node answering, none stopped making progress 2 s before the others)"
             );
         }
         if r.interrupted {
