@@ -231,6 +231,12 @@ pub struct Plan {
     pub ranks: Vec<RankPlan>,
     pub nodes: Vec<NodePlan>,
     pub fits: bool,
+    /// When one sequence of `max_model_len` does not fit but the weights do: the longest
+    /// `--max-model-len` that fits, in whole KV blocks.
+    pub fits_up_to: Option<u64>,
+    /// When `max_model_len` was not asked for and the config's default did not fit: that
+    /// default; the plan is then for the longest context that fits.
+    pub shortened_from: Option<u64>,
     pub comm: Comm,
     pub replicated: Vec<Flagged>,
     pub uneven: Vec<Flagged>,
@@ -429,8 +435,50 @@ fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
     }
 }
 
-/// Plans one layout.
+/// Plans one layout. Without `--max-model-len`, a model whose default context (the
+/// config's `max_position_embeddings`) does not fit but whose weights do is planned at the
+/// longest context that fits, and says so (`shortened_from`, first warning): that is the
+/// length the engine must then be given.
 pub fn plan(
+    model: &Model,
+    layout: Layout,
+    cluster: Cluster,
+    opts: &Options,
+) -> Result<Plan, PlanError> {
+    let p = plan_at(model, layout, cluster, opts)?;
+    let Some(n) = p
+        .fits_up_to
+        .filter(|_| opts.max_model_len.is_none() && !p.fits)
+    else {
+        return Ok(p);
+    };
+    let shorter = Options {
+        max_model_len: Some(n),
+        ..opts.clone()
+    };
+    let mut q = plan_at(model, layout, cluster, &shorter)?;
+    if !q.fits {
+        return Ok(p);
+    }
+    q.shortened_from = Some(p.max_model_len);
+    q.warnings.retain(|w| !w.starts_with("the weights fit but"));
+    q.warnings.insert(
+        0,
+        format!(
+            "fits at up to {n} tokens: the config's context of {} tokens does not fit, so the plan is for --max-model-len {n}",
+            p.max_model_len
+        ),
+    );
+    Ok(q)
+}
+
+/// Rounds a token count up to whole KV blocks: vLLM reserves a sequence's cache in blocks
+/// (`cdiv(max_model_len, block_size)` blocks in its startup check).
+fn in_blocks(n: u64) -> u64 {
+    n.div_ceil(KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+}
+
+fn plan_at(
     model: &Model,
     layout: Layout,
     cluster: Cluster,
@@ -734,10 +782,10 @@ pub fn plan(
                         max_model_len,
                     )
                 };
-                let one_seq = full_b as i128 * max_model_len as i128
+                let one_seq = full_b as i128 * in_blocks(max_model_len) as i128
                     + swa
                         .iter()
-                        .map(|(b, w)| *b as i128 * (*w).min(max_model_len) as i128)
+                        .map(|(b, w)| *b as i128 * in_blocks((*w).min(max_model_len)) as i128)
                         .sum::<i128>();
                 let headroom = (avail - one_seq).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
                 ranks.push(RankPlan {
@@ -774,6 +822,7 @@ pub fn plan(
         })
         .collect();
     let fits = nodes.iter().all(|n| n.fits);
+    let mut fits_up_to = None;
     if !fits {
         let best = ranks
             .iter()
@@ -781,6 +830,7 @@ pub fn plan(
             .min()
             .unwrap_or(0);
         if ranks.iter().all(|r| r.weights_bytes + overhead <= budget) && best > 0 {
+            fits_up_to = Some(best);
             warnings.push(format!(
                 "the weights fit but one sequence of max_model_len {max_model_len} does not: --max-model-len {best} would"
             ));
@@ -809,6 +859,8 @@ pub fn plan(
         ranks,
         nodes,
         fits,
+        fits_up_to,
+        shortened_from: None,
         comm,
         replicated: replicated.into_list(),
         uneven: uneven.into_list(),
@@ -823,13 +875,14 @@ fn llama_cpp_layers(layers: u64, devices: u64, d: u64) -> (u64, u64) {
 }
 
 /// The longest sequence that fits `budget` bytes: full layers grow with it, sliding
-/// layers stop at their window. Capped at `cap`.
+/// layers stop at their window, each reserved in whole KV blocks (so the answer is a
+/// whole number of blocks unless it is `cap`). Capped at `cap`.
 fn max_context(budget: u64, full_b: u64, swa: &[(u64, u64)], cap: u64) -> u64 {
     let cost = |n: u64| -> u128 {
-        u128::from(full_b) * u128::from(n)
+        u128::from(full_b) * u128::from(in_blocks(n))
             + swa
                 .iter()
-                .map(|(b, w)| u128::from(*b) * u128::from((*w).min(n)))
+                .map(|(b, w)| u128::from(*b) * u128::from(in_blocks((*w).min(n))))
                 .sum::<u128>()
     };
     if cost(cap) <= u128::from(budget) {

@@ -274,6 +274,14 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
 
 fn print_human(r: &Report) {
     let p = &r.plan;
+    if let Some(asked) = p.shortened_from {
+        println!(
+            "fits at up to {} tokens: the config's context of {} does not fit; planned for --max-model-len {}\n",
+            tokens(p.max_model_len),
+            tokens(asked),
+            p.max_model_len
+        );
+    }
     println!(
         "model   {}: {} ({:?}), quantization {}, {} tensors, {} in the checkpoint",
         p.model,

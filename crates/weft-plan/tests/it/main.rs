@@ -1,6 +1,7 @@
 //! weft-plan's integration tests: hand-computed rules, published figures, sources
 //! (local files and a real HTTP server with Range support).
 
+mod corners;
 mod formats;
 mod http;
 mod published;
