@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::PlanError;
 use crate::arch::{Arch, Family, LayerKind};
 use crate::rules::{self, Expert, Note, Split, Stage};
+use crate::speed::{self, Hardware, Prediction};
 use crate::tensor::Tensor;
 
 /// How the tensors are named, which decides the rules that apply.
@@ -106,6 +107,9 @@ pub struct Options {
     pub max_num_seqs: u64,
     /// Runtime memory per GPU besides weights and KV cache; default the engine's figure.
     pub overhead_bytes: Option<u64>,
+    /// Device and link figures: with them every plan carries a speed prediction and
+    /// layouts are ranked by it.
+    pub hardware: Option<Hardware>,
 }
 
 impl Default for Options {
@@ -117,6 +121,7 @@ impl Default for Options {
             max_model_len: None,
             max_num_seqs: 1,
             overhead_bytes: None,
+            hardware: None,
         }
     }
 }
@@ -158,6 +163,11 @@ pub struct RankPlan {
     /// Decoder layers [start, end) of this rank's stage.
     pub layers: [u64; 2],
     pub weights_bytes: u64,
+    /// Of `weights_bytes`, the routed experts' (a decoded token reads its top-k of them).
+    pub expert_bytes: u64,
+    /// Of `weights_bytes`, the input embedding's when it is not also the LM head here (a
+    /// token reads one row of it).
+    pub lookup_bytes: u64,
     /// KV bytes one token takes on this rank, counting every attention layer of its stage
     /// (what vLLM divides by when it logs "GPU KV cache size: N tokens").
     pub kv_bytes_per_token: u64,
@@ -238,6 +248,8 @@ pub struct Plan {
     /// default; the plan is then for the longest context that fits.
     pub shortened_from: Option<u64>,
     pub comm: Comm,
+    /// One sequence's decode and prompt speed, when device figures were given.
+    pub speed: Option<Prediction>,
     pub replicated: Vec<Flagged>,
     pub uneven: Vec<Flagged>,
     pub skipped: Vec<Flagged>,
@@ -366,6 +378,10 @@ pub fn check_layout(
     if opts.max_num_seqs == 0 {
         return Err(refuse("max-num-seqs is at least 1", "0".into()));
     }
+    if let Some(hw) = &opts.hardware {
+        hw.check()
+            .map_err(|e| refuse("device and link figures are positive numbers", e))?;
+    }
     Ok(())
 }
 
@@ -426,7 +442,7 @@ impl Flags {
 }
 
 /// Per layer KV bytes per token on one TP rank.
-fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
+pub(crate) fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
     match arch.mla {
         // MLA caches the compressed latent and the shared RoPE key, K only, and vLLM keeps
         // it whole on every TP rank (kaito-project/kaito PR #2139; TensorRT-LLM PR #16707).
@@ -575,6 +591,11 @@ fn plan_at(
     let ep_size = layout.ep_size();
     let mut stage_all = vec![0u64; pp as usize];
     let mut stage_rank = vec![0u64; (pp * tp) as usize];
+    // Of those: routed experts (a decoded token reads top-k of them) and the input
+    // embedding (a token reads one row of it), for the speed model.
+    let (mut exp_all, mut exp_rank) = (vec![0u64; pp as usize], vec![0u64; (pp * tp) as usize]);
+    let (mut lookup_all, mut lookup_rank) =
+        (vec![0u64; pp as usize], vec![0u64; (pp * tp) as usize]);
     let mut ep_acc = vec![
         0u64;
         if layout.ep {
@@ -688,12 +709,27 @@ fn plan_at(
                 }
             },
             _ => {
+                let lookup = embed.as_ref().is_some_and(|(e, _, _)| std::ptr::eq(*e, t));
                 if rules::uniform(t, &p.split, tp) {
-                    stage_all[s as usize] += rules::rank_bytes(t, b, &p.split, tp, 0);
+                    let x = rules::rank_bytes(t, b, &p.split, tp, 0);
+                    stage_all[s as usize] += x;
+                    if p.expert.is_some() {
+                        exp_all[s as usize] += x;
+                    }
+                    if lookup {
+                        lookup_all[s as usize] += x;
+                    }
                 } else {
                     for r in 0..tp {
-                        stage_rank[(s * tp + r) as usize] +=
-                            rules::rank_bytes(t, b, &p.split, tp, r);
+                        let x = rules::rank_bytes(t, b, &p.split, tp, r);
+                        let i = (s * tp + r) as usize;
+                        stage_rank[i] += x;
+                        if p.expert.is_some() {
+                            exp_rank[i] += x;
+                        }
+                        if lookup {
+                            lookup_rank[i] += x;
+                        }
                     }
                 }
             }
@@ -744,13 +780,19 @@ fn plan_at(
             for r in 0..tp {
                 let rank = (d * pp + s) * tp + r;
                 let ep_rank = layout.ep.then_some(d * tp + r);
-                let weights = stage_all[s as usize]
-                    + stage_rank[(s * tp + r) as usize]
-                    + if layout.ep {
-                        ep_acc[((d * pp + s) * tp + r) as usize]
-                    } else {
-                        0
-                    };
+                let ep_bytes = if layout.ep {
+                    ep_acc[((d * pp + s) * tp + r) as usize]
+                } else {
+                    0
+                };
+                let weights = stage_all[s as usize] + stage_rank[(s * tp + r) as usize] + ep_bytes;
+                let expert_bytes = exp_all[s as usize] + exp_rank[(s * tp + r) as usize] + ep_bytes;
+                // A tied embedding that is also this stage's LM head is read whole.
+                let lookup_bytes = if arch.tied && pp == 1 {
+                    0
+                } else {
+                    lookup_all[s as usize] + lookup_rank[(s * tp + r) as usize]
+                };
                 let mut full_b = 0u64;
                 let mut swa: Vec<(u64, u64)> = Vec::new();
                 for l in l0..l1 {
@@ -797,6 +839,8 @@ fn plan_at(
                     ep_rank,
                     layers: [l0, l1],
                     weights_bytes: weights,
+                    expert_bytes,
+                    lookup_bytes,
                     kv_bytes_per_token: kv_per_token,
                     kv_tokens,
                     max_context_per_seq: max_ctx,
@@ -837,7 +881,7 @@ fn plan_at(
         }
     }
     let comm = comm(arch, &layout, &cluster);
-    Ok(Plan {
+    let mut plan = Plan {
         model: model.source.clone(),
         architecture: arch.name.clone(),
         family: arch.family,
@@ -866,7 +910,13 @@ fn plan_at(
         uneven: uneven.into_list(),
         skipped: skipped.into_list(),
         warnings,
-    })
+        speed: None,
+    };
+    plan.speed = opts
+        .hardware
+        .as_ref()
+        .map(|hw| speed::predict(&plan, arch, hw));
+    Ok(plan)
 }
 
 /// llama.cpp's default layer split over equal devices: contiguous, as even as it goes.
@@ -956,12 +1006,21 @@ pub struct Candidate {
     pub min_kv_tokens: u64,
     pub internode_bytes_per_token: u64,
     pub internode_collectives_per_token: u64,
+    /// The context planned for (shorter than the config's when that did not fit).
+    pub max_model_len: u64,
+    /// Predicted single-stream decode and prompt tokens/s and the term that dominates
+    /// decode, when device figures were given.
+    pub decode_tokens_per_s: Option<f64>,
+    pub prompt_tokens_per_s: Option<f64>,
+    pub dominant: Option<String>,
     pub refused: Option<String>,
 }
 
 /// Every layout that uses the whole cluster (tp x pp = GPUs, dp = 1, EP on and off for
-/// MoE models), ranked: those that fit first, then the fewest bytes and collectives
-/// between nodes per token, then the most KV capacity.
+/// MoE models), ranked: those that fit first (at the full context before those planned
+/// shorter), then, with device figures, the fastest predicted single-stream decode (then
+/// prompt), then the fewest collectives and bytes between nodes per token, then the most KV
+/// capacity.
 pub fn candidates(
     model: &Model,
     cluster: Cluster,
@@ -990,6 +1049,10 @@ pub fn candidates(
                         min_kv_tokens: p.ranks.iter().map(|r| r.kv_tokens).min().unwrap_or(0),
                         internode_bytes_per_token: p.comm.internode_bytes_per_token,
                         internode_collectives_per_token: p.comm.internode_collectives_per_token,
+                        max_model_len: p.max_model_len,
+                        decode_tokens_per_s: p.speed.as_ref().map(|s| s.decode.tokens_per_s),
+                        prompt_tokens_per_s: p.speed.as_ref().map(|s| s.prompt.tokens_per_s),
+                        dominant: p.speed.as_ref().map(|s| s.decode.dominant.to_string()),
                         refused: None,
                     },
                     Some(p),
@@ -1002,6 +1065,10 @@ pub fn candidates(
                         min_kv_tokens: 0,
                         internode_bytes_per_token: 0,
                         internode_collectives_per_token: 0,
+                        max_model_len: 0,
+                        decode_tokens_per_s: None,
+                        prompt_tokens_per_s: None,
+                        dominant: None,
                         refused: Some(e.to_string()),
                     },
                     None,
@@ -1009,9 +1076,22 @@ pub fn candidates(
             }
         }
     }
-    out.sort_by(|(a, _), (b, _)| {
-        (a.refused.is_some(), !a.fits)
-            .cmp(&(b.refused.is_some(), !b.fits))
+    let shortened = |p: &Option<Plan>| p.as_ref().is_some_and(|p| p.shortened_from.is_some());
+    let speed = |c: &Candidate| {
+        (
+            c.decode_tokens_per_s.unwrap_or(0.0),
+            c.prompt_tokens_per_s.unwrap_or(0.0),
+        )
+    };
+    out.sort_by(|(a, pa), (b, pb)| {
+        (a.refused.is_some(), !a.fits, shortened(pa))
+            .cmp(&(b.refused.is_some(), !b.fits, shortened(pb)))
+            // Faster first, when predicted.
+            .then(
+                speed(b)
+                    .partial_cmp(&speed(a))
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
             .then(
                 a.internode_collectives_per_token
                     .cmp(&b.internode_collectives_per_token),

@@ -6,6 +6,7 @@ mod formats;
 mod http;
 mod published;
 mod rules;
+mod speed;
 
 use serde_json::Value;
 use weft_plan::plan::{Cluster, Format, Layout, Model, Options, Plan};
