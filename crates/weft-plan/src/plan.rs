@@ -70,7 +70,8 @@ pub enum KvDtype {
 
 /// The parallel layout: tensor, pipeline and data parallel sizes; expert parallelism on
 /// or off (when on, experts are spread over EP = TP x DP ranks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Layout {
     pub tp: u64,
     pub pp: u64,

@@ -240,7 +240,7 @@ impl Hardware {
 }
 
 /// The time of one step, by term, in seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
 pub struct Terms {
     pub memory_s: f64,
     pub compute_s: f64,
@@ -296,12 +296,12 @@ impl Terms {
 }
 
 /// A predicted speed with its breakdown.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Speed {
     pub tokens_per_s: f64,
     /// Decode: one step. Prompt: all chunks of the prompt together.
     pub terms: Terms,
-    pub dominant: &'static str,
+    pub dominant: String,
 }
 
 impl Speed {
@@ -309,14 +309,14 @@ impl Speed {
         let t = terms.total_s();
         Speed {
             tokens_per_s: if t > 0.0 { tokens as f64 / t } else { 0.0 },
-            dominant: terms.dominant(),
+            dominant: terms.dominant().to_string(),
             terms,
         }
     }
 }
 
 /// What the plan predicts for one sequence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
     /// Decode at an empty context.
     pub decode: Speed,
@@ -329,6 +329,8 @@ pub struct Prediction {
     /// Tokens per engine step while processing a prompt.
     pub prompt_chunk_tokens: u64,
     pub hardware: Hardware,
+    /// What the figures above were computed from: any other test can be predicted from it.
+    pub model: StepModel,
 }
 
 /// Prompt tokens per step: vLLM's default `max_num_batched_tokens` for online serving
@@ -379,152 +381,275 @@ fn allreduce(n: u64, bytes: f64, gbs: f64, latency_us: f64) -> (f64, f64) {
     )
 }
 
-/// The time of one step that processes `tokens` tokens of one sequence whose cache holds
-/// `past` tokens before it.
-fn step(plan: &Plan, arch: &Arch, hw: &Hardware, tokens: u64, past: u64) -> Terms {
-    let Plan { layout, .. } = plan;
-    let (tp, pp) = (layout.tp, layout.pp);
-    let g = plan.cluster.gpus_per_node;
-    let n = tokens as f64;
-    let mem_bps = hw.memory_gbs * 1e9;
-    let flops = peak_flops(arch, hw);
-    let (layer_params, head_params) = active_params(arch);
-    let elt = plan.kv_bytes_per_element;
-    let layer_kv = kv_layer_bytes(arch, tp, elt) as f64;
-    // Share of routed experts a step touches: top-k of E for one token, nearly all for many.
-    let expert_share = if arch.experts > 0 {
-        let k = arch.experts_per_token as f64 / arch.experts as f64;
-        1.0 - (1.0 - k.min(1.0)).powf(n)
-    } else {
-        0.0
-    };
-    let mut t = Terms::default();
-    for s in 0..pp {
-        let ranks: Vec<_> = plan
-            .ranks
-            .iter()
-            .filter(|r| r.pp_stage == s && r.dp_rank == 0)
-            .collect();
-        let Some(first) = ranks.first() else { continue };
-        let (l0, l1) = (first.layers[0], first.layers[1]);
-        // KV read: every attention layer of the stage over the context it attends to.
-        let mut kv_read = 0.0;
-        let mut attn_flops = 0.0;
-        let heads = (arch.heads / tp).max(1) as f64;
-        for l in l0..l1 {
-            let cap = match arch
-                .layer_kinds
-                .get(l as usize)
-                .copied()
-                .unwrap_or(LayerKind::Full)
-            {
-                LayerKind::Full => f64::MAX,
-                LayerKind::Sliding { window } => window as f64,
-                LayerKind::Linear => continue,
-            };
-            // The cache read once for the step; each token attends to the tokens before it
-            // (on average past + (n+1)/2), up to the window.
-            kv_read += layer_kv * (past as f64 + n).min(cap);
-            let avg = (past as f64 + (n + 1.0) / 2.0).min(cap);
-            attn_flops += 4.0 * n * avg * heads * arch.head_dim as f64;
-        }
-        let memory = ranks
-            .iter()
-            .map(|r| {
-                let dense = r.weights_bytes - r.expert_bytes - r.lookup_bytes;
-                let lookup = (r.lookup_bytes as f64 / arch.vocab.max(1) as f64 * n)
-                    .min(r.lookup_bytes as f64);
-                dense as f64 + r.expert_bytes as f64 * expert_share + lookup + kv_read
-            })
-            .fold(0.0, f64::max)
-            / mem_bps;
-        let layers = (l1 - l0) as f64;
-        let mut compute = 2.0 * n * layers * layer_params / tp as f64 + attn_flops;
-        if s == pp - 1 {
-            // The LM head runs for the last token of the step only.
-            compute += 2.0 * head_params / tp as f64;
-        }
-        t.memory_s += memory;
-        t.compute_s += compute / flops;
-        // TP: two all-reduces of the step's hidden states per layer.
-        if tp > 1 {
-            let (gbs, lat) = if tp > g || hw.gpu_link_gbs == 0.0 {
-                (hw.link_gbps / 8.0, hw.link_latency_us)
+/// One link a collective crosses: its ranks, rate (GB/s) and one-way latency.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkUse {
+    pub ranks: u64,
+    pub gbs: f64,
+    pub latency_us: f64,
+}
+
+/// One pipeline stage as the speed model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageModel {
+    /// Per TP rank: [dense weight bytes, routed expert bytes, input embedding bytes].
+    pub ranks: Vec<[f64; 3]>,
+    /// Per attention layer: KV bytes per token on one rank, and its window (none: full).
+    pub kv_layers: Vec<(f64, Option<u64>)>,
+    pub layers: u64,
+    /// The last stage runs the LM head.
+    pub lm_head: bool,
+    /// TP all-reduces (two per layer), EP all-to-alls (two per MoE layer), the hop to the
+    /// next stage.
+    pub tp: Option<LinkUse>,
+    pub ep: Option<LinkUse>,
+    pub next: Option<LinkUse>,
+}
+
+/// Everything the speed of one layout depends on, so that a saved plan can predict any
+/// test (prompt size, depth) later (`weft bench llm compare --plan`) without the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepModel {
+    pub stages: Vec<StageModel>,
+    pub hidden: u64,
+    pub vocab: u64,
+    pub experts: u64,
+    pub experts_per_token: u64,
+    /// Attention heads and head dim on one TP rank.
+    pub heads_per_rank: u64,
+    pub head_dim: u64,
+    /// Parameters one token multiplies by per layer and in the LM head, on one TP rank.
+    pub layer_params_per_rank: f64,
+    pub head_params_per_rank: f64,
+    pub memory_gbs: f64,
+    pub peak_tflops: f64,
+    pub step_overhead_us: f64,
+    /// Prompt tokens per step.
+    pub prompt_chunk_tokens: u64,
+}
+
+impl StepModel {
+    /// The model of a planned layout on `hw`.
+    pub fn new(plan: &Plan, arch: &Arch, hw: &Hardware) -> StepModel {
+        let Plan { layout, .. } = plan;
+        let (tp, pp) = (layout.tp, layout.pp);
+        let g = plan.cluster.gpus_per_node;
+        let (layer_params, head_params) = active_params(arch);
+        let layer_kv = kv_layer_bytes(arch, tp, plan.kv_bytes_per_element) as f64;
+        let net = |n: u64, crosses: bool| LinkUse {
+            ranks: n,
+            gbs: if crosses || hw.gpu_link_gbs == 0.0 {
+                hw.link_gbps / 8.0
             } else {
-                (hw.gpu_link_gbs, hw.gpu_link_latency_us)
-            };
-            let bytes = n * arch.hidden as f64 * 2.0;
-            let (l, b) = allreduce(tp, bytes, gbs, lat);
-            t.tp_latency_s += 2.0 * layers * l;
-            t.tp_bytes_s += 2.0 * layers * b;
-        }
-        // EP: dispatch and combine of each MoE layer's routed tokens.
+                hw.gpu_link_gbs
+            },
+            latency_us: if crosses || hw.gpu_link_gbs == 0.0 {
+                hw.link_latency_us
+            } else {
+                hw.gpu_link_latency_us
+            },
+        };
         let ep = layout.ep_size();
-        if ep > 1 && arch.experts > 0 {
-            let (gbs, lat) = if ep > g || hw.gpu_link_gbs == 0.0 {
-                (hw.link_gbps / 8.0, hw.link_latency_us)
-            } else {
-                (hw.gpu_link_gbs, hw.gpu_link_latency_us)
-            };
-            let bytes =
-                n * arch.experts_per_token as f64 * arch.hidden as f64 * 2.0 * (ep - 1) as f64
-                    / ep as f64;
-            t.ep_latency_s += 2.0 * layers * lat * 1e-6;
-            t.ep_bytes_s += 2.0 * layers * bytes / (gbs * 1e9);
-        }
-        // PP: the hidden state and the residual to the next stage.
-        if s + 1 < pp {
-            let cross = (s * tp) / g != ((s + 1) * tp) / g;
-            let (gbs, lat) = if cross || hw.gpu_link_gbs == 0.0 {
-                (hw.link_gbps / 8.0, hw.link_latency_us)
-            } else {
-                (hw.gpu_link_gbs, hw.gpu_link_latency_us)
-            };
-            t.pp_latency_s += lat * 1e-6;
-            t.pp_bytes_s += 2.0 * n * arch.hidden as f64 * 2.0 / (gbs * 1e9);
+        let stages = (0..pp)
+            .map(|s| {
+                let ranks: Vec<_> = plan
+                    .ranks
+                    .iter()
+                    .filter(|r| r.pp_stage == s && r.dp_rank == 0)
+                    .collect();
+                let (l0, l1) = ranks.first().map_or((0, 0), |r| (r.layers[0], r.layers[1]));
+                let kv_layers = (l0..l1)
+                    .filter_map(|l| {
+                        match arch
+                            .layer_kinds
+                            .get(l as usize)
+                            .copied()
+                            .unwrap_or(LayerKind::Full)
+                        {
+                            LayerKind::Full => Some((layer_kv, None)),
+                            LayerKind::Sliding { window } => Some((layer_kv, Some(window))),
+                            LayerKind::Linear => None,
+                        }
+                    })
+                    .collect();
+                StageModel {
+                    ranks: ranks
+                        .iter()
+                        .map(|r| {
+                            [
+                                (r.weights_bytes - r.expert_bytes - r.lookup_bytes) as f64,
+                                r.expert_bytes as f64,
+                                r.lookup_bytes as f64,
+                            ]
+                        })
+                        .collect(),
+                    kv_layers,
+                    layers: l1 - l0,
+                    lm_head: s == pp - 1,
+                    tp: (tp > 1).then(|| net(tp, tp > g)),
+                    ep: (ep > 1 && arch.experts > 0).then(|| net(ep, ep > g)),
+                    next: (s + 1 < pp).then(|| net(2, (s * tp) / g != ((s + 1) * tp) / g)),
+                }
+            })
+            .collect();
+        StepModel {
+            stages,
+            hidden: arch.hidden,
+            vocab: arch.vocab,
+            experts: arch.experts,
+            experts_per_token: arch.experts_per_token,
+            heads_per_rank: (arch.heads / tp).max(1),
+            head_dim: arch.head_dim,
+            layer_params_per_rank: layer_params / tp as f64,
+            head_params_per_rank: head_params / tp as f64,
+            memory_gbs: hw.memory_gbs,
+            peak_tflops: peak_flops(arch, hw) / 1e12,
+            step_overhead_us: hw.step_overhead_us,
+            prompt_chunk_tokens: prompt_chunk(plan.engine),
         }
     }
-    t.overhead_s = hw.step_overhead_us * 1e-6;
-    t
-}
 
-/// Decode speed of one sequence with `context` tokens already in its cache.
-pub fn decode(plan: &Plan, arch: &Arch, hw: &Hardware, context: u64) -> Speed {
-    Speed::of(step(plan, arch, hw, 1, context), 1)
-}
-
-/// Prompt speed of one sequence: `tokens` prompt tokens after `depth` cached ones, in
-/// chunks of `chunk`.
-pub fn prompt(
-    plan: &Plan,
-    arch: &Arch,
-    hw: &Hardware,
-    tokens: u64,
-    depth: u64,
-    chunk: u64,
-) -> Speed {
-    let chunk = chunk.max(1);
-    let mut total = Terms::default();
-    let mut done = 0;
-    while done < tokens {
-        let c = chunk.min(tokens - done);
-        total.add(&step(plan, arch, hw, c, depth + done));
-        done += c;
+    /// The time of one step that processes `tokens` tokens of one sequence whose cache
+    /// holds `past` tokens before it.
+    pub fn step(&self, tokens: u64, past: u64) -> Terms {
+        let n = tokens as f64;
+        let mem_bps = self.memory_gbs * 1e9;
+        let flops = self.peak_tflops * 1e12;
+        // Share of routed experts a step touches: top-k of E for one token, nearly all for
+        // many.
+        let expert_share = if self.experts > 0 {
+            let k = self.experts_per_token as f64 / self.experts as f64;
+            1.0 - (1.0 - k.min(1.0)).powf(n)
+        } else {
+            0.0
+        };
+        let act = n * self.hidden as f64 * 2.0;
+        let mut t = Terms::default();
+        for st in &self.stages {
+            let mut kv_read = 0.0;
+            let mut attn_flops = 0.0;
+            for (bytes, window) in &st.kv_layers {
+                let cap = window.map_or(f64::MAX, |w| w as f64);
+                // The cache is read once for the step; each token attends to the tokens
+                // before it (on average past + (n+1)/2), up to the window.
+                kv_read += bytes * (past as f64 + n).min(cap);
+                let avg = (past as f64 + (n + 1.0) / 2.0).min(cap);
+                attn_flops += 4.0 * n * avg * self.heads_per_rank as f64 * self.head_dim as f64;
+            }
+            let memory = st
+                .ranks
+                .iter()
+                .map(|[dense, expert, lookup]| {
+                    let row = (lookup / self.vocab.max(1) as f64 * n).min(*lookup);
+                    dense + expert * expert_share + row + kv_read
+                })
+                .fold(0.0, f64::max)
+                / mem_bps;
+            let mut compute = 2.0 * n * st.layers as f64 * self.layer_params_per_rank + attn_flops;
+            if st.lm_head {
+                // The LM head runs for the last token of the step only.
+                compute += 2.0 * self.head_params_per_rank;
+            }
+            t.memory_s += memory;
+            t.compute_s += compute / flops;
+            let layers = st.layers as f64;
+            if let Some(l) = st.tp {
+                let (lat, bytes) = allreduce(l.ranks, act, l.gbs, l.latency_us);
+                t.tp_latency_s += 2.0 * layers * lat;
+                t.tp_bytes_s += 2.0 * layers * bytes;
+            }
+            if let Some(l) = st.ep {
+                let bytes =
+                    act * self.experts_per_token as f64 * (l.ranks - 1) as f64 / l.ranks as f64;
+                t.ep_latency_s += 2.0 * layers * l.latency_us * 1e-6;
+                t.ep_bytes_s += 2.0 * layers * bytes / (l.gbs * 1e9);
+            }
+            if let Some(l) = st.next {
+                // The hidden state and the residual.
+                t.pp_latency_s += l.latency_us * 1e-6;
+                t.pp_bytes_s += 2.0 * act / (l.gbs * 1e9);
+            }
+        }
+        t.overhead_s = self.step_overhead_us * 1e-6;
+        t
     }
-    Speed::of(total, tokens)
+
+    /// Decode speed of one sequence with `context` tokens already in its cache.
+    pub fn decode(&self, context: u64) -> Speed {
+        Speed::of(self.step(1, context), 1)
+    }
+
+    /// Prompt speed of one sequence: `tokens` prompt tokens after `depth` cached ones.
+    pub fn prompt(&self, tokens: u64, depth: u64) -> Speed {
+        let chunk = self.prompt_chunk_tokens.max(1);
+        let mut total = Terms::default();
+        let mut done = 0;
+        while done < tokens {
+            let c = chunk.min(tokens - done);
+            total.add(&self.step(c, depth + done));
+            done += c;
+        }
+        Speed::of(total, tokens)
+    }
 }
 
 /// The plan's prediction: decode empty and at max-model-len, a prompt of max-model-len.
 pub fn predict(plan: &Plan, arch: &Arch, hw: &Hardware) -> Prediction {
     let len = plan.max_model_len.max(1);
-    let chunk = prompt_chunk(plan.engine);
+    let model = StepModel::new(plan, arch, hw);
     Prediction {
-        decode: decode(plan, arch, hw, 0),
-        decode_at_context: decode(plan, arch, hw, len),
+        decode: model.decode(0),
+        decode_at_context: model.decode(len),
         context_tokens: len,
-        prompt: prompt(plan, arch, hw, len, 0, chunk),
+        prompt: model.prompt(len, 0),
         prompt_tokens: len,
-        prompt_chunk_tokens: chunk,
+        prompt_chunk_tokens: model.prompt_chunk_tokens,
         hardware: hw.clone(),
+        model,
     }
+}
+
+/// The best layout at one node count and its speed model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalePoint {
+    pub nodes: u64,
+    pub layout: crate::plan::Layout,
+    pub max_model_len: u64,
+    pub decode_tokens_per_s: f64,
+    pub model: StepModel,
+}
+
+/// For 1 to `cluster.nodes` nodes, the fastest layout that fits and its model (node
+/// counts where none fits are left out): what `weft bench llm compare --plan` predicts
+/// each measured run from.
+pub fn scaling(
+    model: &crate::plan::Model,
+    cluster: crate::plan::Cluster,
+    opts: &crate::plan::Options,
+) -> Vec<ScalePoint> {
+    if opts.hardware.is_none() {
+        return Vec::new();
+    }
+    (1..=cluster.nodes)
+        .filter_map(|nodes| {
+            let c = crate::plan::Cluster { nodes, ..cluster };
+            crate::plan::candidates(model, c, opts)
+                .into_iter()
+                .find_map(|(cand, p)| {
+                    let p = p.filter(|p| p.fits)?;
+                    let s = p.speed?;
+                    Some(ScalePoint {
+                        nodes,
+                        layout: cand.layout,
+                        max_model_len: p.max_model_len,
+                        decode_tokens_per_s: s.decode.tokens_per_s,
+                        model: s.model,
+                    })
+                })
+        })
+        .collect()
 }

@@ -58,6 +58,10 @@ pub struct CompareArgs {
     /// Do not write plots.
     #[arg(long)]
     pub no_plot: bool,
+    /// A saved `weft plan --json`: each test's prediction beside its measurement, and,
+    /// with a one-node run, the engine's step overhead fitted to it.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -285,6 +289,16 @@ fn compare_cmd(a: &CompareArgs, json: bool) -> Result<u8> {
         inputs.push((p.clone(), RunReport::load(p)?));
     }
     let c = compare(&inputs)?;
+    let predicted = match &a.plan {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("--plan {}", p.display()))?;
+            let scaling =
+                weft_llmbench::predicted::scaling_from_plan(&bytes, &p.display().to_string())?;
+            let tests = weft_llmbench::predicted::measured(&c);
+            Some(weft_llmbench::predicted::predicted(&tests, &scaling))
+        }
+        None => None,
+    };
     let plots = if a.no_plot {
         Vec::new()
     } else {
@@ -298,9 +312,15 @@ fn compare_cmd(a: &CompareArgs, json: bool) -> Result<u8> {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
         );
+        if let Some(p) = &predicted {
+            v["predicted"] = serde_json::to_value(p)?;
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", c.markdown());
+        if let Some(p) = &predicted {
+            print!("\n{}", p.markdown());
+        }
         for p in &plots {
             println!("plot: {}", p.display());
         }

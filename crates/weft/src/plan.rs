@@ -247,6 +247,9 @@ struct Report {
     /// Present when the layout was chosen by ranking: every layout considered.
     #[serde(skip_serializing_if = "Option::is_none")]
     candidates: Option<Vec<Candidate>>,
+    /// The fastest layout that fits on 1, 2, ... of the cluster's nodes and its speed
+    /// model: `weft bench llm compare --plan` predicts each measured run from it.
+    scaling: Vec<speed::ScalePoint>,
 }
 
 pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
@@ -369,6 +372,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         return Ok(Report {
             plan: plan::plan(&model, layout, cluster, &opts)?,
             candidates: None,
+            scaling: speed::scaling(&model, cluster, &opts),
         });
     }
     if engine == Engine::LlamaCpp {
@@ -381,6 +385,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         return Ok(Report {
             plan: plan::plan(&model, layout, cluster, &opts)?,
             candidates: None,
+            scaling: speed::scaling(&model, cluster, &opts),
         });
     }
     let mut cands = plan::candidates(&model, cluster, &opts);
@@ -393,6 +398,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         Some(p) => Ok(Report {
             plan: p,
             candidates: Some(list),
+            scaling: speed::scaling(&model, cluster, &opts),
         }),
         None => {
             let why: Vec<String> = list.iter().filter_map(|c| c.refused.clone()).collect();
