@@ -42,7 +42,7 @@ pub struct LlmArgs {
 pub enum LlmCommand {
     /// Scaling report across runs on different node counts or layouts: table and PNG plots.
     #[command(
-        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared."
+        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n  weft bench llm compare --plan plan.json 1n.json 2n.json 4n.json\n\nWith --plan (a saved `weft plan --json`), each single-stream test is shown beside the plan's\nprediction for the fastest layout at the run's node count; a one-node run fits the engine's\nstep overhead, and the corrected prediction is shown for every node count.\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared."
     )]
     Compare(CompareArgs),
 }
