@@ -408,3 +408,128 @@ fn plan_predicts_speed_from_a_p2p_file_and_says_first_when_the_context_is_shorte
         text(&o)
     );
 }
+
+/// `weft bench llm compare --plan` as a person runs it: a saved plan, runs on 1 and 2
+/// "nodes" measured against the scripted stand-in server (it measures weft's arithmetic and
+/// imitates no engine: its token schedule is set per node count), the one-node run fitting
+/// the step overhead; a plan file that is not `weft plan --json` refused by name.
+#[test]
+fn compare_plan_puts_the_prediction_beside_each_run_and_fits_the_overhead() {
+    use weft_llmbench::scripted::{Script, start};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = format!(
+        "{}/../weft-plan/fixtures/qwen2.5-7b-instruct",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let weft = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(args)
+            .current_dir(d)
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_LLM_URL")
+            .output()
+            .unwrap()
+    };
+    let o = weft(&[
+        "plan",
+        &model,
+        "--nodes",
+        "2",
+        "--gpu-memory",
+        "24GiB",
+        "--max-model-len",
+        "8192",
+        "--device",
+        "rtx-4090",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::write(d.join("plan.json"), &o.stdout).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (nodes, itl) in [(1u32, 30u64), (2, 15)] {
+        let s = rt
+            .block_on(start(Script {
+                itl: Duration::from_millis(itl),
+                ttft: Duration::from_millis(5),
+                ..Default::default()
+            }))
+            .unwrap();
+        let o = weft(&[
+            "bench",
+            "llm",
+            "--base-url",
+            &s.base_url(),
+            "--model",
+            "scripted",
+            "--pp",
+            "32",
+            "--tg",
+            "10",
+            "--runs",
+            "1",
+            "--nodes",
+            &nodes.to_string(),
+            "--save",
+            &format!("{nodes}n.json"),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "plan.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["predicted"];
+    // A 30 ms step against the 15.1 ms the 1-node model reads (15.2 GB at 1,008 GB/s).
+    let fit = p["calibration"]["step_overhead_us"].as_f64().unwrap();
+    assert!((12_000.0..18_000.0).contains(&fit), "{p:#}");
+    let rows = p["rows"].as_array().unwrap();
+    let tg2 = rows
+        .iter()
+        .find(|r| r["nodes"] == 2 && r["test"].as_str().unwrap().starts_with("tg"))
+        .unwrap_or_else(|| panic!("{p:#}"));
+    assert_eq!(tg2["layout"], "tp2 pp1", "{p:#}");
+    assert!(tg2["corrected_tps"].as_f64().unwrap() < tg2["predicted_tps"].as_f64().unwrap());
+    // The table, for a person.
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "plan.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+    ]);
+    let t = text(&o);
+    assert!(
+        t.contains("measured/corrected") && t.contains("fitted to the one-node run"),
+        "{t}"
+    );
+    // A RUN.json given as the plan is refused, naming it.
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "1n.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--plan 1n.json"), "{}", text(&o));
+}
