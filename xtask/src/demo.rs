@@ -287,14 +287,15 @@ pub fn run(keep: bool) -> Result<()> {
 }
 
 /// `weft plan` on carol's nodes: a real model's config and safetensors headers (no
-/// weights), every layout of her GPUs ranked, refused ones with the rule they break.
+/// weights), every layout of her GPUs ranked by predicted single-stream speed, refused ones
+/// with the rule they break.
 fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
     let nodes = TENANTS
         .iter()
         .find(|(t, _)| *t == "carol")
         .map_or(8, |(_, r)| r.clone().count());
     step(&format!(
-        "will Qwen2.5-7B-Instruct fit on carol's {nodes} nodes of one 24 GiB GPU? (headers only)"
+        "will Qwen2.5-7B-Instruct fit on carol's {nodes} nodes of one 24 GiB GPU, and how fast will one stream go? (headers only)"
     ));
     let model = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/weft-plan/fixtures/qwen2.5-7b-instruct");
@@ -309,6 +310,8 @@ fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
         "24GiB",
         "--max-model-len",
         "32768",
+        "--device",
+        "rtx-4090",
     ];
     expect_ok(weft(bin, dir, &args)?, "plan")
 }
