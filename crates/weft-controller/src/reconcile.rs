@@ -187,6 +187,12 @@ pub trait Fabric: Send + Sync + 'static {
     fn delivers(&self) -> bool {
         true
     }
+    /// The leaf switch each end port is cabled to (port GUID to the switch's name), for
+    /// the lease loop's one-switch preference; empty for a fabric that cannot say.
+    /// Blocking.
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        Ok(BTreeMap::new())
+    }
 }
 
 /// The OpenSM driver: the SM hosts are injected (`LocalSm`, `SshSm`), so the controller
