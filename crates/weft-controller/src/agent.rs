@@ -248,6 +248,9 @@ async fn lease_notices(
         .map(|x| format!("lease {} ends {}\n", x.lease, x.end))
         .collect();
     let tmp = n.file.with_extension("tmp");
+    if let Some(dir) = n.file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
     if let Err(e) = std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, &n.file)) {
         tracing::warn!(error = %e, file = %n.file.display(), "cannot write the lease notice");
         return;

@@ -54,7 +54,7 @@ impl Default for LeaseConfig {
         LeaseConfig {
             pool_group: "pool".into(),
             warn_s: 300,
-            tick: Duration::from_secs(5),
+            tick: Duration::from_secs(1),
             topology_refresh: Duration::from_secs(60),
         }
     }

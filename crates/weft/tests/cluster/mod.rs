@@ -343,6 +343,15 @@ fn every_cluster_command_has_help_with_an_example() {
         &["tenant", "list", "--help"],
         &["tenant", "token", "--help"],
         &["audit", "--help"],
+        &["lease", "--help"],
+        &["lease", "request", "--help"],
+        &["lease", "list", "--help"],
+        &["lease", "show", "--help"],
+        &["lease", "extend", "--help"],
+        &["lease", "release", "--help"],
+        &["lease", "quota", "set", "--help"],
+        &["lease", "quota", "list", "--help"],
+        &["lease", "quota", "remove", "--help"],
     ] {
         let o = weft(dir.path(), &[], args);
         assert_eq!(o.status.code(), Some(0), "{args:?}");
