@@ -234,6 +234,10 @@ impl Fabric for OpenSmFabric {
             .collect()
     }
 
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        self.applier.diag.uplinks().map_err(|e| e.to_string())
+    }
+
     fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {
         let c = conf::parse(text).map_err(|e| format!("the applied file: {e}"))?;
         let v = self.applier.verify(&c).map_err(|e| e.to_string())?;
