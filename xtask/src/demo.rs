@@ -173,6 +173,7 @@ pub fn run(keep: bool) -> Result<()> {
 
     plan_step(&bin, &dir)?;
     llm_step(&bin, &dir)?;
+    crate::demo_lease::run(&bin)?;
 
     step("a typo never reaches OpenSM");
     std::fs::write(

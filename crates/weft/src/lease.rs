@@ -200,9 +200,10 @@ fn accepted(a: &LeaseAccepted, json: bool) -> Result<u8> {
             println!("  {}: {}", output::clean(&d.kind), output::clean(&d.detail));
         }
         if !a.operations.is_empty() {
+            let ids: Vec<String> = a.operations.iter().map(i64::to_string).collect();
             println!(
-                "  {} change(s) accepted; the controller delivers and verifies them on the fabric",
-                a.operations.len()
+                "  group changes accepted as operation(s) {}; the controller delivers them (`weft group list`, `weft audit`)",
+                ids.join(", ")
             );
         }
     }
