@@ -301,7 +301,7 @@ async fn three_tenants_on_two_leaf_switches_with_a_restart_at_a_lease_boundary()
     let topology = weft_testbed::Topology::fat_tree(2, 1, 6, 0);
     let bed = tokio::task::block_in_place(|| super::fabric::bed(&topology));
     let lease = LeaseConfig {
-        warn_s: 8,
+        warn_s: 12,
         tick: Duration::from_millis(300),
         topology_refresh: Duration::from_secs(2),
         ..LeaseConfig::default()
@@ -397,7 +397,7 @@ async fn three_tenants_on_two_leaf_switches_with_a_restart_at_a_lease_boundary()
     };
     // t1: two nodes under one leaf; t2: three under one leaf (the other one, the only one
     // with three free); t3: two anywhere, but one node is free, so it waits.
-    let a1 = tenants[0].request_lease(&same(2, 30)).await.unwrap();
+    let a1 = tenants[0].request_lease(&same(2, 40)).await.unwrap();
     let a2 = tenants[1].request_lease(&same(3, 600)).await.unwrap();
     let a3 = tenants[2].request_lease(&ask(2, 600)).await.unwrap();
     assert_eq!(a1.lease.phase, "active", "{a1:?}");

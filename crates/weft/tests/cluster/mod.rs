@@ -1177,7 +1177,7 @@ fn a_lease_ends_verified_after_kill_9_at_its_boundary() {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let env = [("WEFT_CONTROLLER", url.as_str())];
-    let lease_flags = ["--lease-warn-s", "4"];
+    let lease_flags = ["--lease-warn-s", "6"];
     let controller = start_controller_with(d, port, &lease_flags);
     let mut agents = Vec::new();
     for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
@@ -1264,7 +1264,7 @@ fn a_lease_ends_verified_after_kill_9_at_its_boundary() {
     let granted: serde_json::Value = serde_json::from_str(&ok(weft(
         d,
         &as_alice,
-        &["--json", "lease", "request", "--nodes", "2", "--for", "14s"],
+        &["--json", "lease", "request", "--nodes", "2", "--for", "20s"],
     )))
     .unwrap();
     assert_eq!(granted["lease"]["phase"], "active", "{granted}");
