@@ -228,6 +228,7 @@ impl Controller {
             store.clone(),
             tx.clone(),
             fabric.clone(),
+            metrics.clone(),
             config.lease.clone(),
         ));
         let weak_leases = Arc::downgrade(&leases);

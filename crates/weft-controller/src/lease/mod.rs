@@ -93,6 +93,7 @@ pub struct Leases {
     store: Arc<dyn Store>,
     events: mpsc::Sender<Event>,
     fabric: Arc<dyn Fabric>,
+    metrics: Arc<crate::metrics::Metrics>,
     cfg: LeaseConfig,
     lock: tokio::sync::Mutex<()>,
     switches: std::sync::Mutex<BTreeMap<Guid, String>>,
@@ -285,12 +286,14 @@ impl Leases {
         store: Arc<dyn Store>,
         events: mpsc::Sender<Event>,
         fabric: Arc<dyn Fabric>,
+        metrics: Arc<crate::metrics::Metrics>,
         cfg: LeaseConfig,
     ) -> Leases {
         Leases {
             store,
             events,
             fabric,
+            metrics,
             cfg,
             lock: tokio::sync::Mutex::new(()),
             switches: std::sync::Mutex::new(BTreeMap::new()),
@@ -370,7 +373,24 @@ impl Leases {
         if !stepped.operations.is_empty() {
             let _ = self.events.try_send(Event::Changed);
         }
+        self.count(&stepped.book);
         Ok(stepped)
+    }
+
+    /// Sets the lease gauges from `book`.
+    fn count(&self, book: &Book) {
+        let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for phase in weft_lease::Phase::ALL {
+            let n = book.leases.values().filter(|l| l.phase == phase).count();
+            self.metrics
+                .leases
+                .get_or_create(&crate::metrics::LeasePhase {
+                    phase: phase.as_str().into(),
+                })
+                .set(as_i64(n));
+        }
+        self.metrics.lease_queue.set(as_i64(book.queue().len()));
+        self.metrics.lease_pool_free.set(as_i64(book.free().len()));
     }
 
     /// Reads the leaf switches from the fabric (blocking work off the runtime); on a

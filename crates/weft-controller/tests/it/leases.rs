@@ -243,6 +243,22 @@ async fn a_lease_from_request_to_release_with_quota_queue_and_warning() {
             "no {action} in the audit"
         );
     }
+    // The lease gauges on the metrics listener.
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "weft_leases{phase=\"ended\"} 1",
+        "weft_leases{phase=\"released\"} 1",
+        "weft_lease_queue 0",
+        "weft_lease_pool_free 3",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in:\n{metrics}");
+    }
+    promtool_accepts(&ctl.metrics).await;
     let quotas = bob.lease_quotas().await.unwrap();
     assert_eq!(quotas.len(), 1);
     assert_eq!(
