@@ -6,6 +6,7 @@
 
 mod deb;
 mod demo;
+mod demo_lease;
 mod tidy;
 
 use std::process::{Command, ExitCode};

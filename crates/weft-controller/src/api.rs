@@ -21,6 +21,12 @@
 //! | DELETE | `/v1/groups/{group}/members/{server}` | admin |
 //! | POST | `/v1/moves` | admin |
 //! | GET | `/v1/operations/{id}` | admin |
+//! | GET, POST | `/v1/leases` | tenant (its own; GET: admin all) — see [`crate::lease::api`] |
+//! | GET | `/v1/leases/{id}` | admin or the owning tenant |
+//! | POST | `/v1/leases/{id}/extend`, `/v1/leases/{id}/release` | admin or the owning tenant |
+//! | GET | `/v1/lease-quotas` | admin all, tenant its own |
+//! | PUT, DELETE | `/v1/lease-quotas/{tenant}` | admin |
+//! | GET | `/v1/agents/notices` | an enrolled agent: leases that end on its server |
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,6 +76,8 @@ pub struct AppState {
     pub drift: Arc<std::sync::Mutex<crate::model::DriftView>>,
     /// Per agent: how often its reports may change what the store holds.
     pub reports: Arc<input::ReportLimiter>,
+    /// The node-lease loop ([`crate::lease`]).
+    pub leases: Arc<crate::lease::Leases>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -159,9 +167,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-async fn db<T: Send + 'static>(
+pub(crate) async fn db<T: Send + 'static>(
     state: &AppState,
     f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
 ) -> ApiResult<T> {
@@ -172,7 +180,7 @@ async fn db<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     crate::server::unix_now()
 }
 
@@ -214,7 +222,7 @@ impl FromRequestParts<AppState> for Agent {
     }
 }
 
-fn admin(p: &Principal) -> ApiResult<()> {
+pub(crate) fn admin(p: &Principal) -> ApiResult<()> {
     if p.is_admin() {
         Ok(())
     } else {
@@ -237,6 +245,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .merge(tenants())
         .merge(groups())
         .merge(records())
+        .merge(crate::lease::api::routes())
 }
 
 /// The whole API, without a listener: tests and `serve` call this.
@@ -249,6 +258,7 @@ pub fn app(state: AppState) -> Router {
         .merge(tenants())
         .merge(groups())
         .merge(records())
+        .merge(crate::lease::api::routes())
         .split_for_parts();
     router
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -384,7 +394,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> 
     }
 }
 
-fn bad(m: String) -> ApiError {
+pub(crate) fn bad(m: String) -> ApiError {
     ApiError::BadRequest(m)
 }
 

@@ -482,3 +482,91 @@ impl Client {
         }
     }
 }
+
+/// The node-lease calls ([`crate::lease`]).
+impl Client {
+    /// `GET /v1/leases`.
+    pub async fn leases(&self) -> Result<crate::lease::model::LeaseList, ClientError> {
+        self.get("/v1/leases").await
+    }
+
+    /// `POST /v1/leases`.
+    pub async fn request_lease(
+        &self,
+        req: &crate::lease::model::LeaseRequest,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(Method::POST, "/v1/leases", Some(req)).await
+    }
+
+    /// `GET /v1/leases/{id}`.
+    pub async fn lease(&self, id: u64) -> Result<crate::lease::model::LeaseDetail, ClientError> {
+        self.get(&format!("/v1/leases/{id}")).await
+    }
+
+    /// `POST /v1/leases/{id}/extend`.
+    pub async fn extend_lease(
+        &self,
+        id: u64,
+        by_s: u64,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/leases/{id}/extend"),
+            Some(&crate::lease::model::ExtendLease { by_s }),
+        )
+        .await
+    }
+
+    /// `POST /v1/leases/{id}/release`.
+    pub async fn release_lease(
+        &self,
+        id: u64,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/leases/{id}/release"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// `GET /v1/lease-quotas`.
+    pub async fn lease_quotas(
+        &self,
+    ) -> Result<Vec<crate::lease::model::LeaseQuotaView>, ClientError> {
+        self.get("/v1/lease-quotas").await
+    }
+
+    /// `PUT /v1/lease-quotas/{tenant}`.
+    pub async fn set_lease_quota(
+        &self,
+        tenant: &str,
+        quota: &crate::lease::model::SetLeaseQuota,
+    ) -> Result<(), ClientError> {
+        self.send(
+            Method::PUT,
+            &format!("/v1/lease-quotas/{tenant}"),
+            Some(quota),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `DELETE /v1/lease-quotas/{tenant}`.
+    pub async fn delete_lease_quota(&self, tenant: &str) -> Result<(), ClientError> {
+        self.send(
+            Method::DELETE,
+            &format!("/v1/lease-quotas/{tenant}"),
+            None::<&()>,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `GET /v1/agents/notices`: leases that end on this agent's server.
+    pub async fn lease_notices(
+        &self,
+    ) -> Result<Vec<crate::lease::model::LeaseNotice>, ClientError> {
+        self.get("/v1/agents/notices").await
+    }
+}

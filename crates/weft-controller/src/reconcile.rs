@@ -257,6 +257,12 @@ pub trait Fabric: Send + Sync + 'static {
     fn delivers(&self) -> bool {
         true
     }
+    /// The leaf switch each end port is cabled to (port GUID to the switch's name), for
+    /// the lease loop's one-switch preference; empty for a fabric that cannot say.
+    /// Blocking.
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        Ok(BTreeMap::new())
+    }
 }
 
 /// The OpenSM driver: the SM hosts are injected (`LocalSm`, `SshSm`), so the controller
@@ -296,6 +302,10 @@ impl Fabric for OpenSmFabric {
                 )
             })
             .collect()
+    }
+
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        self.applier.diag.uplinks().map_err(|e| e.to_string())
     }
 
     fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {

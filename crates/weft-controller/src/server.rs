@@ -161,6 +161,8 @@ pub struct ControllerConfig {
     pub port_check: Duration,
     /// Deliver the applied state again when drift is found (`--repair-drift`).
     pub repair_drift: bool,
+    /// The node-lease loop's knobs (pool group, warning time, tick).
+    pub lease: crate::lease::LeaseConfig,
 }
 
 impl Default for ControllerConfig {
@@ -174,6 +176,7 @@ impl Default for ControllerConfig {
             adopt: false,
             port_check: Duration::from_secs(300),
             repair_drift: false,
+            lease: crate::lease::LeaseConfig::default(),
         }
     }
 }
@@ -245,6 +248,28 @@ impl Controller {
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Started);
         let delivers = fabric.delivers();
+        let leases = Arc::new(crate::lease::Leases::new(
+            store.clone(),
+            tx.clone(),
+            fabric.clone(),
+            metrics.clone(),
+            config.lease.clone(),
+        ));
+        let weak_leases = Arc::downgrade(&leases);
+        let tick = config.lease.tick;
+        tokio::spawn(async move {
+            // The loop runs while the controller does: it holds the lease loop only
+            // through a weak reference between ticks.
+            let mut last_topology: Option<tokio::time::Instant> = None;
+            loop {
+                let Some(l) = weak_leases.upgrade() else {
+                    return;
+                };
+                l.tick_once(&mut last_topology).await;
+                drop(l);
+                tokio::time::sleep(tick).await;
+            }
+        });
         let drift = Arc::new(std::sync::Mutex::new(crate::model::DriftView::default()));
         tokio::spawn(reconcile::run(
             store.clone(),
@@ -270,6 +295,7 @@ impl Controller {
                 delivers,
                 drift,
                 reports: Arc::default(),
+                leases,
             },
             _lease: lease,
         })

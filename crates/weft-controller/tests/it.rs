@@ -1733,3 +1733,8 @@ async fn a_port_that_is_not_on_the_fabric_is_a_warning_naming_its_guid() {
     let t = tokio::task::block_in_place(|| bed.verified());
     assert!(t["node1"].contains(&0x8a01), "{t:x?}");
 }
+
+// ---------------------------------------------------------------- node leases
+
+#[path = "it/leases.rs"]
+mod leases;

@@ -111,6 +111,13 @@ pub enum ClusterCommand {
     /// API tokens: list (ids and metadata, never a token), make an admin token, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Lease nodes from the provider's free pool for a time (a tenant's token); the
+    /// controller moves them in and back by itself. Quotas are an admin's.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  weft lease request --nodes 4 --for 8h --same-switch\n  weft lease list\n  weft lease extend 7 --by 2h\n  weft lease release 7\n  weft lease quota set alice --nodes 4 --node-hours 200 --period 7d   # admin"
+    )]
+    Lease(crate::lease::LeaseCommand),
 }
 
 #[derive(Subcommand)]
@@ -200,6 +207,14 @@ pub struct ControllerArgs {
     /// Serve plain HTTP on an address that is not loopback (tokens in clear).
     #[arg(long, env = "WEFT_INSECURE_HTTP")]
     insecure_http: bool,
+    /// The provider's pool group: the nodes tenants lease (`weft lease`) are its members
+    /// [default: `[controller] lease_pool`, else pool].
+    #[arg(long, value_name = "GROUP")]
+    lease_pool: Option<String>,
+    /// Seconds before a lease ends that its nodes' agents are warned [default:
+    /// `[controller] lease_warn_s`, else 300].
+    #[arg(long)]
+    lease_warn_s: Option<u64>,
 }
 
 /// Operator commands on a controller's store.
@@ -262,6 +277,15 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:7102.
     #[arg(long, env = "WEFT_AGENT_METRICS")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// While a lease on this server ends, keep this file written (`lease <id> ends <unix
+    /// seconds>`) [default: `[agent] lease_notice_file`, else /run/weft/lease-ending].
+    #[arg(long)]
+    lease_notice_file: Option<PathBuf>,
+    /// Run this command (`sh -c`) once when a lease on this server starts ending, with
+    /// WEFT_LEASE_ID, WEFT_LEASE_END and WEFT_LEASE_FILE set [default: `[agent]
+    /// lease_hook`].
+    #[arg(long)]
+    lease_hook: Option<String>,
 }
 
 /// `weft controller`'s settings once flags, environment and `[controller]` of weft.toml
@@ -283,6 +307,8 @@ struct ControllerRun {
     port_check_s: u64,
     repair_drift: bool,
     insecure_http: bool,
+    lease_pool: String,
+    lease_warn_s: u64,
 }
 
 impl ControllerArgs {
@@ -329,6 +355,11 @@ impl ControllerArgs {
             port_check_s: self.port_check_s.or(f.port_check_s).unwrap_or(300),
             repair_drift: self.repair_drift || f.repair_drift,
             insecure_http: self.insecure_http || f.insecure_http,
+            lease_pool: self
+                .lease_pool
+                .or_else(|| f.lease_pool.clone())
+                .unwrap_or_else(|| "pool".into()),
+            lease_warn_s: self.lease_warn_s.or(f.lease_warn_s).unwrap_or(300),
         })
     }
 }
@@ -342,6 +373,8 @@ struct AgentRun {
     heartbeat_s: f64,
     rescan_s: f64,
     metrics_listen: Option<std::net::SocketAddr>,
+    lease_notice_file: PathBuf,
+    lease_hook: Option<String>,
 }
 
 impl AgentArgs {
@@ -360,6 +393,11 @@ impl AgentArgs {
             heartbeat_s: self.heartbeat_s.or(f.heartbeat_s).unwrap_or(10.0),
             rescan_s: self.rescan_s.or(f.rescan_s).unwrap_or(30.0),
             metrics_listen: self.metrics_listen.or(f.metrics_listen),
+            lease_notice_file: self
+                .lease_notice_file
+                .or_else(|| f.lease_notice_file.clone())
+                .unwrap_or_else(|| "/run/weft/lease-ending".into()),
+            lease_hook: self.lease_hook.or_else(|| f.lease_hook.clone()),
         }
     }
 }
@@ -525,7 +563,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
+pub(crate) fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
     client_for(r, file).map(|(c, _)| c)
 }
 
@@ -546,7 +584,7 @@ pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, 
 /// everything else is usage or environment (2): a refusal of what was asked (HTTP 4xx:
 /// bad input, a bad or missing token, a name that does not exist, a conflict), no answer,
 /// an untrusted certificate, a broken controller.
-fn failed(e: ClientError, json: bool) -> Result<u8> {
+pub(crate) fn failed(e: ClientError, json: bool) -> Result<u8> {
     let code = match &e {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
@@ -745,6 +783,11 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             recheck: Duration::from_secs(a.recheck_s.max(1)),
             port_check: Duration::from_secs(a.port_check_s.max(1)),
             repair_drift: a.repair_drift,
+            lease: weft_controller::lease::LeaseConfig {
+                pool_group: a.lease_pool.clone(),
+                warn_s: a.lease_warn_s,
+                ..Default::default()
+            },
             ..ControllerConfig::default()
         };
         let ctl = Controller::start(Arc::new(store), fabric, config)?;
@@ -839,6 +882,11 @@ fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
     cfg.rescan = Duration::from_secs_f64(a.rescan_s.max(0.05));
+    cfg.lease_notice = Some(weft_controller::agent::LeaseNoticeConfig {
+        file: a.lease_notice_file.clone(),
+        hook: a.lease_hook.clone(),
+        hook_timeout: Duration::from_secs(60),
+    });
     let metrics_listen = a.metrics_listen;
     runtime()?.block_on(async move {
         if let Some(addr) = metrics_listen {
@@ -989,7 +1037,7 @@ fn print_token(t: &weft_controller::model::TokenCreated, json: bool) {
 }
 
 /// The answer to a command that returns nothing but success.
-fn done(json: bool, message: &str) {
+pub(crate) fn done(json: bool, message: &str) {
     if json {
         println!("{}", serde_json::json!({ "ok": true, "message": message }));
     } else {
@@ -1012,6 +1060,7 @@ async fn client_command(
     }
     match cmd {
         ClusterCommand::Controller(_) | ClusterCommand::Agent(_) => unreachable!("handled by run"),
+        ClusterCommand::Lease(c) => crate::lease::run(c, file, json).await,
         ClusterCommand::Nodes(NodesArgs { remote, command }) => {
             match command.unwrap_or(NodesCommand::List { remote }) {
                 NodesCommand::List { remote } => {

@@ -10,6 +10,7 @@ mod config;
 mod doctor;
 mod fabric;
 mod group;
+mod lease;
 mod mesh;
 mod output;
 mod plan;

@@ -26,6 +26,7 @@ mod backup;
 mod fencing;
 mod groups;
 mod leases;
+mod node_leases;
 mod operations;
 mod servers;
 mod tenants;
@@ -40,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_operation_warning.sql"),
     include_str!("../migrations/0004_server_gpus.sql"),
     include_str!("../migrations/0005_operation_taken.sql"),
+    include_str!("../migrations/0006_node_leases.sql"),
 ];
 
 /// [`Store`] on SQLite: WAL journal, foreign keys on, embedded migrations tracked in
@@ -582,6 +584,36 @@ impl Store for SqliteStore {
 
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
         self.tx(servers::gpus)
+    }
+
+    fn lease_records(&self) -> Result<crate::store::LeaseRecords> {
+        self.tx(node_leases::records)
+    }
+
+    fn lease_commit(
+        &self,
+        commit: &crate::store::LeaseCommit<'_>,
+        now: u64,
+    ) -> Result<Vec<OperationView>> {
+        self.tx(|tx| node_leases::commit(tx, commit, now))
+    }
+
+    fn set_lease_quota(
+        &self,
+        actor: &str,
+        tenant: &str,
+        quota: Option<&weft_lease::Quota>,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| node_leases::set_quota(tx, actor, tenant, quota, now))
+    }
+
+    fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>> {
+        self.tx(|tx| node_leases::decisions(tx, lease))
+    }
+
+    fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>> {
+        self.tx(|tx| node_leases::notices(tx, server))
     }
 }
 
