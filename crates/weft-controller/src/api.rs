@@ -467,6 +467,7 @@ async fn report(
     }
     let ports = reported_ports(&report);
     let gpus = report.gpus.clone();
+    let links = crate::model::HostLinks::of(&report);
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -477,6 +478,7 @@ async fn report(
     let outcome = db(&state, move |s| {
         let o = s.report(&server, &ports, &hash, now())?;
         s.set_gpus(&server, &gpus, now())?;
+        s.set_links(&server, &links, now())?;
         Ok(o)
     })
     .await?;

@@ -295,4 +295,7 @@ pub trait Store: Send + Sync + 'static {
     fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()>;
     /// The GPUs every server last reported, by server (servers that reported none are absent).
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>>;
+    /// Records the RoCE ports and NICs a server's agent reported (its last report wins);
+    /// [`Store::servers`] shows them with its GPUs.
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()>;
 }

@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_token_life_and_lease.sql"),
     include_str!("../migrations/0003_operation_warning.sql"),
     include_str!("../migrations/0004_server_gpus.sql"),
+    include_str!("../migrations/0005_server_links.sql"),
 ];
 
 /// [`Store`] on SQLite: WAL journal, foreign keys on, embedded migrations tracked in
@@ -362,6 +363,12 @@ impl Store for SqliteStore {
 
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
         self.tx(servers::gpus)
+    }
+
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()> {
+        let json = serde_json::to_string(links)
+            .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
+        self.tx(|tx| servers::set_links(tx, server, &json, now))
     }
 }
 
