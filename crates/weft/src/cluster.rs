@@ -552,7 +552,12 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             repair_drift: a.repair_drift,
             ..ControllerConfig::default()
         };
-        let ctl = Controller::start(Arc::new(store), fabric, config)?;
+        let mut ctl = Controller::start(Arc::new(store), fabric, config)?;
+        // The web console, on the same listener with the same TLS and tokens.
+        ctl.mount(weft_console::router(
+            ctl.state(),
+            weft_console::ConsoleConfig::default(),
+        ));
         let api = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -569,7 +574,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
-            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics"
+            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics console {scheme}://{api_addr}/console"
         );
         if let Some(t) = &tls {
             println!("weft controller: TLS certificate {}", t.fingerprint());
