@@ -37,6 +37,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("debootstrap", "/usr/sbin/debootstrap"),
     ("systemd", "/usr/bin/systemd-analyze"),
     ("systemd-container", "/usr/bin/systemd-nspawn"),
+    // weft-console's browser test: headless Chromium over WebDriver.
+    ("chromium", "/usr/bin/chromium"),
+    ("chromium-driver", "/usr/bin/chromedriver"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
