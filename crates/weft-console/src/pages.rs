@@ -8,7 +8,7 @@ use weft_controller::model::{
     AuditEntry, GroupView, Liveness, OpState, OperationView, ServerView, StatusView,
 };
 
-use crate::view::{HistoryFilter, Matrix};
+use crate::view::{HistoryFilter, Matrix, SlowLink};
 
 /// Which page the navigation marks current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,8 +131,10 @@ fn speed(mbps: Option<u32>) -> String {
     }
 }
 
-/// The nodes table (also served alone, refreshed by htmx every few seconds).
+/// The nodes table (also served alone, refreshed by htmx every few seconds); a link
+/// below its peers' speed is marked where it is listed.
 pub fn nodes_table(servers: &[ServerView], now: u64, stale_after_s: u64) -> Markup {
+    let (slow, _) = crate::view::slow_links(servers);
     html! {
         div #nodes hx-get="/console/nodes" hx-trigger="every 5s" hx-swap="outerHTML" {
             table {
@@ -162,13 +164,38 @@ pub fn nodes_table(servers: &[ServerView], now: u64, stale_after_s: u64) -> Mark
                                      @if let Some(n) = &r.netdev { " on " code { (n) } } }
                             } } } }
                             td { @if s.nics.is_empty() { "—" } @else { ul { @for n in &s.nics {
-                                li { code { (n.name) } " " (speed(n.speed_mbps)) ", MTU " (n.mtu) ", " (n.link_layer) ", " (n.operstate) }
+                                li { code { (n.name) } " " (speed(n.speed_mbps)) ", MTU " (n.mtu) ", " (n.link_layer) ", " (n.operstate)
+                                     @if let Some(l) = slow.iter().find(|l| l.node == s.name && l.nic == n.name) {
+                                         br; span.stale { "below its peers' " (speed(Some(l.peers_mbps))) }
+                                     } }
                             } } } }
                             td { @if s.gpus.is_empty() { "—" } @else { ul { @for g in &s.gpus {
                                 li { (g.name) @if let Some(b) = g.memory_total_bytes { ", " (b >> 30) " GiB" } @else { ", memory not reported" } }
                             } } } }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The link-health section: every RDMA link below its peers' speed, named.
+pub fn link_health(slow: &[SlowLink], compared: usize) -> Markup {
+    html! {
+        h2 { "Link health" }
+        @if slow.is_empty() {
+            p #link-health data-slow="0" {
+                @if compared == 0 { "No two RDMA links of one kind report a speed yet: nothing to compare." }
+                @else { span.ok { "Every RDMA link runs at its peers' speed" } " (" (compared) " links compared)." }
+            }
+        } @else {
+            div role="alert" { ul #link-health data-slow=(slow.len()) {
+                @for l in slow {
+                    li data-link=(format!("{}/{}", l.node, l.nic)) {
+                        span.stale { (l.node) " " code { (l.nic) } ": " (speed(Some(l.speed_mbps))) }
+                        ", below its peers' " (speed(Some(l.peers_mbps))) " (" (l.compared) " links of its kind compared): check the cable and the switch port"
+                    } }
                 }
             }
         }
@@ -186,17 +213,20 @@ pub fn overview(
         .iter()
         .filter(|s| s.liveness != Liveness::Ok)
         .count();
+    let (slow, compared) = crate::view::slow_links(servers);
     html! {
         h1 { "Overview" }
         div.cards {
             div.card { b { (servers.len()) } "nodes" }
             div.card { b class=[(stale > 0).then_some("stale")] { (stale) } "not reporting" }
+            div.card { b class=[(!slow.is_empty()).then_some("stale")] { (slow.len()) } "links below their peers" }
             @if let Some(st) = status {
                 div.card { b { (st.pending_operations) } "operations pending" }
                 div.card { b class=(if st.drift.state == weft_controller::model::DriftState::Drift { "stale" } else { "ok" }) { (st.drift.state.as_str()) } "subnet managers" }
             }
         }
         (nodes_table(servers, now, stale_after_s))
+        (link_health(&slow, compared))
         @if let Some(st) = status {
             h2 { "Subnet managers" }
             table {

@@ -334,6 +334,22 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         "spark1".into(),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../weft-agent/fixtures/dgx-spark"),
     ));
+    // A second Spark whose first RoCE link came up at half rate (100 of 200 Gb/s).
+    let spark2 = dir.path().join("host-spark2");
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../weft-agent/fixtures/dgx-spark"))
+        .arg(&spark2)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::write(spark2.join("etc/hostname"), "spark2\n").unwrap();
+    std::fs::write(
+        spark2.join("sys/devices/pci0000:00/0000:01:00.0/net/enp1s0f0np0/speed"),
+        "100000\n",
+    )
+    .unwrap();
+    agents.push(("spark2".into(), spark2));
     let mut stops = std::collections::BTreeMap::new();
     for (name, root) in agents {
         let mut cfg = AgentConfig::new(&base, dir.path().join(format!("{name}.state")), root);
@@ -344,9 +360,9 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         tokio::spawn(weft_controller::agent::run(cfg, rx));
         stops.insert(name, tx);
     }
-    until("five agents", Duration::from_secs(20), || async {
+    until("six agents", Duration::from_secs(20), || async {
         let s = admin.servers().await.ok()?;
-        (s.len() == 5 && s.iter().filter(|s| !s.ports.is_empty()).count() == 4).then_some(())
+        (s.len() == 6 && s.iter().filter(|s| !s.ports.is_empty()).count() == 4).then_some(())
     })
     .await;
     let alice = admin.create_tenant("alice").await.unwrap().token;
@@ -376,7 +392,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         .text()
         .await
         .unwrap();
-    for n in ["node1", "node2", "node3", "node4", "spark1"] {
+    for n in ["node1", "node2", "node3", "node4", "spark1", "spark2"] {
         assert!(body.contains(n), "{n} on the overview:\n{body}");
     }
     let spark = driver
@@ -396,6 +412,20 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
     assert!(
         body.contains("every SM holds the applied file") || body.contains("not checked yet"),
         "{body}"
+    );
+    // The half-rate link is flagged, named, against its peers' speed.
+    let slow = driver.find(By::Id("link-health")).await.unwrap();
+    assert_eq!(slow.attr("data-slow").await.unwrap().as_deref(), Some("1"));
+    let slow = driver
+        .find(By::Css("[data-link='spark2/enp1s0f0np0']"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        slow.contains("100 Gb/s") && slow.contains("peers' 200 Gb/s"),
+        "{slow}"
     );
     driver.screenshot(&img("overview")).await.unwrap();
     violations.extend(axe(&driver, "overview").await);
@@ -660,7 +690,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         .await
         .unwrap();
     assert!(body.contains("node1"), "{body}");
-    for other in ["node2", "node3", "node4", "spark1"] {
+    for other in ["node2", "node3", "node4", "spark1", "spark2"] {
         assert!(!body.contains(other), "alice sees {other}:\n{body}");
     }
     driver.screenshot(&img("tenant-overview")).await.unwrap();
