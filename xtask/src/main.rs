@@ -4,6 +4,7 @@
 //! the InfiniBand diagnostics, iproute2, iperf3, OpenSSH) when they are missing, so that the two
 //! commands in the README work on a fresh machine.
 
+mod console_tour;
 mod deb;
 mod demo;
 mod tidy;
