@@ -69,7 +69,7 @@ impl Default for ConsoleConfig {
     fn default() -> Self {
         ConsoleConfig {
             follow_limit: Duration::from_secs(120),
-            follow_every: Duration::from_millis(250),
+            follow_every: Duration::from_millis(100),
         }
     }
 }
