@@ -552,8 +552,16 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
     driver.screenshot(&img("move-verified")).await.unwrap();
     // The anchor: a move through the API client `weft group move` uses, to verified.
     let started = Instant::now();
-    let op = admin.move_server("node4", "b").await.unwrap().operation.unwrap();
-    admin.wait_applied(op.id, Duration::from_secs(60)).await.unwrap();
+    let op = admin
+        .move_server("node4", "b")
+        .await
+        .unwrap()
+        .operation
+        .unwrap();
+    admin
+        .wait_applied(op.id, Duration::from_secs(60))
+        .await
+        .unwrap();
     eprintln!(
         "api move: request to verified in {:?} (console/api {:.2})",
         started.elapsed(),
