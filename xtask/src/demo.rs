@@ -207,6 +207,7 @@ pub fn run(keep: bool) -> Result<()> {
 
     plan_step(&bin, &dir)?;
     llm_step(&bin, &dir)?;
+    let _console = crate::console_tour::tour(&bin, &dir)?;
 
     step("a typo never reaches OpenSM");
     std::fs::write(

@@ -4,6 +4,7 @@
 //! the InfiniBand diagnostics, iproute2, iperf3, OpenSSH) when they are missing, so that the two
 //! commands in the README work on a fresh machine.
 
+mod console_tour;
 mod deb;
 mod demo;
 mod demo_lease;
@@ -40,6 +41,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("systemd-container", "/usr/bin/systemd-nspawn"),
     // `cargo xtask deb-test` fails on any lintian error or warning of the package.
     ("lintian", "/usr/bin/lintian"),
+    // weft-console's browser test: headless Chromium over WebDriver.
+    ("chromium", "/usr/bin/chromium"),
+    ("chromium-driver", "/usr/bin/chromedriver"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

@@ -515,6 +515,7 @@ async fn report(
             input::MAX_REPORT_GPUS
         )));
     }
+    let links = crate::model::HostLinks::of(&report);
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -534,6 +535,7 @@ async fn report(
     let outcome = db(&state, move |s| {
         let o = s.report(&server, &ports, &hash, now())?;
         s.set_gpus(&server, &gpus, now())?;
+        s.set_links(&server, &links, now())?;
         Ok(o)
     })
     .await?;

@@ -43,6 +43,11 @@ mod server;
 pub mod store;
 pub mod tls;
 
+/// The OpenAPI document the API serves at `/openapi.json` (for the console's `/docs`).
+pub fn openapi_document() -> &'static serde_json::Value {
+    openapi::document()
+}
+
 pub use server::{
     Controller, ControllerConfig, LEASE_S, MIN_ADMIN_TOKEN_CHARS, StartError, check_admin_token,
     local, serve, serve_tls, shutdown_signal, unix_now,

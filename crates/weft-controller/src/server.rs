@@ -185,6 +185,8 @@ impl Default for ControllerConfig {
 pub struct Controller {
     state: AppState,
     _lease: Arc<Lease>,
+    /// Routes served beside the API on the same listener (the web console).
+    mounted: Option<Router>,
 }
 
 impl Controller {
@@ -298,12 +300,32 @@ impl Controller {
                 leases,
             },
             _lease: lease,
+            mounted: None,
         })
     }
 
-    /// The API router.
+    /// The API router, with what was [`Controller::mount`]ed.
     pub fn app(&self) -> Router {
-        app(self.state.clone())
+        let api = app(self.state.clone());
+        match &self.mounted {
+            Some(extra) => api.merge(extra.clone()),
+            None => api,
+        }
+    }
+
+    /// What the handlers share (store, events, drift, stale bound): for routes that
+    /// are mounted beside the API.
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Serves `routes` beside the API on the same listener, with the same TLS (the web
+    /// console). Their paths must not be the API's.
+    pub fn mount(&mut self, routes: Router) {
+        self.mounted = Some(match self.mounted.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
     }
 
     /// The metrics router (`/metrics`), for its own listener.

@@ -1738,3 +1738,66 @@ async fn a_port_that_is_not_on_the_fabric_is_a_warning_naming_its_guid() {
 
 #[path = "it/leases.rs"]
 mod leases;
+
+/// The shipped DGX Spark fixture (RoCE, no InfiniBand port): its agent's report reaches
+/// `GET /v1/servers` with both RoCE devices, every NIC with its negotiated speed, MTU and
+/// link layer, and its GPU; no InfiniBand port and no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dgx_spark_reports_roce_devices_nics_and_its_gpu() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let mut cfg = ctl.agent("unused", 0x100, &[1]).await;
+    cfg.sysfs_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../weft-agent/fixtures/dgx-spark");
+    let (_stop, _task) = spawn_agent(cfg);
+    let s = until("the spark to report", Duration::from_secs(15), || async {
+        let s = ctl.admin.servers().await.ok()?;
+        s.into_iter().find(|s| !s.roce.is_empty())
+    })
+    .await;
+    assert_eq!(s.name, "spark1");
+    assert!(s.ports.is_empty() && s.pending_claims.is_empty());
+    let roce: Vec<_> = s
+        .roce
+        .iter()
+        .map(|r| {
+            (
+                r.device.as_str(),
+                r.state.as_str(),
+                r.rate.as_deref(),
+                r.netdev.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roce,
+        [
+            (
+                "roceP2p1s0f0",
+                "ACTIVE",
+                Some("200 Gb/sec (4X HDR)"),
+                Some("enP2p1s0f0np0")
+            ),
+            (
+                "rocep1s0f0",
+                "ACTIVE",
+                Some("200 Gb/sec (4X HDR)"),
+                Some("enp1s0f0np0")
+            ),
+        ]
+    );
+    assert_eq!(s.roce[1].guid, Guid(0x0202_c9ff_fe02_0101));
+    let nics: Vec<_> = s
+        .nics
+        .iter()
+        .map(|n| (n.name.as_str(), n.speed_mbps, n.mtu, n.link_layer.as_str()))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            ("enP2p1s0f0np0", Some(200_000), 9000, "Ethernet"),
+            ("enP7s7", Some(1000), 1500, "Ethernet"),
+            ("enp1s0f0np0", Some(200_000), 9000, "Ethernet"),
+        ]
+    );
+    assert_eq!(s.gpus.len(), 1);
+    assert_eq!(s.gpus[0].name, "NVIDIA GB10");
+}

@@ -790,7 +790,12 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             },
             ..ControllerConfig::default()
         };
-        let ctl = Controller::start(Arc::new(store), fabric, config)?;
+        let mut ctl = Controller::start(Arc::new(store), fabric, config)?;
+        // The web console, on the same listener with the same TLS and tokens.
+        ctl.mount(weft_console::router(
+            ctl.state(),
+            weft_console::ConsoleConfig::default(),
+        ));
         let api = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -807,7 +812,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
-            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics"
+            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics console {scheme}://{api_addr}/console"
         );
         if let Some(t) = &tls {
             println!("weft controller: TLS certificate {}", t.fingerprint());
@@ -1076,7 +1081,10 @@ async fn client_command(
                                     "AGENT",
                                     "LAST SEEN",
                                     "GROUP",
-                                    "PORTS",
+                                    "IB PORTS",
+                                    "ROCE",
+                                    "NICS",
+                                    "GPUS",
                                     "PENDING CLAIMS"
                                 ],
                                 servers.iter().map(|s| [
@@ -1093,6 +1101,9 @@ async fn client_command(
                                             .collect::<Vec<_>>()
                                             .join(" ")
                                     },
+                                    node_roce(s),
+                                    node_nics(s),
+                                    node_gpus(s),
                                     if s.pending_claims.is_empty() {
                                         "-".into()
                                     } else {
@@ -1364,6 +1375,60 @@ async fn client_command(
     }
 }
 
+/// `rocep1s0f0/1 200G ACTIVE`, space-joined; `-` for none.
+fn node_roce(s: &weft_controller::model::ServerView) -> String {
+    dash_join(s.roce.iter().map(|r| {
+        let rate = r
+            .rate
+            .as_deref()
+            .and_then(|t| t.split_whitespace().next())
+            .map_or("?".to_string(), |g| format!("{g}G"));
+        format!("{}/{} {rate} {}", r.device, r.num, r.state)
+    }))
+}
+
+/// `enp1s0f0np0 200G/9000`: negotiated speed and MTU, space-joined; `-` for none.
+fn node_nics(s: &weft_controller::model::ServerView) -> String {
+    dash_join(s.nics.iter().map(|n| {
+        let speed = n.speed_mbps.map_or("?".to_string(), mbps_text);
+        format!("{} {speed}/{}", n.name, n.mtu)
+    }))
+}
+
+/// `NVIDIA GB10` or `NVIDIA H200 141G`, comma-joined; `-` for none.
+fn node_gpus(s: &weft_controller::model::ServerView) -> String {
+    let text = s
+        .gpus
+        .iter()
+        .map(|g| match g.memory_total_bytes {
+            Some(b) => format!("{} {}G", g.name, b >> 30),
+            None => g.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if text.is_empty() { "-".into() } else { text }
+}
+
+/// A speed in Mb/s as `200G`, `2.5G` or `100M`.
+fn mbps_text(m: u32) -> String {
+    if m >= 1000 && m.is_multiple_of(1000) {
+        format!("{}G", m / 1000)
+    } else if m >= 1000 {
+        format!("{:.1}G", f64::from(m) / 1000.0)
+    } else {
+        format!("{m}M")
+    }
+}
+
+fn dash_join(items: impl Iterator<Item = String>) -> String {
+    let v: Vec<String> = items.collect();
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(" ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1371,5 +1436,37 @@ mod tests {
         assert_eq!(super::utc(0), "1970-01-01 00:00:00Z");
         assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00Z");
         assert_eq!(super::utc(1_767_225_599), "2025-12-31 23:59:59Z");
+    }
+
+    /// `weft nodes` on the shipped DGX Spark fixture shows its RoCE devices, NICs and GPU
+    /// (it showed `-` for all of them before the agent's links reached the controller).
+    #[test]
+    fn nodes_table_shows_a_spark_s_roce_nics_and_gpu() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../weft-agent/fixtures/dgx-spark");
+        let report = weft_agent::discover(&root).unwrap();
+        let links = weft_controller::model::HostLinks::of(&report);
+        let s = weft_controller::model::ServerView {
+            name: report.hostname.clone(),
+            liveness: weft_controller::model::Liveness::Ok,
+            last_seen: Some(0),
+            ports: vec![],
+            group: None,
+            pending_claims: vec![],
+            roce: links.roce,
+            nics: links.nics,
+            gpus: report.gpus.clone(),
+        };
+        assert_eq!(
+            super::node_roce(&s),
+            "roceP2p1s0f0/1 200G ACTIVE rocep1s0f0/1 200G ACTIVE"
+        );
+        assert_eq!(
+            super::node_nics(&s),
+            "enP2p1s0f0np0 200G/9000 enP7s7 1G/1500 enp1s0f0np0 200G/9000"
+        );
+        assert_eq!(super::node_gpus(&s), "NVIDIA GB10");
+        assert_eq!(super::mbps_text(2500), "2.5G");
+        assert_eq!(super::mbps_text(100), "100M");
     }
 }

@@ -387,4 +387,7 @@ pub trait Store: Send + Sync + 'static {
     fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>>;
     /// The warnings for a server: leases that end on it.
     fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>>;
+    /// Records the RoCE ports and NICs a server's agent reported (its last report wins);
+    /// [`Store::servers`] shows them with its GPUs.
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()>;
 }

@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_server_gpus.sql"),
     include_str!("../migrations/0005_operation_taken.sql"),
     include_str!("../migrations/0006_node_leases.sql"),
+    include_str!("../migrations/0007_server_links.sql"),
 ];
 
 /// [`Store`] on SQLite: WAL journal, foreign keys on, embedded migrations tracked in
@@ -614,6 +615,12 @@ impl Store for SqliteStore {
 
     fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>> {
         self.tx(|tx| node_leases::notices(tx, server))
+    }
+
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()> {
+        let json = serde_json::to_string(links)
+            .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
+        self.tx(|tx| servers::set_links(tx, server, &json, now))
     }
 }
 
