@@ -45,7 +45,7 @@ pub fn tour(bin: &Path, dir: &Path) -> Result<Tour> {
     let (port, mport) = (free()?, free()?);
     let url = format!("http://127.0.0.1:{port}");
     let mut ctl = Command::new(bin)
-        .args(["controller", "--no-fabric", "--db", "console.db"])
+        .args(["controller", "--no-fabric", "--db", "console.db", "--init"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--metrics-listen", &format!("127.0.0.1:{mport}")])
         .env("WEFT_ADMIN_TOKEN", &token)

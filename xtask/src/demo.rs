@@ -207,7 +207,13 @@ pub fn run(keep: bool) -> Result<()> {
 
     plan_step(&bin, &dir)?;
     llm_step(&bin, &dir)?;
-    let _console = crate::console_tour::tour(&bin, &dir)?;
+    // With --keep the controller tour below does not run (the fabric stays a person's to
+    // work on): a controller of its own, on the agents' fixtures, serves the console then.
+    let _console = if keep {
+        Some(crate::console_tour::tour(&bin, &dir)?)
+    } else {
+        None
+    };
 
     step("a typo never reaches OpenSM");
     std::fs::write(
@@ -795,8 +801,12 @@ fn controller_tour(bin: &Path, dir: &Path, topology: &Topology) -> Result<Contro
     Ok(tour)
 }
 
-/// Hook: the console's step (its URL and an admin login), added by the console's work.
-fn console_step(_tour: &ControllerTour) -> Result<()> {
+/// The console of the tour's controller: its URL and an admin login, for a person to open
+/// (the controller serves it on the API's own address, TLS and tokens).
+fn console_step(tour: &ControllerTour) -> Result<()> {
+    step("the web console");
+    println!("  open {}/console and log in with the admin token {}", tour.url, tour.admin_token);
+    println!("  (overview, partitions matrix, moves with their diff, history, /docs)");
     Ok(())
 }
 
