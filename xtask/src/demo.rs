@@ -805,7 +805,10 @@ fn controller_tour(bin: &Path, dir: &Path, topology: &Topology) -> Result<Contro
 /// (the controller serves it on the API's own address, TLS and tokens).
 fn console_step(tour: &ControllerTour) -> Result<()> {
     step("the web console");
-    println!("  open {}/console and log in with the admin token {}", tour.url, tour.admin_token);
+    println!(
+        "  open {}/console and log in with the admin token {}",
+        tour.url, tour.admin_token
+    );
     println!("  (overview, partitions matrix, moves with their diff, history, /docs)");
     Ok(())
 }
