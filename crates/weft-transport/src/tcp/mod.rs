@@ -18,6 +18,7 @@ mod ctrl;
 mod engine;
 mod share;
 mod side;
+mod tune;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::alive::{Probe, ProbeStep};
 use crate::common::{
@@ -37,68 +38,14 @@ use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
 use crate::proto::{
-    self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, End, Frame,
-    ListenHandle, MAX_DATA_ADDRS,
+    self, AbortReason, AcceptEvent, Acceptor, ConnectEvent, Connector, End, Frame, ListenHandle,
+    MAX_DATA_ADDRS,
 };
 use crate::slab::Slab;
 use ctrl::CtrlLink;
 use engine::{Dir, Engine, ReqState, Stream, Task};
 use side::SideChannel;
-
-/// Options of every socket before its role is known (data streams keep these; see
-/// [`tune_side`] and [`tune_ctrl`] for the others).
-fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
-    s.set_tcp_nodelay(true)?;
-    s.set_keepalive(true)?;
-    let idle = (cfg.timeout / 3).max(Duration::from_secs(1));
-    let ka = TcpKeepalive::new()
-        .with_time(idle)
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    s.set_tcp_keepalive(&ka)?;
-    // Off by default on data streams: Linux applies TCP_USER_TIMEOUT to zero-window probing
-    // too, so it would also kill a live receiver that is slow to post receives (legitimate in
-    // NCCL). Data-stream failures are found by the receiver's stall timer instead, and reported
-    // to the sender by ABORT (see `tune_ctrl`).
-    if !cfg.tcp_user_timeout.is_zero() {
-        s.set_tcp_user_timeout(Some(cfg.tcp_user_timeout))?;
-    }
-    if cfg.sock_buf > 0 {
-        s.set_send_buffer_size(cfg.sock_buf)?;
-        s.set_recv_buffer_size(cfg.sock_buf)?;
-    }
-    Ok(())
-}
-
-/// The handshake stream once the connection is up: the management side channel. No keepalive
-/// and no user timeout: it is silent (zero bytes) unless a side gives up, and its death alone is
-/// not a failure of the connection (the control stream on the data network decides that).
-fn tune_side(s: socket2::SockRef<'_>) -> io::Result<()> {
-    s.set_keepalive(false)?;
-    s.set_tcp_user_timeout(None)
-}
-
-/// The control stream's liveness watch (on the data network, so a cut data link is found
-/// even while no message is due), done by the kernel so that it works while the
-/// application is not calling in: keepalive probes every second once idle, and
-/// `TCP_USER_TIMEOUT = timeout`, which ends the connection when sent bytes or probes stay
-/// unacknowledged that long (a dead host, a cut management link). It cannot fire on a live but
-/// slow peer: the receiver's kernel acknowledges whether or not its application reads, and
-/// CREDIT flow control ([`CTRL_WINDOW`]) keeps the control stream's window from ever closing.
-fn tune_ctrl(s: socket2::SockRef<'_>, cfg: &Config) -> io::Result<()> {
-    let secs = u32::try_from(cfg.timeout.as_secs()).unwrap_or(u32::MAX);
-    let ka = TcpKeepalive::new()
-        .with_time(Duration::from_secs(1))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(secs.clamp(1, 127));
-    s.set_tcp_keepalive(&ka)?;
-    s.set_tcp_user_timeout(Some(cfg.timeout))?;
-    let min_buf = 4 * CTRL_WINDOW as usize;
-    if cfg.sock_buf > 0 && cfg.sock_buf < min_buf {
-        s.set_recv_buffer_size(min_buf)?;
-    }
-    Ok(())
-}
+use tune::{tune, tune_ctrl, tune_ctrl_stream, tune_data_stream, tune_handshake, tune_side};
 
 /// How often a sender looks at its control stream for CREDIT/ABORT, and either side at its side
 /// channel for ABORT, while it is being polled.
@@ -350,23 +297,6 @@ impl Transport {
 }
 
 /// Socket options for a socket the sender opens, by what it is for (see [`PendingSock`]).
-/// Management network: handshake, then the ABORT side channel.
-fn tune_handshake(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)?;
-    tune_side(socket2::SockRef::from(s))
-}
-
-/// Data network: message headers, inline payloads, CREDIT, ABORT.
-fn tune_ctrl_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)?;
-    tune_ctrl(socket2::SockRef::from(s), cfg)
-}
-
-/// Data network: chunks.
-fn tune_data_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)
-}
-
 /// A connection being set up by the sender. Poll it until it yields a [`SendConn`].
 #[derive(Debug)]
 pub struct Connecting {
