@@ -1,100 +1,16 @@
-//! Running the hidden `weft bench` helpers on every host through a [`HostRunner`] and
-//! collecting their JSON: host facts (with the clock offset), DF probes, and the p2p matrix.
+//! The bench's own helpers on every host, through [`weft_hosts::remote::Remote`]: DF probes,
+//! loss trains and the p2p matrix.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
+use weft_hosts::remote::Remote;
+use weft_hosts::runner::{HostRunner, spawn_tethered, wait_until};
 
 use crate::BenchError;
-use crate::facts::{self, HostFacts, ProbeResult};
 use crate::p2p::{self, Pair, ProbeReport};
-use crate::runner::{HostRunner, spawn_tethered, wait_until};
-
-/// How to start `weft` on the hosts.
-#[derive(Debug, Clone)]
-pub struct Remote {
-    /// The `weft` binary on the hosts.
-    pub exe: String,
-    /// Bound on each helper.
-    pub timeout: Duration,
-}
-
-impl Remote {
-    fn argv(&self, args: &[String]) -> Vec<String> {
-        let mut v = vec![self.exe.clone(), "bench".into()];
-        v.extend(args.iter().cloned());
-        v
-    }
-
-    /// Runs `weft bench ARGS` on `host` and parses its stdout as JSON.
-    pub fn json<T: DeserializeOwned>(
-        &self,
-        host: &dyn HostRunner,
-        args: &[String],
-        timeout: Duration,
-    ) -> Result<T, BenchError> {
-        let o = host.run(&self.argv(args), &[], timeout)?;
-        let fail = |msg: String| BenchError::Host {
-            host: host.name().to_string(),
-            msg,
-        };
-        if !o.status.success() {
-            return Err(fail(format!(
-                "`weft bench {}` exited with {}: {}",
-                args.first().map_or("", String::as_str),
-                o.status,
-                String::from_utf8_lossy(&o.stderr).trim()
-            )));
-        }
-        serde_json::from_slice(&o.stdout).map_err(|e| {
-            fail(format!(
-                "`weft bench {}` printed no JSON ({e}): {}",
-                args.first().map_or("", String::as_str),
-                String::from_utf8_lossy(&o.stdout).trim()
-            ))
-        })
-    }
-}
-
-/// Facts of one host, and its clock's offset from ours.
-#[derive(Debug, Clone)]
-pub struct Gathered {
-    pub facts: HostFacts,
-    /// Host clock minus ours at the middle of the call, ns.
-    pub offset_ns: i64,
-    /// Half the call's duration: the offset is known to within this.
-    pub uncertainty_ns: i64,
-}
-
-/// Gathers the facts of every host at once.
-pub fn gather_all(hosts: &[Box<dyn HostRunner>], r: &Remote) -> Vec<Result<Gathered, BenchError>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = hosts
-            .iter()
-            .map(|h| {
-                s.spawn(move || {
-                    let t0 = facts::now_ns();
-                    let f: HostFacts = r.json(h.as_ref(), &["host-facts".into()], r.timeout)?;
-                    let t1 = facts::now_ns();
-                    let mid = (i128::from(t0) + i128::from(t1)) / 2;
-                    Ok(Gathered {
-                        offset_ns: (i128::from(f.unix_time_ns) - mid) as i64,
-                        uncertainty_ns: ((i128::from(t1) - i128::from(t0)) / 2) as i64,
-                        facts: f,
-                    })
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(BenchError::Usage("gathering thread panicked".into())))
-            })
-            .collect()
-    })
-}
+use crate::probe::ProbeResult;
 
 /// From one host, DF probes of `payload` bytes to `targets`.
 pub fn df_probe_one(
@@ -119,7 +35,7 @@ pub fn df_probe_one(
     ];
     // 3 probes per target, each bounded, plus start-up.
     let bound = per_probe * 3 * targets.len() as u32 + r.timeout;
-    r.json(h, &args, bound)
+    Ok(r.json(h, &args, bound)?)
 }
 
 /// From one host, a train of `count` echoes to each of `targets` at once, one every
@@ -146,7 +62,7 @@ pub fn loss_probe_one(
     ];
     // The train, its linger (1 s), plus start-up.
     let bound = interval * count + Duration::from_secs(1) + r.timeout;
-    r.json(h, &args, bound)
+    Ok(r.json(h, &args, bound)?)
 }
 
 /// Options of a p2p run.
@@ -220,7 +136,7 @@ pub fn p2p_matrix(
             Ok(c) => c,
             Err(e) => {
                 stop(&mut servers);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let out = c.stdout.take();
@@ -282,8 +198,9 @@ pub fn p2p_matrix(
                     src_if.clone(),
                 ];
                 let t = Instant::now();
-                let res: Result<ProbeReport, BenchError> =
-                    r.json(*src, &args, per_pair + r.timeout);
+                let res: Result<ProbeReport, BenchError> = r
+                    .json(*src, &args, per_pair + r.timeout)
+                    .map_err(BenchError::from);
                 tracing::debug!(src = %info[i].name, dst = %info[j].name, took = ?t.elapsed(), "p2p pair");
                 let mut p = Pair {
                     src: info[i].name.clone(),

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::LaunchError;
-use crate::hosts::{self, HostFacts, HostRunner};
+use crate::hosts::{self, HostFacts, HostRunner, IfChoice, Roles};
 
 /// The last line `weft run-node` prints: `MARKER<exit code>` (or `MARKER<signal>s`).
 pub const EXIT_MARKER: &str = "\u{1e}weft-run-node-exit=";
@@ -78,31 +78,40 @@ pub struct NodeNet {
     pub rdma_devs: Vec<String>,
 }
 
-/// A node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax).
-pub fn node_net(
-    host: &str,
-    f: &HostFacts,
-    mgmt_spec: Option<&str>,
-    data_spec: Option<&str>,
-) -> Result<NodeNet, LaunchError> {
+/// Every node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax),
+/// decided for all the nodes together ([`hosts::roles_for`]): on the same hosts and flags,
+/// the interfaces `weft doctor` finds. `names` and `facts` are in node order.
+pub fn node_nets(
+    names: &[&str],
+    facts: &[HostFacts],
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let all: Vec<&HostFacts> = facts.iter().collect();
+    names
+        .iter()
+        .zip(hosts::roles_for(&all, choice))
+        .map(|(host, role)| node_net(host, &role))
+        .collect()
+}
+
+/// One node's network from its roles.
+fn node_net(host: &str, role: &Roles<'_>) -> Result<NodeNet, LaunchError> {
     let err = |msg: String| LaunchError::Host {
         host: host.into(),
         msg,
     };
-    let (mgmt, data) = hosts::roles(f, mgmt_spec, data_spec)?;
-    let mgmt = mgmt.ok_or_else(|| {
-        err("no management interface (no default route; name it with --mgmt-if)".into())
+    let (mgmt, _) = role.mgmt.ok_or_else(|| {
+        err("no management interface (no default route, no SSH session, no other host's management subnet; name it with --mgmt-if)".into())
     })?;
-    let mgmt_addr = f
-        .report
-        .netdevs
+    let (_, mgmt_addr) = role.mgmt_addr().ok_or_else(|| {
+        err(format!(
+            "management interface {} has no IPv4 address",
+            mgmt.name
+        ))
+    })?;
+    let data: Vec<_> = role
+        .data
         .iter()
-        .find(|n| n.name == mgmt)
-        .and_then(hosts::ipv4)
-        .map(|(a, _)| a)
-        .ok_or_else(|| err(format!("management interface {mgmt} has no IPv4 address")))?;
-    let data: Vec<_> = data
-        .into_iter()
         .filter(|n| hosts::ipv4(n).is_some())
         .collect();
     let first = data.first().ok_or_else(|| {
@@ -114,7 +123,7 @@ pub fn node_net(
     rdma_devs.dedup();
     Ok(NodeNet {
         host: host.into(),
-        mgmt_if: mgmt,
+        mgmt_if: mgmt.name.clone(),
         mgmt_addr,
         data_ifs: data.iter().map(|n| n.name.clone()).collect(),
         data_addr,

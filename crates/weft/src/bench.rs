@@ -10,8 +10,10 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts_with};
-use weft_bench::{RankSpec, facts, launch, net, p2p};
+use weft_bench::{RankSpec, launch, net, p2p, probe};
+use weft_hosts::remote::{Remote, gather_all};
+use weft_hosts::runner::{Local, parse_hosts_with};
+use weft_hosts::{HostRunner, IfChoice, facts, roles_for};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -123,7 +125,15 @@ pub struct HostArgs {
 }
 
 impl HostArgs {
-    pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, weft_bench::remote::Remote)> {
+    /// `--mgmt-if` and `--data-if`, parsed.
+    pub fn if_choice(&self) -> Result<IfChoice> {
+        Ok(IfChoice::parse(
+            self.mgmt_if.as_deref(),
+            self.data_if.as_deref(),
+        )?)
+    }
+
+    pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, Remote)> {
         let mut extra: Vec<String> = Vec::new();
         if let Some(f) = &self.ssh_config {
             extra.extend(["-F".to_string(), f.display().to_string()]);
@@ -142,7 +152,7 @@ impl HostArgs {
         };
         Ok((
             r,
-            weft_bench::remote::Remote {
+            Remote {
                 exe,
                 timeout: Duration::from_secs(self.timeout.max(1)),
             },
@@ -390,7 +400,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             timeout_ms,
         } => {
             let dsts = ipv4_list("address", &to)?;
-            let r = facts::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
+            let r = probe::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
                 .context("DF probe (needs root or CAP_NET_RAW)")?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(EXIT_OK)
@@ -477,18 +487,12 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
     }
-    let gathered = weft_bench::remote::gather_all(&hosts, &remote)
+    let gathered = gather_all(&hosts, &remote)
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let spec = |what: &str, v: &Option<String>| {
-        v.as_deref()
-            .map(|s| facts::parse_ifspec(what, s))
-            .transpose()
-    };
-    let data_spec = spec("--data-if", &a.hosts.data_if)?;
-    let mgmt_spec = spec("--mgmt-if", &a.hosts.mgmt_if)?;
+    let choice = a.hosts.if_choice()?;
     let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let roles = facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref());
+    let roles = roles_for(&all, &choice);
     let mut info = Vec::new();
     let mut expected = p2p::Expected::new();
     for (h, role) in hosts.iter().zip(roles) {
@@ -710,7 +714,7 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
     // Each rank's interfaces: with --hosts the same selection as doctor and p2p, by name
     // on each host; local ranks use loopback unless told otherwise.
     let per_rank = if a.hosts.is_some() {
-        let remote = weft_bench::remote::Remote {
+        let remote = Remote {
             exe: exe.clone(),
             timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
         };

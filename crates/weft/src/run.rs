@@ -97,17 +97,14 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         a.cmd = cmd;
     }
     let recipe = Recipe::of(&a.cmd);
-    // Every node's network, from its own facts.
-    let mut nets = Vec::with_capacity(hs.len());
-    for (h, f) in hs.iter().zip(hosts::facts_all(&hs, &remote)) {
-        let f = f?;
-        nets.push(run::node_net(
-            h.name(),
-            &f,
-            a.hosts.mgmt_if.as_deref(),
-            a.hosts.data_if.as_deref(),
-        )?);
-    }
+    // Every node's network, from the facts of all of them together: the interfaces
+    // `weft doctor` finds on the same hosts and flags.
+    let choice = a.hosts.if_choice()?;
+    let facts = hosts::facts_all(&hs, &remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = hs.iter().map(|h| h.name()).collect();
+    let nets = run::node_nets(&names, &facts, &choice)?;
     let mut argvs = Vec::with_capacity(hs.len());
     let mut envs = Vec::with_capacity(hs.len());
     for i in 0..hs.len() {
@@ -132,36 +129,19 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         if let Some(m) = &a.model {
             args.extend(["--model".into(), m.clone()]);
         }
-        let got: Vec<Result<run::Versions, weft_launch::LaunchError>> = std::thread::scope(|s| {
-            let hs_ref = &hs;
-            let args = &args;
-            let js: Vec<_> = (0..hs.len())
-                .map(|i| {
-                    s.spawn(move || {
-                        let h = hs_ref[i].as_ref();
-                        let o = hosts::run(h, args, &[], Duration::from_secs(180))?;
-                        serde_json::from_slice::<run::Versions>(&o.stdout).map_err(|e| {
-                            weft_launch::LaunchError::Host {
-                                host: h.name().into(),
-                                msg: format!(
-                                    "the version probe printed no JSON ({e}): {}",
-                                    String::from_utf8_lossy(&o.stderr).trim()
-                                ),
-                            }
-                        })
-                    })
+        let got: Vec<Result<run::Versions, weft_launch::LaunchError>> =
+            hosts::each_host(&hs, |h| {
+                let o = hosts::run(h.as_ref(), &args, &[], Duration::from_secs(180))?;
+                serde_json::from_slice::<run::Versions>(&o.stdout).map_err(|e| {
+                    weft_launch::LaunchError::Host {
+                        host: h.name().into(),
+                        msg: format!(
+                            "the version probe printed no JSON ({e}): {}",
+                            String::from_utf8_lossy(&o.stderr).trim()
+                        ),
+                    }
                 })
-                .collect();
-            js.into_iter()
-                .map(|j| {
-                    j.join().unwrap_or_else(|_| {
-                        Err(weft_launch::LaunchError::Usage(
-                            "probe thread panicked".into(),
-                        ))
-                    })
-                })
-                .collect()
-        });
+            });
         let mut vs = Vec::new();
         for (h, g) in hs.iter().zip(got) {
             vs.push((h.name().to_string(), g?));

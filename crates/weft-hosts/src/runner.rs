@@ -1,13 +1,14 @@
 //! `HostRunner`: the seam between the tools and the hosts they look at. One implementation per
 //! way of reaching a host: [`Local`] (this machine), [`Ssh`] (`ssh -o BatchMode=yes`), and
 //! [`Netns`] (`ip netns exec`, how the tests put "hosts" on one machine). Everything the bench
-//! and the doctor run on a host goes through here, with a deadline.
+//! and the doctor, `weft run`, `weft sync` and `weft mesh` run on a host goes through here, with
+//! a deadline.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::BenchError;
+use crate::HostsError;
 
 /// Runs programs on one host.
 pub trait HostRunner: Send + Sync {
@@ -32,8 +33,8 @@ pub trait HostRunner: Send + Sync {
         argv: &[String],
         env: &[(String, String)],
         timeout: Duration,
-    ) -> Result<Output, BenchError> {
-        run_bounded(self.command(argv, env), timeout).map_err(|msg| BenchError::Host {
+    ) -> Result<Output, HostsError> {
+        run_bounded(self.command(argv, env), timeout).map_err(|msg| HostsError::Host {
             host: self.name().to_string(),
             msg: format!("{}: {msg}", argv.join(" ")),
         })
@@ -45,13 +46,13 @@ pub trait HostRunner: Send + Sync {
         argv: &[String],
         env: &[(String, String)],
         stdout: Stdio,
-    ) -> Result<Child, BenchError> {
+    ) -> Result<Child, HostsError> {
         let mut c = self.command(argv, env);
         c.stdin(Stdio::null())
             .stdout(stdout)
             .stderr(Stdio::inherit());
         c.process_group(0);
-        c.spawn().map_err(|e| BenchError::Host {
+        c.spawn().map_err(|e| HostsError::Host {
             host: self.name().to_string(),
             msg: format!("starting {}: {e}", argv.join(" ")),
         })
@@ -65,13 +66,13 @@ pub fn spawn_tethered(
     host: &dyn HostRunner,
     argv: &[String],
     stdout: Stdio,
-) -> Result<Child, BenchError> {
+) -> Result<Child, HostsError> {
     let mut c = host.command(argv, &[]);
     c.stdin(Stdio::piped())
         .stdout(stdout)
         .stderr(Stdio::inherit());
     c.process_group(0);
-    c.spawn().map_err(|e| BenchError::Host {
+    c.spawn().map_err(|e| HostsError::Host {
         host: host.name().to_string(),
         msg: format!("starting {}: {e}", argv.join(" ")),
     })
@@ -177,7 +178,7 @@ impl HostRunner for Netns {
 
 /// Parses a host list: `a,b,c` reached `via` (`ssh`, `netns`, `local`), or entries with their
 /// own prefix (`ssh:node1`, `netns:ns1`, `local`).
-pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
     parse_hosts_with(list, via, &[])
 }
 
@@ -186,7 +187,7 @@ pub fn parse_hosts_with(
     list: &str,
     via: &str,
     ssh_extra: &[String],
-) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
     let mut v: Vec<Box<dyn HostRunner>> = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name) = match item.split_once(':') {
@@ -204,14 +205,14 @@ pub fn parse_hosts_with(
             }),
             "local" => Box::new(Local),
             other => {
-                return Err(BenchError::Usage(format!(
+                return Err(HostsError::Usage(format!(
                     "unknown way to reach hosts {other:?} (ssh, netns, local)"
                 )));
             }
         });
     }
     if v.is_empty() {
-        return Err(BenchError::Usage("empty host list".into()));
+        return Err(HostsError::Usage("empty host list".into()));
     }
     Ok(v)
 }
