@@ -1018,23 +1018,21 @@ fn throughput(
     let mut runners: Vec<&dyn HostRunner> = Vec::new();
     let mut expected = p2p::Expected::new();
     for (i, v) in data {
-        let rails: Vec<(String, Ipv4Addr)> = v
+        let rail_ifs: Vec<remote::RailIf> = v
             .iter()
-            .filter_map(|x| x.addr.map(|(a, _)| (x.name.clone(), a)))
+            .map(|x| remote::RailIf {
+                name: x.name.clone(),
+                addr: x.addr.map(|(a, _)| a),
+                link_mbps: if x.physical { x.speed_mbps } else { None },
+            })
             .collect();
-        if rails.is_empty() {
+        let mut mine = p2p::Expected::new();
+        let h = remote::P2pHost::from_data(&names[*i], &rail_ifs, expect_speed_mbps, &mut mine);
+        if h.rails.is_empty() {
             continue;
         }
-        for (rail, x) in v.iter().filter(|x| x.addr.is_some()).enumerate() {
-            let link = if x.physical { x.speed_mbps } else { None };
-            if let Some(mbps) = expect_speed_mbps.or(link) {
-                expected.insert((names[*i].clone(), rail), f64::from(mbps) / 1e3);
-            }
-        }
-        info.push(remote::P2pHost {
-            name: names[*i].clone(),
-            rails,
-        });
+        expected.extend(mine);
+        info.push(h);
         runners.push(hosts[*i].as_ref());
     }
     if info.len() < 2 {

@@ -80,6 +80,43 @@ pub struct P2pHost {
     pub rails: Vec<(String, Ipv4Addr)>,
 }
 
+/// One data interface as the p2p run sees it.
+#[derive(Debug, Clone)]
+pub struct RailIf {
+    pub name: String,
+    /// Its IPv4 address; an interface without one carries no rail.
+    pub addr: Option<Ipv4Addr>,
+    /// Its link speed in Mbit/s when the NIC is physical (a virtual one reports a speed it
+    /// does not keep).
+    pub link_mbps: Option<u32>,
+}
+
+impl P2pHost {
+    /// Host `name`'s rails (each data interface with an IPv4 address, in order), and into
+    /// `expected` what each rail should reach: `expect_speed_mbps`, else its physical link
+    /// speed. `weft bench p2p` and the doctor's throughput check both decide so.
+    pub fn from_data(
+        name: &str,
+        data: &[RailIf],
+        expect_speed_mbps: Option<u32>,
+        expected: &mut p2p::Expected,
+    ) -> P2pHost {
+        let addressed: Vec<&RailIf> = data.iter().filter(|d| d.addr.is_some()).collect();
+        for (rail, d) in addressed.iter().enumerate() {
+            if let Some(mbps) = expect_speed_mbps.or(d.link_mbps) {
+                expected.insert((name.to_string(), rail), f64::from(mbps) / 1e3);
+            }
+        }
+        P2pHost {
+            name: name.to_string(),
+            rails: addressed
+                .iter()
+                .filter_map(|d| d.addr.map(|a| (d.name.clone(), a)))
+                .collect(),
+        }
+    }
+}
+
 /// Starts a server on every host, then measures every ordered pair on every rail, one pair at
 /// a time; stops the servers. Pairs that fail carry their error.
 pub fn p2p_matrix(
@@ -237,4 +274,41 @@ fn comma_list(targets: &[Ipv4Addr]) -> String {
         .map(|a| a.to_string())
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rails_are_the_addressed_data_interfaces_and_expectations_follow_them() {
+        let d = |name: &str, addr: Option<[u8; 4]>, link: Option<u32>| RailIf {
+            name: name.into(),
+            addr: addr.map(Ipv4Addr::from),
+            link_mbps: link,
+        };
+        let data = [
+            d("ib0", None, Some(200_000)),
+            d("enp1", Some([10, 1, 0, 2]), Some(100_000)),
+            d("veth0", Some([10, 2, 0, 2]), None),
+        ];
+        let mut e = p2p::Expected::new();
+        let h = P2pHost::from_data("n1", &data, None, &mut e);
+        assert_eq!(
+            h.rails,
+            [
+                ("enp1".to_string(), Ipv4Addr::new(10, 1, 0, 2)),
+                ("veth0".to_string(), Ipv4Addr::new(10, 2, 0, 2))
+            ]
+        );
+        // Rail 0 is enp1 (the unaddressed ib0 is no rail); the virtual veth0 expects nothing.
+        assert_eq!(
+            e.into_iter().collect::<Vec<_>>(),
+            [(("n1".into(), 0), 100.0)]
+        );
+        let mut e = p2p::Expected::new();
+        P2pHost::from_data("n1", &data, Some(25_000), &mut e);
+        assert_eq!(e.len(), 2);
+        assert!(e.values().all(|&g| g == 25.0));
+    }
 }

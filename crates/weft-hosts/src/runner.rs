@@ -217,6 +217,36 @@ pub fn parse_hosts_with(
     Ok(v)
 }
 
+/// The `ssh` options of `--ssh-config FILE` (`-F FILE`) and each `--ssh-option K=V`
+/// (`-o K=V`), for [`parse_hosts_with`].
+pub fn ssh_extra(config: Option<&std::path::Path>, options: &[String]) -> Vec<String> {
+    let mut extra: Vec<String> = Vec::new();
+    if let Some(f) = config {
+        extra.extend(["-F".to_string(), f.display().to_string()]);
+    }
+    for o in options {
+        extra.extend(["-o".to_string(), o.clone()]);
+    }
+    extra
+}
+
+/// Whether any of `hosts` is reached over SSH: then weft runs there from the hosts' own
+/// install (`--remote-weft`); namespace and local hosts share this machine's files and run
+/// this very binary.
+pub fn any_ssh(hosts: &[Box<dyn HostRunner>]) -> bool {
+    hosts.iter().any(|h| h.kind() == "ssh")
+}
+
+/// The `weft` binary to start on `hosts`: `remote` when [`any_ssh`], else this process's own
+/// executable.
+pub fn remote_exe(hosts: &[Box<dyn HostRunner>], remote: &str) -> std::io::Result<String> {
+    if any_ssh(hosts) {
+        Ok(remote.to_string())
+    } else {
+        Ok(std::env::current_exe()?.display().to_string())
+    }
+}
+
 /// Runs `cmd` in its own process group with piped output; kills the group after `timeout`,
 /// which also bounds the wait for its pipes ([`weft_proc::run`]).
 pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, String> {
@@ -263,6 +293,17 @@ mod tests {
         let h = parse_hosts_with("a,netns:b", "ssh", &["-F".into(), "cfg".into()]).unwrap();
         assert_eq!(h[0].ssh_options(), Some(vec!["-F".into(), "cfg".into()]));
         assert_eq!(h[1].ssh_options(), None);
+        assert_eq!(
+            ssh_extra(Some(std::path::Path::new("cfg")), &["Port=2222".into()]),
+            ["-F", "cfg", "-o", "Port=2222"]
+        );
+        assert_eq!(remote_exe(&h, "/opt/weft").unwrap(), "/opt/weft");
+        let ns = parse_hosts("netns:a,local", "ssh").unwrap();
+        assert!(!any_ssh(&ns));
+        assert_eq!(
+            remote_exe(&ns, "/opt/weft").unwrap(),
+            std::env::current_exe().unwrap().display().to_string()
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
 use weft_bench::{RankSpec, launch, net, p2p, probe};
 use weft_hosts::remote::{Remote, gather_all};
-use weft_hosts::runner::{Local, parse_hosts_with};
+use weft_hosts::runner::{Local, any_ssh, parse_hosts_with, remote_exe, ssh_extra};
 use weft_hosts::{HostRunner, IfChoice, facts, roles_for};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
@@ -134,22 +134,12 @@ impl HostArgs {
     }
 
     pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, Remote)> {
-        let mut extra: Vec<String> = Vec::new();
-        if let Some(f) = &self.ssh_config {
-            extra.extend(["-F".to_string(), f.display().to_string()]);
-        }
-        for o in &self.ssh_options {
-            extra.extend(["-o".to_string(), o.clone()]);
-        }
         if self.hosts.trim().is_empty() {
             bail!("--hosts is required (node1,node2 or netns:ns1,...)");
         }
+        let extra = ssh_extra(self.ssh_config.as_deref(), &self.ssh_options);
         let r = parse_hosts_with(&self.hosts, &self.via, &extra)?;
-        let exe = if r.iter().any(|h| h.kind() == "ssh") {
-            self.remote_weft.clone()
-        } else {
-            std::env::current_exe()?.display().to_string()
-        };
+        let exe = remote_exe(&r, &self.remote_weft)?;
         Ok((
             r,
             Remote {
@@ -496,32 +486,25 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     let mut info = Vec::new();
     let mut expected = p2p::Expected::new();
     for (h, role) in hosts.iter().zip(roles) {
-        let ifs: Vec<_> = role
+        let data: Vec<weft_bench::remote::RailIf> = role
             .data
-            .into_iter()
-            .filter(|d| facts::ipv4(d).is_some())
-            .collect();
-        let rails: Vec<(String, std::net::Ipv4Addr)> = ifs
             .iter()
-            .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
+            .map(|d| weft_bench::remote::RailIf {
+                name: d.name.clone(),
+                addr: facts::ipv4(d).map(|(a, _)| a),
+                link_mbps: d.pci.as_ref().and(d.speed_mbps),
+            })
             .collect();
-        if rails.is_empty() {
+        let host =
+            weft_bench::remote::P2pHost::from_data(h.name(), &data, a.expect_speed, &mut expected);
+        if host.rails.is_empty() {
             eprintln!(
                 "weft: {}: no data interface with an IPv4 address (see --data-if)",
                 h.name()
             );
             return Ok(EXIT_ENVIRONMENT);
         }
-        for (rail, d) in ifs.iter().enumerate() {
-            let link = d.pci.as_ref().and(d.speed_mbps);
-            if let Some(mbps) = a.expect_speed.or(link) {
-                expected.insert((h.name().to_string(), rail), f64::from(mbps) / 1e3);
-            }
-        }
-        info.push(weft_bench::remote::P2pHost {
-            name: h.name().to_string(),
-            rails,
-        });
+        info.push(host);
     }
     let opts = weft_bench::remote::P2pOptions {
         streams: a.streams,
@@ -664,14 +647,11 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         Option<PathBuf>,
     ) = match &a.hosts {
         Some(h) => {
-            let mut extra: Vec<String> = Vec::new();
-            if let Some(f) = &a.ssh_config {
-                extra.extend(["-F".to_string(), f.display().to_string()]);
-            }
-            for o in &a.ssh_options {
-                extra.extend(["-o".to_string(), o.clone()]);
-            }
-            let r = parse_hosts_with(h, &a.via, &extra)?;
+            let r = parse_hosts_with(
+                h,
+                &a.via,
+                &ssh_extra(a.ssh_config.as_deref(), &a.ssh_options),
+            )?;
             let rdv = match a
                 .rendezvous
                 .clone()
@@ -683,14 +663,14 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
                     r[0].kind()
                 ),
             };
-            let (exe, plugin) = if r[0].kind() == "ssh" {
-                (a.remote_weft.clone(), a.plugin.clone())
+            // On SSH hosts the plugin is theirs (--plugin or the remote weft's own search);
+            // namespace and local hosts share this machine's build.
+            let plugin = if any_ssh(&r) {
+                a.plugin.clone()
             } else {
-                (
-                    std::env::current_exe()?.display().to_string(),
-                    a.plugin.clone().or_else(net::find_plugin),
-                )
+                a.plugin.clone().or_else(net::find_plugin)
             };
+            let exe = remote_exe(&r, &a.remote_weft)?;
             (r, rdv, exe, plugin)
         }
         None => {
