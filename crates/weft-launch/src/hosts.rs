@@ -10,7 +10,7 @@ pub use weft_hosts::facts::{HostFacts, ipv4};
 pub use weft_hosts::remote::Remote;
 pub use weft_hosts::runner::{HostRunner, parse_hosts_with, shell_quote};
 pub use weft_hosts::ssh_pairs::{Outcome, PairResult, probe_all, remedy};
-pub use weft_hosts::{IfChoice, Roles, each_host, roles_for};
+pub use weft_hosts::{HostsError, IfChoice, Roles, each_host, roles_for};
 
 use crate::LaunchError;
 

@@ -60,7 +60,7 @@ pub enum LaunchError {
     Peer { peer: String, msg: String },
     /// Reaching a host or reading what it said ([`weft_hosts`]).
     #[error(transparent)]
-    Hosts(#[from] weft_hosts::HostsError),
+    Hosts(#[from] hosts::HostsError),
 }
 
 /// `|e| LaunchError::Io { context, source: e }`.

@@ -93,7 +93,7 @@ fn par<T: Send>(
     f: impl Fn(usize, &dyn HostRunner) -> Result<T, LaunchError> + Sync,
 ) -> Result<Vec<T>, LaunchError> {
     let idx: Vec<usize> = (0..hosts_.len()).collect();
-    weft_hosts::each_host(&idx, |&i| f(i, hosts_[i].as_ref()))
+    hosts::each_host(&idx, |&i| f(i, hosts_[i].as_ref()))
         .into_iter()
         .collect()
 }

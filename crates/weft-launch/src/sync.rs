@@ -320,7 +320,7 @@ fn start_all(
 ) -> Vec<Result<Served, (usize, String)>> {
     // A node may wait for every node before it to skip one that is down (a bound each).
     let accept = o.timeout * (which.len() as u32 + 2);
-    weft_hosts::each_host(which, |&i| {
+    hosts::each_host(which, |&i| {
         start_one(hosts[i].as_ref(), i, o, accept).map_err(|e| (i, e))
     })
 }
