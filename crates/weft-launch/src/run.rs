@@ -94,6 +94,19 @@ pub fn node_nets(
         .collect()
 }
 
+/// [`node_nets`] over the facts gathered on every host of `hs` at once.
+pub fn gather_node_nets(
+    hs: &[Box<dyn HostRunner>],
+    remote: &hosts::Remote,
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let facts = hosts::facts_all(hs, remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = hs.iter().map(|h| h.name()).collect();
+    node_nets(&names, &facts, choice)
+}
+
 /// One node's network from its roles.
 fn node_net(host: &str, role: &Roles<'_>) -> Result<NodeNet, LaunchError> {
     let err = |msg: String| LaunchError::Host {
@@ -377,6 +390,62 @@ for m in sys.argv[1].split(","):
             r["nccl"] = "absent"
 print(json.dumps(r))
 "#;
+
+/// One process's environment, in order.
+pub type Env = Vec<(String, String)>;
+
+/// Every node's command line and environment for `cmd` run as `recipe` on `nodes`, in node
+/// order ([`node_argv`] and [`job_env`]).
+pub fn node_jobs(
+    recipe: Recipe,
+    cmd: &[String],
+    nodes: &[NodeNet],
+    master_port: u16,
+    nproc_per_node: usize,
+    nccl: Nccl,
+) -> Result<(Vec<Vec<String>>, Vec<Env>), LaunchError> {
+    let mut argvs = Vec::with_capacity(nodes.len());
+    let mut envs = Vec::with_capacity(nodes.len());
+    for i in 0..nodes.len() {
+        argvs.push(node_argv(recipe, cmd, nodes, i, master_port)?);
+        envs.push(job_env(nodes, i, nproc_per_node, master_port, nccl));
+    }
+    Ok((argvs, envs))
+}
+
+/// Every node's versions, probed on all of them at once by the hidden `EXE run-probe`
+/// (`python`'s packages: `recipe`'s modules; `model`'s hash when given), each bounded by
+/// `timeout`; in node order.
+pub fn probe_versions(
+    hs: &[Box<dyn HostRunner>],
+    exe: &str,
+    python: &str,
+    recipe: Recipe,
+    model: Option<&str>,
+    timeout: Duration,
+) -> Vec<Result<Versions, LaunchError>> {
+    let mut args = vec![
+        exe.to_string(),
+        "run-probe".to_string(),
+        "--python".into(),
+        python.to_string(),
+        "--modules".into(),
+        recipe.modules().join(","),
+    ];
+    if let Some(m) = model {
+        args.extend(["--model".into(), m.to_string()]);
+    }
+    hosts::each_host(hs, |h| {
+        let o = hosts::run(h.as_ref(), &args, &[], timeout)?;
+        serde_json::from_slice::<Versions>(&o.stdout).map_err(|e| LaunchError::Host {
+            host: h.name().into(),
+            msg: format!(
+                "the version probe printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        })
+    })
+}
 
 /// One difference between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
