@@ -188,13 +188,32 @@ pub fn parse_hosts_with(
     via: &str,
     ssh_extra: &[String],
 ) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
+    let items: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    hosts_from(&items, via, ssh_extra)
+}
+
+/// Hosts from a list already split (a controller group's member names, or the entries of
+/// [`parse_hosts_with`]): each reached `via`, unless it carries its own prefix (`ssh:node1`,
+/// `netns:ns1`, `local`).
+pub fn hosts_from<S: AsRef<str>>(
+    items: &[S],
+    via: &str,
+    ssh_extra: &[String],
+) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
     let mut v: Vec<Box<dyn HostRunner>> = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for item in items.iter().map(AsRef::as_ref) {
         let (kind, name) = match item.split_once(':') {
             Some((k @ ("ssh" | "netns" | "local"), n)) => (k, n),
             _ if item == "local" => ("local", item),
             _ => (via, item),
         };
+        if name.is_empty() {
+            return Err(HostsError::Usage(format!("host {item:?} has no name")));
+        }
         v.push(match kind {
             "ssh" => Box::new(Ssh {
                 host: name.to_string(),
@@ -293,6 +312,12 @@ mod tests {
         let h = parse_hosts_with("a,netns:b", "ssh", &["-F".into(), "cfg".into()]).unwrap();
         assert_eq!(h[0].ssh_options(), Some(vec!["-F".into(), "cfg".into()]));
         assert_eq!(h[1].ssh_options(), None);
+        // A group's member names, taken as they are (no second split on commas).
+        let g = hosts_from(&["node1", "netns:ns2"], "ssh", &[]).unwrap();
+        assert_eq!((g[0].kind(), g[0].name()), ("ssh", "node1"));
+        assert_eq!((g[1].kind(), g[1].name()), ("netns", "ns2"));
+        assert!(hosts_from(&["ssh:"], "ssh", &[]).is_err());
+        assert!(hosts_from::<&str>(&[], "ssh", &[]).is_err());
         assert_eq!(
             ssh_extra(Some(std::path::Path::new("cfg")), &["Port=2222".into()]),
             ["-F", "cfg", "-o", "Port=2222"]

@@ -12,7 +12,7 @@ use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
 use weft_bench::{RankSpec, launch, net, p2p, probe};
 use weft_hosts::remote::{Remote, gather_all};
-use weft_hosts::runner::{Local, any_ssh, parse_hosts_with, remote_exe, ssh_extra};
+use weft_hosts::runner::{Local, any_ssh, hosts_from, parse_hosts_with, remote_exe, ssh_extra};
 use weft_hosts::{HostRunner, IfChoice, facts, roles_for};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
@@ -122,6 +122,10 @@ pub struct HostArgs {
     /// An extra option for every `ssh` to the hosts (`-o KEY=VALUE`), repeatable.
     #[arg(long = "ssh-option", value_name = "KEY=VALUE")]
     pub ssh_options: Vec<String>,
+    /// The hosts as a list, when they come from a controller group (`--group`) rather than
+    /// `--hosts`: taken as they are, never joined and split again.
+    #[arg(skip)]
+    pub members: Vec<String>,
 }
 
 impl HostArgs {
@@ -134,11 +138,14 @@ impl HostArgs {
     }
 
     pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, Remote)> {
-        if self.hosts.trim().is_empty() {
-            bail!("--hosts is required (node1,node2 or netns:ns1,...)");
-        }
         let extra = ssh_extra(self.ssh_config.as_deref(), &self.ssh_options);
-        let r = parse_hosts_with(&self.hosts, &self.via, &extra)?;
+        let r = if !self.members.is_empty() {
+            hosts_from(&self.members, &self.via, &extra)?
+        } else if self.hosts.trim().is_empty() {
+            bail!("--hosts is required (node1,node2 or netns:ns1,...)");
+        } else {
+            parse_hosts_with(&self.hosts, &self.via, &extra)?
+        };
         let exe = remote_exe(&r, &self.remote_weft)?;
         Ok((
             r,
