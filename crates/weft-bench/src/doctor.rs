@@ -1016,7 +1016,7 @@ fn throughput(
 ) {
     let mut info: Vec<remote::P2pHost> = Vec::new();
     let mut runners: Vec<&dyn HostRunner> = Vec::new();
-    let mut expected = p2p::Expected::new();
+    let mut expected = p2p::RailTargets::new();
     for (i, v) in data {
         let rail_ifs: Vec<remote::RailIf> = v
             .iter()
@@ -1026,7 +1026,7 @@ fn throughput(
                 link_mbps: if x.physical { x.speed_mbps } else { None },
             })
             .collect();
-        let mut mine = p2p::Expected::new();
+        let mut mine = p2p::RailTargets::new();
         let h = remote::P2pHost::from_data(&names[*i], &rail_ifs, expect_speed_mbps, &mut mine);
         if h.rails.is_empty() {
             continue;

@@ -99,7 +99,7 @@ impl P2pHost {
         name: &str,
         data: &[RailIf],
         expect_speed_mbps: Option<u32>,
-        expected: &mut p2p::Expected,
+        expected: &mut p2p::RailTargets,
     ) -> P2pHost {
         let addressed: Vec<&RailIf> = data.iter().filter(|d| d.addr.is_some()).collect();
         for (rail, d) in addressed.iter().enumerate() {
@@ -292,7 +292,7 @@ mod tests {
             d("enp1", Some([10, 1, 0, 2]), Some(100_000)),
             d("veth0", Some([10, 2, 0, 2]), None),
         ];
-        let mut e = p2p::Expected::new();
+        let mut e = p2p::RailTargets::new();
         let h = P2pHost::from_data("n1", &data, None, &mut e);
         assert_eq!(
             h.rails,
@@ -306,7 +306,7 @@ mod tests {
             e.into_iter().collect::<Vec<_>>(),
             [(("n1".into(), 0), 100.0)]
         );
-        let mut e = p2p::Expected::new();
+        let mut e = p2p::RailTargets::new();
         P2pHost::from_data("n1", &data, Some(25_000), &mut e);
         assert_eq!(e.len(), 2);
         assert!(e.values().all(|&g| g == 25.0));

@@ -491,7 +491,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
     let roles = roles_for(&all, &choice);
     let mut info = Vec::new();
-    let mut expected = p2p::Expected::new();
+    let mut expected = p2p::RailTargets::new();
     for (h, role) in hosts.iter().zip(roles) {
         let data: Vec<weft_bench::remote::RailIf> = role
             .data
