@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use weft_agent::{HostReport, NetDev};
 
-use weft_transport::IfSpec;
+use weft_ifaddrs::IfSpec;
 
 use crate::HostsError;
 

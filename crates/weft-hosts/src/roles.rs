@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 use weft_agent::{NetDev, OperState};
-use weft_transport::IfSpec;
+use weft_ifaddrs::IfSpec;
 
 use crate::HostsError;
 use crate::facts::{HostFacts, ip_addrs, ipv4, ipv4_net, is_real, parse_ifspec, selects};

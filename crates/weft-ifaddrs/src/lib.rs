@@ -1,9 +1,14 @@
 //! The IP addresses of this host's interfaces (of its network namespace), from
 //! `getifaddrs(3)`: the one walker of that list in weft, so that its `unsafe` is written and
-//! checked once. weft-agent's discovery and weft-transport's interface selection read it; it
-//! depends on nothing but libc, so the transport stays light.
+//! checked once; and the interface selection syntax ([`IfSpec`]). weft-agent's discovery,
+//! weft-transport's interface selection and weft-hosts' roles read it; it depends on nothing
+//! but libc, so the transport and the host tools stay light.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod spec;
+
+pub use spec::{IfMatch, IfSpec, IfSpecError, in_subnet};
 
 use std::ffi::CStr;
 use std::io;
