@@ -268,11 +268,11 @@ pub fn remote_exe(hosts: &[Box<dyn HostRunner>], remote: &str) -> std::io::Resul
 
 /// Runs `cmd` in its own process group with piped output; kills the group after `timeout`,
 /// which also bounds the wait for its pipes ([`weft_proc::run`]).
-pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, String> {
-    weft_proc::run(cmd, None, timeout, weft_proc::Kill::Group).map_err(|e| e.to_string())
+pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, ProcessError> {
+    weft_proc::run(cmd, None, timeout, weft_proc::Kill::Group)
 }
 
-pub use weft_proc::{kill_group, wait_until};
+pub use weft_proc::{ProcessError, kill_group, wait_until};
 
 #[cfg(test)]
 mod tests {
@@ -338,7 +338,7 @@ mod tests {
         let mut c = Command::new("sh");
         c.args(["-c", "sleep 5 & echo started"]);
         let r = run_bounded(c, Duration::from_millis(300));
-        assert!(r.unwrap_err().contains("killed"));
+        assert!(r.unwrap_err().to_string().contains("killed"));
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 
@@ -349,7 +349,7 @@ mod tests {
         let mut c = Command::new("sleep");
         c.arg("30");
         let r = run_bounded(c, Duration::from_millis(200));
-        assert!(r.unwrap_err().contains("killed"));
+        assert!(r.unwrap_err().to_string().contains("killed"));
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
 }

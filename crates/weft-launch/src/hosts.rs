@@ -64,7 +64,10 @@ pub fn kill_group(child: &Child) {
 }
 
 /// Runs `cmd` on this machine in its own process group, killed after `timeout`.
-pub fn run_local(cmd: std::process::Command, timeout: Duration) -> Result<Output, String> {
+pub fn run_local(
+    cmd: std::process::Command,
+    timeout: Duration,
+) -> Result<Output, weft_hosts::runner::ProcessError> {
     weft_hosts::runner::run_bounded(cmd, timeout)
 }
 
