@@ -341,12 +341,13 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// Expected rate of a host's rail, Gb/s, by host name and rail.
-pub type Expected = std::collections::BTreeMap<(String, usize), f64>;
+/// What each host's rails should reach, Gb/s, by host name and rail (`judge::Expected` is
+/// the same by host index).
+pub type RailTargets = std::collections::BTreeMap<(String, usize), f64>;
 
 /// Finds the slow pairs and the hosts to blame, against peers only.
 pub fn analyse(hosts: Vec<String>, pairs: Vec<Pair>, threshold: f64) -> Matrix {
-    analyse_with(hosts, pairs, threshold, &Expected::new())
+    analyse_with(hosts, pairs, threshold, &RailTargets::new())
 }
 
 /// Finds the slow pairs and the hosts to blame: [`crate::judge::judge`] for bandwidth
@@ -355,7 +356,7 @@ pub fn analyse_with(
     hosts: Vec<String>,
     pairs: Vec<Pair>,
     threshold: f64,
-    expected: &Expected,
+    expected: &RailTargets,
 ) -> Matrix {
     use crate::judge;
     let ok = |p: &&Pair| p.error.is_none();

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::LaunchError;
-use crate::hosts::{self, HostFacts, HostRunner};
+use crate::hosts::{self, HostFacts, HostRunner, IfChoice, Roles};
 use crate::stall::{self, STATE_MARKER, Sample, Suspect, Watch};
 
 /// The last line `weft run-node` prints: `MARKER<exit code>` (or `MARKER<signal>s`).
@@ -81,31 +81,53 @@ pub struct NodeNet {
     pub rdma_devs: Vec<String>,
 }
 
-/// A node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax).
-pub fn node_net(
-    host: &str,
-    f: &HostFacts,
-    mgmt_spec: Option<&str>,
-    data_spec: Option<&str>,
-) -> Result<NodeNet, LaunchError> {
+/// Every node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax),
+/// decided for all the nodes together ([`hosts::roles_for`]): on the same hosts and flags,
+/// the interfaces `weft doctor` finds. `names` and `facts` are in node order.
+pub fn node_nets(
+    names: &[&str],
+    facts: &[HostFacts],
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let all: Vec<&HostFacts> = facts.iter().collect();
+    names
+        .iter()
+        .zip(hosts::roles_for(&all, choice))
+        .map(|(host, role)| node_net(host, &role))
+        .collect()
+}
+
+/// [`node_nets`] over the facts gathered on every host of `hs` at once.
+pub fn gather_node_nets(
+    hs: &[Box<dyn HostRunner>],
+    remote: &hosts::Remote,
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let facts = hosts::facts_all(hs, remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = hs.iter().map(|h| h.name()).collect();
+    node_nets(&names, &facts, choice)
+}
+
+/// One node's network from its roles.
+fn node_net(host: &str, role: &Roles<'_>) -> Result<NodeNet, LaunchError> {
     let err = |msg: String| LaunchError::Host {
         host: host.into(),
         msg,
     };
-    let (mgmt, data) = hosts::roles(f, mgmt_spec, data_spec)?;
-    let mgmt = mgmt.ok_or_else(|| {
-        err("no management interface (no default route; name it with --mgmt-if)".into())
+    let (mgmt, _) = role.mgmt.ok_or_else(|| {
+        err("no management interface (no default route, no SSH session, no other host's management subnet; name it with --mgmt-if)".into())
     })?;
-    let mgmt_addr = f
-        .report
-        .netdevs
+    let (_, mgmt_addr) = role.mgmt_addr().ok_or_else(|| {
+        err(format!(
+            "management interface {} has no IPv4 address",
+            mgmt.name
+        ))
+    })?;
+    let data: Vec<_> = role
+        .data
         .iter()
-        .find(|n| n.name == mgmt)
-        .and_then(hosts::ipv4)
-        .map(|(a, _)| a)
-        .ok_or_else(|| err(format!("management interface {mgmt} has no IPv4 address")))?;
-    let data: Vec<_> = data
-        .into_iter()
         .filter(|n| hosts::ipv4(n).is_some())
         .collect();
     let first = data.first().ok_or_else(|| {
@@ -117,7 +139,7 @@ pub fn node_net(
     rdma_devs.dedup();
     Ok(NodeNet {
         host: host.into(),
-        mgmt_if: mgmt,
+        mgmt_if: mgmt.name.clone(),
         mgmt_addr,
         data_ifs: data.iter().map(|n| n.name.clone()).collect(),
         data_addr,
@@ -371,6 +393,62 @@ for m in sys.argv[1].split(","):
             r["nccl"] = "absent"
 print(json.dumps(r))
 "#;
+
+/// One process's environment, in order.
+pub type Env = Vec<(String, String)>;
+
+/// Every node's command line and environment for `cmd` run as `recipe` on `nodes`, in node
+/// order ([`node_argv`] and [`job_env`]).
+pub fn node_jobs(
+    recipe: Recipe,
+    cmd: &[String],
+    nodes: &[NodeNet],
+    master_port: u16,
+    nproc_per_node: usize,
+    nccl: Nccl,
+) -> Result<(Vec<Vec<String>>, Vec<Env>), LaunchError> {
+    let mut argvs = Vec::with_capacity(nodes.len());
+    let mut envs = Vec::with_capacity(nodes.len());
+    for i in 0..nodes.len() {
+        argvs.push(node_argv(recipe, cmd, nodes, i, master_port)?);
+        envs.push(job_env(nodes, i, nproc_per_node, master_port, nccl));
+    }
+    Ok((argvs, envs))
+}
+
+/// Every node's versions, probed on all of them at once by the hidden `EXE run-probe`
+/// (`python`'s packages: `recipe`'s modules; `model`'s hash when given), each bounded by
+/// `timeout`; in node order.
+pub fn probe_versions(
+    hs: &[Box<dyn HostRunner>],
+    exe: &str,
+    python: &str,
+    recipe: Recipe,
+    model: Option<&str>,
+    timeout: Duration,
+) -> Vec<Result<Versions, LaunchError>> {
+    let mut args = vec![
+        exe.to_string(),
+        "run-probe".to_string(),
+        "--python".into(),
+        python.to_string(),
+        "--modules".into(),
+        recipe.modules().join(","),
+    ];
+    if let Some(m) = model {
+        args.extend(["--model".into(), m.to_string()]);
+    }
+    hosts::each_host(hs, |h| {
+        let o = hosts::run(h.as_ref(), &args, &[], timeout)?;
+        serde_json::from_slice::<Versions>(&o.stdout).map_err(|e| LaunchError::Host {
+            host: h.name().into(),
+            msg: format!(
+                "the version probe printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        })
+    })
+}
 
 /// One difference between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

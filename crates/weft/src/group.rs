@@ -52,10 +52,6 @@ pub fn fill_hosts(hosts: &mut crate::bench::HostArgs, g: &GroupArgs) -> Result<V
     if nodes.is_empty() {
         anyhow::bail!("--group {name}: the group has no members");
     }
-    hosts.hosts = nodes
-        .iter()
-        .map(|n| n.name.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
+    hosts.members = nodes.iter().map(|n| n.name.clone()).collect();
     Ok(nodes)
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use weft_launch::hosts;
 use weft_launch::run::{self, LaunchOptions, Nccl, Recipe};
 
 use crate::bench::HostArgs;
@@ -99,71 +98,26 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         a.cmd = cmd;
     }
     let recipe = Recipe::of(&a.cmd);
-    // Every node's network, from its own facts.
-    let mut nets = Vec::with_capacity(hs.len());
-    for (h, f) in hs.iter().zip(hosts::facts_all(&hs, &remote)) {
-        let f = f?;
-        nets.push(run::node_net(
-            h.name(),
-            &f,
-            a.hosts.mgmt_if.as_deref(),
-            a.hosts.data_if.as_deref(),
-        )?);
-    }
-    let mut argvs = Vec::with_capacity(hs.len());
-    let mut envs = Vec::with_capacity(hs.len());
-    for i in 0..hs.len() {
-        argvs.push(run::node_argv(recipe, &a.cmd, &nets, i, a.master_port)?);
-        envs.push(run::job_env(
-            &nets,
-            i,
-            a.nproc_per_node,
-            a.master_port,
-            a.nccl,
-        ));
-    }
+    // Every node's network, from the facts of all of them together: the interfaces
+    // `weft doctor` finds on the same hosts and flags.
+    let nets = run::gather_node_nets(&hs, &remote, &a.hosts.if_choice()?)?;
+    let (argvs, envs) = run::node_jobs(
+        recipe,
+        &a.cmd,
+        &nets,
+        a.master_port,
+        a.nproc_per_node,
+        a.nccl,
+    )?;
     if !a.no_version_check {
-        let mut args = vec![
-            remote.exe.clone(),
-            "run-probe".to_string(),
-            "--python".into(),
-            a.python.clone(),
-            "--modules".into(),
-            recipe.modules().join(","),
-        ];
-        if let Some(m) = &a.model {
-            args.extend(["--model".into(), m.clone()]);
-        }
-        let got: Vec<Result<run::Versions, weft_launch::LaunchError>> = std::thread::scope(|s| {
-            let hs_ref = &hs;
-            let args = &args;
-            let js: Vec<_> = (0..hs.len())
-                .map(|i| {
-                    s.spawn(move || {
-                        let h = hs_ref[i].as_ref();
-                        let o = hosts::run(h, args, &[], Duration::from_secs(180))?;
-                        serde_json::from_slice::<run::Versions>(&o.stdout).map_err(|e| {
-                            weft_launch::LaunchError::Host {
-                                host: h.name().into(),
-                                msg: format!(
-                                    "the version probe printed no JSON ({e}): {}",
-                                    String::from_utf8_lossy(&o.stderr).trim()
-                                ),
-                            }
-                        })
-                    })
-                })
-                .collect();
-            js.into_iter()
-                .map(|j| {
-                    j.join().unwrap_or_else(|_| {
-                        Err(weft_launch::LaunchError::Usage(
-                            "probe thread panicked".into(),
-                        ))
-                    })
-                })
-                .collect()
-        });
+        let got = run::probe_versions(
+            &hs,
+            &remote.exe,
+            &a.python,
+            recipe,
+            a.model.as_deref(),
+            Duration::from_secs(180),
+        );
         let mut vs = Vec::new();
         for (h, g) in hs.iter().zip(got) {
             vs.push((h.name().to_string(), g?));
