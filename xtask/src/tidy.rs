@@ -56,8 +56,10 @@ const PLAN_CORE: &[&str] = &["tensor.rs", "arch.rs", "rules.rs", "plan.rs"];
 
 /// Crates allowed more than one integration test binary, and why: the plugin's and the
 /// transport's tests that need a process of their own (a libfabric provider initialised
-/// once per process, a freshly loaded plugin, progress measured without other tests).
-const MANY_TEST_BINARIES: &[&str] = &["weft-nccl-net", "weft-transport"];
+/// once per process, a freshly loaded plugin, progress measured without other tests); the
+/// console's browser test (Chromium, a fabric) apart from its monitoring-file checks, so that
+/// the alert rules and dashboard can be checked without a browser.
+const MANY_TEST_BINARIES: &[&str] = &["weft-nccl-net", "weft-transport", "weft-console"];
 
 /// NCCL names that must stay in the plugin crate.
 const NCCL_NAMES: &[&str] = &[
