@@ -18,7 +18,12 @@
 //!   receiver's data link cut mid-transfer (both sides fail; the sender learns the receiver's
 //!   reason over the management side channel, or finds the dead control stream itself), the
 //!   receiving process killed with SIGKILL, the receiver's whole network frozen (both fail); and
-//!   a receiver that posts its receive 1.5 timeouts late is not an error.
+//!   a receiver that posts its receive 1.5 timeouts late is not an error;
+//! * dead and frozen peers (`common::peers`, shared with `cluster_ofi`): a sender stopped right
+//!   after a message with the next receive posted, a receiver stopped under 16 MiB messages
+//!   (each an error within the timeout plus a quarter), senders and receivers pausing 2.5
+//!   timeouts (never an error), a peer killed with traffic both ways and a rank of a
+//!   three-host ring killed (every survivor's error and close within 1 s).
 //!
 //! Needs root and iproute2 (as CI has); elsewhere it prints why and passes without running.
 //! The parent talks to workers over their stdin/stdout, one line per step. Every wait is bounded.

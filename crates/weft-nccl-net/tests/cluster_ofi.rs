@@ -18,7 +18,10 @@
 //!   interface: the sending process killed mid-transfer (the receiver fails), the receiving
 //!   process killed (the sender fails), the receiver's data link `ip link set down` (both
 //!   fail), the shm sender killed, and a listener sent garbage or a truncated HELLO on its
-//!   management port (accept fails, and the listener still takes the next, good, sender).
+//!   management port (accept fails, and the listener still takes the next, good, sender);
+//! * dead and frozen peers on `tcp;ofi_rxm` (ABI v8; `common::peers`, the scenarios of
+//!   `cluster.rs`): frozen senders and receivers an error within the timeout plus a quarter,
+//!   pausing ones never, killed peers and ring ranks an error and closed within 1 s.
 //!
 //! Needs root, iproute2 and libfabric with the `tcp` and `shm` providers (CI installs
 //! libfabric1 and libfabric-bin); without namespaces or without libfabric it prints why and
