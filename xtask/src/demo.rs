@@ -1,11 +1,24 @@
-//! `cargo xtask demo`: weft's main job on embedded defaults.
+//! `cargo xtask demo`: every capability of weft, briefly, on embedded defaults.
 //!
 //! No InfiniBand hardware is configured here, so the demo builds one: a two-level fat
 //! tree of 32 HCAs (every fourth with two ports) in ibsim, a primary and a standby
 //! OpenSM, each with its own partitions file as if on its own host. Then it drives the
-//! real `weft` binary as an operator would: check a plan against the live fabric, show
-//! the diff, apply, verify, move a node between tenants, and kill the master SM to show
-//! the standby takes over with every P_Key intact.
+//! real `weft` binary as an operator would, one step after another:
+//!
+//! 1. the fabric as code: check a plan against the live fabric, show the diff, apply,
+//!    verify, move a node between tenants, a typo refused;
+//! 2. `weft plan` on a real model's headers; `weft bench llm` against llama.cpp's server
+//!    when it is installed (`cargo xtask test` installs it; the demo never compiles it);
+//! 3. the controller: it adopts the file `weft fabric apply` wrote, three agents report
+//!    their fixture hosts' ports, a tenant's group, a move through the API, the audit log;
+//!    then the hook points where the console and the lease steps go ([`console_step`],
+//!    [`leases_step`]);
+//! 4. kill -9 of the master SM: the standby takes over with every P_Key intact;
+//! 5. on network-namespace hosts: `weft doctor` naming a planted fault, `weft bench p2p`,
+//!    `weft bench collectives` through the NCCL plugin, then `weft mesh`, `sync`, `run`.
+//!
+//! It installs only the Debian packages it shows ([`DEMO_PACKAGES`]) and builds only what it
+//! runs: `weft`, and the plugin for the collectives.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,19 +60,40 @@ fn plan(moved: bool) -> String {
     text
 }
 
-fn weft_binary() -> Result<PathBuf> {
+/// The Debian packages the demo shows (the tests need more: `cargo xtask test`).
+pub const DEMO_PACKAGES: &[(&str, &str)] = &[
+    ("opensm", "/usr/sbin/opensm"),
+    ("ibsim-utils", "/usr/bin/ibsim"),
+    ("infiniband-diags", "/usr/sbin/smpquery"),
+    (
+        "libumad2sim0",
+        "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so",
+    ),
+    ("iproute2", "/usr/sbin/ip"),
+    ("openssh-server", "/usr/sbin/sshd"),
+    ("openssh-client", "/usr/bin/ssh"),
+];
+
+/// Builds `packages` (debug) and returns the target directory's `debug/`.
+fn build(packages: &[&str]) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "--package", "weft"])
-        .status()
-        .context("cannot run cargo build")?;
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet"]);
+    for p in packages {
+        cmd.args(["--package", p]);
+    }
+    let status = cmd.status().context("cannot run cargo build")?;
     if !status.success() {
-        bail!("cargo build --package weft failed");
+        bail!("cargo build {packages:?} failed");
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    Ok(target.join("debug/weft"))
+    Ok(target.join("debug"))
+}
+
+fn weft_binary() -> Result<PathBuf> {
+    Ok(build(&["weft"])?.join("weft"))
 }
 
 fn step(title: &str) {
@@ -173,6 +207,13 @@ pub fn run(keep: bool) -> Result<()> {
 
     plan_step(&bin, &dir)?;
     llm_step(&bin, &dir)?;
+    // With --keep the controller tour below does not run (the fabric stays a person's to
+    // work on): a controller of its own, on the agents' fixtures, serves the console then.
+    let _console = if keep {
+        Some(crate::console_tour::tour(&bin, &dir)?)
+    } else {
+        None
+    };
 
     step("a typo never reaches OpenSM");
     std::fs::write(
@@ -183,6 +224,16 @@ pub fn run(keep: bool) -> Result<()> {
     if code != 1 {
         bail!("a plan naming an unknown node should exit 1, got {code}");
     }
+    // The controller takes the fabric over from here (not with --keep, which leaves the
+    // file `weft fabric apply` wrote for a person to work on).
+    let controller = if keep {
+        None
+    } else {
+        let tour = controller_tour(&bin, &dir, &topology)?;
+        console_step(&tour)?;
+        leases_step(&tour)?;
+        Some(tour)
+    };
 
     step("kill -9 the master SM; the standby takes over with the same P_Keys");
     let t0 = Instant::now();
@@ -203,10 +254,14 @@ pub fn run(keep: bool) -> Result<()> {
         "standby is master after {:.1} s",
         t0.elapsed().as_secs_f64()
     );
-    expect_ok(
-        weft(&bin, &dir, &["fabric", "verify", "plan.toml"])?,
-        "verify",
-    )?;
+    // Against the plan, or (once the controller owns the file) against what it applied.
+    let verify: &[&str] = if controller.is_some() {
+        &["fabric", "verify"]
+    } else {
+        &["fabric", "verify", "plan.toml"]
+    };
+    expect_ok(weft(&bin, &dir, verify)?, "verify")?;
+    drop(controller);
     if keep {
         let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
         let bin_dir = bin.parent().map_or_else(|| bin.clone(), Path::to_path_buf);
@@ -232,20 +287,22 @@ pub fn run(keep: bool) -> Result<()> {
     }
     println!("\nthe fabric in {} is torn down now", dir.display());
     drop(fabric);
+    checks_tour()?;
     launch_tour()?;
     println!("\ndemo done");
     Ok(())
 }
 
 /// `weft plan` on carol's nodes: a real model's config and safetensors headers (no
-/// weights), every layout of her GPUs ranked, refused ones with the rule they break.
+/// weights), every layout of her GPUs ranked by predicted single-stream speed, refused ones
+/// with the rule they break.
 fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
     let nodes = TENANTS
         .iter()
         .find(|(t, _)| *t == "carol")
         .map_or(8, |(_, r)| r.clone().count());
     step(&format!(
-        "will Qwen2.5-7B-Instruct fit on carol's {nodes} nodes of one 24 GiB GPU? (headers only)"
+        "will Qwen2.5-7B-Instruct fit on carol's {nodes} nodes of one 24 GiB GPU, and how fast will one stream go? (headers only)"
     ));
     let model = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/weft-plan/fixtures/qwen2.5-7b-instruct");
@@ -260,15 +317,38 @@ fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
         "24GiB",
         "--max-model-len",
         "32768",
+        "--device",
+        "rtx-4090",
     ];
     expect_ok(weft(bin, dir, &args)?, "plan")
 }
 
 /// `weft bench llm` against a real llama.cpp server (llama-cpp-python) serving a tiny
-/// random-weights GGUF written on the spot: a short run at two depths, about 20 s.
+/// random-weights GGUF written on the spot: a short run at two depths, about 20 s. Only
+/// where llama-cpp-python is installed already (`cargo xtask test` and `cargo xtask deps`
+/// install it): the demo does not spend minutes compiling llama.cpp for a 20 s step.
 fn llm_step(bin: &Path, dir: &Path) -> Result<()> {
     step("weft bench llm against a local llama.cpp server (tiny random-weights model)");
-    crate::ensure_pip_packages()?;
+    let have = |module: &str| {
+        Command::new("python3")
+            .args([
+                "-c",
+                &format!("import importlib.util,sys; sys.exit(importlib.util.find_spec('{module}') is None)"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing: Vec<&str> = ["llama_cpp", "gguf", "tokenizers"]
+        .into_iter()
+        .filter(|m| !have(m))
+        .collect();
+    if !missing.is_empty() {
+        println!(
+            "left out here: llama.cpp's server is not installed (python3 lacks {}); `cargo xtask deps` installs it (compiling llama.cpp takes minutes), then this step runs `weft bench llm` against it",
+            missing.join(", ")
+        );
+        return Ok(());
+    }
     let llm = dir.join("llm");
     std::fs::create_dir_all(&llm)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -528,4 +608,293 @@ fn tempfile_dir() -> Result<PathBuf> {
 
 fn nix_kill() -> weft_testbed::Signal {
     weft_testbed::Signal::SIGKILL
+}
+
+/// What the controller's part of the demo left running, for the steps that follow it (the
+/// console's and the leases'): the controller, its URL and an admin token, the agents.
+pub struct ControllerTour {
+    /// The `weft` binary.
+    pub bin: PathBuf,
+    /// The demo's directory (weft.toml, the store, the agents' files).
+    pub dir: PathBuf,
+    /// The API, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// An admin token of the controller.
+    pub admin_token: String,
+    children: Vec<std::process::Child>,
+}
+
+impl ControllerTour {
+    /// `weft ARGS` against this controller (its URL and admin token in the environment).
+    pub fn weft(&self, args: &[&str]) -> Result<i32> {
+        println!("$ weft {}", args.join(" "));
+        let status = Command::new(&self.bin)
+            .args(args)
+            .current_dir(&self.dir)
+            .env("WEFT_CONFIG", self.dir.join("weft.toml"))
+            .env("WEFT_CONTROLLER", &self.url)
+            .env("WEFT_TOKEN", &self.admin_token)
+            .status()
+            .with_context(|| format!("cannot run {}", self.bin.display()))?;
+        Ok(status.code().unwrap_or(-1))
+    }
+
+    /// The same, its stdout captured (and shown).
+    fn output(&self, args: &[&str]) -> Result<String> {
+        println!("$ weft {}", args.join(" "));
+        let o = Command::new(&self.bin)
+            .args(args)
+            .current_dir(&self.dir)
+            .env("WEFT_CONFIG", self.dir.join("weft.toml"))
+            .env("WEFT_CONTROLLER", &self.url)
+            .env("WEFT_TOKEN", &self.admin_token)
+            .output()
+            .with_context(|| format!("cannot run {}", self.bin.display()))?;
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        print!("{out}");
+        eprint!("{}", String::from_utf8_lossy(&o.stderr));
+        if !o.status.success() {
+            bail!("weft {} exited with {}", args.join(" "), o.status);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ControllerTour {
+    fn drop(&mut self) {
+        // The agents first, then the controller (the last child).
+        for c in self.children.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The controller on the demo's two SMs: it adopts the partitions `weft fabric apply` wrote,
+/// three agents (node1-3, fixture sysfs trees with the fabric's port GUIDs) enroll and
+/// report, a tenant's group takes node1 and node2, node2 moves to another group through
+/// the API (verified on the ports), and the audit log says who did what.
+fn controller_tour(bin: &Path, dir: &Path, topology: &Topology) -> Result<ControllerTour> {
+    use weft_agent::fixtures::{HcaSpec, HostSpec, PortSpec, write_host};
+    step("the controller takes the fabric over: agents report, a tenant's group, a move");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    // 32 random bytes from the kernel, hex: the admin token.
+    let mut raw = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut raw)?;
+    let admin_token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    println!(
+        "$ WEFT_ADMIN_TOKEN=... weft controller --listen 127.0.0.1:{port} --db controller.db --init --adopt --recheck-s 2 &"
+    );
+    let ctl = Command::new(bin)
+        .args(["controller", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args([
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--db",
+            "controller.db",
+            "--init",
+            "--adopt",
+            "--recheck-s",
+            "2",
+        ])
+        .current_dir(dir)
+        .env("WEFT_CONFIG", dir.join("weft.toml"))
+        .env("WEFT_ADMIN_TOKEN", &admin_token)
+        .env("WEFT_LOG", "warn")
+        .stdout(std::fs::File::create(dir.join("controller.out"))?)
+        .spawn()
+        .context("cannot start weft controller")?;
+    let mut tour = ControllerTour {
+        bin: bin.to_path_buf(),
+        dir: dir.to_path_buf(),
+        url,
+        admin_token,
+        children: vec![ctl],
+    };
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "weft controller did not listen within 20 s (see {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let nodes: Vec<_> = topology
+        .end_nodes()
+        .filter(|h| ["node1", "node2", "node3"].contains(&h.name.as_str()))
+        .collect();
+    for h in &nodes {
+        let root = dir.join(format!("host-{}", h.name));
+        let mut hca = HcaSpec::new("mlx5_0", weft_fabric::Guid(h.node_guid), "0000:01:00.0");
+        for (p, _) in &h.port_guids {
+            hca = hca.with_port(PortSpec::infiniband(u32::from(*p)));
+        }
+        write_host(&root, &HostSpec::new(h.name.clone()).with_hca(hca))
+            .map_err(|e| anyhow::anyhow!("the fixture host {}: {e}", h.name))?;
+        let token = tour.output(&["nodes", "enroll", "--server", &h.name])?;
+        println!(
+            "$ weft agent --enroll-token ... --state-file {0}.json --sysfs-root host-{0} &",
+            h.name
+        );
+        let agent = Command::new(bin)
+            .args(["agent", "--state-file"])
+            .arg(format!("{}.json", h.name))
+            .arg("--sysfs-root")
+            .arg(&root)
+            .args(["--heartbeat-s", "1"])
+            .current_dir(dir)
+            .env("WEFT_CONFIG", dir.join("weft.toml"))
+            .env("WEFT_CONTROLLER", &tour.url)
+            .env("WEFT_ENROLL_TOKEN", token.trim())
+            .env("WEFT_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start weft agent")?;
+        tour.children.insert(0, agent);
+    }
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(bin)
+            .args(["nodes"])
+            .current_dir(dir)
+            .env("WEFT_CONFIG", dir.join("weft.toml"))
+            .env("WEFT_CONTROLLER", &tour.url)
+            .env("WEFT_TOKEN", &tour.admin_token)
+            .output()?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        if text.lines().filter(|l| l.contains(" ok ")).count() >= nodes.len() {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            bail!("the agents did not report within 30 s: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    expect_ok(tour.weft(&["nodes"])?, "nodes")?;
+    tour.output(&["tenant", "create", "dave"])?;
+    // The controller's Default policy isolates; what its first delivery takes from the
+    // ports (the file `weft fabric apply` wrote isolated them already) is in its output.
+    expect_ok(
+        tour.weft(&["group", "create", "train", "--tenant", "dave"])?,
+        "group create",
+    )?;
+    expect_ok(
+        tour.weft(&["group", "create", "serve", "--tenant", "dave"])?,
+        "group create",
+    )?;
+    expect_ok(
+        tour.weft(&["group", "add", "train", "node1", "node2"])?,
+        "group add",
+    )?;
+    expect_ok(
+        tour.weft(&["group", "move", "node2", "--to", "serve"])?,
+        "group move",
+    )?;
+    expect_ok(tour.weft(&["group", "list"])?, "group list")?;
+    expect_ok(tour.weft(&["audit", "--limit", "8"])?, "audit")?;
+    Ok(tour)
+}
+
+/// The console of the tour's controller: its URL and an admin login, for a person to open
+/// (the controller serves it on the API's own address, TLS and tokens).
+fn console_step(tour: &ControllerTour) -> Result<()> {
+    step("the web console");
+    println!(
+        "  open {}/console and log in with the admin token {}",
+        tour.url, tour.admin_token
+    );
+    println!("  (overview, partitions matrix, moves with their diff, history, /docs)");
+    Ok(())
+}
+
+/// A lease from request to release (`demo_lease.rs`: a controller of its own, without a
+/// fabric, so that the lease's timing does not depend on the tour's subnet managers).
+fn leases_step(tour: &ControllerTour) -> Result<()> {
+    crate::demo_lease::run(&tour.bin)
+}
+
+/// `weft doctor` naming a fault planted on one of three namespace hosts (its data link's
+/// MTU lowered to 1500 where the others run 9000), then `weft bench p2p` and `weft bench
+/// collectives` through the NCCL plugin once it is fixed.
+fn checks_tour() -> Result<()> {
+    let debug = build(&["weft", "weft-nccl-net"])?;
+    let bin = debug.join("weft");
+    step("three hosts in network namespaces; weft doctor names the one fault planted on them");
+    weft_netns::available().map_err(|e| anyhow::anyhow!("network namespaces: {e}"))?;
+    let c = weft_netns::Cluster::create(&weft_netns::ClusterSpec::new(3, 1))?;
+    let hosts = c
+        .hosts()
+        .iter()
+        .map(|h| h.name.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let faulty = c.hosts()[2].name.clone();
+    println!("$ ip -n {faulty} link set data0 mtu 1500   # the planted fault");
+    c.set_mtu(2, "data0", 1500)?;
+    let tmp = tempfile_dir()?;
+    // No settings file: every setting is on the command line here.
+    std::fs::write(tmp.join("weft.toml"), "")?;
+    let on_hosts = [
+        "--hosts",
+        hosts.as_str(),
+        "--via",
+        "netns",
+        "--mgmt-if",
+        "=mgmt0",
+        "--data-if",
+        "=data0",
+    ];
+    let mut doctor = vec!["doctor"];
+    doctor.extend(on_hosts);
+    doctor.extend(["--expect-mtu", "9000", "--no-throughput"]);
+    println!("$ weft {}", doctor.join(" "));
+    let o = Command::new(&bin)
+        .args(&doctor)
+        .current_dir(&tmp)
+        .env_remove("WEFT_CONFIG")
+        .output()?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    print!("{out}");
+    if o.status.code() != Some(1)
+        || !out
+            .lines()
+            .any(|l| l.starts_with("FAIL") && l.contains(&faulty))
+    {
+        bail!(
+            "weft doctor should fail naming {faulty} (exit {:?})",
+            o.status.code()
+        );
+    }
+    println!("$ ip -n {faulty} link set data0 mtu 9000   # fixed");
+    c.set_mtu(2, "data0", 9000)?;
+    step("weft bench p2p: every ordered pair of hosts over the data links");
+    let mut p2p = vec!["bench", "p2p"];
+    p2p.extend(on_hosts);
+    p2p.extend(["--duration", "0.5", "--threshold", "0.05"]);
+    expect_ok(weft(&bin, &tmp, &p2p)?, "bench p2p")?;
+    step(
+        "weft bench collectives: all_reduce and all_gather through the NCCL plugin, one rank a host",
+    );
+    let mut coll = vec!["bench", "collectives", "all_reduce", "all_gather"];
+    coll.extend(on_hosts);
+    // Rank 0's management address is where the ranks meet.
+    let rendezvous = format!("{}:29517", c.hosts()[0].mgmt_addr);
+    coll.extend([
+        "--rendezvous",
+        rendezvous.as_str(),
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-f",
+        "32",
+    ]);
+    expect_ok(weft(&bin, &tmp, &coll)?, "bench collectives")?;
+    Ok(())
 }

@@ -4,8 +4,10 @@
 //! the InfiniBand diagnostics, iproute2, iperf3, OpenSSH) when they are missing, so that the two
 //! commands in the README work on a fresh machine.
 
+mod console_tour;
 mod deb;
 mod demo;
+mod demo_lease;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -37,6 +39,11 @@ const PACKAGES: &[(&str, &str)] = &[
     ("debootstrap", "/usr/sbin/debootstrap"),
     ("systemd", "/usr/bin/systemd-analyze"),
     ("systemd-container", "/usr/bin/systemd-nspawn"),
+    // `cargo xtask deb-test` fails on any lintian error or warning of the package.
+    ("lintian", "/usr/bin/lintian"),
+    // weft-console's browser test: headless Chromium over WebDriver.
+    ("chromium", "/usr/bin/chromium"),
+    ("chromium-driver", "/usr/bin/chromedriver"),
     // The PostgreSQL store's tests start a real PostgreSQL 15 (weft_testbed::Postgres).
     ("postgresql", "/usr/lib/postgresql/15/bin/postgres"),
 ];
@@ -51,19 +58,22 @@ commands:
   test    install what the tests need, then run fmt, tidy, clippy and the whole test suite
   tidy    check the rules of ARCHITECTURE.md that a machine can check
   deb     build the Debian package (release build) into target/deb/
+  deb-lint  build the package (debug build) and check it with lintian (errors and warnings fail)
   deb-test  install the package (debug build) on a clean debootstrapped Debian and run weft there
   deps    only install the Debian packages the tests need";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        // The demo installs only the Debian packages it shows (no PyPI package, nothing to
+        // compile but weft and its plugin).
         Some("demo") if args.get(1).is_some_and(|a| a == "launch") => {
-            ensure_packages().and_then(|()| demo::launch_tour())
+            ensure(demo::DEMO_PACKAGES).and_then(|()| demo::launch_tour())
         }
         Some("demo") if args.get(1).is_some_and(|a| a == "--keep") => {
-            ensure_packages().and_then(|()| demo::run(true))
+            ensure(demo::DEMO_PACKAGES).and_then(|()| demo::run(true))
         }
-        Some("demo") => ensure_packages().and_then(|()| demo::run(false)),
+        Some("demo") => ensure(demo::DEMO_PACKAGES).and_then(|()| demo::run(false)),
         Some("test") => ensure_packages()
             .and_then(|()| ensure_torch())
             .and_then(|()| test(&args[1..])),
@@ -72,6 +82,9 @@ fn main() -> ExitCode {
         Some("deb") => {
             workspace_root().and_then(|root| deb::build(&root, deb::Build::Release).map(drop))
         }
+        Some("deb-lint") => workspace_root().and_then(|root| {
+            deb::build(&root, deb::Build::Debug).and_then(|deb| deb::lintian(&deb))
+        }),
         Some("deb-test") => workspace_root().and_then(|root| deb::test(&root, deb::Build::Debug)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");

@@ -10,7 +10,12 @@
 //! * `weft-transport` names no NCCL type;
 //! * the test-only crates (`weft-testbed`, `weft-netns`) are never normal dependencies of a
 //!   shipped crate;
-//! * no source file is longer than [`MAX_LINES`] without a `tidy: long-file` note saying why.
+//! * no source file is longer than [`MAX_LINES`] without a `tidy: long-file` note saying why;
+//! * every crate has its heading in ARCHITECTURE.md's code map;
+//! * only the crates of [`MANY_TEST_BINARIES`] have more than one integration test binary;
+//! * weft-plan's core ([`PLAN_CORE`]) does no I/O;
+//! * weft-launch reaches hosts only through `weft-hosts`, and only in `src/hosts.rs`; it does
+//!   not depend on weft-bench.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -46,6 +51,16 @@ const IO_NAMES: &[&str] = &[
     "File::create",
 ];
 
+/// The files of weft-plan that do no I/O: bytes and values in, a plan out.
+const PLAN_CORE: &[&str] = &["tensor.rs", "arch.rs", "rules.rs", "plan.rs"];
+
+/// Crates allowed more than one integration test binary, and why: the plugin's and the
+/// transport's tests that need a process of their own (a libfabric provider initialised
+/// once per process, a freshly loaded plugin, progress measured without other tests); the
+/// console's browser test (Chromium, a fabric) apart from its monitoring-file checks, so that
+/// the alert rules and dashboard can be checked without a browser.
+const MANY_TEST_BINARIES: &[&str] = &["weft-nccl-net", "weft-transport", "weft-console"];
+
 /// NCCL names that must stay in the plugin crate.
 const NCCL_NAMES: &[&str] = &[
     "ncclNet_v",
@@ -57,8 +72,25 @@ const NCCL_NAMES: &[&str] = &[
 /// Runs every check from the workspace root; fails with the list of findings.
 pub fn run(root: &Path) -> Result<()> {
     let mut findings = Vec::new();
+    let arch_path = root.join("ARCHITECTURE.md");
+    let arch = fs::read_to_string(&arch_path)
+        .with_context(|| format!("cannot read {}", arch_path.display()))?;
     for krate in crates(root)? {
         check_crate(&krate, &mut findings)?;
+        if !arch.contains(&format!("### `crates/{}`", krate.name)) {
+            findings.push(format!(
+                "{}: no `### `crates/{}`` heading in ARCHITECTURE.md's code map",
+                krate.dir.display(),
+                krate.name
+            ));
+        }
+        let bins = test_binaries(&krate.dir)?;
+        if bins > 1 && !MANY_TEST_BINARIES.contains(&krate.name.as_str()) {
+            findings.push(format!(
+                "{}: {bins} integration test binaries; one (`tests/it.rs` or `tests/it/main.rs`) unless listed in tidy's MANY_TEST_BINARIES with why",
+                krate.dir.join("tests").display()
+            ));
+        }
     }
     if findings.is_empty() {
         eprintln!("tidy: ok");
@@ -152,6 +184,26 @@ fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
                 }
             }
         }
+        let file = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if c.name == "weft-plan" && f.parent() == Some(src.as_path()) && PLAN_CORE.contains(&file) {
+            for name in IO_NAMES {
+                if code_lines(&text).any(|l| l.contains(name)) {
+                    findings.push(format!(
+                        "{}: uses {name}; weft-plan's core does no I/O",
+                        f.display()
+                    ));
+                }
+            }
+        }
+        if c.name == "weft-launch"
+            && file != "hosts.rs"
+            && code_lines(&text).any(|l| l.contains("weft_hosts"))
+        {
+            findings.push(format!(
+                "{}: names weft_hosts; weft-launch reaches hosts only through src/hosts.rs",
+                f.display()
+            ));
+        }
         if c.name == "weft-transport" {
             for name in NCCL_NAMES {
                 if code_lines(&text).any(|l| l.contains(name)) {
@@ -184,6 +236,12 @@ fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
         }
     }
     let deps = c.manifest.get("dependencies").and_then(|d| d.as_table());
+    if c.name == "weft-launch" && deps.is_some_and(|d| d.contains_key("weft-bench")) {
+        findings.push(format!(
+            "{}: weft-launch depends on weft-bench; it reaches hosts through weft-hosts",
+            c.dir.join("Cargo.toml").display()
+        ));
+    }
     if let (true, Some(deps)) = (c.ships(), deps) {
         for t in TEST_ONLY.iter().filter(|t| deps.contains_key(**t)) {
             findings.push(format!(
@@ -194,6 +252,24 @@ fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How many integration test binaries a crate has: `tests/*.rs` and `tests/*/main.rs`.
+fn test_binaries(krate: &Path) -> Result<usize> {
+    let dir = krate.join("tests");
+    if !dir.is_dir() {
+        return Ok(0);
+    }
+    let mut n = 0;
+    for e in fs::read_dir(&dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let p = e?.path();
+        if (p.is_file() && p.extension().is_some_and(|x| x == "rs"))
+            || (p.is_dir() && p.join("main.rs").is_file())
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// The `.rs` files under `dir`, recursively, sorted.

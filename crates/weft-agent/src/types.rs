@@ -39,6 +39,26 @@ impl HostReport {
             .find_map(|d| d.ports.iter().find(|p| p.port_guid == guid).map(|p| (d, p)))
     }
 
+    /// The RoCE ports (link layer Ethernet) of every RDMA device, with their device, in
+    /// device then port order: what a DGX Spark has instead of InfiniBand ports. They have
+    /// no LID and no partition; a controller shows them, it does not place them.
+    pub fn roce_ports(&self) -> Vec<(&RdmaDevice, &RdmaPort)> {
+        self.rdma
+            .iter()
+            .flat_map(|d| d.ports.iter().map(move |p| (d, p)))
+            .filter(|(_, p)| p.link_layer == LinkLayer::Ethernet)
+            .collect()
+    }
+
+    /// The NICs on a PCI function (RoCE netdevs, IPoIB, the management port), in name
+    /// order; loopback and other virtual interfaces (no PCI address) are left out.
+    pub fn data_nics(&self) -> Vec<&NetDev> {
+        self.netdevs
+            .iter()
+            .filter(|n| n.pci.is_some() && n.arp_type != NetDev::ARPHRD_LOOPBACK)
+            .collect()
+    }
+
     /// The netdev named `name`.
     pub fn netdev(&self, name: &str) -> Option<&NetDev> {
         self.netdevs.iter().find(|n| n.name == name)
@@ -158,6 +178,25 @@ pub struct NetDev {
     /// IP addresses with prefix length (`192.168.100.10/24`). From `getifaddrs(3)` on a
     /// live host; from the optional `addresses` file (one a line) in a fixture.
     pub addresses: Vec<String>,
+}
+
+impl NetDev {
+    /// `type` of an Ethernet interface.
+    pub const ARPHRD_ETHER: u16 = 1;
+    /// `type` of an IPoIB interface.
+    pub const ARPHRD_INFINIBAND: u16 = 32;
+    /// `type` of the loopback interface.
+    pub const ARPHRD_LOOPBACK: u16 = 772;
+
+    /// The link layer the interface's `type` names: Ethernet, InfiniBand (IPoIB), or
+    /// Unknown for anything else.
+    pub fn link_layer(&self) -> LinkLayer {
+        match self.arp_type {
+            Self::ARPHRD_ETHER => LinkLayer::Ethernet,
+            Self::ARPHRD_INFINIBAND => LinkLayer::InfiniBand,
+            _ => LinkLayer::Unknown,
+        }
+    }
 }
 
 /// A GPU NVML reported.

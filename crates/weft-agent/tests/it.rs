@@ -629,3 +629,68 @@ fn the_live_host_discovers() {
         assert_eq!(lo.pci, None);
     }
 }
+
+#[test]
+fn dgx_spark_reports_roce_ports_data_nics_and_its_gpu() {
+    let report = discover(&fixture("dgx-spark")).unwrap();
+    let roce: Vec<_> = report
+        .roce_ports()
+        .iter()
+        .map(|(d, p)| (d.name.as_str(), p.num, p.rate_gbps, p.netdevs.clone()))
+        .collect();
+    assert_eq!(
+        roce,
+        [
+            (
+                "roceP2p1s0f0",
+                1,
+                Some(200.0),
+                vec!["enP2p1s0f0np0".to_string()]
+            ),
+            (
+                "rocep1s0f0",
+                1,
+                Some(200.0),
+                vec!["enp1s0f0np0".to_string()]
+            ),
+        ]
+    );
+    // No InfiniBand port: nothing for a partition, yet the host is not empty.
+    assert!(report.fabric_ports().is_empty());
+    let nics: Vec<_> = report
+        .data_nics()
+        .iter()
+        .map(|n| (n.name.as_str(), n.speed_mbps, n.mtu, n.link_layer()))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            ("enP2p1s0f0np0", Some(200_000), 9000, LinkLayer::Ethernet),
+            ("enP7s7", Some(1000), 1500, LinkLayer::Ethernet),
+            ("enp1s0f0np0", Some(200_000), 9000, LinkLayer::Ethernet),
+        ],
+        "loopback is not a data NIC"
+    );
+    assert_eq!(report.gpus.len(), 1);
+    assert_eq!(report.gpus[0].name, "NVIDIA GB10");
+    assert_eq!(report.gpus[0].memory_total_bytes, None);
+}
+
+#[test]
+fn connectx7_host_has_no_roce_ports_and_ipoib_nics() {
+    let report = discover(&fixture("connectx7-host")).unwrap();
+    assert!(report.roce_ports().is_empty());
+    let nics: Vec<_> = report
+        .data_nics()
+        .iter()
+        .map(|n| (n.name.as_str(), n.link_layer()))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            ("eno1", LinkLayer::Ethernet),
+            ("ib0", LinkLayer::InfiniBand),
+            ("ib1", LinkLayer::InfiniBand),
+        ]
+    );
+}

@@ -10,11 +10,14 @@ use serde::{Deserialize, Serialize};
 use weft_agent::{LinkLayer, OperState, PortState};
 
 use crate::BenchError;
-use crate::facts::{self, Probe, ProbeResult};
+use weft_hosts::facts;
+use weft_hosts::remote::{Gathered, Remote, gather_all};
+use weft_hosts::ssh_pairs::{self, Outcome};
+use weft_hosts::{HostRunner, IfChoice, MgmtSource, each_host, roles_for};
+
 use crate::p2p;
-use crate::remote::{self, Gathered, Remote};
-use crate::runner::HostRunner;
-use crate::ssh_pairs::{self, Outcome};
+use crate::probe::{Probe, ProbeResult};
+use crate::remote;
 
 /// Severity of a finding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -85,10 +88,23 @@ const THROUGHPUT_THRESHOLD: f64 = 0.5;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DoctorReport {
     pub hosts: Vec<String>,
+    /// Each reached host's interfaces by role, as `weft run` and `weft bench` use them on the
+    /// same hosts and flags ([`weft_hosts::roles_for`]).
+    pub roles: Vec<HostRoles>,
     pub findings: Vec<Finding>,
     /// Settings for jobs on this cluster, in order, ready to paste as `export K=V`.
     pub env: Vec<(String, String)>,
     pub failed: bool,
+}
+
+/// One host's interfaces by role, in a [`DoctorReport`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostRoles {
+    pub host: String,
+    /// The management interface, if one was found.
+    pub mgmt: Option<String>,
+    /// The data interfaces.
+    pub data: Vec<String>,
 }
 
 struct Out(Vec<Finding>);
@@ -156,7 +172,7 @@ pub fn run(
 ) -> Result<DoctorReport, BenchError> {
     let names: Vec<String> = hosts.iter().map(|h| h.name().to_string()).collect();
     let mut out = Out(Vec::new());
-    let gathered = remote::gather_all(hosts, r);
+    let gathered = gather_all(hosts, r);
     let mut ok: Vec<(usize, Gathered)> = Vec::new();
     for (i, g) in gathered.into_iter().enumerate() {
         match g {
@@ -227,7 +243,16 @@ pub fn run(
     out.0
         .sort_by(|a, b| a.host.cmp(&b.host).then(b.level.cmp(&a.level)));
     let failed = out.0.iter().any(|f| f.level == Level::Fail);
+    let roles = hs
+        .iter()
+        .map(|h| HostRoles {
+            host: names[h.idx].clone(),
+            mgmt: h.mgmt.clone(),
+            data: h.data.iter().map(|d| d.name.clone()).collect(),
+        })
+        .collect();
     Ok(DoctorReport {
+        roles,
         hosts: names,
         findings: out.0,
         env,
@@ -235,7 +260,7 @@ pub fn run(
     })
 }
 
-/// Every host's management and data interfaces, decided together (`facts::roles`), with
+/// Every host's management and data interfaces, decided together (`weft_hosts::roles_for`), with
 /// a finding for each; the hosts as the later checks see them.
 fn role_checks(
     ok: &[(usize, Gathered)],
@@ -244,19 +269,10 @@ fn role_checks(
     out: &mut Out,
 ) -> Result<Vec<Host>, BenchError> {
     // Roles of every host's interfaces, decided together: one selection (the plugin's
-    // `IfSpec`) for doctor, p2p and collectives.
-    let data_spec = o
-        .data_if
-        .as_deref()
-        .map(|s| facts::parse_ifspec("--data-if", s))
-        .transpose()?;
-    let mgmt_spec = o
-        .mgmt_if
-        .as_deref()
-        .map(|s| facts::parse_ifspec("--mgmt-if", s))
-        .transpose()?;
+    // `IfSpec`) for doctor, p2p, collectives and `weft run`.
+    let choice = IfChoice::parse(o.mgmt_if.as_deref(), o.data_if.as_deref())?;
     let all_facts: Vec<&facts::HostFacts> = ok.iter().map(|(_, g)| &g.facts).collect();
-    let roles = facts::roles(&all_facts, data_spec.as_ref(), mgmt_spec.as_ref());
+    let roles = roles_for(&all_facts, &choice);
     let mut hs: Vec<Host> = Vec::new();
     for ((i, g), role) in ok.iter().zip(roles) {
         let f = &g.facts;
@@ -273,10 +289,10 @@ fn role_checks(
                     "management interface {} ({})",
                     m.name,
                     match how {
-                        facts::MgmtSource::Flag => "--mgmt-if",
-                        facts::MgmtSource::DefaultRoute => "the default route",
-                        facts::MgmtSource::SshSession => "the SSH session's address",
-                        facts::MgmtSource::Peers =>
+                        MgmtSource::Flag => "--mgmt-if",
+                        MgmtSource::DefaultRoute => "the default route",
+                        MgmtSource::SshSession => "the SSH session's address",
+                        MgmtSource::Peers =>
                             "no default route; on the other hosts' management subnet",
                     }
                 ),
@@ -1000,25 +1016,23 @@ fn throughput(
 ) {
     let mut info: Vec<remote::P2pHost> = Vec::new();
     let mut runners: Vec<&dyn HostRunner> = Vec::new();
-    let mut expected = p2p::Expected::new();
+    let mut expected = p2p::RailTargets::new();
     for (i, v) in data {
-        let rails: Vec<(String, Ipv4Addr)> = v
+        let rail_ifs: Vec<remote::RailIf> = v
             .iter()
-            .filter_map(|x| x.addr.map(|(a, _)| (x.name.clone(), a)))
+            .map(|x| remote::RailIf {
+                name: x.name.clone(),
+                addr: x.addr.map(|(a, _)| a),
+                link_mbps: if x.physical { x.speed_mbps } else { None },
+            })
             .collect();
-        if rails.is_empty() {
+        let mut mine = p2p::RailTargets::new();
+        let h = remote::P2pHost::from_data(&names[*i], &rail_ifs, expect_speed_mbps, &mut mine);
+        if h.rails.is_empty() {
             continue;
         }
-        for (rail, x) in v.iter().filter(|x| x.addr.is_some()).enumerate() {
-            let link = if x.physical { x.speed_mbps } else { None };
-            if let Some(mbps) = expect_speed_mbps.or(link) {
-                expected.insert((names[*i].clone(), rail), f64::from(mbps) / 1e3);
-            }
-        }
-        info.push(remote::P2pHost {
-            name: names[*i].clone(),
-            rails,
-        });
+        expected.extend(mine);
+        info.push(h);
         runners.push(hosts[*i].as_ref());
     }
     if info.len() < 2 {
@@ -1161,22 +1175,9 @@ fn mgmt_loss(
         return;
     }
     let interval = Duration::from_millis(2);
-    let res: Vec<Result<Vec<loss::TrainResult>, BenchError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = mgmts
-            .iter()
-            .map(|(i, _, me)| {
-                let targets: Vec<Ipv4Addr> =
-                    mgmts.iter().map(|m| m.2).filter(|a| a != me).collect();
-                let h = hosts[*i].as_ref();
-                s.spawn(move || remote::loss_probe_one(h, r, &targets, count, interval))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(BenchError::Usage("loss probe thread panicked".into())))
-            })
-            .collect()
+    let res: Vec<Result<Vec<loss::TrainResult>, BenchError>> = each_host(mgmts, |(i, _, me)| {
+        let targets: Vec<Ipv4Addr> = mgmts.iter().map(|m| m.2).filter(|a| a != me).collect();
+        remote::loss_probe_one(hosts[*i].as_ref(), r, &targets, count, interval)
     });
     let mut pairs: Vec<PairLoss> = Vec::new();
     let mut ran = vec![false; mgmts.len()];
@@ -1317,18 +1318,9 @@ fn probe_subset(
     payload: usize,
     per_probe: Duration,
 ) -> Vec<Result<Vec<ProbeResult>, BenchError>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = hosts
-            .iter()
-            .zip(targets)
-            .map(|(h, t)| s.spawn(move || remote::df_probe_one(*h, r, t, payload, per_probe)))
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(BenchError::Usage("probe thread panicked".into())))
-            })
-            .collect()
+    let jobs: Vec<(&dyn HostRunner, &Vec<Ipv4Addr>)> = hosts.iter().copied().zip(targets).collect();
+    each_host(&jobs, |(h, t)| {
+        remote::df_probe_one(*h, r, t, payload, per_probe)
     })
 }
 

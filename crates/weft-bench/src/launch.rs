@@ -9,10 +9,11 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Instant;
 
+use weft_hosts::remote::{Remote, gather_all};
+use weft_hosts::runner::{kill_group, wait_until};
+use weft_hosts::{HostFacts, HostRunner, IfChoice, Roles, roles_for};
+
 use crate::BenchError;
-use crate::facts::{self, HostFacts, Roles};
-use crate::remote::{self, Remote};
-use crate::runner::{HostRunner, kill_group, wait_until};
 
 /// Environment variables for one process, in order.
 pub type Env = Vec<(String, String)>;
@@ -66,19 +67,13 @@ pub fn remote_rank_env(
     data_if: Option<&str>,
     mgmt_if: Option<&str>,
 ) -> Result<Vec<Vec<(String, String)>>, BenchError> {
-    let gathered = remote::gather_all(runners, remote)
+    let gathered = gather_all(runners, remote)
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let spec = |what: &str, v: Option<&str>| v.map(|s| facts::parse_ifspec(what, s)).transpose();
-    let data_spec = spec("--data-if", data_if)?;
-    let mgmt_spec = spec("--mgmt-if", mgmt_if)?;
+    let choice = IfChoice::parse(mgmt_if, data_if)?;
     let all: Vec<&HostFacts> = gathered.iter().map(|g| &g.facts).collect();
     let names: Vec<&str> = runners.iter().map(|r| r.name()).collect();
-    rank_env(
-        &names,
-        facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref()),
-        mgmt_if,
-    )
+    rank_env(&names, roles_for(&all, &choice), mgmt_if)
 }
 
 /// What every rank runs: the `weft` binary, the worker's own flags, and its place in
@@ -144,12 +139,7 @@ pub fn rank_env(
 ) -> Result<Vec<Vec<(String, String)>>, BenchError> {
     let mut out = Vec::new();
     for (name, role) in names.iter().zip(roles) {
-        let data: Vec<&str> = role
-            .data
-            .iter()
-            .filter(|d| facts::ipv4(d).is_some())
-            .map(|d| d.name.as_str())
-            .collect();
+        let data: Vec<String> = role.rails().into_iter().map(|(d, _)| d).collect();
         if data.is_empty() {
             return Err(BenchError::Host {
                 host: name.to_string(),
@@ -208,7 +198,7 @@ pub fn run_ranks(
                 for k in &mut kids {
                     kill_group(k);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
     }
@@ -276,8 +266,8 @@ mod tests {
             ]
         );
         let runners: Vec<Box<dyn HostRunner>> = vec![
-            Box::new(crate::runner::Local),
-            Box::new(crate::runner::Local),
+            Box::new(weft_hosts::runner::Local),
+            Box::new(weft_hosts::runner::Local),
         ];
         assert_eq!(default_rendezvous(runners[0].as_ref()), None);
         let per_rank = local_rank_env(2, Some("=veth1"), None);
@@ -323,8 +313,8 @@ mod tests {
     #[test]
     fn ranks_run_locally_and_a_late_one_is_killed() {
         let runners: Vec<Box<dyn HostRunner>> = vec![
-            Box::new(crate::runner::Local),
-            Box::new(crate::runner::Local),
+            Box::new(weft_hosts::runner::Local),
+            Box::new(weft_hosts::runner::Local),
         ];
         let sh = |c: &str| vec!["sh".to_string(), "-c".to_string(), c.to_string()];
         let t = Instant::now();

@@ -7,7 +7,7 @@
 //!   reported the way nccl-tests reports them.
 //! * [`p2p`]: bandwidth, latency and path MTU between every pair of hosts on the data network,
 //!   with the pairs far below the median named, and a PNG heat map.
-//! * [`doctor`]: per-host facts gathered through a [`runner::HostRunner`] (local, SSH, or a
+//! * [`doctor`]: per-host facts gathered through a [`weft_hosts::HostRunner`] (local, SSH, or a
 //!   network namespace), compared across hosts into PASS / WARN / FAIL findings with remedies.
 //!
 //! It is not a replacement for nccl-tests on GPUs (no device memory, no NCCL), and it holds no
@@ -37,8 +37,6 @@ pub mod checks;
 pub mod comm;
 pub mod doctor;
 pub mod dtype;
-pub mod facts;
-pub mod glyphs;
 pub mod judge;
 pub mod launch;
 pub mod links;
@@ -46,8 +44,8 @@ pub mod loss;
 pub mod net;
 pub mod p2p;
 pub mod perf;
+pub mod probe;
 pub mod remote;
-pub mod ssh_pairs;
 
 /// Errors of the bench and doctor library. Messages name the rank, peer or host at fault.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +65,9 @@ pub enum BenchError {
     /// Running a command on a host failed.
     #[error("host {host}: {msg}")]
     Host { host: String, msg: String },
+    /// Reaching a host, or reading what it said ([`weft_hosts`]).
+    #[error(transparent)]
+    Hosts(#[from] weft_hosts::HostsError),
     /// Other I/O.
     #[error("{context}: {source}")]
     Io {
@@ -75,8 +76,6 @@ pub enum BenchError {
         source: std::io::Error,
     },
 }
-
-pub mod runner;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

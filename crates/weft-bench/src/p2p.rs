@@ -341,12 +341,13 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// Expected rate of a host's rail, Gb/s, by host name and rail.
-pub type Expected = std::collections::BTreeMap<(String, usize), f64>;
+/// What each host's rails should reach, Gb/s, by host name and rail (`judge::Expected` is
+/// the same by host index).
+pub type RailTargets = std::collections::BTreeMap<(String, usize), f64>;
 
 /// Finds the slow pairs and the hosts to blame, against peers only.
 pub fn analyse(hosts: Vec<String>, pairs: Vec<Pair>, threshold: f64) -> Matrix {
-    analyse_with(hosts, pairs, threshold, &Expected::new())
+    analyse_with(hosts, pairs, threshold, &RailTargets::new())
 }
 
 /// Finds the slow pairs and the hosts to blame: [`crate::judge::judge`] for bandwidth
@@ -355,7 +356,7 @@ pub fn analyse_with(
     hosts: Vec<String>,
     pairs: Vec<Pair>,
     threshold: f64,
-    expected: &Expected,
+    expected: &RailTargets,
 ) -> Matrix {
     use crate::judge;
     let ok = |p: &&Pair| p.error.is_none();
@@ -519,14 +520,16 @@ fn colour(frac: f64) -> (u8, u8, u8) {
     }
 }
 
-/// Scale of the heat map's text: each font pixel is 2x2 image pixels.
-const TEXT_SCALE: i32 = 2;
+/// Height of the heat map's text, pixels.
+const TEXT_PX: u32 = 14;
+/// The same as an `i32`, for layout arithmetic.
+const TEXT_H: i32 = TEXT_PX as i32;
 /// Side of one cell, image pixels.
 const CELL: i32 = 60;
 const MARGIN: i32 = 10;
 
 /// Height of the colour legend under the grid, image pixels.
-const LEGEND_H: i32 = 3 * MARGIN + 2 * crate::glyphs::GLYPH_H * TEXT_SCALE + 20;
+const LEGEND_H: i32 = 3 * MARGIN + 2 * TEXT_H + 20;
 /// Width of the legend's colour ramp, image pixels.
 const RAMP_W: i32 = 200;
 
@@ -541,7 +544,7 @@ fn legend_labels(best: f64) -> [String; 4] {
 
 /// Size of the heat map of `m`, image pixels.
 fn heatmap_size(m: &Matrix) -> (u32, u32) {
-    use crate::glyphs::text_size;
+    let text_size = |s: &str| weft_font::text_size(s, TEXT_PX);
     let (left, top) = heatmap_origin(m);
     let n = m.hosts.len().max(1) as i32;
     let (tw, _) = text_size(&heatmap_title(m, 0));
@@ -551,14 +554,14 @@ fn heatmap_size(m: &Matrix) -> (u32, u32) {
     let legend_w = MARGIN
         + RAMP_W
         + MARGIN
-        + text_size(&l[1]).0 * TEXT_SCALE
+        + text_size(&l[1]).0
         + 2 * MARGIN
         + [&l[2], &l[3]]
             .iter()
-            .map(|t| 26 + text_size(t).0 * TEXT_SCALE + 2 * MARGIN)
+            .map(|t| 26 + text_size(t).0 + 2 * MARGIN)
             .sum::<i32>();
     let w = (left + n * CELL + MARGIN)
-        .max(MARGIN * 2 + tw * TEXT_SCALE)
+        .max(MARGIN * 2 + tw)
         .max(legend_w);
     (w as u32, (top + n * CELL + MARGIN + LEGEND_H) as u32)
 }
@@ -569,14 +572,11 @@ fn heatmap_origin(m: &Matrix) -> (i32, i32) {
     let longest = m
         .hosts
         .iter()
-        .map(|h| crate::glyphs::text_size(h).0)
+        .map(|h| weft_font::text_size(h, TEXT_PX).0)
         .max()
         .unwrap_or(0);
-    let title_h = crate::glyphs::GLYPH_H * TEXT_SCALE + MARGIN;
-    (
-        MARGIN * 2 + longest * TEXT_SCALE,
-        MARGIN + title_h + longest * TEXT_SCALE + MARGIN,
-    )
+    let title_h = TEXT_H + MARGIN;
+    (MARGIN * 2 + longest, MARGIN + title_h + longest + MARGIN)
 }
 
 fn heatmap_title(m: &Matrix, rail: usize) -> String {
@@ -603,8 +603,14 @@ fn render<DB: plotters::prelude::DrawingBackend>(
     rail: usize,
     root: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
 ) -> Result<(), String> {
-    use crate::glyphs::{GLYPH_H, draw_text, text_size};
     use plotters::prelude::*;
+    let text_size = |s: &str| weft_font::text_size(s, TEXT_PX);
+    let draw_text =
+        |root: &DrawingArea<DB, plotters::coord::Shift>,
+         s: &str,
+         at: (i32, i32),
+         turned: bool,
+         ink: &RGBColor| { weft_font::draw_text(root, s, at, TEXT_PX, turned, ink) };
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let (left, top) = heatmap_origin(m);
@@ -612,7 +618,6 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         root,
         &heatmap_title(m, rail),
         (MARGIN, MARGIN),
-        TEXT_SCALE,
         false,
         &BLACK,
     )?;
@@ -625,11 +630,7 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         draw_text(
             root,
             src,
-            (
-                left - MARGIN - w * TEXT_SCALE,
-                y + (CELL - GLYPH_H * TEXT_SCALE) / 2,
-            ),
-            TEXT_SCALE,
+            (left - MARGIN - w, y + (CELL - TEXT_H) / 2),
             false,
             &BLACK,
         )?;
@@ -637,11 +638,7 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         draw_text(
             root,
             src,
-            (
-                x + (CELL - GLYPH_H * TEXT_SCALE) / 2,
-                top - MARGIN - w * TEXT_SCALE,
-            ),
-            TEXT_SCALE,
+            (x + (CELL - TEXT_H) / 2, top - MARGIN - w),
             true,
             &BLACK,
         )?;
@@ -676,11 +673,7 @@ fn render<DB: plotters::prelude::DrawingBackend>(
             draw_text(
                 root,
                 &label,
-                (
-                    x + (CELL - w * TEXT_SCALE) / 2,
-                    y + (CELL - h * TEXT_SCALE) / 2,
-                ),
-                TEXT_SCALE,
+                (x + (CELL - w) / 2, y + (CELL - h) / 2),
                 false,
                 &ink,
             )?;
@@ -699,19 +692,19 @@ fn render<DB: plotters::prelude::DrawingBackend>(
         .map_err(e)?;
     }
     let ty = y + 20 + MARGIN / 2;
-    draw_text(root, &labels[0], (MARGIN, ty), TEXT_SCALE, false, &BLACK)?;
+    draw_text(root, &labels[0], (MARGIN, ty), false, &BLACK)?;
     let (w1, _) = text_size(&labels[1]);
     let x1 = MARGIN + RAMP_W + MARGIN;
-    draw_text(root, &labels[1], (x1, y + 3), TEXT_SCALE, false, &BLACK)?;
-    let mut x = x1 + w1 * TEXT_SCALE + 2 * MARGIN;
+    draw_text(root, &labels[1], (x1, y + 3), false, &BLACK)?;
+    let mut x = x1 + w1 + 2 * MARGIN;
     for (swatch, label) in [
         (RGBColor(190, 190, 190), &labels[2]),
         (RGBColor(0, 0, 0), &labels[3]),
     ] {
         root.draw(&Rectangle::new([(x, y), (x + 20, y + 20)], swatch.filled()))
             .map_err(e)?;
-        draw_text(root, label, (x + 26, y + 3), TEXT_SCALE, false, &BLACK)?;
-        x += 26 + text_size(label).0 * TEXT_SCALE + 2 * MARGIN;
+        draw_text(root, label, (x + 26, y + 3), false, &BLACK)?;
+        x += 26 + text_size(label).0 + 2 * MARGIN;
     }
     Ok(())
 }
@@ -719,8 +712,8 @@ fn render<DB: plotters::prelude::DrawingBackend>(
 /// Writes the bandwidth matrix of `rail` as a PNG heat map: rows are senders, columns
 /// receivers in `m.hosts` order, each labelled with the host's name; each cell holds the rate
 /// in Gb/s; red is slow, green the fastest pair, grey the diagonal, black a pair that could not
-/// be measured (`ERR`). Text comes from the built-in bitmap font ([`crate::glyphs`]): no font
-/// file, no system font.
+/// be measured (`ERR`). Text is drawn with the font built into the binary (`weft_font`): no
+/// font file, no system font.
 pub fn heatmap(m: &Matrix, rail: usize, path: &Path) -> Result<(), BenchError> {
     use plotters::prelude::*;
     let err = |e: String| BenchError::Io {
@@ -881,7 +874,7 @@ mod tests {
         assert_eq!(&std::fs::read(&p).unwrap()[..4], b"\x89PNG");
     }
 
-    /// The labels are drawn: the row label of the first host holds black (label) pixels, and
+    /// The labels are drawn: the row label of the first host holds dark (label) pixels, and
     /// it differs between two host names; each measured cell holds its value in black on its
     /// colour, and another value draws other pixels.
     #[test]
@@ -912,7 +905,12 @@ mod tests {
         // Row label of host 0: left of the grid, on row 0.
         let l1 = region(&p1, 0, top, left, top + CELL);
         let l2 = region(&p2, 0, top, left, top + CELL);
-        let black = |v: &[(u8, u8, u8)]| v.iter().filter(|c| **c == (0, 0, 0)).count();
+        // Dark pixels: the font is drawn anti-aliased, so few are pure black.
+        let black = |v: &[(u8, u8, u8)]| {
+            v.iter()
+                .filter(|c| c.0 < 90 && c.1 < 90 && c.2 < 90)
+                .count()
+        };
         assert!(black(&l1) > 20, "no label pixels");
         assert_ne!(l1, l2, "two names, one picture");
         // Column label of host 0: above the grid.

@@ -1,100 +1,16 @@
-//! Running the hidden `weft bench` helpers on every host through a [`HostRunner`] and
-//! collecting their JSON: host facts (with the clock offset), DF probes, and the p2p matrix.
+//! The bench's own helpers on every host, through [`weft_hosts::remote::Remote`]: DF probes,
+//! loss trains and the p2p matrix.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
+use weft_hosts::remote::Remote;
+use weft_hosts::runner::{HostRunner, spawn_tethered, wait_until};
 
 use crate::BenchError;
-use crate::facts::{self, HostFacts, ProbeResult};
 use crate::p2p::{self, Pair, ProbeReport};
-use crate::runner::{HostRunner, spawn_tethered, wait_until};
-
-/// How to start `weft` on the hosts.
-#[derive(Debug, Clone)]
-pub struct Remote {
-    /// The `weft` binary on the hosts.
-    pub exe: String,
-    /// Bound on each helper.
-    pub timeout: Duration,
-}
-
-impl Remote {
-    fn argv(&self, args: &[String]) -> Vec<String> {
-        let mut v = vec![self.exe.clone(), "bench".into()];
-        v.extend(args.iter().cloned());
-        v
-    }
-
-    /// Runs `weft bench ARGS` on `host` and parses its stdout as JSON.
-    pub fn json<T: DeserializeOwned>(
-        &self,
-        host: &dyn HostRunner,
-        args: &[String],
-        timeout: Duration,
-    ) -> Result<T, BenchError> {
-        let o = host.run(&self.argv(args), &[], timeout)?;
-        let fail = |msg: String| BenchError::Host {
-            host: host.name().to_string(),
-            msg,
-        };
-        if !o.status.success() {
-            return Err(fail(format!(
-                "`weft bench {}` exited with {}: {}",
-                args.first().map_or("", String::as_str),
-                o.status,
-                String::from_utf8_lossy(&o.stderr).trim()
-            )));
-        }
-        serde_json::from_slice(&o.stdout).map_err(|e| {
-            fail(format!(
-                "`weft bench {}` printed no JSON ({e}): {}",
-                args.first().map_or("", String::as_str),
-                String::from_utf8_lossy(&o.stdout).trim()
-            ))
-        })
-    }
-}
-
-/// Facts of one host, and its clock's offset from ours.
-#[derive(Debug, Clone)]
-pub struct Gathered {
-    pub facts: HostFacts,
-    /// Host clock minus ours at the middle of the call, ns.
-    pub offset_ns: i64,
-    /// Half the call's duration: the offset is known to within this.
-    pub uncertainty_ns: i64,
-}
-
-/// Gathers the facts of every host at once.
-pub fn gather_all(hosts: &[Box<dyn HostRunner>], r: &Remote) -> Vec<Result<Gathered, BenchError>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = hosts
-            .iter()
-            .map(|h| {
-                s.spawn(move || {
-                    let t0 = facts::now_ns();
-                    let f: HostFacts = r.json(h.as_ref(), &["host-facts".into()], r.timeout)?;
-                    let t1 = facts::now_ns();
-                    let mid = (i128::from(t0) + i128::from(t1)) / 2;
-                    Ok(Gathered {
-                        offset_ns: (i128::from(f.unix_time_ns) - mid) as i64,
-                        uncertainty_ns: ((i128::from(t1) - i128::from(t0)) / 2) as i64,
-                        facts: f,
-                    })
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(BenchError::Usage("gathering thread panicked".into())))
-            })
-            .collect()
-    })
-}
+use crate::probe::ProbeResult;
 
 /// From one host, DF probes of `payload` bytes to `targets`.
 pub fn df_probe_one(
@@ -119,7 +35,7 @@ pub fn df_probe_one(
     ];
     // 3 probes per target, each bounded, plus start-up.
     let bound = per_probe * 3 * targets.len() as u32 + r.timeout;
-    r.json(h, &args, bound)
+    Ok(r.json(h, &args, bound)?)
 }
 
 /// From one host, a train of `count` echoes to each of `targets` at once, one every
@@ -146,7 +62,7 @@ pub fn loss_probe_one(
     ];
     // The train, its linger (1 s), plus start-up.
     let bound = interval * count + Duration::from_secs(1) + r.timeout;
-    r.json(h, &args, bound)
+    Ok(r.json(h, &args, bound)?)
 }
 
 /// Options of a p2p run.
@@ -162,6 +78,43 @@ pub struct P2pOptions {
 pub struct P2pHost {
     pub name: String,
     pub rails: Vec<(String, Ipv4Addr)>,
+}
+
+/// One data interface as the p2p run sees it.
+#[derive(Debug, Clone)]
+pub struct RailIf {
+    pub name: String,
+    /// Its IPv4 address; an interface without one carries no rail.
+    pub addr: Option<Ipv4Addr>,
+    /// Its link speed in Mbit/s when the NIC is physical (a virtual one reports a speed it
+    /// does not keep).
+    pub link_mbps: Option<u32>,
+}
+
+impl P2pHost {
+    /// Host `name`'s rails (each data interface with an IPv4 address, in order), and into
+    /// `expected` what each rail should reach: `expect_speed_mbps`, else its physical link
+    /// speed. `weft bench p2p` and the doctor's throughput check both decide so.
+    pub fn from_data(
+        name: &str,
+        data: &[RailIf],
+        expect_speed_mbps: Option<u32>,
+        expected: &mut p2p::RailTargets,
+    ) -> P2pHost {
+        let addressed: Vec<&RailIf> = data.iter().filter(|d| d.addr.is_some()).collect();
+        for (rail, d) in addressed.iter().enumerate() {
+            if let Some(mbps) = expect_speed_mbps.or(d.link_mbps) {
+                expected.insert((name.to_string(), rail), f64::from(mbps) / 1e3);
+            }
+        }
+        P2pHost {
+            name: name.to_string(),
+            rails: addressed
+                .iter()
+                .filter_map(|d| d.addr.map(|a| (d.name.clone(), a)))
+                .collect(),
+        }
+    }
 }
 
 /// Starts a server on every host, then measures every ordered pair on every rail, one pair at
@@ -220,7 +173,7 @@ pub fn p2p_matrix(
             Ok(c) => c,
             Err(e) => {
                 stop(&mut servers);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let out = c.stdout.take();
@@ -282,8 +235,9 @@ pub fn p2p_matrix(
                     src_if.clone(),
                 ];
                 let t = Instant::now();
-                let res: Result<ProbeReport, BenchError> =
-                    r.json(*src, &args, per_pair + r.timeout);
+                let res: Result<ProbeReport, BenchError> = r
+                    .json(*src, &args, per_pair + r.timeout)
+                    .map_err(BenchError::from);
                 tracing::debug!(src = %info[i].name, dst = %info[j].name, took = ?t.elapsed(), "p2p pair");
                 let mut p = Pair {
                     src: info[i].name.clone(),
@@ -320,4 +274,41 @@ fn comma_list(targets: &[Ipv4Addr]) -> String {
         .map(|a| a.to_string())
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rails_are_the_addressed_data_interfaces_and_expectations_follow_them() {
+        let d = |name: &str, addr: Option<[u8; 4]>, link: Option<u32>| RailIf {
+            name: name.into(),
+            addr: addr.map(Ipv4Addr::from),
+            link_mbps: link,
+        };
+        let data = [
+            d("ib0", None, Some(200_000)),
+            d("enp1", Some([10, 1, 0, 2]), Some(100_000)),
+            d("veth0", Some([10, 2, 0, 2]), None),
+        ];
+        let mut e = p2p::RailTargets::new();
+        let h = P2pHost::from_data("n1", &data, None, &mut e);
+        assert_eq!(
+            h.rails,
+            [
+                ("enp1".to_string(), Ipv4Addr::new(10, 1, 0, 2)),
+                ("veth0".to_string(), Ipv4Addr::new(10, 2, 0, 2))
+            ]
+        );
+        // Rail 0 is enp1 (the unaddressed ib0 is no rail); the virtual veth0 expects nothing.
+        assert_eq!(
+            e.into_iter().collect::<Vec<_>>(),
+            [(("n1".into(), 0), 100.0)]
+        );
+        let mut e = p2p::RailTargets::new();
+        P2pHost::from_data("n1", &data, Some(25_000), &mut e);
+        assert_eq!(e.len(), 2);
+        assert!(e.values().all(|&g| g == 25.0));
+    }
 }

@@ -43,6 +43,24 @@ pub struct AgentConfig {
     /// How the controller is trusted (CA file or pinned certificate; plain HTTP only to
     /// loopback unless allowed).
     pub tls: ClientTls,
+    /// Where a lease ending on this server is announced (a file and a hook), if anywhere.
+    pub lease_notice: Option<LeaseNoticeConfig>,
+}
+
+/// How the agent announces, on its host, that a lease of this server ends: with each
+/// heartbeat it asks the controller (`GET /v1/agents/notices`); while a lease ends it
+/// keeps `file` written (one line per lease: `lease <id> ends <unix seconds>`), and runs
+/// `hook` once per lease and end, with `WEFT_LEASE_ID`, `WEFT_LEASE_END` and
+/// `WEFT_LEASE_FILE` in its environment, bounded by `hook_timeout`. When no lease ends any
+/// more (it was extended, or the server has left), the file is removed.
+#[derive(Debug, Clone)]
+pub struct LeaseNoticeConfig {
+    /// The file.
+    pub file: PathBuf,
+    /// A command run by `sh -c`.
+    pub hook: Option<String>,
+    /// The longest a hook may run.
+    pub hook_timeout: Duration,
 }
 
 impl AgentConfig {
@@ -60,6 +78,7 @@ impl AgentConfig {
             max_backoff: Duration::from_secs(30),
             metrics: None,
             tls: ClientTls::default(),
+            lease_notice: None,
         }
     }
 }
@@ -196,6 +215,79 @@ where
     }
 }
 
+/// Asks the controller which leases end on this server and announces them on the host
+/// ([`LeaseNoticeConfig`]); `announced` holds the (lease, end) pairs whose hook ran.
+/// Failures are logged: a notice is retried with the next heartbeat.
+async fn lease_notices(
+    client: &Client,
+    n: &LeaseNoticeConfig,
+    announced: &mut std::collections::BTreeSet<(u64, u64)>,
+) {
+    let notices = match client.lease_notices().await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read lease notices");
+            return;
+        }
+    };
+    if notices.is_empty() {
+        match std::fs::remove_file(&n.file) {
+            Ok(()) => {
+                tracing::info!(file = %n.file.display(), "no lease ends on this server any more")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, file = %n.file.display(), "cannot remove the lease notice")
+            }
+        }
+        announced.clear();
+        return;
+    }
+    let text: String = notices
+        .iter()
+        .map(|x| format!("lease {} ends {}\n", x.lease, x.end))
+        .collect();
+    let tmp = n.file.with_extension("tmp");
+    if let Some(dir) = n.file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, &n.file)) {
+        tracing::warn!(error = %e, file = %n.file.display(), "cannot write the lease notice");
+        return;
+    }
+    for x in &notices {
+        if !announced.insert((x.lease, x.end)) {
+            continue;
+        }
+        tracing::warn!(
+            lease = x.lease,
+            end = x.end,
+            "a lease on this server ends; it leaves the tenant's group then"
+        );
+        let Some(hook) = n.hook.clone() else { continue };
+        let env = vec![
+            ("WEFT_LEASE_ID".to_string(), x.lease.to_string()),
+            ("WEFT_LEASE_END".to_string(), x.end.to_string()),
+            ("WEFT_LEASE_FILE".to_string(), n.file.display().to_string()),
+        ];
+        let timeout = n.hook_timeout;
+        let ran = tokio::task::spawn_blocking(move || {
+            let inv = weft_proc::Invocation {
+                env: &env,
+                cwd: None,
+                timeout,
+            };
+            weft_proc::run_bounded("sh", &["-c", &hook], &inv)
+        })
+        .await;
+        match ran {
+            Ok(Ok(_)) => tracing::info!(lease = x.lease, "lease hook ran"),
+            Ok(Err(e)) => tracing::warn!(error = %e, lease = x.lease, "lease hook failed"),
+            Err(e) => tracing::warn!(error = %e, "lease hook task"),
+        }
+    }
+}
+
 /// Runs the agent until `stop` turns true. Returns an error when the controller refuses
 /// its credentials or the host cannot be discovered.
 pub async fn run(
@@ -257,6 +349,7 @@ pub async fn run(
     if !ack.pending.is_empty() {
         tracing::warn!(pending = ?ack.pending, "ports another server owns are held pending an admin's approval");
     }
+    let mut announced = std::collections::BTreeSet::new();
     let mut heartbeat = tokio::time::interval(cfg.heartbeat);
     let mut rescan = tokio::time::interval(cfg.rescan);
     heartbeat.tick().await;
@@ -273,7 +366,11 @@ pub async fn run(
                 let result = client.heartbeat().await;
                 count(&cfg, "heartbeat", &result);
                 match result {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        if let Some(n) = &cfg.lease_notice {
+                            lease_notices(&client, n, &mut announced).await;
+                        }
+                    }
                     Err(e) if refused(&e) => return Err(fatal(e)),
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat failed; next one in {:?}", cfg.heartbeat)

@@ -21,6 +21,12 @@
 //! | DELETE | `/v1/groups/{group}/members/{server}` | admin |
 //! | POST | `/v1/moves` | admin |
 //! | GET | `/v1/operations/{id}` | admin |
+//! | GET, POST | `/v1/leases` | tenant (its own; GET: admin all) — see [`crate::lease::api`] |
+//! | GET | `/v1/leases/{id}` | admin or the owning tenant |
+//! | POST | `/v1/leases/{id}/extend`, `/v1/leases/{id}/release` | admin or the owning tenant |
+//! | GET | `/v1/lease-quotas` | admin all, tenant its own |
+//! | PUT, DELETE | `/v1/lease-quotas/{tenant}` | admin |
+//! | GET | `/v1/agents/notices` | an enrolled agent: leases that end on its server |
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -68,6 +74,10 @@ pub struct AppState {
     pub delivers: bool,
     /// The drift check's last findings, written by the reconcile loop.
     pub drift: Arc<std::sync::Mutex<crate::model::DriftView>>,
+    /// Per agent: how often its reports may change what the store holds.
+    pub reports: Arc<input::ReportLimiter>,
+    /// The node-lease loop ([`crate::lease`]).
+    pub leases: Arc<crate::lease::Leases>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -157,9 +167,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-async fn db<T: Send + 'static>(
+pub(crate) async fn db<T: Send + 'static>(
     state: &AppState,
     f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
 ) -> ApiResult<T> {
@@ -170,7 +180,7 @@ async fn db<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     crate::server::unix_now()
 }
 
@@ -212,7 +222,7 @@ impl FromRequestParts<AppState> for Agent {
     }
 }
 
-fn admin(p: &Principal) -> ApiResult<()> {
+pub(crate) fn admin(p: &Principal) -> ApiResult<()> {
     if p.is_admin() {
         Ok(())
     } else {
@@ -235,6 +245,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .merge(tenants())
         .merge(groups())
         .merge(records())
+        .merge(crate::lease::api::routes())
 }
 
 /// The whole API, without a listener: tests and `serve` call this.
@@ -247,6 +258,7 @@ pub fn app(state: AppState) -> Router {
         .merge(tenants())
         .merge(groups())
         .merge(records())
+        .merge(crate::lease::api::routes())
         .split_for_parts();
     router
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -382,7 +394,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> 
     }
 }
 
-fn bad(m: String) -> ApiError {
+pub(crate) fn bad(m: String) -> ApiError {
     ApiError::BadRequest(m)
 }
 
@@ -479,7 +491,7 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
     tag = "agents",
     security(("agent" = [])),
     request_body = HostReportSchema,
-    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
+    responses((status = 200, description = "what the controller made of the report", body = ReportAck), BodyErrors, Authed, RateLimited, (status = 403, description = "the report names a host other than the one this agent enrolled as", body = ErrorBody))
 )]
 async fn report(
     State(state): State<AppState>,
@@ -494,6 +506,16 @@ async fn report(
     }
     let ports = reported_ports(&report);
     let gpus = report.gpus.clone();
+    if ports.len() > input::MAX_REPORT_PORTS || gpus.len() > input::MAX_REPORT_GPUS {
+        return Err(bad(format!(
+            "the report of `{server}` names {} fabric port(s) and {} GPU(s); at most {} and {} a host",
+            ports.len(),
+            gpus.len(),
+            input::MAX_REPORT_PORTS,
+            input::MAX_REPORT_GPUS
+        )));
+    }
+    let links = crate::model::HostLinks::of(&report);
     let hash: String = {
         let text = format!("{ports:?}");
         Sha256::digest(text.as_bytes())
@@ -501,9 +523,19 @@ async fn report(
             .map(|b| format!("{b:02x}"))
             .collect()
     };
+    let content = format!("{hash} {:?}", gpus);
+    if !state.reports.allow(&server, &content, Instant::now()) {
+        state.metrics.rate_limited.inc();
+        return Err(ApiError::TooMany(format!(
+            "the reports of `{server}` change too often (at most {} changes at once, then one every {:.0} s); the agent reports again later",
+            input::REPORT_CHANGES.burst,
+            1.0 / input::REPORT_CHANGES.per_s
+        )));
+    }
     let outcome = db(&state, move |s| {
         let o = s.report(&server, &ports, &hash, now())?;
         s.set_gpus(&server, &gpus, now())?;
+        s.set_links(&server, &links, now())?;
         Ok(o)
     })
     .await?;
@@ -811,7 +843,7 @@ async fn create_token(
     let ttl = match (req.ttl_s, &role) {
         (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S).map_err(bad)?),
         (None, Role::Tenant(_)) => Some(DEFAULT_TENANT_TOKEN_TTL_S),
-        (None, Role::Admin) => None,
+        (None, Role::Admin) => Some(DEFAULT_ADMIN_TOKEN_TTL_S),
     };
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
@@ -828,6 +860,9 @@ async fn create_token(
     ))
 }
 
+/// How long an admin token made through the API lives when the request does not say: one
+/// day. (It also ends when the controller's own admin token is rotated.)
+pub const DEFAULT_ADMIN_TOKEN_TTL_S: u64 = 86_400;
 /// How long a tenant token lives when the request does not say: 90 days.
 pub const DEFAULT_TENANT_TOKEN_TTL_S: u64 = 90 * 86_400;
 /// The longest life a token may be given: ten years.

@@ -179,15 +179,22 @@ impl Client {
             req = req.json(b);
         }
         let resp = req.send().await.map_err(|e| {
-            if is_tls(&e) {
+            // reqwest's own line repeats the URL ("error sending request for url (...)");
+            // the message names it once, so the reason is the causes alone.
+            let tls = is_tls(&e);
+            let reason = match std::error::Error::source(&e) {
+                Some(cause) => error_chain(cause),
+                None => e.without_url().to_string(),
+            };
+            if tls {
                 ClientError::Untrusted {
                     url: url.clone(),
-                    reason: error_chain(&e),
+                    reason,
                 }
             } else {
                 ClientError::Unreachable {
                     url: url.clone(),
-                    reason: error_chain(&e),
+                    reason,
                 }
             }
         })?;
@@ -473,5 +480,93 @@ impl Client {
         } else {
             Err(ClientError::Decode(format!("status {}", resp.status())))
         }
+    }
+}
+
+/// The node-lease calls ([`crate::lease`]).
+impl Client {
+    /// `GET /v1/leases`.
+    pub async fn leases(&self) -> Result<crate::lease::model::LeaseList, ClientError> {
+        self.get("/v1/leases").await
+    }
+
+    /// `POST /v1/leases`.
+    pub async fn request_lease(
+        &self,
+        req: &crate::lease::model::LeaseRequest,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(Method::POST, "/v1/leases", Some(req)).await
+    }
+
+    /// `GET /v1/leases/{id}`.
+    pub async fn lease(&self, id: u64) -> Result<crate::lease::model::LeaseDetail, ClientError> {
+        self.get(&format!("/v1/leases/{id}")).await
+    }
+
+    /// `POST /v1/leases/{id}/extend`.
+    pub async fn extend_lease(
+        &self,
+        id: u64,
+        by_s: u64,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/leases/{id}/extend"),
+            Some(&crate::lease::model::ExtendLease { by_s }),
+        )
+        .await
+    }
+
+    /// `POST /v1/leases/{id}/release`.
+    pub async fn release_lease(
+        &self,
+        id: u64,
+    ) -> Result<crate::lease::model::LeaseAccepted, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/leases/{id}/release"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// `GET /v1/lease-quotas`.
+    pub async fn lease_quotas(
+        &self,
+    ) -> Result<Vec<crate::lease::model::LeaseQuotaView>, ClientError> {
+        self.get("/v1/lease-quotas").await
+    }
+
+    /// `PUT /v1/lease-quotas/{tenant}`.
+    pub async fn set_lease_quota(
+        &self,
+        tenant: &str,
+        quota: &crate::lease::model::SetLeaseQuota,
+    ) -> Result<(), ClientError> {
+        self.send(
+            Method::PUT,
+            &format!("/v1/lease-quotas/{tenant}"),
+            Some(quota),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `DELETE /v1/lease-quotas/{tenant}`.
+    pub async fn delete_lease_quota(&self, tenant: &str) -> Result<(), ClientError> {
+        self.send(
+            Method::DELETE,
+            &format!("/v1/lease-quotas/{tenant}"),
+            None::<&()>,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `GET /v1/agents/notices`: leases that end on this agent's server.
+    pub async fn lease_notices(
+        &self,
+    ) -> Result<Vec<crate::lease::model::LeaseNotice>, ClientError> {
+        self.get("/v1/agents/notices").await
     }
 }

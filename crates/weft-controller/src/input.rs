@@ -199,3 +199,86 @@ mod tests {
         ));
     }
 }
+
+/// Ports one agent's report may name (the ports the controller stores for the host): a
+/// server has a handful; a report over this is refused whole (400).
+pub const MAX_REPORT_PORTS: usize = 64;
+/// GPUs one agent's report may name.
+pub const MAX_REPORT_GPUS: usize = 64;
+/// How often one agent's reports may change what the controller holds: 5 changes at once,
+/// then one every 10 s. A report that says what the agent's last one said is free (it only
+/// marks the agent alive), so only a host that keeps changing, or a stolen agent secret,
+/// meets the limit; the agent retries later with what it then sees.
+pub const REPORT_CHANGES: RateLimit = RateLimit {
+    per_s: 0.1,
+    burst: 5.0,
+};
+
+/// Per agent (by its server's name): the last report it was allowed to make, and what is
+/// left of its budget of changes ([`REPORT_CHANGES`]). One entry per enrolled server that
+/// reported, so it is bounded by the servers an admin enrolled.
+#[derive(Debug)]
+pub struct ReportLimiter {
+    limit: RateLimit,
+    servers: Mutex<HashMap<String, (String, f64, Instant)>>,
+}
+
+impl Default for ReportLimiter {
+    fn default() -> Self {
+        ReportLimiter::new(REPORT_CHANGES)
+    }
+}
+
+impl ReportLimiter {
+    /// A limiter with `limit` changes for every agent.
+    pub fn new(limit: RateLimit) -> ReportLimiter {
+        ReportLimiter {
+            limit,
+            servers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `server`'s report whose content hashes to `hash` may be taken at `now`: one
+    /// equal to its last allowed report always is; another counts against its budget.
+    pub fn allow(&self, server: &str, hash: &str, now: Instant) -> bool {
+        let RateLimit { per_s, burst } = self.limit;
+        let mut m = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, tokens, at) = m
+            .entry(server.to_string())
+            .or_insert_with(|| (String::new(), burst, now));
+        if last == hash {
+            return true;
+        }
+        *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * per_s).min(burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            *last = hash.to_string();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod report_limiter_tests {
+    use super::*;
+
+    #[test]
+    fn an_unchanged_report_is_free_and_changes_are_bounded() {
+        let l = ReportLimiter::new(RateLimit {
+            per_s: 1.0,
+            burst: 2.0,
+        });
+        let t0 = Instant::now();
+        assert!(l.allow("n1", "a", t0));
+        for _ in 0..100 {
+            assert!(l.allow("n1", "a", t0), "the same report again");
+        }
+        assert!(l.allow("n1", "b", t0));
+        assert!(!l.allow("n1", "a", t0), "a third change at once");
+        assert!(l.allow("n2", "a", t0), "another agent has its own budget");
+        assert!(l.allow("n1", "a", t0 + std::time::Duration::from_secs(1)));
+    }
+}

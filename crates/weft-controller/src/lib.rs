@@ -32,6 +32,7 @@ pub mod api;
 pub mod auth;
 pub mod client;
 pub mod input;
+pub mod lease;
 pub mod metrics;
 pub mod model;
 mod openapi;
@@ -41,6 +42,11 @@ pub mod restore;
 mod server;
 pub mod store;
 pub mod tls;
+
+/// The OpenAPI document the API serves at `/openapi.json` (for the console's `/docs`).
+pub fn openapi_document() -> &'static serde_json::Value {
+    openapi::document()
+}
 
 pub use server::{
     Controller, ControllerConfig, LEASE_S, MIN_ADMIN_TOKEN_CHARS, StartError, check_admin_token,

@@ -112,6 +112,19 @@ pub struct Metrics {
     pub drift: Family<DriftKind, Gauge>,
     /// `weft_fabric_drift_repairs_total`: deliveries made to repair drift.
     pub drift_repairs: Counter,
+    /// `weft_leases` by phase (set after each step of the lease loop).
+    pub leases: Family<LeasePhase, Gauge>,
+    /// `weft_lease_queue`: leases waiting in the queue.
+    pub lease_queue: Gauge,
+    /// `weft_lease_pool_free`: pool nodes no lease holds.
+    pub lease_pool_free: Gauge,
+}
+
+/// Labels of the leases gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeasePhase {
+    /// `waiting`, `queued`, `active`, `ending`, `ended`, `released`, `refused`.
+    pub phase: String,
 }
 
 /// Labels of a drift gauge.
@@ -182,7 +195,24 @@ impl Default for Metrics {
             "Deliveries made to repair drift",
             drift_repairs.clone(),
         );
+        let leases = Family::<LeasePhase, Gauge>::default();
+        registry.register("leases", "Node leases by phase", leases.clone());
+        let lease_queue = Gauge::default();
+        registry.register(
+            "lease_queue",
+            "Node leases waiting in the queue",
+            lease_queue.clone(),
+        );
+        let lease_pool_free = Gauge::default();
+        registry.register(
+            "lease_pool_free",
+            "Pool nodes no lease holds",
+            lease_pool_free.clone(),
+        );
         Metrics {
+            leases,
+            lease_queue,
+            lease_pool_free,
             drift,
             drift_repairs,
             rate_limited,

@@ -63,6 +63,108 @@ pub struct ServerView {
     /// GUIDs it reported that another server owns (held pending).
     #[schema(value_type = Vec<String>)]
     pub pending_claims: Vec<Guid>,
+    /// Its RoCE ports (a DGX Spark's ConnectX-7), from its last report.
+    pub roce: Vec<RoceView>,
+    /// Its NICs on a PCI function, from its last report.
+    pub nics: Vec<NicView>,
+    /// Its GPUs, from its last report.
+    #[schema(value_type = Vec<GpuSchema>)]
+    pub gpus: Vec<weft_agent::Gpu>,
+}
+
+/// One RoCE port (link layer Ethernet) of a server, as its agent last reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoceView {
+    /// RDMA device name (`rocep1s0f0`).
+    pub device: String,
+    /// Port number on the device.
+    pub num: u32,
+    /// The low half of GID 0: the EUI-64 of the netdev's MAC.
+    #[schema(value_type = String, example = "0x0202c9fffe020101")]
+    pub guid: Guid,
+    /// Port state (`ACTIVE`).
+    pub state: String,
+    /// The port's rate as the device writes it (`200 Gb/sec (4X HDR)`); null when unknown.
+    #[schema(required = true)]
+    pub rate: Option<String>,
+    /// Its netdev (`enp1s0f0np0`), if it has one.
+    #[schema(required = true)]
+    pub netdev: Option<String>,
+}
+
+/// One NIC of a server (a netdev on a PCI function), as its agent last reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NicView {
+    /// Interface name.
+    pub name: String,
+    /// `Ethernet` or `InfiniBand` (IPoIB), `Unknown` otherwise.
+    pub link_layer: String,
+    /// Negotiated speed in Mb/s; null when the kernel does not know it (link down).
+    #[schema(required = true)]
+    pub speed_mbps: Option<u32>,
+    /// MTU in bytes.
+    pub mtu: u32,
+    /// `operstate` (`up`).
+    pub operstate: String,
+    /// PCI address.
+    #[schema(required = true)]
+    pub pci: Option<String>,
+    /// The RDMA device whose port it is, if any.
+    #[schema(required = true)]
+    pub rdma_device: Option<String>,
+    /// IP addresses with prefix length.
+    pub addresses: Vec<String>,
+}
+
+/// What a report says of a server's links beyond its InfiniBand ports: kept per server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLinks {
+    /// RoCE ports.
+    pub roce: Vec<RoceView>,
+    /// NICs.
+    pub nics: Vec<NicView>,
+}
+
+impl HostLinks {
+    /// The RoCE ports and NICs of an agent's report.
+    pub fn of(report: &weft_agent::HostReport) -> HostLinks {
+        let state = |s: weft_agent::PortState| {
+            let text = s.to_string();
+            text.split_once(": ")
+                .map_or(text.clone(), |(_, n)| n.to_string())
+        };
+        HostLinks {
+            roce: report
+                .roce_ports()
+                .into_iter()
+                .map(|(d, p)| RoceView {
+                    device: d.name.clone(),
+                    num: p.num,
+                    guid: p.port_guid,
+                    state: state(p.state),
+                    rate: p.rate_text.clone(),
+                    netdev: p.netdevs.first().cloned(),
+                })
+                .collect(),
+            nics: report
+                .data_nics()
+                .into_iter()
+                .map(|n| NicView {
+                    name: n.name.clone(),
+                    link_layer: n.link_layer().to_string(),
+                    speed_mbps: n.speed_mbps,
+                    mtu: n.mtu,
+                    operstate: n.operstate.to_string(),
+                    pci: n.pci.clone(),
+                    rdma_device: n.rdma_device.clone(),
+                    addresses: n.addresses.clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A tenant.
@@ -139,6 +241,12 @@ pub struct OperationView {
     /// fabric, by GUID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// What its delivery took away from what the SMs held, one line each: removals in
+    /// words (`- ALL goes from full to limited in partition `Default` (0x7fff)`), then every
+    /// port that loses a key (`port 0x... (node1 HCA-1): loses 0xffff`), also ports of
+    /// servers it did not name. Empty when it took nothing (or was not yet applied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taken: Vec<String>,
 }
 
 /// One line of the audit log.
@@ -207,6 +315,9 @@ pub struct StatusView {
     #[serde(default)]
     #[schema(required = true)]
     pub applied_conf: Option<String>,
+    /// The controller's Default partition policy, in words (it isolates).
+    #[serde(default)]
+    pub default_policy: String,
 }
 
 /// Whether the fabric still holds what the controller applied.

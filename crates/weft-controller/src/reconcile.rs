@@ -67,6 +67,11 @@ pub struct Delivered {
     /// Port GUIDs of the plan that are not on the fabric: written to the file (a
     /// powered-off server must not block others), never verified.
     pub absent: Vec<weft_fabric::Guid>,
+    /// Every port that the new file takes a P_Key table entry away from (a key, or its full
+    /// membership), one line each (`port 0x... (node1 HCA-1): loses 0xffff`), whether or not
+    /// the operation named the port's server: a delivery says what it takes, as `weft
+    /// fabric apply` does. Empty for a fabric without ports to read.
+    pub taken: Vec<String>,
 }
 
 /// A standby SM a delivery left out, and why.
@@ -252,6 +257,12 @@ pub trait Fabric: Send + Sync + 'static {
     fn delivers(&self) -> bool {
         true
     }
+    /// The leaf switch each end port is cabled to (port GUID to the switch's name), for
+    /// the lease loop's one-switch preference; empty for a fabric that cannot say.
+    /// Blocking.
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        Ok(BTreeMap::new())
+    }
 }
 
 /// The OpenSM driver: the SM hosts are injected (`LocalSm`, `SshSm`), so the controller
@@ -293,6 +304,10 @@ impl Fabric for OpenSmFabric {
             .collect()
     }
 
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+        self.applier.diag.uplinks().map_err(|e| e.to_string())
+    }
+
     fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {
         let c = conf::parse(text).map_err(|e| format!("the applied file: {e}"))?;
         let v = self.applier.verify(&c).map_err(|e| e.to_string())?;
@@ -327,6 +342,7 @@ impl Fabric for OpenSmFabric {
         fence_check(ctx, held.as_deref())?;
         let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
         let conf = owned_text(&full, ctx)?;
+        let taken = taken_from_ports(&self.applier.compare(&full, &before).mismatches, &before);
         let applied = match &ctx.fence {
             Some(f) => self.applier.apply_fenced(&full, &before, &ctx.owner, f),
             None => self.applier.apply_owned(&full, &before, &ctx.owner),
@@ -353,11 +369,32 @@ impl Fabric for OpenSmFabric {
                 before: held,
                 removed,
                 absent,
+                taken,
             }),
             Err(e @ ApplyError::Fenced { .. }) => Err(format!("{FENCED}{e}")),
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// The ports that lose a P_Key table entry (`unexpected`: held now, not programmed by the
+/// new file), one line each, named by GUID and node description.
+fn taken_from_ports(
+    m: &[weft_fabric::PortMismatch],
+    before: &weft_opensm::FabricSnapshot,
+) -> Vec<String> {
+    m.iter()
+        .filter(|x| !x.unexpected.is_empty())
+        .map(|x| {
+            let node = before
+                .inventory
+                .port(x.port)
+                .map(|p| format!(" ({})", p.node_desc))
+                .unwrap_or_default();
+            let keys: Vec<String> = x.unexpected.iter().map(|k| format!("{k:#06x}")).collect();
+            format!("port {}{node}: loses {}", x.port, keys.join(" "))
+        })
+        .collect()
 }
 
 /// A fabric that renders and remembers each plan (API tests and the report benchmark).
@@ -436,6 +473,7 @@ impl Fabric for RecordingFabric {
             before: held,
             removed,
             absent: Vec::new(),
+            taken: Vec::new(),
         })
     }
 }
@@ -1001,6 +1039,22 @@ async fn reconcile_once(
                     names.join(", ")
                 ));
             }
+            // What it took from what the SMs held, for the operation's output: the removals
+            // in words, then every port that loses a key.
+            let taken: String = d
+                .removed
+                .iter()
+                .chain(&d.taken)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            if !d.taken.is_empty() {
+                tracing::info!(
+                    generation,
+                    ports = d.taken.len(),
+                    "the delivery takes keys away from ports: {}",
+                    d.taken.join("; ")
+                );
+            }
             let warning = (!d.absent.is_empty()).then(|| {
                 let guids: Vec<String> = d.absent.iter().map(|g| g.to_string()).collect();
                 format!(
@@ -1050,6 +1104,7 @@ async fn reconcile_once(
                     conf: &d.conf,
                     detail: &detail,
                     warning: warning.as_deref(),
+                    taken: &taken,
                 };
                 s.mark_applied(&delivered, now())
             })

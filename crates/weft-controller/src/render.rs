@@ -27,6 +27,10 @@ pub struct DesiredGroup {
     pub members: Vec<(String, Vec<Guid>)>,
 }
 
+/// The controller's Default partition policy, in words: what it states when it starts (log
+/// and `GET /v1/status`). It is the policy of [`plan`].
+pub const DEFAULT_POLICY: &str = "isolate: Default=0x7fff : ALL=limited, SELF=full (every end port reaches the SM; two ports talk only through a group both are in); the first delivery takes full membership of Default away from every port that had it";
+
 /// The plan for `desired`: an isolating Default partition (end ports reach only the SM
 /// through it), one partition per group, full members = its servers' ports.
 ///

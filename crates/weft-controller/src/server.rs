@@ -161,6 +161,8 @@ pub struct ControllerConfig {
     pub port_check: Duration,
     /// Deliver the applied state again when drift is found (`--repair-drift`).
     pub repair_drift: bool,
+    /// The node-lease loop's knobs (pool group, warning time, tick).
+    pub lease: crate::lease::LeaseConfig,
 }
 
 impl Default for ControllerConfig {
@@ -174,6 +176,7 @@ impl Default for ControllerConfig {
             adopt: false,
             port_check: Duration::from_secs(300),
             repair_drift: false,
+            lease: crate::lease::LeaseConfig::default(),
         }
     }
 }
@@ -182,6 +185,8 @@ impl Default for ControllerConfig {
 pub struct Controller {
     state: AppState,
     _lease: Arc<Lease>,
+    /// Routes served beside the API on the same listener (the web console).
+    mounted: Option<Router>,
 }
 
 impl Controller {
@@ -215,6 +220,10 @@ impl Controller {
             holder: holder.clone(),
         });
         store.bootstrap_admin(&token.hash(), unix_now())?;
+        tracing::info!(
+            policy = crate::render::DEFAULT_POLICY,
+            "the Default partition"
+        );
         let weak = Arc::downgrade(&lease);
         tokio::spawn(async move {
             loop {
@@ -241,6 +250,28 @@ impl Controller {
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Started);
         let delivers = fabric.delivers();
+        let leases = Arc::new(crate::lease::Leases::new(
+            store.clone(),
+            tx.clone(),
+            fabric.clone(),
+            metrics.clone(),
+            config.lease.clone(),
+        ));
+        let weak_leases = Arc::downgrade(&leases);
+        let tick = config.lease.tick;
+        tokio::spawn(async move {
+            // The loop runs while the controller does: it holds the lease loop only
+            // through a weak reference between ticks.
+            let mut last_topology: Option<tokio::time::Instant> = None;
+            loop {
+                let Some(l) = weak_leases.upgrade() else {
+                    return;
+                };
+                l.tick_once(&mut last_topology).await;
+                drop(l);
+                tokio::time::sleep(tick).await;
+            }
+        });
         let drift = Arc::new(std::sync::Mutex::new(crate::model::DriftView::default()));
         tokio::spawn(reconcile::run(
             store.clone(),
@@ -265,14 +296,36 @@ impl Controller {
                 limiter: Arc::new(Limiter::new(config.rate_limit)),
                 delivers,
                 drift,
+                reports: Arc::default(),
+                leases,
             },
             _lease: lease,
+            mounted: None,
         })
     }
 
-    /// The API router.
+    /// The API router, with what was [`Controller::mount`]ed.
     pub fn app(&self) -> Router {
-        app(self.state.clone())
+        let api = app(self.state.clone());
+        match &self.mounted {
+            Some(extra) => api.merge(extra.clone()),
+            None => api,
+        }
+    }
+
+    /// What the handlers share (store, events, drift, stale bound): for routes that
+    /// are mounted beside the API.
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Serves `routes` beside the API on the same listener, with the same TLS (the web
+    /// console). Their paths must not be the API's.
+    pub fn mount(&mut self, routes: Router) {
+        self.mounted = Some(match self.mounted.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
     }
 
     /// The metrics router (`/metrics`), for its own listener.

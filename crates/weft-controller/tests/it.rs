@@ -1033,6 +1033,89 @@ async fn an_unauthenticated_flood_leaves_the_store_bounded_and_no_control_charac
     );
 }
 
+/// One enrolled agent whose reports keep changing (60 ports, then 2, then 60 again, as fast
+/// as it can for 10 s, its server in a group so that each change is an operation too)
+/// grows the store by a bounded amount: its changes are rate-limited (an unchanged report
+/// stays free), a report that drops ports is one audit line, and a report over the port
+/// limit is refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_seconds_of_churning_reports_grow_the_store_by_a_bounded_amount() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let db_bytes = |dir: &Path| -> u64 {
+        let db = dir.join("controller.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.busy_timeout(Duration::from_secs(5)).unwrap();
+        c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        std::fs::metadata(&db).unwrap().len()
+    };
+    let token = ctl
+        .admin
+        .create_enrollment(Some("node1"))
+        .await
+        .unwrap()
+        .token;
+    let enrolled = ctl.client(None).enroll(&token, "node1").await.unwrap();
+    let agent = ctl.client(Some(enrolled.secret));
+    let report = |name: &str, ports: &[u8]| {
+        let root = ctl.dir.path().join(name);
+        write_fixture(&root, "node1", 0x0002_c903_0000_0100, ports);
+        weft_agent::discover(&root).unwrap()
+    };
+    let many: Vec<u8> = (1..=60).collect();
+    let (big, small) = (report("big", &many), report("small", &[1, 2]));
+    let too_many: Vec<u8> = (1..=200).collect();
+    let e = agent.report(&report("huge", &too_many)).await.unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e}");
+    assert!(e.to_string().contains("at most 64"), "{e}");
+    agent.report(&big).await.unwrap();
+    ctl.admin.create_tenant("alice").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.add_member("a", "node1").await.unwrap();
+
+    let audit_before = ctl.admin.audit(100_000).await.unwrap().len();
+    let size_before = db_bytes(ctl.dir.path());
+    let start = Instant::now();
+    let (mut sent, mut limited, mut same) = (0usize, 0usize, 0usize);
+    while start.elapsed() < Duration::from_secs(10) {
+        let r = if sent % 2 == 0 { &small } else { &big };
+        match agent.report(r).await {
+            Ok(_) => {}
+            Err(e) if e.status() == Some(429) => limited += 1,
+            Err(e) => panic!("{e}"),
+        }
+        // An unchanged report (the one just made again) is never limited.
+        if agent.report(r).await.is_ok() {
+            same += 1;
+        }
+        sent += 1;
+    }
+    assert!(limited > 0 && same > 0, "{sent} sent, {limited} limited");
+    // 5 changes at once, then one every 10 s (a report equal to the last one taken is free
+    // and changes nothing): at most 5 + 2 changes in these 10 s and a little more. Each
+    // writes at most four audit lines: the ports gone, the group's change, the delivery
+    // and the operation applied.
+    let audit = ctl.admin.audit(100_000).await.unwrap();
+    let added = audit.len() - audit_before;
+    assert!(
+        added <= 4 * 7,
+        "{added} audit lines from {sent} reports ({limited} limited)"
+    );
+    let grown = db_bytes(ctl.dir.path()).saturating_sub(size_before);
+    eprintln!(
+        "churn: {sent} reports alternating 60 and 2 ports in 10 s (each sent twice), {limited} limited (429), {same} repeats taken; the audit grew by {added} lines, the store by {grown} bytes"
+    );
+    assert!(grown < 256 * 1024, "the store grew by {grown} bytes");
+    // The controller states its Default policy (also in its log when it starts).
+    let st = ctl.admin.status().await.unwrap();
+    assert!(
+        st.default_policy
+            .starts_with("isolate: Default=0x7fff : ALL=limited, SELF=full"),
+        "{}",
+        st.default_policy
+    );
+}
+
 /// Tokens end: revoked tokens stop at once, tenant tokens and deleted tenants stop, a
 /// removed server's agent secret stops; the list shows ids and metadata, never a token;
 /// each step has its audit line.
@@ -1192,6 +1275,18 @@ async fn the_admin_token_is_required_strong_and_rotated_by_a_restart() {
     let (base, stop, task) = serve_with(OLD).await;
     let old = Client::new(&base, Some(Secret::new(OLD)), Duration::from_secs(5)).unwrap();
     old.create_tenant("alice").await.unwrap();
+    // An admin token made through the API has a lifetime by default (one day), and a
+    // tenant's token its 90 days; both work until the rotation.
+    let made = old.create_token(None, None).await.unwrap();
+    let tenant = old.create_token(Some("alice"), None).await.unwrap();
+    let day = weft_controller::unix_now() + 86_400;
+    assert!(
+        made.expires.is_some_and(|e| e.abs_diff(day) < 60),
+        "{:?}",
+        made.expires
+    );
+    let (made, tenant) = (made.token, tenant.token);
+    assert!(old.with_token(Some(made.clone())).servers().await.is_ok());
     let _ = stop.send(true);
     task.await.unwrap().unwrap();
 
@@ -1200,6 +1295,10 @@ async fn the_admin_token_is_required_strong_and_rotated_by_a_restart() {
     let new = old.with_token(Some(Secret::new(NEW)));
     assert_eq!(old.servers().await.unwrap_err().status(), Some(401));
     assert_eq!(new.tenants().await.unwrap().len(), 1);
+    // The rotation ends the admin tokens made with the old one; a tenant's token stays.
+    let made = new.with_token(Some(made));
+    assert_eq!(made.servers().await.unwrap_err().status(), Some(401));
+    assert!(new.with_token(Some(tenant)).groups().await.is_ok());
     let audit = new.audit(100).await.unwrap();
     assert!(
         audit
@@ -1633,4 +1732,72 @@ async fn a_port_that_is_not_on_the_fabric_is_a_warning_naming_its_guid() {
     // node1's port does hold the key: the WARN is about the absent one only.
     let t = tokio::task::block_in_place(|| bed.verified());
     assert!(t["node1"].contains(&0x8a01), "{t:x?}");
+}
+
+// ---------------------------------------------------------------- node leases
+
+#[path = "it/leases.rs"]
+mod leases;
+
+/// The shipped DGX Spark fixture (RoCE, no InfiniBand port): its agent's report reaches
+/// `GET /v1/servers` with both RoCE devices, every NIC with its negotiated speed, MTU and
+/// link layer, and its GPU; no InfiniBand port and no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dgx_spark_reports_roce_devices_nics_and_its_gpu() {
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let mut cfg = ctl.agent("unused", 0x100, &[1]).await;
+    cfg.sysfs_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../weft-agent/fixtures/dgx-spark");
+    let (_stop, _task) = spawn_agent(cfg);
+    let s = until("the spark to report", Duration::from_secs(15), || async {
+        let s = ctl.admin.servers().await.ok()?;
+        s.into_iter().find(|s| !s.roce.is_empty())
+    })
+    .await;
+    assert_eq!(s.name, "spark1");
+    assert!(s.ports.is_empty() && s.pending_claims.is_empty());
+    let roce: Vec<_> = s
+        .roce
+        .iter()
+        .map(|r| {
+            (
+                r.device.as_str(),
+                r.state.as_str(),
+                r.rate.as_deref(),
+                r.netdev.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roce,
+        [
+            (
+                "roceP2p1s0f0",
+                "ACTIVE",
+                Some("200 Gb/sec (4X HDR)"),
+                Some("enP2p1s0f0np0")
+            ),
+            (
+                "rocep1s0f0",
+                "ACTIVE",
+                Some("200 Gb/sec (4X HDR)"),
+                Some("enp1s0f0np0")
+            ),
+        ]
+    );
+    assert_eq!(s.roce[1].guid, Guid(0x0202_c9ff_fe02_0101));
+    let nics: Vec<_> = s
+        .nics
+        .iter()
+        .map(|n| (n.name.as_str(), n.speed_mbps, n.mtu, n.link_layer.as_str()))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            ("enP2p1s0f0np0", Some(200_000), 9000, "Ethernet"),
+            ("enP7s7", Some(1000), 1500, "Ethernet"),
+            ("enp1s0f0np0", Some(200_000), 9000, "Ethernet"),
+        ]
+    );
+    assert_eq!(s.gpus.len(), 1);
+    assert_eq!(s.gpus[0].name, "NVIDIA GB10");
 }

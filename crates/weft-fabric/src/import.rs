@@ -22,7 +22,10 @@
 //!   no Default statement is `"isolate"` without IPoIB, which is what OpenSM does then;
 //! * a partition without a P_Key: refused unless the caller says which key the master
 //!   uses (read from the fabric), because a long-running OpenSM keeps keys it assigned
-//!   earlier while a freshly started standby counts from 0x0001;
+//!   earlier while a freshly started standby counts from 0x0001; but one that names no
+//!   port and no multicast group ([`keyless_empty`]: `t_7, ipoib : NONE ;`) gets a key
+//!   no other partition uses, with a note, since no port holds the key the master uses
+//!   for it (an IPoIB one's broadcast group then carries the new key);
 //! * a port full in partitions of two tenants: listed in `allow_shared_ports` (noted).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,6 +72,32 @@ pub fn auto_keyed(conf: &Conf) -> Vec<String> {
         }
     }
     out
+}
+
+/// The partitions of [`auto_keyed`] that no statement gives a port or a multicast group
+/// (`t_7, ipoib : NONE ;`, `beta, defmember=full : ;`): no port holds the key the master
+/// uses for them, so it cannot be read from the fabric, and no port's table depends on it.
+pub fn keyless_empty(conf: &Conf) -> Vec<String> {
+    auto_keyed(conf)
+        .into_iter()
+        .filter(|n| {
+            conf.partitions
+                .iter()
+                .filter(|p| p.name == *n)
+                .all(|p| p.members.is_empty() && p.mcast_groups.is_empty())
+        })
+        .collect()
+}
+
+/// A key for the keyless empty partition of statement `i`: the one a freshly started SM
+/// would count out for it when no other partition uses it, else the lowest free one.
+fn free_key(conf: &Conf, i: usize, used: &BTreeSet<u16>) -> Option<PKey> {
+    let fresh = conf.effective_pkeys().get(i).copied().flatten();
+    fresh.filter(|k| !used.contains(&k.base())).or_else(|| {
+        (1..0x7fffu16)
+            .find(|k| !used.contains(k))
+            .and_then(|k| PKey::new(k).ok())
+    })
 }
 
 fn at(line: usize, column: usize, message: String) -> ParseError {
@@ -258,6 +287,15 @@ fn import_conf(
     let mut default: Option<Building> = None;
     let mut default_stmts = 0usize;
     let mut default_first: Option<(&conf::Partition, usize)> = None;
+    let empty = keyless_empty(conf);
+    // Keys a free key must not be: every written one, Default, those the caller read.
+    let mut used: BTreeSet<u16> = conf
+        .partitions
+        .iter()
+        .filter_map(|p| p.pkey.map(PKey::base))
+        .chain(opts.keys.values().map(|k| k.base()))
+        .chain([PKey::DEFAULT.base()])
+        .collect();
     for (i, p) in conf.partitions.iter().enumerate() {
         let span = spans.get(i).unwrap_or(&fallback);
         let key = match p.pkey {
@@ -268,6 +306,40 @@ fn import_conf(
                 .or_else(|| opts.keys.get(&p.name))
             {
                 Some(k) => *k,
+                None if empty.contains(&p.name) => match free_key(conf, i, &used) {
+                    Some(k) => {
+                        used.insert(k.base());
+                        notes.push(at(
+                            span.line,
+                            span.column,
+                            format!(
+                                "partition `{}` has no P_Key and no port or multicast group: no port holds the key the master uses for it, so that key cannot be read; the plan pins {k}, a key no other partition uses{}",
+                                p.name,
+                                if conf.partitions.iter().any(|q| q.name == p.name && q.flags.ipoib) {
+                                    format!(
+                                        ". Its IPoIB broadcast group is ff12:401b:{:04x}::ffff:ffff under that key; if the master used another key, applying the plan replaces that group with this one, which no host has joined (no port is a member)",
+                                        k.base() | 0x8000
+                                    )
+                                } else {
+                                    String::new()
+                                }
+                            ),
+                        ));
+                        by_name.insert(p.name.as_str(), k);
+                        k
+                    }
+                    None => {
+                        errs.push(at(
+                            span.line,
+                            span.column,
+                            format!(
+                                "partition `{}` has no P_Key and every P_Key is taken",
+                                p.name
+                            ),
+                        ));
+                        continue;
+                    }
+                },
                 None => {
                     errs.push(at(
                         span.line,
@@ -281,7 +353,11 @@ fn import_conf(
                 }
             },
         };
-        if p.pkey.is_none() && p.name != "Default" && !by_name.contains_key(p.name.as_str()) {
+        if p.pkey.is_none()
+            && p.name != "Default"
+            && !by_name.contains_key(p.name.as_str())
+            && !empty.contains(&p.name)
+        {
             notes.push(at(
                 span.line,
                 span.column,
@@ -468,7 +544,13 @@ pub fn keys_from_tables(
     opts: crate::tables::SmOptions,
 ) -> Result<BTreeMap<String, PKey>, String> {
     use crate::tables::expected_tables;
-    let auto = auto_keyed(conf);
+    // A partition without ports is in no table: its key is not on the fabric to read
+    // (import gives it a free one).
+    let empty = keyless_empty(conf);
+    let auto: Vec<String> = auto_keyed(conf)
+        .into_iter()
+        .filter(|n| !empty.contains(n))
+        .collect();
     let with_keys = |keys: &BTreeMap<String, PKey>| {
         let mut c = conf.clone();
         for p in &mut c.partitions {
@@ -565,4 +647,53 @@ pub fn keys_from_tables(
         );
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyless_empty_partitions_get_a_free_key_with_a_note() {
+        let text = "Default=0x7fff, ipoib : ALL=full ;\nk=0x0001 : ALL=limited ;\nt_7,ipoib : NONE ;\nbeta,defmember=full : ;\n";
+        let i = Plan::import(text, &ImportOptions::default()).unwrap();
+        let key = |n: &str| {
+            i.plan
+                .partitions
+                .iter()
+                .find(|p| p.name == n)
+                .and_then(|p| p.pkey)
+                .map(PKey::base)
+        };
+        // The keys a fresh SM counts out, past k's.
+        assert_eq!(key("t_7"), Some(0x0002));
+        assert_eq!(key("beta"), Some(0x0003));
+        assert_eq!(i.notes.len(), 2, "{:?}", i.notes);
+        assert!(
+            i.notes[0].message.contains("`t_7`")
+                && i.notes[0].message.contains("no port holds the key")
+                && i.notes[0].message.contains("ff12:401b:8002::ffff:ffff"),
+            "{}",
+            i.notes[0].message
+        );
+        assert!(
+            i.notes[1].message.contains("`beta`") && !i.notes[1].message.contains("IPoIB"),
+            "{}",
+            i.notes[1].message
+        );
+        assert_eq!(i.notes[0].line, 3);
+        // Taken keys are skipped: the caller read 0x0002 for another partition.
+        let mut opts = ImportOptions::default();
+        opts.keys.insert("other".into(), PKey::new(0x0002).unwrap());
+        let i = Plan::import(text, &opts).unwrap();
+        let t7 = i.plan.partitions.iter().find(|p| p.name == "t_7").unwrap();
+        assert_eq!(t7.pkey.map(PKey::base), Some(0x0003));
+        // A keyless partition with ports is still refused without the master's keys.
+        let e = Plan::import("g : ALL=full ;\n", &ImportOptions::default()).unwrap_err();
+        assert!(e[0].message.contains("import with --live"), "{e:?}");
+        assert_eq!(
+            keyless_empty(&conf::parse(text).unwrap()),
+            ["t_7".to_string(), "beta".to_string()]
+        );
+    }
 }

@@ -1,14 +1,16 @@
-//! The one place this crate touches `weft-bench`'s runner API: how hosts are reached (local,
-//! SSH, `ip netns exec`), bounded runs, killing a process group, and the doctor's
-//! host-to-host SSH probe. Everything else in the crate goes through these names.
+//! The one place this crate touches `weft-hosts`: how hosts are reached (local, SSH,
+//! `ip netns exec`), bounded runs, killing a process group, the host-to-host SSH probe, and
+//! the facts and interface roles of every host. Everything else in the crate goes through
+//! these names.
 
 use std::process::{Child, Command, Output};
 use std::time::Duration;
 
-pub use weft_bench::facts::{HostFacts, ipv4};
-pub use weft_bench::remote::Remote;
-pub use weft_bench::runner::{HostRunner, parse_hosts_with, shell_quote};
-pub use weft_bench::ssh_pairs::{Outcome, PairResult, probe_all, remedy};
+pub use weft_hosts::facts::{HostFacts, ipv4};
+pub use weft_hosts::remote::Remote;
+pub use weft_hosts::runner::{HostRunner, parse_hosts_with, shell_quote};
+pub use weft_hosts::ssh_pairs::{Outcome, PairResult, probe_all, remedy};
+pub use weft_hosts::{HostsError, IfChoice, Roles, each_host, roles_for};
 
 use crate::LaunchError;
 
@@ -58,35 +60,20 @@ pub fn command(host: &dyn HostRunner, argv: &[String], env: &[(String, String)])
 
 /// SIGKILL to `child`'s process group (it was started by [`command`]).
 pub fn kill_group(child: &Child) {
-    weft_bench::runner::kill_group(child);
+    weft_hosts::runner::kill_group(child);
 }
 
 /// Runs `cmd` on this machine in its own process group, killed after `timeout`.
-pub fn run_local(cmd: std::process::Command, timeout: Duration) -> Result<Output, String> {
-    weft_bench::runner::run_bounded(cmd, timeout)
-}
-
-/// One host's roles by the doctor's rules (`mgmt` and `data` in the plugin's interface
-/// syntax, names or subnets; `None` for the defaults): the management interface's name, if
-/// one is found, and the data interfaces.
-pub fn roles<'a>(
-    f: &'a HostFacts,
-    mgmt: Option<&str>,
-    data: Option<&str>,
-) -> Result<(Option<String>, Vec<&'a weft_agent::NetDev>), LaunchError> {
-    use weft_bench::facts::parse_ifspec;
-    let mgmt = mgmt.map(|s| parse_ifspec("--mgmt-if", s)).transpose()?;
-    let data = data.map(|s| parse_ifspec("--data-if", s)).transpose()?;
-    let r = weft_bench::facts::roles(&[f], data.as_ref(), mgmt.as_ref())
-        .into_iter()
-        .next()
-        .ok_or_else(|| LaunchError::Usage("no roles for a host".into()))?;
-    Ok((r.mgmt.map(|(n, _)| n.name.clone()), r.data))
+pub fn run_local(
+    cmd: std::process::Command,
+    timeout: Duration,
+) -> Result<Output, weft_hosts::runner::ProcessError> {
+    weft_hosts::runner::run_bounded(cmd, timeout)
 }
 
 /// The doctor's facts of this host (or namespace).
 pub fn local_facts() -> Result<HostFacts, LaunchError> {
-    Ok(weft_bench::facts::gather(std::path::Path::new("/"))?)
+    Ok(weft_hosts::facts::gather(std::path::Path::new("/"))?)
 }
 
 /// Every host of `list` (`a,b`, `netns:ns1`, `ssh:node1`), reached `via`, with `ssh_extra`
@@ -104,7 +91,7 @@ pub fn facts_all(
     hosts: &[Box<dyn HostRunner>],
     remote: &Remote,
 ) -> Vec<Result<HostFacts, LaunchError>> {
-    weft_bench::remote::gather_all(hosts, remote)
+    weft_hosts::remote::gather_all(hosts, remote)
         .into_iter()
         .map(|r| r.map(|g| g.facts).map_err(LaunchError::from))
         .collect()

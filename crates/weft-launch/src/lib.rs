@@ -36,6 +36,7 @@ pub mod layout;
 pub mod manifest;
 pub mod mesh;
 pub mod run;
+pub mod stall;
 pub mod sync;
 pub mod wire;
 
@@ -58,9 +59,9 @@ pub enum LaunchError {
     /// A peer broke the protocol or went silent past its bound.
     #[error("{peer}: {msg}")]
     Peer { peer: String, msg: String },
-    /// The runner API reported an error.
+    /// Reaching a host or reading what it said ([`weft_hosts`]).
     #[error(transparent)]
-    Bench(#[from] weft_bench::BenchError),
+    Hosts(#[from] hosts::HostsError),
 }
 
 /// `|e| LaunchError::Io { context, source: e }`.

@@ -92,20 +92,10 @@ fn par<T: Send>(
     hosts_: &[Box<dyn HostRunner>],
     f: impl Fn(usize, &dyn HostRunner) -> Result<T, LaunchError> + Sync,
 ) -> Result<Vec<T>, LaunchError> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = hosts_
-            .iter()
-            .enumerate()
-            .map(|(i, h)| s.spawn(move || f(i, h.as_ref())))
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(LaunchError::Usage("mesh thread panicked".into())))
-            })
-            .collect()
-    })
+    let idx: Vec<usize> = (0..hosts_.len()).collect();
+    hosts::each_host(&idx, |&i| f(i, hosts_[i].as_ref()))
+        .into_iter()
+        .collect()
 }
 
 /// Where `ssh` goes for `name` with `opts`: (address, port), from `ssh -G`.

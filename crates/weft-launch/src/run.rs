@@ -19,7 +19,9 @@
 //! * [`launch`]: starts [`supervise`] (the hidden `weft run-node`) on every node; prefixes
 //!   each line with the node and rank; the first rank that exits non-zero stops all the
 //!   others within a bound and is named with its last lines; an interrupt stops every node;
-//!   `stall` names the ranks that stopped printing (and their last NCCL line).
+//!   `stall` names the ranks that stopped printing (and their last NCCL line), and the one
+//!   that froze first ([`crate::stall`]: a stopped process, a node that stopped answering,
+//!   or the rank whose output and CPU time stopped first).
 //! * [`supervise`]: on the node, runs the command in its own process group as a child
 //!   subreaper, and when its stdin closes (the launcher stopped it, died, or lost the
 //!   connection) sends SIGTERM to every process it started, then SIGKILL after a grace
@@ -36,7 +38,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::LaunchError;
-use crate::hosts::{self, HostFacts, HostRunner};
+use crate::hosts::{self, HostFacts, HostRunner, IfChoice, Roles};
+use crate::stall::{self, STATE_MARKER, Sample, Suspect, Watch};
 
 /// The last line `weft run-node` prints: `MARKER<exit code>` (or `MARKER<signal>s`).
 pub const EXIT_MARKER: &str = "\u{1e}weft-run-node-exit=";
@@ -78,31 +81,53 @@ pub struct NodeNet {
     pub rdma_devs: Vec<String>,
 }
 
-/// A node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax).
-pub fn node_net(
-    host: &str,
-    f: &HostFacts,
-    mgmt_spec: Option<&str>,
-    data_spec: Option<&str>,
-) -> Result<NodeNet, LaunchError> {
+/// Every node's network by the doctor's rules (`--mgmt-if`, `--data-if`, NCCL syntax),
+/// decided for all the nodes together ([`hosts::roles_for`]): on the same hosts and flags,
+/// the interfaces `weft doctor` finds. `names` and `facts` are in node order.
+pub fn node_nets(
+    names: &[&str],
+    facts: &[HostFacts],
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let all: Vec<&HostFacts> = facts.iter().collect();
+    names
+        .iter()
+        .zip(hosts::roles_for(&all, choice))
+        .map(|(host, role)| node_net(host, &role))
+        .collect()
+}
+
+/// [`node_nets`] over the facts gathered on every host of `hs` at once.
+pub fn gather_node_nets(
+    hs: &[Box<dyn HostRunner>],
+    remote: &hosts::Remote,
+    choice: &IfChoice,
+) -> Result<Vec<NodeNet>, LaunchError> {
+    let facts = hosts::facts_all(hs, remote)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = hs.iter().map(|h| h.name()).collect();
+    node_nets(&names, &facts, choice)
+}
+
+/// One node's network from its roles.
+fn node_net(host: &str, role: &Roles<'_>) -> Result<NodeNet, LaunchError> {
     let err = |msg: String| LaunchError::Host {
         host: host.into(),
         msg,
     };
-    let (mgmt, data) = hosts::roles(f, mgmt_spec, data_spec)?;
-    let mgmt = mgmt.ok_or_else(|| {
-        err("no management interface (no default route; name it with --mgmt-if)".into())
+    let (mgmt, _) = role.mgmt.ok_or_else(|| {
+        err("no management interface (no default route, no SSH session, no other host's management subnet; name it with --mgmt-if)".into())
     })?;
-    let mgmt_addr = f
-        .report
-        .netdevs
+    let (_, mgmt_addr) = role.mgmt_addr().ok_or_else(|| {
+        err(format!(
+            "management interface {} has no IPv4 address",
+            mgmt.name
+        ))
+    })?;
+    let data: Vec<_> = role
+        .data
         .iter()
-        .find(|n| n.name == mgmt)
-        .and_then(hosts::ipv4)
-        .map(|(a, _)| a)
-        .ok_or_else(|| err(format!("management interface {mgmt} has no IPv4 address")))?;
-    let data: Vec<_> = data
-        .into_iter()
         .filter(|n| hosts::ipv4(n).is_some())
         .collect();
     let first = data.first().ok_or_else(|| {
@@ -114,7 +139,7 @@ pub fn node_net(
     rdma_devs.dedup();
     Ok(NodeNet {
         host: host.into(),
-        mgmt_if: mgmt,
+        mgmt_if: mgmt.name.clone(),
         mgmt_addr,
         data_ifs: data.iter().map(|n| n.name.clone()).collect(),
         data_addr,
@@ -369,6 +394,62 @@ for m in sys.argv[1].split(","):
 print(json.dumps(r))
 "#;
 
+/// One process's environment, in order.
+pub type Env = Vec<(String, String)>;
+
+/// Every node's command line and environment for `cmd` run as `recipe` on `nodes`, in node
+/// order ([`node_argv`] and [`job_env`]).
+pub fn node_jobs(
+    recipe: Recipe,
+    cmd: &[String],
+    nodes: &[NodeNet],
+    master_port: u16,
+    nproc_per_node: usize,
+    nccl: Nccl,
+) -> Result<(Vec<Vec<String>>, Vec<Env>), LaunchError> {
+    let mut argvs = Vec::with_capacity(nodes.len());
+    let mut envs = Vec::with_capacity(nodes.len());
+    for i in 0..nodes.len() {
+        argvs.push(node_argv(recipe, cmd, nodes, i, master_port)?);
+        envs.push(job_env(nodes, i, nproc_per_node, master_port, nccl));
+    }
+    Ok((argvs, envs))
+}
+
+/// Every node's versions, probed on all of them at once by the hidden `EXE run-probe`
+/// (`python`'s packages: `recipe`'s modules; `model`'s hash when given), each bounded by
+/// `timeout`; in node order.
+pub fn probe_versions(
+    hs: &[Box<dyn HostRunner>],
+    exe: &str,
+    python: &str,
+    recipe: Recipe,
+    model: Option<&str>,
+    timeout: Duration,
+) -> Vec<Result<Versions, LaunchError>> {
+    let mut args = vec![
+        exe.to_string(),
+        "run-probe".to_string(),
+        "--python".into(),
+        python.to_string(),
+        "--modules".into(),
+        recipe.modules().join(","),
+    ];
+    if let Some(m) = model {
+        args.extend(["--model".into(), m.to_string()]);
+    }
+    hosts::each_host(hs, |h| {
+        let o = hosts::run(h.as_ref(), &args, &[], timeout)?;
+        serde_json::from_slice::<Versions>(&o.stdout).map_err(|e| LaunchError::Host {
+            host: h.name().into(),
+            msg: format!(
+                "the version probe printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        })
+    })
+}
+
 /// One difference between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VersionDiff {
@@ -549,6 +630,8 @@ pub struct Stall {
     pub silent_s: f64,
     pub last_line: Option<String>,
     pub last_nccl_line: Option<String>,
+    /// Its processes as its node last saw them (`T (stopped), pid 123 python3`).
+    pub state: Option<String>,
 }
 
 /// What a launch did.
@@ -558,6 +641,8 @@ pub struct RunReport {
     pub nodes: Vec<NodeExit>,
     pub first_failure: Option<Failure>,
     pub stalled: Vec<Stall>,
+    /// At a stall, the rank that froze first, when one stands out ([`stall::suspect`]).
+    pub suspect: Option<Suspect>,
     pub interrupted: bool,
     /// Seconds from the stop request to the last node gone.
     pub stop_s: Option<f64>,
@@ -566,6 +651,7 @@ pub struct RunReport {
 
 enum Ev {
     Line(usize, String),
+    State(usize, Sample),
     Gone(usize, Option<i32>),
 }
 
@@ -623,6 +709,12 @@ pub fn launch(
                         }
                         continue;
                     }
+                    if let Some(rest) = line.strip_prefix(STATE_MARKER) {
+                        if let Some(s) = Sample::parse(rest) {
+                            let _ = tx.send(Ev::State(i, s));
+                        }
+                        continue;
+                    }
                     let _ = tx.send(Ev::Line(i, line));
                 }
             }));
@@ -654,7 +746,8 @@ pub fn launch(
     drop(tx);
     let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); n];
     let mut nccl_line: Vec<Option<String>> = vec![None; n];
-    let mut last_out: Vec<Instant> = vec![Instant::now(); n];
+    let mut watch: Vec<Watch> = vec![Watch::new(Instant::now()); n];
+    let mut suspect: Option<Suspect> = None;
     let mut exits: Vec<Option<NodeExit>> = vec![None; n];
     let mut first_failure: Option<Failure> = None;
     let mut stalled = Vec::new();
@@ -670,7 +763,7 @@ pub fn launch(
         match ev {
             Ok(Ev::Line(i, line)) => {
                 print(&format!("{} {line}", label(i)));
-                last_out[i] = Instant::now();
+                watch[i].last_out = Instant::now();
                 if line.contains("NCCL") {
                     nccl_line[i] = Some(line.clone());
                 }
@@ -679,7 +772,9 @@ pub fn launch(
                     tails[i].pop_front();
                 }
             }
+            Ok(Ev::State(i, s)) => watch[i].heard(Instant::now(), s),
             Ok(Ev::Gone(i, code)) => {
+                watch[i].gone = true;
                 let _ = children[i].wait();
                 let how = match code {
                     Some(_)
@@ -731,18 +826,24 @@ pub fn launch(
             && let Some(limit) = o.stall
         {
             let silent: Vec<usize> = (0..n)
-                .filter(|&i| exits[i].is_none() && last_out[i].elapsed() > limit)
+                .filter(|&i| exits[i].is_none() && watch[i].last_out.elapsed() > limit)
                 .collect();
             if !silent.is_empty() {
                 for i in silent {
                     stalled.push(Stall {
                         host: hosts_[i].name().into(),
                         node_rank: i,
-                        silent_s: last_out[i].elapsed().as_secs_f64(),
+                        silent_s: watch[i].last_out.elapsed().as_secs_f64(),
                         last_line: tails[i].back().cloned(),
                         last_nccl_line: nccl_line[i].clone(),
+                        state: watch[i].sample.as_ref().map(Sample::describe),
                     });
                 }
+                // Every rank, not only those past the limit: the frozen one may have
+                // printed last.
+                let names: Vec<String> = hosts_.iter().map(|h| h.name().to_string()).collect();
+                let last: Vec<Option<String>> = tails.iter().map(|t| t.back().cloned()).collect();
+                suspect = stall::suspect(Instant::now(), &watch, &names, &last);
                 stop_at = Some(Instant::now());
                 stdins.iter_mut().for_each(|s| drop(s.take()));
             }
@@ -784,6 +885,7 @@ pub fn launch(
         nodes,
         first_failure,
         stalled,
+        suspect,
         interrupted: was_interrupted,
         stop_s,
         elapsed_s: t0.elapsed().as_secs_f64(),
@@ -830,6 +932,13 @@ fn signal_all(pgid: i32, sig: nix::sys::signal::Signal) {
     let _ = killpg(Pid::from_raw(pgid), sig);
     for p in descendants(std::process::id() as i32) {
         let _ = kill(Pid::from_raw(p), sig);
+    }
+    // A stopped process acts on SIGTERM only once it runs again.
+    if sig == nix::sys::signal::Signal::SIGTERM {
+        let _ = killpg(Pid::from_raw(pgid), nix::sys::signal::Signal::SIGCONT);
+        for p in descendants(std::process::id() as i32) {
+            let _ = kill(Pid::from_raw(p), nix::sys::signal::Signal::SIGCONT);
+        }
     }
 }
 
@@ -886,9 +995,20 @@ pub fn supervise(argv: &[String], grace: Duration) -> Result<i32, LaunchError> {
         let _ = stop_tx.send(());
     });
     let mut stopping: Option<Instant> = None;
+    let mut sampled = Instant::now();
     let status = loop {
         if let Ok(Some(st)) = child.try_wait() {
             break st;
+        }
+        // What the launcher needs to tell a frozen rank from ranks waiting for it.
+        if sampled.elapsed() >= stall::SAMPLE_EVERY {
+            sampled = Instant::now();
+            if let Some(s) = stall::sample(&descendants(std::process::id() as i32)) {
+                let so = std::io::stdout();
+                let mut l = so.lock();
+                let _ = writeln!(l, "{}", s.line());
+                let _ = l.flush();
+            }
         }
         if stopping.is_none() && stop_rx.try_recv().is_ok() {
             signal_all(pgid, nix::sys::signal::Signal::SIGTERM);

@@ -320,20 +320,8 @@ fn start_all(
 ) -> Vec<Result<Served, (usize, String)>> {
     // A node may wait for every node before it to skip one that is down (a bound each).
     let accept = o.timeout * (which.len() as u32 + 2);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = which
-            .iter()
-            .map(|&i| {
-                s.spawn(move || start_one(hosts[i].as_ref(), i, o, accept).map_err(|e| (i, e)))
-            })
-            .collect();
-        hs.into_iter()
-            .zip(which)
-            .map(|(h, &i)| {
-                h.join()
-                    .unwrap_or_else(|_| Err((i, "starting thread panicked".into())))
-            })
-            .collect()
+    hosts::each_host(which, |&i| {
+        start_one(hosts[i].as_ref(), i, o, accept).map_err(|e| (i, e))
     })
 }
 
@@ -728,7 +716,9 @@ pub struct ServeOptions {
 /// The address to listen on: the first data interface's IPv4 address, by the doctor's rules.
 pub fn data_address(data_if: Option<&str>, mgmt_if: Option<&str>) -> Result<IpAddr, LaunchError> {
     let facts = hosts::local_facts()?;
-    let (_, data) = hosts::roles(&facts, mgmt_if, data_if)?;
+    let choice = hosts::IfChoice::parse(mgmt_if, data_if)?;
+    let roles = hosts::roles_for(&[&facts], &choice);
+    let data = roles.first().map(|r| r.data.as_slice()).unwrap_or_default();
     data.iter()
         .find_map(|n| hosts::ipv4(n).map(|(a, _)| IpAddr::V4(a)))
         .ok_or_else(|| {

@@ -1,6 +1,11 @@
 //! The scaling report: runs of the same tests on different node counts (or layouts) side by
 //! side, with the speed-up over the smallest run and the efficiency per node, as a table and
-//! as PNG plots (t/s against depth, one line per run; speed-up against nodes).
+//! as PNG plots (t/s against depth, one line per run; speed-up against nodes; the spread of
+//! each figure over its runs as error bars), and warnings on runs that cannot be compared
+//! and figures that cannot be true ([`check`]).
+//!
+//! The steps are separate functions so that others can be added beside them: [`compare`]
+//! builds the rows, [`check`] warns, [`Comparison::markdown`] and [`Comparison::plots`] draw.
 
 use std::path::{Path, PathBuf};
 
@@ -47,6 +52,10 @@ pub struct Point {
     pub tps: Stat,
     /// Over the same test in the first run (the fewest nodes).
     pub speedup: Option<f64>,
+    /// Its standard deviation, from the spread of this run and of the first (relative
+    /// errors added in quadrature).
+    #[serde(default)]
+    pub speedup_sd: Option<f64>,
     /// Speed-up divided by the ratio of node counts.
     pub efficiency: Option<f64>,
 }
@@ -163,32 +172,111 @@ pub fn compare(inputs: &[(PathBuf, RunReport)]) -> Result<Comparison, LlmError> 
                     run: k,
                     tps,
                     speedup: None,
+                    speedup_sd: None,
                     efficiency: None,
                 });
             }
         }
     }
     let ids: Vec<RunId> = runs.into_iter().map(|r| r.0).collect();
-    for row in &mut rows {
-        let Some(base) = row.points.first().map(|p| (p.tps.mean, ids[p.run].nodes)) else {
-            continue;
-        };
-        for p in &mut row.points {
-            if base.0 > 0.0 {
-                let s = p.tps.mean / base.0;
-                p.speedup = Some(s);
-                p.efficiency = Some(s * f64::from(base.1) / f64::from(ids[p.run].nodes));
-            }
-        }
-    }
+    speedups(&ids, &mut rows);
     rows.sort_by(|a, b| {
         (&a.kind, a.size, a.concurrency, a.depth).cmp(&(&b.kind, b.size, b.concurrency, b.depth))
     });
+    warnings.extend(check(&ids, &rows));
     Ok(Comparison {
         runs: ids,
         rows,
         warnings,
     })
+}
+
+/// Speed-up over the row's first run (the fewest nodes), its spread, and the efficiency per
+/// node.
+fn speedups(ids: &[RunId], rows: &mut [Row]) {
+    for row in rows {
+        let Some((base, base_nodes, base_rel)) = row
+            .points
+            .first()
+            .map(|p| (p.tps.mean, ids[p.run].nodes, rel_sd(&p.tps)))
+        else {
+            continue;
+        };
+        for p in &mut row.points {
+            if base > 0.0 {
+                let s = p.tps.mean / base;
+                p.speedup = Some(s);
+                p.speedup_sd = Some(s * (rel_sd(&p.tps).powi(2) + base_rel.powi(2)).sqrt());
+                p.efficiency = Some(s * f64::from(base_nodes) / f64::from(ids[p.run].nodes));
+            }
+        }
+        if let Some(first) = row.points.first_mut() {
+            // The base against itself: exactly 1.
+            first.speedup_sd = Some(0.0);
+        }
+    }
+}
+
+/// sd / mean, 0 when the mean is not positive.
+fn rel_sd(s: &Stat) -> f64 {
+    if s.mean > 0.0 { s.sd / s.mean } else { 0.0 }
+}
+
+/// Efficiency per node above this cannot come from adding nodes alone.
+pub const EFFICIENCY_MAX: f64 = 1.15;
+/// A figure whose runs spread more than this (sd / mean) is too noisy to compare.
+pub const SPREAD_MAX: f64 = 0.20;
+
+/// Warnings on runs that cannot be compared (the same node count and layout twice, tests
+/// that only some runs have) and on figures that cannot be true (efficiency per node well
+/// over 100 %) or are too noisy (runs that spread more than [`SPREAD_MAX`]).
+pub fn check(ids: &[RunId], rows: &[Row]) -> Vec<String> {
+    let mut w = Vec::new();
+    for (i, a) in ids.iter().enumerate() {
+        for b in &ids[i + 1..] {
+            if (a.nodes, &a.layout) == (b.nodes, &b.layout) {
+                w.push(format!(
+                    "{} and {} both measured {}: they are not two points of a scaling series, so speed-ups and efficiencies between them mean nothing; give runs of one node count different --layout values, or compare one of them",
+                    a.file,
+                    b.file,
+                    a.name()
+                ));
+            }
+        }
+    }
+    for r in rows {
+        if r.points.len() < ids.len() {
+            let have: Vec<&str> = r.points.iter().map(|p| ids[p.run].file.as_str()).collect();
+            w.push(format!(
+                "{} was measured only in {}: the runs ran different tests",
+                r.test,
+                have.join(", ")
+            ));
+        }
+        for p in &r.points {
+            if let Some(e) = p.efficiency
+                && e > EFFICIENCY_MAX
+            {
+                w.push(format!(
+                    "{} on {}: {:.0} % efficiency per node, more than adding nodes can give (a cache, another configuration, or a slow first run); check the runs before trusting this speed-up",
+                    r.test,
+                    ids[p.run].name(),
+                    e * 100.0
+                ));
+            }
+            let spread = rel_sd(&p.tps);
+            if p.tps.n > 1 && spread > SPREAD_MAX {
+                w.push(format!(
+                    "{} on {}: its {} runs spread {:.0} % (sd / mean); the speed-up is uncertain, measure with more --runs on a quieter machine",
+                    r.test,
+                    ids[p.run].name(),
+                    p.tps.n,
+                    spread * 100.0
+                ));
+            }
+        }
+    }
+    w
 }
 
 impl Comparison {
@@ -205,7 +293,11 @@ impl Comparison {
                     self.runs[p.run].name(),
                     p.tps.mean,
                     p.tps.sd,
-                    p.speedup.map_or(String::new(), |s| format!("{s:.2}x")),
+                    match (p.speedup, p.speedup_sd) {
+                        (Some(s), Some(sd)) if sd > 0.0 => format!("{s:.2}x ± {sd:.2}"),
+                        (Some(s), _) => format!("{s:.2}x"),
+                        _ => String::new(),
+                    },
                     p.efficiency
                         .map_or(String::new(), |e| format!("{:.0} %", e * 100.0)),
                 ));
@@ -232,7 +324,7 @@ impl Comparison {
 mod plot {
     use super::*;
     use plotters::prelude::*;
-    use weft_bench::glyphs::{GLYPH_H, draw_text, text_size};
+    use weft_font::{draw_text, text_size};
 
     const PALETTE: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
@@ -244,16 +336,18 @@ mod plot {
         RGBColor(227, 119, 194),
         RGBColor(127, 127, 127),
     ];
-    const S: i32 = 2; // font scale
-    const PW: i32 = 520; // panel width
-    const PH: i32 = 360; // panel height
+    /// Text height, pixels.
+    const PX: u32 = 15;
+    const TH: i32 = PX as i32;
+    pub const PW: i32 = 520; // panel width
+    pub const PH: i32 = 360; // panel height
 
     pub struct Series {
         pub name: String,
         pub colour: RGBColor,
         pub dashed: bool,
-        /// (x index, y)
-        pub points: Vec<(usize, f64)>,
+        /// (x index, y, the spread of y: one sd either side, drawn as an error bar)
+        pub points: Vec<(usize, f64, f64)>,
     }
 
     fn e<E: std::fmt::Display>(x: E) -> String {
@@ -306,12 +400,12 @@ mod plot {
         ymax: Option<f64>,
     ) -> Result<(), String> {
         let (l, r, t, b) = (ox + 70, ox + PW - 20, oy + 40, oy + PH - 60);
-        draw_text(root, title, (ox + 10, oy + 10), S, false, &BLACK)?;
+        draw_text(root, title, (ox + 10, oy + 10), PX, false, &BLACK)?;
         let top = nice_max(
             ymax.unwrap_or(0.0).max(
                 series
                     .iter()
-                    .flat_map(|s| s.points.iter().map(|p| p.1))
+                    .flat_map(|s| s.points.iter().map(|p| p.1 + p.2))
                     .fold(0.0, f64::max),
             ) * 1.05,
         );
@@ -334,45 +428,45 @@ mod plot {
             ))
             .map_err(e)?;
             let s = num(y);
-            let (w, _) = text_size(&s);
-            draw_text(
-                root,
-                &s,
-                (l - 6 - w * S, yy - GLYPH_H * S / 2),
-                S,
-                false,
-                &BLACK,
-            )?;
+            let (w, _) = text_size(&s, PX);
+            draw_text(root, &s, (l - 6 - w, yy - TH / 2), PX, false, &BLACK)?;
         }
         root.draw(&PathElement::new(vec![(l, t), (l, b), (r, b)], BLACK))
             .map_err(e)?;
         for (i, s) in xlabels.iter().enumerate() {
-            let (w, _) = text_size(s);
-            draw_text(root, s, (px(i) - w * S / 2, b + 8), S, false, &BLACK)?;
+            let (w, _) = text_size(s, PX);
+            draw_text(root, s, (px(i) - w / 2, b + 8), PX, false, &BLACK)?;
             root.draw(&PathElement::new(vec![(px(i), b), (px(i), b + 4)], BLACK))
                 .map_err(e)?;
         }
-        let (w, _) = text_size(xname);
+        let (w, _) = text_size(xname, PX);
         draw_text(
             root,
             xname,
-            ((l + r) / 2 - w * S / 2, b + 28),
-            S,
+            ((l + r) / 2 - w / 2, b + 30),
+            PX,
             false,
             &BLACK,
         )?;
-        let (w, _) = text_size(yname);
-        draw_text(
-            root,
-            yname,
-            (ox + 4, (t + b) / 2 - w * S / 2),
-            S,
-            true,
-            &BLACK,
-        )?;
+        let (w, _) = text_size(yname, PX);
+        draw_text(root, yname, (ox + 6, (t + b) / 2 - w / 2), PX, true, &BLACK)?;
         // Lines, points and the legend.
         for (k, s) in series.iter().enumerate() {
-            let pts: Vec<(i32, i32)> = s.points.iter().map(|&(i, y)| (px(i), py(y))).collect();
+            let pts: Vec<(i32, i32)> = s.points.iter().map(|&(i, y, _)| (px(i), py(y))).collect();
+            // Error bars: one sd either side, with caps.
+            for &(i, y, sd) in &s.points {
+                if sd > 0.0 {
+                    let (x, lo, hi) = (px(i), py((y - sd).max(0.0)), py(y + sd));
+                    for seg in [
+                        vec![(x, lo), (x, hi)],
+                        vec![(x - 5, lo), (x + 5, lo)],
+                        vec![(x - 5, hi), (x + 5, hi)],
+                    ] {
+                        root.draw(&PathElement::new(seg, s.colour.stroke_width(2)))
+                            .map_err(e)?;
+                    }
+                }
+            }
             if s.dashed {
                 for w in pts.windows(2) {
                     let (a, c) = (w[0], w[1]);
@@ -394,14 +488,14 @@ mod plot {
                         .map_err(e)?;
                 }
             }
-            let ly = t + 4 + k as i32 * (GLYPH_H * S + 6);
+            let ly = t + 4 + k as i32 * (TH + 6);
             let lx = l + 12;
             root.draw(&Rectangle::new(
-                [(lx, ly), (lx + 14, ly + GLYPH_H * S)],
+                [(lx, ly + 2), (lx + 14, ly + TH - 2)],
                 s.colour.filled(),
             ))
             .map_err(e)?;
-            draw_text(root, &s.name, (lx + 20, ly), S, false, &BLACK)?;
+            draw_text(root, &s.name, (lx + 20, ly), PX, false, &BLACK)?;
         }
         Ok(())
     }
@@ -453,7 +547,7 @@ mod plot {
                                         == (kind, *sz, *cc, *d)
                                 })
                                 .and_then(|r| r.points.iter().find(|p| p.run == k))
-                                .map(|p| (i, p.tps.mean))
+                                .map(|p| (i, p.tps.mean, p.tps.sd))
                         })
                         .collect(),
                 })
@@ -486,10 +580,23 @@ mod plot {
 
     /// Speed-up against node count: one line per test (at most 8), and the ideal.
     pub fn speedup(c: &Comparison, path: &Path) -> Result<(), LlmError> {
+        let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
+        draw_speedup(c, &root).map_err(err(path))?;
+        root.present().map_err(|x| err(path)(x.to_string()))
+    }
+
+    /// [`speedup`] into RGB pixels of `size`.
+    #[cfg(test)]
+    pub fn speedup_into(c: &Comparison, buf: &mut [u8], size: (u32, u32)) -> Result<(), String> {
+        let root = BitMapBackend::with_buffer(buf, size).into_drawing_area();
+        draw_speedup(c, &root)?;
+        root.present().map_err(e)
+    }
+
+    fn draw_speedup(c: &Comparison, root: &Area<'_>) -> Result<(), String> {
         let mut nodes: Vec<u32> = c.runs.iter().map(|r| r.nodes).collect();
         nodes.dedup();
-        let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
-        root.fill(&WHITE).map_err(|x| err(path)(x.to_string()))?;
+        root.fill(&WHITE).map_err(e)?;
         let mut series: Vec<Series> = Vec::new();
         let base = nodes.first().copied().unwrap_or(1);
         series.push(Series {
@@ -499,7 +606,7 @@ mod plot {
             points: nodes
                 .iter()
                 .enumerate()
-                .map(|(i, n)| (i, f64::from(*n) / f64::from(base)))
+                .map(|(i, n)| (i, f64::from(*n) / f64::from(base), 0.0))
                 .collect(),
         });
         for (k, r) in c.rows.iter().take(8).enumerate() {
@@ -512,16 +619,14 @@ mod plot {
                     .iter()
                     .filter_map(|p| {
                         let i = nodes.iter().position(|n| *n == c.runs[p.run].nodes)?;
-                        p.speedup.map(|s| (i, s))
+                        p.speedup.map(|s| (i, s, p.speedup_sd.unwrap_or(0.0)))
                     })
                     .collect(),
             });
         }
         let xl: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-        // A wider panel so the legend of test names fits.
-        let wide = root.margin(0, 0, 0, 0);
         panel(
-            &wide,
+            root,
             (0, 0),
             "speed-up over the fewest nodes",
             &xl,
@@ -529,19 +634,150 @@ mod plot {
             "speed-up",
             &series,
             Some(1.0),
-        )
-        .map_err(err(path))?;
+        )?;
         if c.rows.len() > 8 {
             draw_text(
-                &root,
+                root,
                 &format!("(first 8 of {} tests)", c.rows.len()),
-                (10, PH + 20),
-                S,
+                (10, PH + 14),
+                PX,
                 false,
                 &BLACK,
-            )
-            .map_err(err(path))?;
+            )?;
         }
-        root.present().map_err(|x| err(path)(x.to_string()))
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{Api, ServerInfo};
+    use crate::metrics::RunFigures;
+    use crate::report::{Context, Overhead, SCHEMA, TestResult};
+
+    /// A run of `nodes` whose pp512 and tg64 figures are `pp` and `tg` (one value per run).
+    fn run(nodes: u32, model: &str, pp: &[f64], tg: &[f64]) -> RunReport {
+        let runs: Vec<RunFigures> = pp
+            .iter()
+            .zip(tg)
+            .map(|(&p, &t)| RunFigures {
+                pp_tps: Some(p),
+                tg_tps: Some(t),
+                ..Default::default()
+            })
+            .collect();
+        RunReport {
+            schema: SCHEMA,
+            context: Context {
+                endpoint: "http://127.0.0.1:1/v1".into(),
+                api: Api::Chat,
+                model: model.into(),
+                server: ServerInfo::default(),
+                date: "2026-12-03T00:00:00Z".into(),
+                weft_version: "test".into(),
+                nodes: Some(nodes),
+                layout: None,
+                label: None,
+                nccl_transport: None,
+                latency_mode: "none".into(),
+                latency_ms: 0.0,
+                template_overhead: Overhead::default(),
+                counting: "usage".into(),
+                prompt_time_from: "first-content".into(),
+                tokenizer: None,
+                text: "built-in word list".into(),
+                prefix_cache: false,
+                runs: runs.len() as u32,
+            },
+            results: vec![TestResult::new(512, 64, 0, 1, Phase::Cold, runs)],
+            warnings: Vec::new(),
+            failure: None,
+        }
+    }
+
+    fn inputs(v: Vec<(&str, RunReport)>) -> Vec<(PathBuf, RunReport)> {
+        v.into_iter().map(|(f, r)| (PathBuf::from(f), r)).collect()
+    }
+
+    #[test]
+    fn two_runs_of_one_node_count_are_not_a_scaling_series() {
+        let c = compare(&inputs(vec![
+            ("a.json", run(1, "m1", &[1000.0, 1010.0], &[50.0, 51.0])),
+            ("b.json", run(1, "m2", &[2290.0, 2300.0], &[60.0, 61.0])),
+        ]))
+        .unwrap();
+        let w = c.warnings.join("\n");
+        assert!(
+            w.contains("a.json and b.json both measured 1 node")
+                && w.contains("not two points of a scaling series"),
+            "{w}"
+        );
+        assert!(w.contains("different models (m1, m2)"), "{w}");
+        // And the 229 % on "1 node" is flagged as impossible.
+        assert!(
+            w.contains("pp512 on 1 node: 228 % efficiency per node"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn impossible_efficiency_and_a_large_spread_are_warned_and_sound_runs_are_not() {
+        let c = compare(&inputs(vec![
+            ("1n.json", run(1, "m", &[1000.0, 1000.0], &[50.0, 52.0])),
+            ("2n.json", run(2, "m", &[3400.0, 3400.0], &[70.0, 130.0])),
+        ]))
+        .unwrap();
+        let w = c.warnings.join("\n");
+        assert!(
+            w.contains("pp512 on 2 nodes: 170 % efficiency per node"),
+            "{w}"
+        );
+        assert!(w.contains("tg64 on 2 nodes: its 2 runs spread 42 %"), "{w}");
+        let tg = c.rows.iter().find(|r| r.test == "tg64").unwrap();
+        let sd = tg.points[1].speedup_sd.unwrap();
+        assert!(sd > 0.5 && sd < 0.9, "{sd}");
+        assert!(c.markdown().contains("± "), "{}", c.markdown());
+        // Sound runs: no warning.
+        let ok = compare(&inputs(vec![
+            ("1n.json", run(1, "m", &[1000.0, 1010.0], &[50.0, 51.0])),
+            ("2n.json", run(2, "m", &[1900.0, 1950.0], &[90.0, 92.0])),
+        ]))
+        .unwrap();
+        assert!(ok.warnings.is_empty(), "{:?}", ok.warnings);
+    }
+
+    /// The PNGs' text is the built-in TrueType font (anti-aliased: grey pixels between ink
+    /// and paper, which a bitmap font never draws), and the error bars are there. Set
+    /// `WEFT_LLM_PLOTS=DIR` to keep them and look.
+    #[test]
+    fn plots_draw_text_with_the_ttf_and_error_bars() {
+        let c = compare(&inputs(vec![
+            ("1n.json", run(1, "m", &[1000.0, 1100.0], &[50.0, 58.0])),
+            ("2n.json", run(2, "m", &[1900.0, 2150.0], &[90.0, 110.0])),
+            ("4n.json", run(4, "m", &[3500.0, 3900.0], &[150.0, 200.0])),
+        ]))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let keep = std::env::var("WEFT_LLM_PLOTS").map(PathBuf::from);
+        let at = keep.as_deref().unwrap_or(dir.path()).join("unit");
+        let plots = c.plots(&at).unwrap();
+        for p in &plots {
+            let b = std::fs::read(p).unwrap();
+            assert!(
+                b.starts_with(b"\x89PNG") && b.len() > 2000,
+                "{}",
+                p.display()
+            );
+        }
+        // The speed-up panel in memory: anti-aliased grey text pixels.
+        let (w, h) = (plot::PW as u32, (plot::PH + 40) as u32);
+        let mut buf = vec![0u8; (w * h * 3) as usize];
+        plot::speedup_into(&c, &mut buf, (w, h)).unwrap();
+        let greys = buf
+            .chunks(3)
+            .filter(|p| p[0] == p[1] && p[1] == p[2] && p[0] > 40 && p[0] < 200)
+            .count();
+        assert!(greys > 100, "{greys} grey pixels: no anti-aliased text");
     }
 }

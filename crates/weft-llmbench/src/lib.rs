@@ -44,6 +44,7 @@ pub mod client;
 pub mod compare;
 pub mod count;
 pub mod metrics;
+pub mod predicted;
 pub mod prompt;
 pub mod report;
 pub mod runner;

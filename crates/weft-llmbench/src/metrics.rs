@@ -70,14 +70,29 @@ impl Request {
         (span > 0.0 && toks > 0).then(|| toks as f64 / span)
     }
 
-    /// Prompt-processing speed: prompt tokens over the estimated prompt time.
+    /// Prompt-processing speed: prompt tokens over the estimated prompt time, which ends at
+    /// the first chunk that carries generated text or tokens ([`Request::est_ppt`]).
     pub fn pp_tps(&self, latency: Duration) -> Option<f64> {
-        let t = self.est_ppt(latency).as_secs_f64();
-        (t > 0.0 && self.prompt_tokens > 0).then(|| self.prompt_tokens as f64 / t)
+        tps(self.prompt_tokens, self.est_ppt(latency))
     }
 
-    /// Time to first response byte less the request latency.
+    /// Time to the first chunk with generated text or tokens less the request latency: a
+    /// server that sends a role-only chunk (or headers and a comment) before prefill has not
+    /// processed the prompt by its first byte, one that sends the first token as its first
+    /// byte gives the same time as [`Request::est_ppt_first_byte`].
     pub fn est_ppt(&self, latency: Duration) -> Duration {
+        self.ttft.saturating_sub(latency)
+    }
+
+    /// llama-benchy's prompt speed: prompt tokens over the time to the first response byte
+    /// less the latency. Kept beside [`Request::pp_tps`] so the two tools can be set side by
+    /// side; meaningless on a server whose first byte comes before prefill.
+    pub fn pp_tps_first_byte(&self, latency: Duration) -> Option<f64> {
+        tps(self.prompt_tokens, self.est_ppt_first_byte(latency))
+    }
+
+    /// Time to first response byte less the request latency (llama-benchy's `est_ppt`).
+    pub fn est_ppt_first_byte(&self, latency: Duration) -> Duration {
         self.ttfr.saturating_sub(latency)
     }
 
@@ -98,6 +113,11 @@ impl Request {
         }
         v
     }
+}
+
+fn tps(tokens: u64, t: Duration) -> Option<f64> {
+    let t = t.as_secs_f64();
+    (t > 0.0 && tokens > 0).then(|| tokens as f64 / t)
 }
 
 /// The most tokens in any window of `window` (or of the whole generation when it is
@@ -134,12 +154,17 @@ pub struct RunFigures {
     pub pp_tps: Option<f64>,
     pub tg_tps: Option<f64>,
     pub ttfr_ms: f64,
+    /// From the request to its first chunk with text or tokens, less latency.
     pub est_ppt_ms: f64,
+    /// llama-benchy's figures: prompt time up to the first byte, less latency, and the
+    /// prompt speed from it.
+    pub pp_tps_first_byte: Option<f64>,
+    pub est_ppt_first_byte_ms: f64,
     pub e2e_ttft_ms: f64,
     pub e2e_ms: f64,
     pub peak_tps: Option<f64>,
-    /// All requests together: prompt tokens over the time until the last first byte (less
-    /// latency); generated tokens over the time from the first to the last content chunk.
+    /// All requests together: prompt tokens over the time until the last first content
+    /// chunk (less latency); generated tokens over the time from the first to the last content chunk.
     pub pp_tps_total: Option<f64>,
     pub tg_tps_total: Option<f64>,
     pub itl_ms: Percentiles,
@@ -185,7 +210,7 @@ pub fn run_figures(reqs: &[Request], latency: Duration) -> RunFigures {
         .map(|s| s * 1e3)
         .collect();
     let tpot: Vec<f64> = reqs.iter().filter_map(|r| r.tpot()).map(ms).collect();
-    let last_first = reqs.iter().map(|r| r.ttfr).max().unwrap_or_default();
+    let last_first = reqs.iter().map(|r| r.ttft).max().unwrap_or_default();
     let pp_total = reqs.iter().map(|r| r.prompt_tokens).sum::<u64>() as f64
         / last_first.saturating_sub(latency).as_secs_f64();
     let first_tok = reqs
@@ -214,6 +239,12 @@ pub fn run_figures(reqs: &[Request], latency: Duration) -> RunFigures {
         tg_tps: mean(reqs.iter().filter_map(|r| r.tg_tps())),
         ttfr_ms: reqs.iter().map(|r| ms(r.ttfr)).sum::<f64>() / n,
         est_ppt_ms: reqs.iter().map(|r| ms(r.est_ppt(latency))).sum::<f64>() / n,
+        pp_tps_first_byte: mean(reqs.iter().filter_map(|r| r.pp_tps_first_byte(latency))),
+        est_ppt_first_byte_ms: reqs
+            .iter()
+            .map(|r| ms(r.est_ppt_first_byte(latency)))
+            .sum::<f64>()
+            / n,
         e2e_ttft_ms: reqs.iter().map(|r| ms(r.ttft)).sum::<f64>() / n,
         e2e_ms: reqs.iter().map(|r| ms(r.e2e)).sum::<f64>() / n,
         peak_tps: peak_tps(reqs, Duration::from_secs(1)),
@@ -258,10 +289,28 @@ mod tests {
         };
         assert!((r.tg_tps().unwrap() - 100.0).abs() < 1e-9); // 9 tokens in 90 ms
         assert!((r.pp_tps(ms_(50)).unwrap() - 10_000.0).abs() < 1e-6);
+        assert_eq!(r.pp_tps(ms_(50)), r.pp_tps_first_byte(ms_(50)));
         assert_eq!(r.tpot(), Some(ms_(10)));
         let itl = r.itls();
         assert_eq!(itl.len(), 9);
         assert!(itl.iter().all(|x| (x - 0.010).abs() < 1e-12), "{itl:?}");
+    }
+
+    #[test]
+    fn prompt_time_ends_at_the_first_token_not_the_first_byte() {
+        // A role-only chunk at 1 ms, the first token after a 128 ms prefill of 512 tokens.
+        let r = Request {
+            prompt_tokens: 512,
+            gen_tokens: 2,
+            ttfr: ms_(1),
+            ttft: ms_(128),
+            e2e: ms_(138),
+            chunks: vec![(ms_(128), 1), (ms_(138), 1)],
+        };
+        assert!((r.pp_tps(Duration::ZERO).unwrap() - 4000.0).abs() < 1e-6);
+        assert!((r.pp_tps_first_byte(Duration::ZERO).unwrap() - 512_000.0).abs() < 1e-6);
+        // The first byte less a latency longer than it: no llama-benchy figure at all.
+        assert_eq!(r.pp_tps_first_byte(ms_(2)), None);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! A run's results and the context they were measured in (the `RUN.json` schema, version 1,
+//! A run's results and the context they were measured in (the `RUN.json` schema, version 2,
 //! documented in docs/bench-llm.md), and the three ways of printing them: the llama-bench /
 //! llama-benchy markdown table, CSV and JSON.
 
@@ -11,7 +11,12 @@ use crate::client::{Api, ServerInfo};
 use crate::metrics::{Percentiles, RunFigures, Stat};
 
 /// The schema version written into every `RUN.json`.
-pub const SCHEMA: u32 = 1;
+///
+/// 2: `pp_tps`, `est_ppt_ms` and `pp_tps_total` end the prompt time at the first chunk with
+/// text or tokens (1: the first byte, as llama-benchy's); the first-byte figures are kept as
+/// `pp_tps_first_byte` and `est_ppt_first_byte_ms`, and `context.prompt_time_from` says which
+/// end was used.
+pub const SCHEMA: u32 = 2;
 
 /// Everything one `weft bench llm` measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,6 +67,10 @@ pub struct Context {
     pub template_overhead: Overhead,
     /// How generated tokens were counted: `token-ids`, `usage`, `tokenizer`.
     pub counting: String,
+    /// Where the prompt time of `pp_tps` and `est_ppt_ms` ends: `first-content` (the first
+    /// chunk with text or tokens), `first-byte` (no request carried one), or
+    /// `first-content (first-byte for N of M requests, ...)`.
+    pub prompt_time_from: String,
     pub tokenizer: Option<String>,
     pub text: String,
     pub prefix_cache: bool,
@@ -106,6 +115,9 @@ pub struct TestResult {
     pub peak_tps: Option<Stat>,
     pub ttfr_ms: Option<Stat>,
     pub est_ppt_ms: Option<Stat>,
+    /// llama-benchy's prompt speed and time, to the first byte ([`RunFigures`]).
+    pub pp_tps_first_byte: Option<Stat>,
+    pub est_ppt_first_byte_ms: Option<Stat>,
     pub e2e_ttft_ms: Option<Stat>,
     pub e2e_ms: Option<Stat>,
     pub pp_tps_total: Option<Stat>,
@@ -179,6 +191,8 @@ impl TestResult {
             peak_tps: s(|r| r.peak_tps),
             ttfr_ms: s(|r| Some(r.ttfr_ms)),
             est_ppt_ms: s(|r| Some(r.est_ppt_ms)),
+            pp_tps_first_byte: s(|r| r.pp_tps_first_byte),
+            est_ppt_first_byte_ms: s(|r| Some(r.est_ppt_first_byte_ms)),
             e2e_ttft_ms: s(|r| Some(r.e2e_ttft_ms)),
             e2e_ms: s(|r| Some(r.e2e_ms)),
             pp_tps_total: if multi { s(|r| r.pp_tps_total) } else { None },
@@ -392,6 +406,7 @@ impl RunReport {
             c.latency_mode, c.latency_ms
         ));
         parts.push(format!("counting: {}", c.counting));
+        parts.push(format!("prompt time to: {}", c.prompt_time_from));
         let mut s = parts.join(" | ");
         for w in &self.warnings {
             s.push_str(&format!("\nwarning: {w}"));
@@ -405,7 +420,7 @@ impl RunReport {
     /// One CSV line per table row, mean and sd in separate columns.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "model,test,kind,pp,tg,depth,concurrency,phase,tps_mean,tps_sd,tps_total_mean,tps_total_sd,peak_tps_mean,peak_tps_sd,ttfr_ms_mean,ttfr_ms_sd,est_ppt_ms_mean,est_ppt_ms_sd,e2e_ttft_ms_mean,e2e_ttft_ms_sd,e2e_ms_mean,itl_p50_ms,itl_p90_ms,itl_p99_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,prompt_tokens,gen_tokens,runs\n",
+            "model,test,kind,pp,tg,depth,concurrency,phase,tps_mean,tps_sd,tps_total_mean,tps_total_sd,peak_tps_mean,peak_tps_sd,ttfr_ms_mean,ttfr_ms_sd,est_ppt_ms_mean,est_ppt_ms_sd,e2e_ttft_ms_mean,e2e_ttft_ms_sd,e2e_ms_mean,itl_p50_ms,itl_p90_ms,itl_p99_ms,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,prompt_tokens,gen_tokens,runs,pp_tps_first_byte_mean,est_ppt_first_byte_ms_mean\n",
         );
         let f = |s: &Option<Stat>| {
             s.map_or((String::new(), String::new()), |s| {
@@ -456,6 +471,16 @@ impl RunReport {
                 m(&r.prompt_tokens),
                 m(&r.gen_tokens),
                 r.runs.len().to_string(),
+                if row.kind == "pp" {
+                    m(&r.pp_tps_first_byte)
+                } else {
+                    String::new()
+                },
+                if row.kind == "pp" {
+                    m(&r.est_ppt_first_byte_ms)
+                } else {
+                    String::new()
+                },
             ];
             out.push_str(&cells.join(","));
             out.push('\n');

@@ -207,6 +207,7 @@ pub async fn run(
             latency_ms: warm.latency.as_secs_f64() * 1e3,
             template_overhead: warm.overhead,
             counting: String::new(),
+            prompt_time_from: String::new(),
             tokenizer: counter.map(|c| c.path.display().to_string()),
             text: warm.builder.corpus.source.clone(),
             prefix_cache: plan.prefix_cache,
@@ -308,6 +309,7 @@ pub async fn run(
                         warnings.retain(|w: &String| seen_w.insert(w.clone()));
                         report.warnings = warnings;
                         report.context.counting = counting.describe();
+                        report.context.prompt_time_from = counting.prompt_time_from();
                         return Ok(report);
                     }
                 };
@@ -351,11 +353,33 @@ pub async fn run(
         total,
         test: "done",
     });
+    early_first_byte(&report.results, &mut warnings);
     let mut seen_w = std::collections::BTreeSet::new();
     warnings.retain(|w| seen_w.insert(w.clone()));
     report.warnings = warnings;
     report.context.counting = counting.describe();
+    report.context.prompt_time_from = counting.prompt_time_from();
     Ok(report)
+}
+
+/// A warning when the server's first byte came well before its first token (a role-only chunk
+/// sent before prefill, as vLLM does): llama-benchy's prompt speed, timed to the first byte,
+/// is then far off, and weft's, timed to the first token, is the one to quote.
+fn early_first_byte(results: &[TestResult], warnings: &mut Vec<String>) {
+    let early = results.iter().find(|t| {
+        matches!(
+            (t.est_ppt_ms, t.est_ppt_first_byte_ms),
+            (Some(a), Some(b)) if a.mean > 1.0 && b.mean < 0.5 * a.mean
+        )
+    });
+    if let Some(t) = early {
+        warnings.push(format!(
+            "the server sends its first byte before its first token ({}: {:.1} ms against {:.1} ms, less latency): pp t/s is timed to the first token; llama-benchy's figure, timed to the first byte, is pp_tps_first_byte in the JSON and is not the prompt speed here",
+            t.pp_name,
+            t.est_ppt_first_byte_ms.map_or(0.0, |s| s.mean),
+            t.est_ppt_ms.map_or(0.0, |s| s.mean),
+        ));
+    }
 }
 
 #[derive(Default)]
@@ -366,6 +390,10 @@ struct CountingSeen {
     length: bool,
     tokenizer: bool,
     chunks_by: std::collections::BTreeSet<&'static str>,
+    /// Requests reduced, and those without a content chunk (their prompt time ends at the
+    /// first byte).
+    requests: u64,
+    no_content: u64,
 }
 
 impl CountingSeen {
@@ -385,6 +413,18 @@ impl CountingSeen {
         };
         let by: Vec<&str> = self.chunks_by.iter().copied().collect();
         format!("{total} (tokens per chunk: {})", by.join(", "))
+    }
+
+    /// `Context::prompt_time_from`: where the prompt time of `pp_tps` ended.
+    fn prompt_time_from(&self) -> String {
+        match self.no_content {
+            0 => "first-content".into(),
+            n if n == self.requests => "first-byte".into(),
+            n => format!(
+                "first-content (first-byte for {n} of {} requests, which carried no content chunk)",
+                self.requests
+            ),
+        }
     }
 }
 
@@ -568,11 +608,17 @@ fn reduce(
             expected_prompt
         }
     };
+    seen.requests += 1;
+    if tr.first_content.is_none() {
+        seen.no_content += 1;
+    }
     Ok(Request {
         prompt_tokens,
         gen_tokens: gen_total,
         ttfr: tr.ttfr.unwrap_or(tr.e2e),
-        ttft: tr.first_content.unwrap_or(tr.e2e),
+        // The prompt time ends here: the first chunk with text or tokens, or (a stream with
+        // none) the first byte.
+        ttft: tr.first_content.or(tr.ttfr).unwrap_or(tr.e2e),
         e2e: tr.e2e,
         chunks: tr
             .chunks

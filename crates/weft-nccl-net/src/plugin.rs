@@ -519,15 +519,38 @@ pub fn test(request: *mut c_void, done: *mut i32, sizes: *mut i32) -> Result<()>
 /// Closes a send comm: joins its threads, closes its sockets; in-flight requests are dropped.
 pub fn close_send(send_comm: *mut c_void) -> Result<()> {
     // SAFETY: NCCL calls closeSend once with the pointer `connect` made.
-    drop(unsafe { crate::guard::free_handle::<SendComm>(send_comm, "sendComm")? });
+    let c = unsafe { crate::guard::free_handle::<SendComm>(send_comm, "sendComm")? };
+    let peer = lock(&c.conn).peer().0;
+    timed_close("send", peer, move || drop(c));
     Ok(())
 }
 
 /// Closes a receive comm.
 pub fn close_recv(recv_comm: *mut c_void) -> Result<()> {
     // SAFETY: NCCL calls closeRecv once with the pointer `accept` made.
-    drop(unsafe { crate::guard::free_handle::<RecvComm>(recv_comm, "recvComm")? });
+    let c = unsafe { crate::guard::free_handle::<RecvComm>(recv_comm, "recvComm")? };
+    let peer = lock(&c.conn).peer().0;
+    timed_close("receive", peer, move || drop(c));
     Ok(())
+}
+
+/// A close that takes longer than this is logged (INFO): a close waits for the peer's
+/// kernel to acknowledge what was sent (bounded), which should take a round trip, and an
+/// application that aborts a communicator (NCCL's `ncclCommAbort` after an error) waits for
+/// every close in turn.
+const SLOW_CLOSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Runs `close` of a connection with `peer` and logs it when it took longer than
+/// [`SLOW_CLOSE`].
+fn timed_close(what: &str, peer: std::net::SocketAddr, close: impl FnOnce()) {
+    let t0 = std::time::Instant::now();
+    close();
+    let took = t0.elapsed();
+    if took > SLOW_CLOSE {
+        crate::guard::info(&format!(
+            "closing the {what} connection with {peer} took {took:.2?}"
+        ));
+    }
 }
 
 /// A memory registration of one comm: on the ofi backend a libfabric registration made

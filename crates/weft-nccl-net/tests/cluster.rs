@@ -18,7 +18,12 @@
 //!   receiver's data link cut mid-transfer (both sides fail; the sender learns the receiver's
 //!   reason over the management side channel, or finds the dead control stream itself), the
 //!   receiving process killed with SIGKILL, the receiver's whole network frozen (both fail); and
-//!   a receiver that posts its receive 1.5 timeouts late is not an error.
+//!   a receiver that posts its receive 1.5 timeouts late is not an error;
+//! * dead and frozen peers (`common::peers`, shared with `cluster_ofi`): a sender stopped right
+//!   after a message with the next receive posted, a receiver stopped under 16 MiB messages
+//!   (each an error within the timeout plus a quarter), senders and receivers pausing 2.5
+//!   timeouts (never an error), a peer killed with traffic both ways and a rank of a
+//!   three-host ring killed (every survivor's error and close within 1 s).
 //!
 //! Needs root and iproute2 (as CI has); elsewhere it prints why and passes without running.
 //! The parent talks to workers over their stdin/stdout, one line per step. Every wait is bounded.
@@ -37,32 +42,6 @@ use common::*;
 // ---------------------------------------------------------------------------------------------
 // Worker side (inside a host namespace)
 // ---------------------------------------------------------------------------------------------
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> R<[u8; 128]> {
-    let mut h = [0u8; 128];
-    if s.len() != 256 {
-        return Err(format!("bad handle {s:?}"));
-    }
-    for (i, b) in h.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
-    Ok(h)
-}
-
-struct Lines(std::io::Lines<std::io::StdinLock<'static>>);
-
-impl Lines {
-    fn next(&mut self) -> R<String> {
-        match self.0.next() {
-            Some(Ok(l)) => Ok(l),
-            _ => Err("parent closed stdin".into()),
-        }
-    }
-}
 
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
@@ -315,6 +294,7 @@ fn worker(args: &[String]) -> R {
         Some("mesh") => worker_mesh(&net, ctx, rest, &mut lines),
         Some("send") => worker_pair(&net, ctx, true, rest, &mut lines),
         Some("recv") => worker_pair(&net, ctx, false, rest, &mut lines),
+        Some("peer") => peers::worker_peer(&net, ctx, rest, &mut lines),
         other => Err(format!("unknown worker mode {other:?}")),
     };
     if let Err(e) = r {
@@ -771,6 +751,50 @@ fn t_slow_receiver_is_not_an_error() -> R {
     Ok(())
 }
 
+/// The timeout of the dead- and frozen-peer tests (short, to keep the suite's time down).
+const PEER_T: Duration = Duration::from_millis(1000);
+
+/// Runs `scenario` among `hosts` hosts whose workers use the TCP backend with [`PEER_T`].
+fn peer_scenario(hosts: usize, scenario: impl FnOnce(&peers::Spawn<'_>) -> R) -> R {
+    let c = Cluster::create(&ClusterSpec::new(hosts, 1)).map_err(|e| e.to_string())?;
+    let ms = PEER_T.as_millis().to_string();
+    let env = [
+        ("WEFT_TIMEOUT_MS", ms.as_str()),
+        ("WEFT_NTHREADS", "2"),
+        ("WEFT_NSOCKS_PERTHREAD", "2"),
+    ];
+    scenario(&|h: usize, args: &[&str]| Worker::spawn(&c, h, args, &env))
+}
+
+/// (e) A sender stopped (SIGSTOP) right after a message completed, its receiver's next
+/// receive posted: the receiver asks (PROBE) and fails within the timeout plus a quarter.
+fn t_frozen_sender_after_a_message() -> R {
+    peer_scenario(2, |s| peers::frozen_sender_after_a_message(s, PEER_T))
+}
+
+/// (f) A receiver stopped while its sender keeps sending 16 MiB messages: the sender fails
+/// within the timeout plus a quarter.
+fn t_frozen_receiver_while_sending() -> R {
+    peer_scenario(2, |s| peers::frozen_receiver_while_sending(s, PEER_T))
+}
+
+/// (g) A sender or receiver that pauses 2.5 timeouts without calling in is not an error.
+fn t_slow_peers_are_not_errors() -> R {
+    peer_scenario(2, |s| peers::slow_peers_are_not_errors(s, PEER_T))
+}
+
+/// A rank of a three-host ring killed: both survivors fail and have closed within 1 s.
+fn t_killed_rank_of_a_ring_within_1s() -> R {
+    peer_scenario(3, |s| {
+        peers::killed_rank_of_a_ring_within(s, Duration::from_secs(1))
+    })
+}
+
+/// (h) A peer killed mid-traffic both ways: the survivor fails and has closed within 1 s.
+fn t_killed_peer_within_1s() -> R {
+    peer_scenario(2, |s| peers::killed_peer_within(s, Duration::from_secs(1)))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).is_some_and(|a| a == "--worker") {
@@ -808,6 +832,20 @@ fn main() {
         (
             "slow_receiver_is_not_an_error",
             t_slow_receiver_is_not_an_error,
+        ),
+        (
+            "frozen_sender_after_a_message",
+            t_frozen_sender_after_a_message,
+        ),
+        (
+            "frozen_receiver_while_sending",
+            t_frozen_receiver_while_sending,
+        ),
+        ("slow_peers_are_not_errors", t_slow_peers_are_not_errors),
+        ("killed_peer_within_1s", t_killed_peer_within_1s),
+        (
+            "killed_rank_of_a_ring_within_1s",
+            t_killed_rank_of_a_ring_within_1s,
         ),
     ];
     let (mut passed, mut failed, mut filtered) = (0, 0, 0);

@@ -18,7 +18,10 @@
 //!   interface: the sending process killed mid-transfer (the receiver fails), the receiving
 //!   process killed (the sender fails), the receiver's data link `ip link set down` (both
 //!   fail), the shm sender killed, and a listener sent garbage or a truncated HELLO on its
-//!   management port (accept fails, and the listener still takes the next, good, sender).
+//!   management port (accept fails, and the listener still takes the next, good, sender);
+//! * dead and frozen peers on `tcp;ofi_rxm` (ABI v8; `common::peers`, the scenarios of
+//!   `cluster.rs`): frozen senders and receivers an error within the timeout plus a quarter,
+//!   pausing ones never, killed peers and ring ranks an error and closed within 1 s.
 //!
 //! Needs root, iproute2 and libfabric with the `tcp` and `shm` providers (CI installs
 //! libfabric1 and libfabric-bin); without namespaces or without libfabric it prints why and
@@ -43,32 +46,6 @@ const SHM: &str = "shm";
 // ---------------------------------------------------------------------------------------------
 // Worker side (inside a host namespace)
 // ---------------------------------------------------------------------------------------------
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> R<[u8; 128]> {
-    let mut h = [0u8; 128];
-    if s.len() != 256 {
-        return Err(format!("bad handle {s:?}"));
-    }
-    for (i, b) in h.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
-    Ok(h)
-}
-
-struct Lines(std::io::Lines<std::io::StdinLock<'static>>);
-
-impl Lines {
-    fn next(&mut self) -> R<String> {
-        match self.0.next() {
-            Some(Ok(l)) => Ok(l),
-            _ => Err("parent closed stdin".into()),
-        }
-    }
-}
 
 /// Message sizes of the suite: the edges of the eager limit (8 KiB) and of chunking, 64 MiB,
 /// and ten pseudo-random sizes below 3 MiB.
@@ -435,6 +412,7 @@ fn worker(args: &[String]) -> R {
         Some("stream-send") => worker_stream(&net, ctx, true, size()?, &mut lines),
         Some("stream-recv") => worker_stream(&net, ctx, false, size()?, &mut lines),
         Some("listen") => worker_listen(&net, ctx, size()?),
+        Some("peer") => peers::worker_peer(&net, ctx, &args[2..], &mut lines),
         other => Err(format!("unknown worker mode {other:?}")),
     };
     if let Err(e) = r {
@@ -846,6 +824,51 @@ fn ofi_usable(provider: &str, domain: Option<&str>) -> R<bool> {
     Ok(false)
 }
 
+/// The timeout of the dead- and frozen-peer tests (short, to keep the suite's time down).
+const PEER_T: Duration = Duration::from_millis(1000);
+
+/// Runs `scenario` among `hosts` hosts whose workers use the ofi backend on `tcp;ofi_rxm`
+/// (ABI version 8, as the measurements) with [`PEER_T`].
+fn peer_scenario(hosts: usize, scenario: impl FnOnce(&peers::Spawn<'_>) -> R) -> R {
+    let c = Cluster::create(&ClusterSpec::new(hosts, 1)).map_err(|e| e.to_string())?;
+    let ms = PEER_T.as_millis().to_string();
+    let env = [("WEFT_OFI_PROVIDER", TCP), ("WEFT_TIMEOUT_MS", ms.as_str())];
+    scenario(&|h: usize, args: &[&str]| {
+        let mut all = vec!["8"];
+        all.extend_from_slice(args);
+        spawn_ofi(&c, h, &all, &env)
+    })
+}
+
+/// A sender stopped (SIGSTOP) right after a message completed, its receiver's next receive
+/// posted: POSTED goes unanswered, the receiver fails within the timeout plus a quarter.
+fn t_frozen_sender_after_a_message() -> R {
+    peer_scenario(2, |s| peers::frozen_sender_after_a_message(s, PEER_T))
+}
+
+/// A receiver stopped while its sender keeps sending 16 MiB messages (which wait for a CTS):
+/// the sender's PROBE goes unanswered, it fails within the timeout plus a quarter.
+fn t_frozen_receiver_while_sending() -> R {
+    peer_scenario(2, |s| peers::frozen_receiver_while_sending(s, PEER_T))
+}
+
+/// A sender or receiver that pauses 2.5 timeouts without calling in is not an error.
+fn t_slow_peers_are_not_errors() -> R {
+    peer_scenario(2, |s| peers::slow_peers_are_not_errors(s, PEER_T))
+}
+
+/// A rank of a three-host ring killed: both survivors fail and have closed within 1 s.
+fn t_killed_rank_of_a_ring_within_1s() -> R {
+    peer_scenario(3, |s| {
+        peers::killed_rank_of_a_ring_within(s, Duration::from_secs(1))
+    })
+}
+
+/// A peer killed mid-traffic both ways: the survivor fails and has closed within 1 s.
+fn t_killed_peer_within_1s() -> R {
+    peer_scenario(2, |s| peers::killed_peer_within(s, Duration::from_secs(1)))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).is_some_and(|a| a == "--worker") {
@@ -888,6 +911,20 @@ fn main() {
             t_fault_receiver_data_link_down,
         ),
         ("fault_shm_sender_killed", t_fault_shm_sender_killed),
+        (
+            "frozen_sender_after_a_message",
+            t_frozen_sender_after_a_message,
+        ),
+        (
+            "frozen_receiver_while_sending",
+            t_frozen_receiver_while_sending,
+        ),
+        ("slow_peers_are_not_errors", t_slow_peers_are_not_errors),
+        ("killed_peer_within_1s", t_killed_peer_within_1s),
+        (
+            "killed_rank_of_a_ring_within_1s",
+            t_killed_rank_of_a_ring_within_1s,
+        ),
         ("malformed_handshake", t_malformed_handshake),
     ];
     let (mut passed, mut failed, mut filtered) = (0, 0, 0);

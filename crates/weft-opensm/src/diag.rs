@@ -129,6 +129,11 @@ impl DiagTools {
         SmpReader::open(&path, self.timeout)
     }
 
+    /// The switch each end port is cabled to ([`parse_uplinks`]), from one `ibnetdiscover`.
+    pub fn uplinks(&self) -> Result<std::collections::BTreeMap<Guid, String>, DiagError> {
+        Ok(parse_uplinks(&self.run("ibnetdiscover", &[])?))
+    }
+
     /// Every node and port, the master SM, and every end port's P_Key table.
     pub fn snapshot(&self) -> Result<FabricSnapshot, DiagError> {
         let mut ports = parse_ibnetdiscover(&self.run("ibnetdiscover", &[])?)?;
@@ -300,6 +305,57 @@ fn comment_number(line: &str, key: &str) -> Option<u16> {
     None
 }
 
+/// The switch each CA and router port is cabled to, from `ibnetdiscover` output: port
+/// GUID to the switch's node description (its `S-<guid>` name when it has none). A port
+/// cabled to something other than a switch is left out.
+pub fn parse_uplinks(text: &str) -> std::collections::BTreeMap<Guid, String> {
+    let mut names: std::collections::BTreeMap<String, String> = Default::default();
+    let mut links: Vec<(Guid, String)> = Vec::new();
+    let mut in_end_node = false;
+    for raw in text.lines() {
+        let line = raw.trim();
+        let first = line.split_whitespace().next().unwrap_or_default();
+        match first {
+            "Switch" => {
+                in_end_node = false;
+                if let Some(id) = line.split('"').nth(1) {
+                    let desc = comment_desc(line).unwrap_or_else(|| id.to_string());
+                    names.insert(id.to_string(), desc);
+                }
+                continue;
+            }
+            "Ca" | "Rt" => {
+                in_end_node = true;
+                continue;
+            }
+            _ => {}
+        }
+        if !in_end_node || !line.starts_with('[') {
+            continue;
+        }
+        // `[1](2c90300000201) 	"S-0002c90300001000"[4] # lid 4 ...`
+        let Some(rest) = line.split_once(']').map(|(_, r)| r) else {
+            continue;
+        };
+        let Some((guid, after)) = rest.strip_prefix('(').and_then(|r| r.split_once(')')) else {
+            continue;
+        };
+        let (Some(g), Some(peer)) = (hex_u64(guid), after.split('"').nth(1)) else {
+            continue;
+        };
+        if peer.starts_with("S-") {
+            links.push((Guid(g), peer.to_string()));
+        }
+    }
+    links
+        .into_iter()
+        .map(|(g, peer)| {
+            let name = names.get(&peer).cloned().unwrap_or(peer);
+            (g, name)
+        })
+        .collect()
+}
+
 /// Every CA and router port, and every switch's port 0, from `ibnetdiscover` output.
 ///
 /// Capacities are not in this output; they are left at 0 until the tables are read.
@@ -410,6 +466,19 @@ caguid=0x2c90300000a00
 Ca	1 "H-0002c90300000a00"		# "smhost"
 [1](2c90300000a01) 	"S-0002c90300001000"[1]		# lid 1 lmc 0 "sw1" lid 2 4xSDR
 "#;
+
+    #[test]
+    fn each_end_port_names_the_switch_it_is_cabled_to() {
+        let up = parse_uplinks(IBNETDISCOVER);
+        assert_eq!(
+            up.into_iter().collect::<Vec<_>>(),
+            vec![
+                (Guid(0x2c90300000201), "sw1".to_string()),
+                (Guid(0x2c90300000202), "sw1".to_string()),
+                (Guid(0x2c90300000a01), "sw1".to_string()),
+            ]
+        );
+    }
 
     #[test]
     fn ibnetdiscover_gives_switch_port_zero_and_every_ca_port() {

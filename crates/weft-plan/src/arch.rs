@@ -75,6 +75,11 @@ pub enum Quant {
         algo: String,
     },
     Mxfp4,
+    /// A GGUF file's mix of GGML types: llama.cpp's `general.file_type` name (`Q4_K_M`), or,
+    /// without that key, the type that holds most of the weights (`mostly Q4_K`).
+    Gguf {
+        file_type: String,
+    },
     Other {
         name: String,
     },
@@ -94,6 +99,7 @@ impl Quant {
             Quant::Fp8 { block: None } => "fp8".into(),
             Quant::Modelopt { algo } => format!("modelopt {}", algo.to_lowercase()),
             Quant::Mxfp4 => "mxfp4".into(),
+            Quant::Gguf { file_type } => format!("gguf {file_type}"),
             Quant::Other { name } => name.clone(),
         }
     }
@@ -292,7 +298,14 @@ fn family_of(name: &str, model_type: &str) -> Family {
         Family::GptOss
     } else if is("mixtral") {
         Family::Mixtral
-    } else if is("qwen2moe") || is("qwen3moe") || t == "qwen2_moe" || t == "qwen3_moe" {
+    } else if is("qwen2moe")
+        || is("qwen3moe")
+        || t == "qwen2_moe"
+        || t == "qwen3_moe"
+        // Qwen3-VL-MoE: the language model is Qwen3-MoE (`qwen3_vl_moe_text`).
+        || n.starts_with("qwen3vlmoe")
+        || t.starts_with("qwen3_vl_moe")
+    {
         Family::QwenMoe
     } else if is("gemma2") || is("gemma3") || t.starts_with("gemma2") || t.starts_with("gemma3") {
         Family::Gemma
@@ -304,6 +317,14 @@ fn family_of(name: &str, model_type: &str) -> Family {
         || t == "qwen3"
         || n == "qwen2forcausallm"
         || n == "qwen3forcausallm"
+        // Qwen2-VL, Qwen2.5-VL and Qwen3-VL: a vision encoder beside a Qwen2/Qwen3 dense
+        // language model (`text_config`, model_type `qwen3_vl_text`).
+        || n.starts_with("qwen2vl")
+        || n.starts_with("qwen2_5_vl")
+        || n.starts_with("qwen3vl")
+        || t.starts_with("qwen2_vl")
+        || t.starts_with("qwen2_5_vl")
+        || t.starts_with("qwen3_vl")
     {
         Family::Llama
     } else {
@@ -436,6 +457,76 @@ fn quant_of(q: Option<&Value>) -> Quant {
     }
 }
 
+/// llama.cpp's `llama_ftype` names by value (llama.h; 4-6 and 33-35 are removed types).
+const LLAMA_FTYPES: &[(u64, &str)] = &[
+    (0, "F32"),
+    (1, "F16"),
+    (2, "Q4_0"),
+    (3, "Q4_1"),
+    (7, "Q8_0"),
+    (8, "Q5_0"),
+    (9, "Q5_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K_S"),
+    (12, "Q3_K_M"),
+    (13, "Q3_K_L"),
+    (14, "Q4_K_S"),
+    (15, "Q4_K_M"),
+    (16, "Q5_K_S"),
+    (17, "Q5_K_M"),
+    (18, "Q6_K"),
+    (19, "IQ2_XXS"),
+    (20, "IQ2_XS"),
+    (21, "Q2_K_S"),
+    (22, "IQ3_XS"),
+    (23, "IQ3_XXS"),
+    (24, "IQ1_S"),
+    (25, "IQ4_NL"),
+    (26, "IQ3_S"),
+    (27, "IQ3_M"),
+    (28, "IQ2_S"),
+    (29, "IQ2_M"),
+    (30, "IQ4_XS"),
+    (31, "IQ1_M"),
+    (32, "BF16"),
+    (36, "TQ1_0"),
+    (37, "TQ2_0"),
+    (38, "MXFP4_MOE"),
+];
+
+/// The quantisation a GGUF file declares (`general.file_type`), or else the GGML type of
+/// most of its matrix bytes. A file of F16/BF16/F32 matrices is unquantised.
+fn gguf_quant(h: &GgufHeader) -> Quant {
+    let declared = h
+        .get_u64("general.file_type")
+        .and_then(|v| LLAMA_FTYPES.iter().find(|(n, _)| *n == v))
+        .map(|(_, name)| name.to_string());
+    let file_type = match declared {
+        Some(name) => name,
+        None => {
+            let mut by_type: Vec<(String, u64)> = Vec::new();
+            for t in h.tensors.iter().filter(|t| t.shape.len() >= 2) {
+                let name = t.dtype.name().to_string();
+                match by_type.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, b)) => *b += t.bytes,
+                    None => by_type.push((name, t.bytes)),
+                }
+            }
+            match by_type.into_iter().max_by_key(|(_, b)| *b) {
+                Some((name, _)) => format!("mostly {name}"),
+                None => return Quant::None,
+            }
+        }
+    };
+    if matches!(
+        file_type.as_str(),
+        "F32" | "F16" | "BF16" | "mostly F32" | "mostly F16" | "mostly BF16"
+    ) {
+        return Quant::None;
+    }
+    Quant::Gguf { file_type }
+}
+
 /// Reads an `Arch` from GGUF metadata (`general.architecture` and `{arch}.*` keys).
 pub fn from_gguf(h: &GgufHeader) -> Result<Arch, PlanError> {
     let arch = h
@@ -521,7 +612,7 @@ pub fn from_gguf(h: &GgufHeader) -> Result<Arch, PlanError> {
         layer_kinds,
         max_position: h.get_u64(&key("context_length")).unwrap_or(4096),
         dtype_bytes: 2,
-        quant: Quant::None,
+        quant: gguf_quant(h),
         assumed: Vec::new(),
     })
 }

@@ -5,10 +5,11 @@
 //! an inference engine's sharding rules (vLLM's first) tensor by tensor and gives, per
 //! rank and per node: weight bytes, KV-cache bytes per token, KV capacity in tokens after
 //! the engine's runtime overhead, whether it fits, and which tensors are replicated or
-//! split unevenly, with why. For a cluster it ranks the layouts that fit by what they send
-//! between nodes per generated token.
+//! split unevenly, with why. With device and link figures ([`speed`]) each plan predicts one
+//! sequence's decode and prompt speed with its terms, and the layouts of a cluster that fit
+//! are ranked by it (else by what they send between nodes per generated token).
 //!
-//! The core ([`plan`], [`rules`], [`arch`], [`tensor`]) is pure: bytes and values in, a
+//! The core ([`plan`], [`rules`], [`arch`], [`tensor`], [`speed`]) is pure: bytes and values in, a
 //! plan out. [`source`] is the only module that does I/O: it reads local headers and, over
 //! HTTP Range requests, the headers of a Hugging Face repository, never the weights.
 //! [`synth`] writes header-only checkpoints for tests, benchmarks and the demo.
@@ -46,6 +47,7 @@ pub mod cluster;
 pub mod plan;
 pub mod rules;
 pub mod source;
+pub mod speed;
 pub mod synth;
 pub mod tensor;
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::PlanError;
 use crate::arch::{Arch, Family, LayerKind};
 use crate::rules::{self, Expert, Note, Split, Stage};
+use crate::speed::{self, Hardware, Prediction};
 use crate::tensor::Tensor;
 
 /// How the tensors are named, which decides the rules that apply.
@@ -69,7 +70,8 @@ pub enum KvDtype {
 
 /// The parallel layout: tensor, pipeline and data parallel sizes; expert parallelism on
 /// or off (when on, experts are spread over EP = TP x DP ranks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Layout {
     pub tp: u64,
     pub pp: u64,
@@ -106,6 +108,9 @@ pub struct Options {
     pub max_num_seqs: u64,
     /// Runtime memory per GPU besides weights and KV cache; default the engine's figure.
     pub overhead_bytes: Option<u64>,
+    /// Device and link figures: with them every plan carries a speed prediction and
+    /// layouts are ranked by it.
+    pub hardware: Option<Hardware>,
 }
 
 impl Default for Options {
@@ -117,6 +122,7 @@ impl Default for Options {
             max_model_len: None,
             max_num_seqs: 1,
             overhead_bytes: None,
+            hardware: None,
         }
     }
 }
@@ -158,6 +164,11 @@ pub struct RankPlan {
     /// Decoder layers [start, end) of this rank's stage.
     pub layers: [u64; 2],
     pub weights_bytes: u64,
+    /// Of `weights_bytes`, the routed experts' (a decoded token reads its top-k of them).
+    pub expert_bytes: u64,
+    /// Of `weights_bytes`, the input embedding's when it is not also the LM head here (a
+    /// token reads one row of it).
+    pub lookup_bytes: u64,
     /// KV bytes one token takes on this rank, counting every attention layer of its stage
     /// (what vLLM divides by when it logs "GPU KV cache size: N tokens").
     pub kv_bytes_per_token: u64,
@@ -231,7 +242,15 @@ pub struct Plan {
     pub ranks: Vec<RankPlan>,
     pub nodes: Vec<NodePlan>,
     pub fits: bool,
+    /// When one sequence of `max_model_len` does not fit but the weights do: the longest
+    /// `--max-model-len` that fits, in whole KV blocks.
+    pub fits_up_to: Option<u64>,
+    /// When `max_model_len` was not asked for and the config's default did not fit: that
+    /// default; the plan is then for the longest context that fits.
+    pub shortened_from: Option<u64>,
     pub comm: Comm,
+    /// One sequence's decode and prompt speed, when device figures were given.
+    pub speed: Option<Prediction>,
     pub replicated: Vec<Flagged>,
     pub uneven: Vec<Flagged>,
     pub skipped: Vec<Flagged>,
@@ -360,6 +379,10 @@ pub fn check_layout(
     if opts.max_num_seqs == 0 {
         return Err(refuse("max-num-seqs is at least 1", "0".into()));
     }
+    if let Some(hw) = &opts.hardware {
+        hw.check()
+            .map_err(|e| refuse("device and link figures are positive numbers", e))?;
+    }
     Ok(())
 }
 
@@ -420,7 +443,7 @@ impl Flags {
 }
 
 /// Per layer KV bytes per token on one TP rank.
-fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
+pub(crate) fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
     match arch.mla {
         // MLA caches the compressed latent and the shared RoPE key, K only, and vLLM keeps
         // it whole on every TP rank (kaito-project/kaito PR #2139; TensorRT-LLM PR #16707).
@@ -429,8 +452,50 @@ fn kv_layer_bytes(arch: &Arch, tp: u64, elt: u64) -> u64 {
     }
 }
 
-/// Plans one layout.
+/// Plans one layout. Without `--max-model-len`, a model whose default context (the
+/// config's `max_position_embeddings`) does not fit but whose weights do is planned at the
+/// longest context that fits, and says so (`shortened_from`, first warning): that is the
+/// length the engine must then be given.
 pub fn plan(
+    model: &Model,
+    layout: Layout,
+    cluster: Cluster,
+    opts: &Options,
+) -> Result<Plan, PlanError> {
+    let p = plan_at(model, layout, cluster, opts)?;
+    let Some(n) = p
+        .fits_up_to
+        .filter(|_| opts.max_model_len.is_none() && !p.fits)
+    else {
+        return Ok(p);
+    };
+    let shorter = Options {
+        max_model_len: Some(n),
+        ..opts.clone()
+    };
+    let mut q = plan_at(model, layout, cluster, &shorter)?;
+    if !q.fits {
+        return Ok(p);
+    }
+    q.shortened_from = Some(p.max_model_len);
+    q.warnings.retain(|w| !w.starts_with("the weights fit but"));
+    q.warnings.insert(
+        0,
+        format!(
+            "fits at up to {n} tokens: the config's context of {} tokens does not fit, so the plan is for --max-model-len {n}",
+            p.max_model_len
+        ),
+    );
+    Ok(q)
+}
+
+/// Rounds a token count up to whole KV blocks: vLLM reserves a sequence's cache in blocks
+/// (`cdiv(max_model_len, block_size)` blocks in its startup check).
+fn in_blocks(n: u64) -> u64 {
+    n.div_ceil(KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+}
+
+fn plan_at(
     model: &Model,
     layout: Layout,
     cluster: Cluster,
@@ -527,6 +592,11 @@ pub fn plan(
     let ep_size = layout.ep_size();
     let mut stage_all = vec![0u64; pp as usize];
     let mut stage_rank = vec![0u64; (pp * tp) as usize];
+    // Of those: routed experts (a decoded token reads top-k of them) and the input
+    // embedding (a token reads one row of it), for the speed model.
+    let (mut exp_all, mut exp_rank) = (vec![0u64; pp as usize], vec![0u64; (pp * tp) as usize]);
+    let (mut lookup_all, mut lookup_rank) =
+        (vec![0u64; pp as usize], vec![0u64; (pp * tp) as usize]);
     let mut ep_acc = vec![
         0u64;
         if layout.ep {
@@ -640,12 +710,27 @@ pub fn plan(
                 }
             },
             _ => {
+                let lookup = embed.as_ref().is_some_and(|(e, _, _)| std::ptr::eq(*e, t));
                 if rules::uniform(t, &p.split, tp) {
-                    stage_all[s as usize] += rules::rank_bytes(t, b, &p.split, tp, 0);
+                    let x = rules::rank_bytes(t, b, &p.split, tp, 0);
+                    stage_all[s as usize] += x;
+                    if p.expert.is_some() {
+                        exp_all[s as usize] += x;
+                    }
+                    if lookup {
+                        lookup_all[s as usize] += x;
+                    }
                 } else {
                     for r in 0..tp {
-                        stage_rank[(s * tp + r) as usize] +=
-                            rules::rank_bytes(t, b, &p.split, tp, r);
+                        let x = rules::rank_bytes(t, b, &p.split, tp, r);
+                        let i = (s * tp + r) as usize;
+                        stage_rank[i] += x;
+                        if p.expert.is_some() {
+                            exp_rank[i] += x;
+                        }
+                        if lookup {
+                            lookup_rank[i] += x;
+                        }
                     }
                 }
             }
@@ -696,13 +781,19 @@ pub fn plan(
             for r in 0..tp {
                 let rank = (d * pp + s) * tp + r;
                 let ep_rank = layout.ep.then_some(d * tp + r);
-                let weights = stage_all[s as usize]
-                    + stage_rank[(s * tp + r) as usize]
-                    + if layout.ep {
-                        ep_acc[((d * pp + s) * tp + r) as usize]
-                    } else {
-                        0
-                    };
+                let ep_bytes = if layout.ep {
+                    ep_acc[((d * pp + s) * tp + r) as usize]
+                } else {
+                    0
+                };
+                let weights = stage_all[s as usize] + stage_rank[(s * tp + r) as usize] + ep_bytes;
+                let expert_bytes = exp_all[s as usize] + exp_rank[(s * tp + r) as usize] + ep_bytes;
+                // A tied embedding that is also this stage's LM head is read whole.
+                let lookup_bytes = if arch.tied && pp == 1 {
+                    0
+                } else {
+                    lookup_all[s as usize] + lookup_rank[(s * tp + r) as usize]
+                };
                 let mut full_b = 0u64;
                 let mut swa: Vec<(u64, u64)> = Vec::new();
                 for l in l0..l1 {
@@ -734,10 +825,10 @@ pub fn plan(
                         max_model_len,
                     )
                 };
-                let one_seq = full_b as i128 * max_model_len as i128
+                let one_seq = full_b as i128 * in_blocks(max_model_len) as i128
                     + swa
                         .iter()
-                        .map(|(b, w)| *b as i128 * (*w).min(max_model_len) as i128)
+                        .map(|(b, w)| *b as i128 * in_blocks((*w).min(max_model_len)) as i128)
                         .sum::<i128>();
                 let headroom = (avail - one_seq).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
                 ranks.push(RankPlan {
@@ -749,6 +840,8 @@ pub fn plan(
                     ep_rank,
                     layers: [l0, l1],
                     weights_bytes: weights,
+                    expert_bytes,
+                    lookup_bytes,
                     kv_bytes_per_token: kv_per_token,
                     kv_tokens,
                     max_context_per_seq: max_ctx,
@@ -774,6 +867,7 @@ pub fn plan(
         })
         .collect();
     let fits = nodes.iter().all(|n| n.fits);
+    let mut fits_up_to = None;
     if !fits {
         let best = ranks
             .iter()
@@ -781,13 +875,14 @@ pub fn plan(
             .min()
             .unwrap_or(0);
         if ranks.iter().all(|r| r.weights_bytes + overhead <= budget) && best > 0 {
+            fits_up_to = Some(best);
             warnings.push(format!(
                 "the weights fit but one sequence of max_model_len {max_model_len} does not: --max-model-len {best} would"
             ));
         }
     }
     let comm = comm(arch, &layout, &cluster);
-    Ok(Plan {
+    let mut plan = Plan {
         model: model.source.clone(),
         architecture: arch.name.clone(),
         family: arch.family,
@@ -809,12 +904,20 @@ pub fn plan(
         ranks,
         nodes,
         fits,
+        fits_up_to,
+        shortened_from: None,
         comm,
         replicated: replicated.into_list(),
         uneven: uneven.into_list(),
         skipped: skipped.into_list(),
         warnings,
-    })
+        speed: None,
+    };
+    plan.speed = opts
+        .hardware
+        .as_ref()
+        .map(|hw| speed::predict(&plan, arch, hw));
+    Ok(plan)
 }
 
 /// llama.cpp's default layer split over equal devices: contiguous, as even as it goes.
@@ -823,13 +926,14 @@ fn llama_cpp_layers(layers: u64, devices: u64, d: u64) -> (u64, u64) {
 }
 
 /// The longest sequence that fits `budget` bytes: full layers grow with it, sliding
-/// layers stop at their window. Capped at `cap`.
+/// layers stop at their window, each reserved in whole KV blocks (so the answer is a
+/// whole number of blocks unless it is `cap`). Capped at `cap`.
 fn max_context(budget: u64, full_b: u64, swa: &[(u64, u64)], cap: u64) -> u64 {
     let cost = |n: u64| -> u128 {
-        u128::from(full_b) * u128::from(n)
+        u128::from(full_b) * u128::from(in_blocks(n))
             + swa
                 .iter()
-                .map(|(b, w)| u128::from(*b) * u128::from((*w).min(n)))
+                .map(|(b, w)| u128::from(*b) * u128::from(in_blocks((*w).min(n))))
                 .sum::<u128>()
     };
     if cost(cap) <= u128::from(budget) {
@@ -903,12 +1007,21 @@ pub struct Candidate {
     pub min_kv_tokens: u64,
     pub internode_bytes_per_token: u64,
     pub internode_collectives_per_token: u64,
+    /// The context planned for (shorter than the config's when that did not fit).
+    pub max_model_len: u64,
+    /// Predicted single-stream decode and prompt tokens/s and the term that dominates
+    /// decode, when device figures were given.
+    pub decode_tokens_per_s: Option<f64>,
+    pub prompt_tokens_per_s: Option<f64>,
+    pub dominant: Option<String>,
     pub refused: Option<String>,
 }
 
 /// Every layout that uses the whole cluster (tp x pp = GPUs, dp = 1, EP on and off for
-/// MoE models), ranked: those that fit first, then the fewest bytes and collectives
-/// between nodes per token, then the most KV capacity.
+/// MoE models), ranked: those that fit first (at the full context before those planned
+/// shorter), then, with device figures, the fastest predicted single-stream decode (then
+/// prompt), then the fewest collectives and bytes between nodes per token, then the most KV
+/// capacity.
 pub fn candidates(
     model: &Model,
     cluster: Cluster,
@@ -937,6 +1050,10 @@ pub fn candidates(
                         min_kv_tokens: p.ranks.iter().map(|r| r.kv_tokens).min().unwrap_or(0),
                         internode_bytes_per_token: p.comm.internode_bytes_per_token,
                         internode_collectives_per_token: p.comm.internode_collectives_per_token,
+                        max_model_len: p.max_model_len,
+                        decode_tokens_per_s: p.speed.as_ref().map(|s| s.decode.tokens_per_s),
+                        prompt_tokens_per_s: p.speed.as_ref().map(|s| s.prompt.tokens_per_s),
+                        dominant: p.speed.as_ref().map(|s| s.decode.dominant.to_string()),
                         refused: None,
                     },
                     Some(p),
@@ -949,6 +1066,10 @@ pub fn candidates(
                         min_kv_tokens: 0,
                         internode_bytes_per_token: 0,
                         internode_collectives_per_token: 0,
+                        max_model_len: 0,
+                        decode_tokens_per_s: None,
+                        prompt_tokens_per_s: None,
+                        dominant: None,
                         refused: Some(e.to_string()),
                     },
                     None,
@@ -956,9 +1077,22 @@ pub fn candidates(
             }
         }
     }
-    out.sort_by(|(a, _), (b, _)| {
-        (a.refused.is_some(), !a.fits)
-            .cmp(&(b.refused.is_some(), !b.fits))
+    let shortened = |p: &Option<Plan>| p.as_ref().is_some_and(|p| p.shortened_from.is_some());
+    let speed = |c: &Candidate| {
+        (
+            c.decode_tokens_per_s.unwrap_or(0.0),
+            c.prompt_tokens_per_s.unwrap_or(0.0),
+        )
+    };
+    out.sort_by(|(a, pa), (b, pb)| {
+        (a.refused.is_some(), !a.fits, shortened(pa))
+            .cmp(&(b.refused.is_some(), !b.fits, shortened(pb)))
+            // Faster first, when predicted.
+            .then(
+                speed(b)
+                    .partial_cmp(&speed(a))
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
             .then(
                 a.internode_collectives_per_token
                     .cmp(&b.internode_collectives_per_token),

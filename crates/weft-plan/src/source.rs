@@ -222,13 +222,21 @@ pub fn index_files(json: &[u8], what: &str) -> Result<Vec<String>, PlanError> {
     Ok(files.into_iter().map(str::to_string).collect())
 }
 
-/// Builds a model from a config and shard headers.
+/// Builds a model from a config and shard headers. `config_name` is where the config was
+/// read (a path or a repo's `id/config.json`), named in an error about one of its fields.
 pub fn model_from(
     source: String,
+    config_name: &str,
     config: &Value,
     shards: Vec<Vec<Tensor>>,
 ) -> Result<Model, PlanError> {
-    let arch = arch::from_config(config)?;
+    let arch = arch::from_config(config).map_err(|e| match e {
+        PlanError::Config { field, why } => PlanError::Source {
+            what: config_name.to_string(),
+            why: format!("field {field}: {why}"),
+        },
+        other => other,
+    })?;
     let mut tensors: Vec<Tensor> = shards.into_iter().flatten().collect();
     tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
@@ -257,9 +265,15 @@ pub fn model_from(
 pub fn load_local(r: &ModelRef) -> Result<Model, PlanError> {
     match r {
         ModelRef::Dir(dir) => {
-            let config = read_config(&dir.join("config.json"))?;
+            let cfg = dir.join("config.json");
+            let config = read_config(&cfg)?;
             let shards = read_headers(&shard_files(dir)?)?;
-            model_from(dir.display().to_string(), &config, shards)
+            model_from(
+                dir.display().to_string(),
+                &cfg.display().to_string(),
+                &config,
+                shards,
+            )
         }
         ModelRef::Safetensors(f) => {
             let cfg = f.with_file_name("config.json");
@@ -275,6 +289,7 @@ pub fn load_local(r: &ModelRef) -> Result<Model, PlanError> {
             let config = read_config(&cfg)?;
             model_from(
                 f.display().to_string(),
+                &cfg.display().to_string(),
                 &config,
                 vec![read_safetensors_header(f)?],
             )
@@ -648,6 +663,7 @@ pub async fn load_repo(repo: &str, opts: HttpOptions) -> Result<(Model, HttpStat
     }
     let model = model_from(
         repo.to_string(),
+        &format!("{repo}/config.json"),
         &config,
         shards.into_iter().flatten().collect(),
     )?;

@@ -3,21 +3,23 @@
 //! A frozen peer (SIGSTOP: its kernel still acknowledges every byte) and one that is merely
 //! late look the same from the other side, unless something in the peer's process that does
 //! not depend on the application answers. That is this module's thread: for every registered
-//! side channel (the management stream of a connection) it watches the unread bytes
-//! (`FIONREAD`, never reading them), and when they grow (a question arrived and the
-//! application has not read it) it writes one ALIVE frame. An application that reads the
-//! question itself answers too. A stopped process answers nothing, so the asking side fails
-//! once its question goes unanswered for a bound.
+//! side channel (the management stream of a connection) it looks at the unread bytes
+//! (`MSG_PEEK`, never reading them), and when the questions among them grow in number (a
+//! question arrived and the application has not read it) it writes one ALIVE frame. An
+//! application that reads the question itself answers too. A stopped process answers nothing,
+//! so the asking side fails once its question goes unanswered for a bound.
 //!
 //! Who asks whom:
 //! * **ofi**: a receiver whose receive stalls sends POSTED; the *sender's* process answers.
-//! * **TCP**: a sender whose pending bytes have not moved for a quarter of the timeout sends
-//!   PROBE ([`Probe`] decides when); the *receiver's* process answers. A receiver that is
-//!   late to post (its window closed) answers and is never an error; a frozen one does not.
+//! * **TCP**: either end whose connection waits on the other and sees nothing move for a
+//!   quarter of the timeout sends PROBE ([`Probe`] decides when): a sender whose pending bytes
+//!   do not move, a receiver whose posted receive gets no byte. The other end's process
+//!   answers. A receiver that is late to post (its window closed) or a sender that is late to
+//!   send answers and is never an error; a frozen one does not.
 //!
-//! Only one side of a connection answers, and only to bytes that arrived: the two sides never
-//! answer each other, and a connection that makes progress puts no byte on the management
-//! network.
+//! Only questions are answered, never an ALIVE: both ends of a connection may answer, and an
+//! answer that were answered in turn would bounce between two idle processes for ever. A
+//! connection that makes progress puts no byte on the management network.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -38,8 +40,14 @@ const PERIOD: Duration = Duration::from_millis(20);
 struct Entry {
     sock: TcpStream,
     gone: Arc<AtomicBool>,
-    unread: usize,
+    /// The first bytes of the question frame this side answers.
+    question: [u8; QUESTION_PREFIX],
+    /// Questions among the unread bytes at the last look.
+    asked: usize,
 }
+
+/// How many leading bytes of a frame identify a question: kind, flags, `a` and the tag.
+const QUESTION_PREFIX: usize = 8;
 
 fn registry() -> &'static Mutex<Vec<Entry>> {
     static REG: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
@@ -59,13 +67,47 @@ fn run() {
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         reg.retain(|e| !e.gone.load(Ordering::Acquire));
         for e in reg.iter_mut() {
-            let n = unread(&e.sock);
-            if n > e.unread {
+            let n = questions(&e.sock, &e.question);
+            if n > e.asked {
                 let _ = (&e.sock).write(&frame());
             }
-            e.unread = n;
+            e.asked = n;
         }
     }
+}
+
+/// How many question frames (frames that start with `question`) wait unread on `s`, found
+/// with `MSG_PEEK` (the application reads them later, as if nobody had looked). A question
+/// the application has begun reading is not counted; it answers that one itself.
+fn questions(s: &TcpStream, question: &[u8; QUESTION_PREFIX]) -> usize {
+    let n = unread(s);
+    if n < QUESTION_PREFIX {
+        return 0;
+    }
+    let mut buf = vec![0u8; n];
+    // SAFETY: recv writes at most `buf.len()` bytes into the live buffer; the descriptor is
+    // owned by `s`, open while it lives.
+    let got = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    let Ok(got) = usize::try_from(got) else {
+        return 0;
+    };
+    count(&buf[..got.min(n)], question)
+}
+
+/// Occurrences of `question` in `bytes` (at any offset: the unread bytes may begin inside a
+/// frame the application has read part of).
+fn count(bytes: &[u8], question: &[u8; QUESTION_PREFIX]) -> usize {
+    bytes
+        .windows(QUESTION_PREFIX)
+        .filter(|w| *w == question)
+        .count()
 }
 
 /// Bytes waiting to be read on `s` (0 when unknown).
@@ -93,19 +135,25 @@ pub(crate) fn frame() -> Vec<u8> {
 pub(crate) struct Answering(Arc<AtomicBool>);
 
 impl Answering {
-    /// Registers `sock` (a duplicate of its descriptor is watched); `None` when it cannot be
-    /// duplicated (then only the application's polls answer).
-    pub fn new(sock: &TcpStream) -> Option<Answering> {
+    /// Registers `sock` (a duplicate of its descriptor is watched) to answer MSG frames of tag
+    /// `question`; `None` when it cannot be duplicated (then only the application's polls
+    /// answer).
+    pub fn new(sock: &TcpStream, question: i32) -> Option<Answering> {
         let dup = sock.try_clone().ok()?;
         let gone = Arc::new(AtomicBool::new(false));
-        let unread = unread(&dup);
+        let mut q = Vec::with_capacity(crate::proto::FRAME_LEN);
+        Frame::encode_msg(&mut q, question, Some(&[]), 0, 0);
+        let mut prefix = [0u8; QUESTION_PREFIX];
+        prefix.copy_from_slice(&q[..QUESTION_PREFIX]);
+        let asked = questions(&dup, &prefix);
         registry()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Entry {
                 sock: dup,
                 gone: gone.clone(),
-                unread,
+                question: prefix,
+                asked,
             });
         Some(Answering(gone))
     }
@@ -123,16 +171,18 @@ impl Drop for Answering {
     }
 }
 
-/// When a TCP sender asks its receiver's process whether it runs (PROBE on the side channel),
-/// and when the lack of an answer makes the receiver frozen: pure, time passed in.
+/// When an end of a connection asks its peer's process whether it runs (PROBE on the side
+/// channel), and when the lack of an answer makes the peer frozen: pure, time passed in. Used
+/// by both TCP ends (a sender whose bytes wait for the receiver, a receiver whose posted
+/// receive waits for bytes) and by the ofi sender (a send that has not completed).
 ///
-/// A sender with bytes waiting for the receiver (`pending`) whose progress mark (any number
-/// that changes when bytes move or credit comes) stays the same for `timeout / 4` sends a
-/// PROBE, and again every `timeout / 4` while that lasts; any ALIVE answers every PROBE sent
-/// so far, and progress does too. A PROBE unanswered for [`Probe::answer_bound`] (three
-/// quarters of the timeout, at least 200 ms) is a frozen receiver. So a frozen receiver fails
-/// its sender about `timeout` after its last byte moved; a receiver that is late to post
-/// answers and is never an error, however late.
+/// An end with work waiting on the peer (`pending`) whose progress mark (any number that
+/// changes when bytes move or credit comes) stays the same for `timeout / 4` sends a PROBE,
+/// and again every `timeout / 4` while that lasts; any ALIVE answers every PROBE sent so far,
+/// and progress does too. A PROBE unanswered for [`Probe::answer_bound`] (three quarters of
+/// the timeout, at least 200 ms) is a frozen peer. So a frozen peer fails the waiting end
+/// about `timeout` after the last byte moved; a peer that is late (to post, to send) answers
+/// and is never an error, however late.
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
     timeout: Duration,
@@ -278,6 +328,56 @@ mod tests {
         assert_eq!(p.check(now + T / 2, true, 2), ProbeStep::Send);
         p.answered();
         assert_eq!(p.check(now + T, true, 2), ProbeStep::Send);
+    }
+
+    fn question(tag: i32, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, tag, Some(payload), payload.len() as u64, 0);
+        b
+    }
+
+    #[test]
+    fn questions_are_counted_at_any_offset_and_answers_never() {
+        const Q: i32 = 0x5151_5151;
+        let mut prefix = [0u8; QUESTION_PREFIX];
+        prefix.copy_from_slice(&question(Q, &[])[..QUESTION_PREFIX]);
+        let alive = frame();
+        // Only ALIVEs: no question.
+        assert_eq!(count(&[alive.clone(), alive.clone()].concat(), &prefix), 0);
+        // A question behind the tail of a frame the application read part of, one with a
+        // payload, and ALIVEs between them.
+        let bytes = [
+            alive[5..].to_vec(),
+            question(Q, &[]),
+            alive.clone(),
+            question(Q, &[1; 24]),
+        ]
+        .concat();
+        assert_eq!(count(&bytes, &prefix), 2);
+        // Another question's tag is not this one.
+        assert_eq!(count(&question(Q + 1, &[]), &prefix), 0);
+    }
+
+    /// Both ends of a loopback connection answer (as both TCP ends do): a question to one of
+    /// them gets exactly one ALIVE from its thread, and that ALIVE, unread, is not answered in
+    /// turn (no answers bouncing between two processes that do not call in).
+    #[test]
+    fn the_thread_answers_a_question_once_and_never_an_answer() {
+        use std::io::Read;
+        const Q: i32 = 0x5152_5354;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let _ga = Answering::new(&a, Q).unwrap();
+        let _gb = Answering::new(&b, Q).unwrap();
+        (&a).write_all(&question(Q, &[])).unwrap();
+        std::thread::sleep(PERIOD * 15);
+        // b's thread answered once: a holds one ALIVE, unread; b still holds the question.
+        assert_eq!(unread(&a), crate::proto::FRAME_LEN);
+        assert_eq!(unread(&b), crate::proto::FRAME_LEN);
+        let mut got = [0u8; crate::proto::FRAME_LEN];
+        (&a).read_exact(&mut got).unwrap();
+        assert_eq!(got.to_vec(), frame());
     }
 
     #[test]

@@ -31,6 +31,12 @@ impl std::fmt::Display for Stage {
     }
 }
 
+impl From<weft_ifaddrs::IfSpecError> for Error {
+    fn from(e: weft_ifaddrs::IfSpecError) -> Error {
+        Error::Config(e.0)
+    }
+}
+
 /// A transport error. `Clone` so that one failure seen by a helper thread can be reported on
 /// every request of the connection.
 #[derive(Debug, Clone, thiserror::Error)]

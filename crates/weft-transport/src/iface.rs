@@ -1,8 +1,7 @@
-//! Network interfaces of this host: enumeration (getifaddrs), selection by [`IfSpec`], and the
+//! Network interfaces of this host: enumeration (`weft-ifaddrs`), selection by [`IfSpec`], and the
 //! facts NCCL wants about a NIC (speed, PCI path, a GUID) read from sysfs.
 
-use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::Path;
 
 use crate::config::IfSpec;
@@ -76,53 +75,21 @@ fn is_link_local_v6(a: &IpAddr) -> bool {
     matches!(a, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
 }
 
-/// Every interface of the host with at least one IP address, in kernel order.
+/// Every interface of the host with at least one IP address, in kernel order
+/// ([`weft_ifaddrs::addrs`]).
 pub fn list() -> Result<Vec<Interface>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into the pointer we pass; we free it below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(Error::local("getifaddrs", &std::io::Error::last_os_error()));
-    }
+    let all = weft_ifaddrs::addrs().map_err(|e| Error::local("getifaddrs", &e))?;
     let mut out: Vec<Interface> = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned and we have not freed it.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_name.is_null() || ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: ifa_addr is non-null and points at a sockaddr of the family it names.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        let addr = match family {
-            libc::AF_INET => {
-                // SAFETY: the family says this is a sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-            }
-            libc::AF_INET6 => {
-                // SAFETY: the family says this is a sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-            }
-            _ => continue,
-        };
-        let up = ifa.ifa_flags & (libc::IFF_UP as libc::c_uint) != 0;
-        match out.iter_mut().find(|i| i.name == name) {
-            Some(i) => i.addrs.push(addr),
+    for a in all {
+        match out.iter_mut().find(|i| i.name == a.name) {
+            Some(i) => i.addrs.push(a.addr),
             None => out.push(Interface {
-                name,
-                addrs: vec![addr],
-                up,
+                name: a.name,
+                addrs: vec![a.addr],
+                up: a.up,
             }),
         }
     }
-    // SAFETY: `head` came from getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(head) };
     Ok(out)
 }
 

@@ -588,9 +588,11 @@ fn a_sender_frozen_mid_message_is_an_error() {
         len: buf.len(),
         tag: 0,
     };
+    // Timed from the post: irecv itself reads what the socket buffers hold, and the bound is
+    // the timeout after the last byte moved, which is during or after this call.
+    let start = Instant::now();
     // SAFETY: `buf` outlives `rx`, dropped below before it.
     let id = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
-    let start = Instant::now();
     let (after, e) = loop {
         match rx.test(id) {
             Ok(Some(_)) => panic!("a message from a stopped sender completed"),

@@ -10,8 +10,10 @@ use clap::{Args, Subcommand};
 use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
-use weft_bench::runner::{HostRunner, Local, parse_hosts_with};
-use weft_bench::{RankSpec, facts, launch, net, p2p};
+use weft_bench::{RankSpec, launch, net, p2p, probe};
+use weft_hosts::remote::{Remote, gather_all};
+use weft_hosts::runner::{Local, any_ssh, hosts_from, parse_hosts_with, remote_exe, ssh_extra};
+use weft_hosts::{HostRunner, IfChoice, facts, roles_for};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -120,29 +122,34 @@ pub struct HostArgs {
     /// An extra option for every `ssh` to the hosts (`-o KEY=VALUE`), repeatable.
     #[arg(long = "ssh-option", value_name = "KEY=VALUE")]
     pub ssh_options: Vec<String>,
+    /// The hosts as a list, when they come from a controller group (`--group`) rather than
+    /// `--hosts`: taken as they are, never joined and split again.
+    #[arg(skip)]
+    pub members: Vec<String>,
 }
 
 impl HostArgs {
-    pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, weft_bench::remote::Remote)> {
-        let mut extra: Vec<String> = Vec::new();
-        if let Some(f) = &self.ssh_config {
-            extra.extend(["-F".to_string(), f.display().to_string()]);
-        }
-        for o in &self.ssh_options {
-            extra.extend(["-o".to_string(), o.clone()]);
-        }
-        if self.hosts.trim().is_empty() {
+    /// `--mgmt-if` and `--data-if`, parsed.
+    pub fn if_choice(&self) -> Result<IfChoice> {
+        Ok(IfChoice::parse(
+            self.mgmt_if.as_deref(),
+            self.data_if.as_deref(),
+        )?)
+    }
+
+    pub fn runners(&self) -> Result<(Vec<Box<dyn HostRunner>>, Remote)> {
+        let extra = ssh_extra(self.ssh_config.as_deref(), &self.ssh_options);
+        let r = if !self.members.is_empty() {
+            hosts_from(&self.members, &self.via, &extra)?
+        } else if self.hosts.trim().is_empty() {
             bail!("--hosts is required (node1,node2 or netns:ns1,...)");
-        }
-        let r = parse_hosts_with(&self.hosts, &self.via, &extra)?;
-        let exe = if r.iter().any(|h| h.kind() == "ssh") {
-            self.remote_weft.clone()
         } else {
-            std::env::current_exe()?.display().to_string()
+            parse_hosts_with(&self.hosts, &self.via, &extra)?
         };
+        let exe = remote_exe(&r, &self.remote_weft)?;
         Ok((
             r,
-            weft_bench::remote::Remote {
+            Remote {
                 exe,
                 timeout: Duration::from_secs(self.timeout.max(1)),
             },
@@ -390,7 +397,7 @@ pub fn run(cmd: BenchCommand, json: bool) -> Result<u8> {
             timeout_ms,
         } => {
             let dsts = ipv4_list("address", &to)?;
-            let r = facts::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
+            let r = probe::df_probe(&dsts, payload, Duration::from_millis(timeout_ms))
                 .context("DF probe (needs root or CAP_NET_RAW)")?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(EXIT_OK)
@@ -477,47 +484,34 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
     }
-    let gathered = weft_bench::remote::gather_all(&hosts, &remote)
+    let gathered = gather_all(&hosts, &remote)
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let spec = |what: &str, v: &Option<String>| {
-        v.as_deref()
-            .map(|s| facts::parse_ifspec(what, s))
-            .transpose()
-    };
-    let data_spec = spec("--data-if", &a.hosts.data_if)?;
-    let mgmt_spec = spec("--mgmt-if", &a.hosts.mgmt_if)?;
+    let choice = a.hosts.if_choice()?;
     let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let roles = facts::roles(&all, data_spec.as_ref(), mgmt_spec.as_ref());
+    let roles = roles_for(&all, &choice);
     let mut info = Vec::new();
-    let mut expected = p2p::Expected::new();
+    let mut expected = p2p::RailTargets::new();
     for (h, role) in hosts.iter().zip(roles) {
-        let ifs: Vec<_> = role
+        let data: Vec<weft_bench::remote::RailIf> = role
             .data
-            .into_iter()
-            .filter(|d| facts::ipv4(d).is_some())
-            .collect();
-        let rails: Vec<(String, std::net::Ipv4Addr)> = ifs
             .iter()
-            .filter_map(|d| facts::ipv4(d).map(|(ip, _)| (d.name.clone(), ip)))
+            .map(|d| weft_bench::remote::RailIf {
+                name: d.name.clone(),
+                addr: facts::ipv4(d).map(|(a, _)| a),
+                link_mbps: d.pci.as_ref().and(d.speed_mbps),
+            })
             .collect();
-        if rails.is_empty() {
+        let host =
+            weft_bench::remote::P2pHost::from_data(h.name(), &data, a.expect_speed, &mut expected);
+        if host.rails.is_empty() {
             eprintln!(
                 "weft: {}: no data interface with an IPv4 address (see --data-if)",
                 h.name()
             );
             return Ok(EXIT_ENVIRONMENT);
         }
-        for (rail, d) in ifs.iter().enumerate() {
-            let link = d.pci.as_ref().and(d.speed_mbps);
-            if let Some(mbps) = a.expect_speed.or(link) {
-                expected.insert((h.name().to_string(), rail), f64::from(mbps) / 1e3);
-            }
-        }
-        info.push(weft_bench::remote::P2pHost {
-            name: h.name().to_string(),
-            rails,
-        });
+        info.push(host);
     }
     let opts = weft_bench::remote::P2pOptions {
         streams: a.streams,
@@ -660,14 +654,11 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         Option<PathBuf>,
     ) = match &a.hosts {
         Some(h) => {
-            let mut extra: Vec<String> = Vec::new();
-            if let Some(f) = &a.ssh_config {
-                extra.extend(["-F".to_string(), f.display().to_string()]);
-            }
-            for o in &a.ssh_options {
-                extra.extend(["-o".to_string(), o.clone()]);
-            }
-            let r = parse_hosts_with(h, &a.via, &extra)?;
+            let r = parse_hosts_with(
+                h,
+                &a.via,
+                &ssh_extra(a.ssh_config.as_deref(), &a.ssh_options),
+            )?;
             let rdv = match a
                 .rendezvous
                 .clone()
@@ -679,14 +670,14 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
                     r[0].kind()
                 ),
             };
-            let (exe, plugin) = if r[0].kind() == "ssh" {
-                (a.remote_weft.clone(), a.plugin.clone())
+            // On SSH hosts the plugin is theirs (--plugin or the remote weft's own search);
+            // namespace and local hosts share this machine's build.
+            let plugin = if any_ssh(&r) {
+                a.plugin.clone()
             } else {
-                (
-                    std::env::current_exe()?.display().to_string(),
-                    a.plugin.clone().or_else(net::find_plugin),
-                )
+                a.plugin.clone().or_else(net::find_plugin)
             };
+            let exe = remote_exe(&r, &a.remote_weft)?;
             (r, rdv, exe, plugin)
         }
         None => {
@@ -710,7 +701,7 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
     // Each rank's interfaces: with --hosts the same selection as doctor and p2p, by name
     // on each host; local ranks use loopback unless told otherwise.
     let per_rank = if a.hosts.is_some() {
-        let remote = weft_bench::remote::Remote {
+        let remote = Remote {
             exe: exe.clone(),
             timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
         };

@@ -23,7 +23,8 @@ pub const AFTER_HELP: &str = "Examples:
   weft bench llm compare 1n.json 2n.json 4n.json --plot scaling
 
 Each test sends --concurrency requests together, --runs times: `ppN @ dD` rows time the prompt
-(t/s = prompt tokens / (ttfr - latency)), `tgN @ dD` rows the generation (t/s = tokens after the
+(t/s = prompt tokens / (time to the first chunk with a token - latency); llama-benchy's figure, to
+the first byte, is kept as pp_tps_first_byte in the JSON), `tgN @ dD` rows the generation (t/s = tokens after the
 first chunk / time from first to last chunk). Tokens come from the server's token ids or usage,
 or from --tokenizer on the whole text, never one chunk as one token. Every request starts with a
 unique tag, so no cache is hit unless --prefix-cache asks for the two-step test.
@@ -42,7 +43,7 @@ pub struct LlmArgs {
 pub enum LlmCommand {
     /// Scaling report across runs on different node counts or layouts: table and PNG plots.
     #[command(
-        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared."
+        after_help = "Example:\n  weft bench llm compare 1n.json 2n.json 4n.json --plot scaling\n  weft bench llm compare --plan plan.json 1n.json 2n.json 4n.json\n\nWith --plan (a saved `weft plan --json`), each single-stream test is shown beside the plan's\nprediction for the fastest layout at the run's node count; a one-node run fits the engine's\nstep overhead, and the corrected prediction is shown for every node count.\n\nSpeed-up is over the run with the fewest nodes; efficiency per node is the speed-up divided by\nthe ratio of node counts. Under concurrency above 1 the total t/s of all requests is compared.\nThe plots draw one sd over the runs as error bars. Warnings: two runs of one node count and\nlayout, different models or tests, efficiency per node above 115 %, runs that spread over 20 %."
     )]
     Compare(CompareArgs),
 }
@@ -58,6 +59,10 @@ pub struct CompareArgs {
     /// Do not write plots.
     #[arg(long)]
     pub no_plot: bool,
+    /// A saved `weft plan --json`: each test's prediction beside its measurement, and,
+    /// with a one-node run, the engine's step overhead fitted to it.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -153,7 +158,7 @@ pub fn run(a: LlmArgs, json: bool) -> Result<u8> {
     match out {
         Ok(code) => Ok(code),
         Err(e) if json => {
-            println!("{}", serde_json::json!({"error": format!("{e:#}")}));
+            crate::output::anyhow_error(true, EXIT_ENVIRONMENT, &e);
             Ok(EXIT_ENVIRONMENT)
         }
         Err(e) => Err(e),
@@ -285,6 +290,16 @@ fn compare_cmd(a: &CompareArgs, json: bool) -> Result<u8> {
         inputs.push((p.clone(), RunReport::load(p)?));
     }
     let c = compare(&inputs)?;
+    let predicted = match &a.plan {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("--plan {}", p.display()))?;
+            let scaling =
+                weft_llmbench::predicted::scaling_from_plan(&bytes, &p.display().to_string())?;
+            let tests = weft_llmbench::predicted::measured(&c);
+            Some(weft_llmbench::predicted::predicted(&tests, &scaling))
+        }
+        None => None,
+    };
     let plots = if a.no_plot {
         Vec::new()
     } else {
@@ -298,9 +313,15 @@ fn compare_cmd(a: &CompareArgs, json: bool) -> Result<u8> {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
         );
+        if let Some(p) = &predicted {
+            v["predicted"] = serde_json::to_value(p)?;
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", c.markdown());
+        if let Some(p) = &predicted {
+            print!("\n{}", p.markdown());
+        }
         for p in &plots {
             println!("plot: {}", p.display());
         }

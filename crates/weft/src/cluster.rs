@@ -21,6 +21,8 @@ use crate::config::{Config, ControllerClientConfig};
 use crate::output;
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
+mod store_admin;
+
 /// Where the controller is and who is asking.
 #[derive(Args)]
 pub struct Remote {
@@ -111,6 +113,13 @@ pub enum ClusterCommand {
     /// API tokens: list (ids and metadata, never a token), make an admin token, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Lease nodes from the provider's free pool for a time (a tenant's token); the
+    /// controller moves them in and back by itself. Quotas are an admin's.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  weft lease request --nodes 4 --for 8h --same-switch\n  weft lease list\n  weft lease extend 7 --by 2h\n  weft lease release 7\n  weft lease quota set alice --nodes 4 --node-hours 200 --period 7d   # admin"
+    )]
+    Lease(crate::lease::LeaseCommand),
 }
 
 #[derive(Subcommand)]
@@ -124,7 +133,8 @@ pub enum TokenCommand {
     /// Make another admin token (shown once).
     #[command(after_help = "Example:\n  weft token admin --ttl-s 86400")]
     Admin {
-        /// Seconds it stays valid (default: no expiry).
+        /// Seconds it stays valid (60 to 315360000; default one day). It also ends when the
+        /// controller restarts with a new WEFT_ADMIN_TOKEN.
         #[arg(long)]
         ttl_s: Option<u64>,
         #[command(flatten)]
@@ -209,6 +219,14 @@ pub struct ControllerArgs {
     /// Serve plain HTTP on an address that is not loopback (tokens in clear).
     #[arg(long, env = "WEFT_INSECURE_HTTP")]
     insecure_http: bool,
+    /// The provider's pool group: the nodes tenants lease (`weft lease`) are its members
+    /// [default: `[controller] lease_pool`, else pool].
+    #[arg(long, value_name = "GROUP")]
+    lease_pool: Option<String>,
+    /// Seconds before a lease ends that its nodes' agents are warned [default:
+    /// `[controller] lease_warn_s`, else 300].
+    #[arg(long)]
+    lease_warn_s: Option<u64>,
 }
 
 /// Operator commands on a controller's store.
@@ -289,6 +307,15 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:7102.
     #[arg(long, env = "WEFT_AGENT_METRICS")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// While a lease on this server ends, keep this file written (`lease <id> ends <unix
+    /// seconds>`) [default: `[agent] lease_notice_file`, else /run/weft/lease-ending].
+    #[arg(long)]
+    lease_notice_file: Option<PathBuf>,
+    /// Run this command (`sh -c`) once when a lease on this server starts ending, with
+    /// WEFT_LEASE_ID, WEFT_LEASE_END and WEFT_LEASE_FILE set [default: `[agent]
+    /// lease_hook`].
+    #[arg(long)]
+    lease_hook: Option<String>,
 }
 
 /// `weft controller`'s settings once flags, environment and `[controller]` of weft.toml
@@ -312,6 +339,8 @@ struct ControllerRun {
     port_check_s: u64,
     repair_drift: bool,
     insecure_http: bool,
+    lease_pool: String,
+    lease_warn_s: u64,
 }
 
 impl ControllerArgs {
@@ -364,6 +393,11 @@ impl ControllerArgs {
             port_check_s: self.port_check_s.or(f.port_check_s).unwrap_or(300),
             repair_drift: self.repair_drift || f.repair_drift,
             insecure_http: self.insecure_http || f.insecure_http,
+            lease_pool: self
+                .lease_pool
+                .or_else(|| f.lease_pool.clone())
+                .unwrap_or_else(|| "pool".into()),
+            lease_warn_s: self.lease_warn_s.or(f.lease_warn_s).unwrap_or(300),
         })
     }
 }
@@ -377,6 +411,8 @@ struct AgentRun {
     heartbeat_s: f64,
     rescan_s: f64,
     metrics_listen: Option<std::net::SocketAddr>,
+    lease_notice_file: PathBuf,
+    lease_hook: Option<String>,
 }
 
 impl AgentArgs {
@@ -395,6 +431,11 @@ impl AgentArgs {
             heartbeat_s: self.heartbeat_s.or(f.heartbeat_s).unwrap_or(10.0),
             rescan_s: self.rescan_s.or(f.rescan_s).unwrap_or(30.0),
             metrics_listen: self.metrics_listen.or(f.metrics_listen),
+            lease_notice_file: self
+                .lease_notice_file
+                .or_else(|| f.lease_notice_file.clone())
+                .unwrap_or_else(|| "/run/weft/lease-ending".into()),
+            lease_hook: self.lease_hook.or_else(|| f.lease_hook.clone()),
         }
     }
 }
@@ -560,7 +601,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
+pub(crate) fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client> {
     client_for(r, file).map(|(c, _)| c)
 }
 
@@ -576,15 +617,22 @@ pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, 
     Ok((c, url))
 }
 
-/// The exit code for a failed API call: refusals of what was asked are failed checks;
-/// no answer, a bad token or a broken controller are environment errors.
-fn failed(e: ClientError) -> Result<u8> {
-    eprintln!("weft: {e}");
-    Ok(match &e {
-        ClientError::Refused { status, .. } if *status != 401 => EXIT_CHECK_FAILED,
+/// A failed API call, reported in the one error shape (`output::error`), and its exit code:
+/// a change the controller accepted but did not apply within the wait is a failed check (1);
+/// everything else is usage or environment (2): a refusal of what was asked (HTTP 4xx:
+/// bad input, a bad or missing token, a name that does not exist, a conflict), no answer,
+/// an untrusted certificate, a broken controller.
+pub(crate) fn failed(e: ClientError, json: bool) -> Result<u8> {
+    let code = match &e {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
-    })
+    };
+    let extra = match e.status() {
+        Some(s) => serde_json::json!({ "http_status": s }),
+        None => serde_json::Value::Null,
+    };
+    output::error(json, code, &e.to_string(), &[], extra);
+    Ok(code)
 }
 
 /// Runs one of the controller's commands.
@@ -599,23 +647,13 @@ pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
                     no_fabric,
                 }),
             ..
-        }) => match postgres_url(store, db.as_ref(), cfg) {
-            Some(url) => restore_postgres(&url, from, no_fabric, cfg, json),
-            None => restore(db, from, no_fabric, cfg, json),
-        },
+        }) => store_admin::restore(db, store, from, no_fabric, cfg, json),
         ClusterCommand::Controller(ControllerArgs {
             command: Some(ControllerCommand::Backup { file, db, store }),
             ..
-        }) => match postgres_url(store, db.as_ref(), cfg) {
-            Some(url) => Err(anyhow!(
-                "the store is on PostgreSQL ({}): back it up with PostgreSQL's own tools, e.g. `pg_dump --format=custom --file {} 'URL'` (one consistent snapshot while the controller runs), or its replication; `weft controller backup` copies SQLite stores only",
-                weft_controller::store::redact(&url),
-                file.display()
-            )),
-            None => backup(&file, db, cfg, json),
-        },
+        }) => store_admin::backup(&file, db, store, cfg, json),
         ClusterCommand::Controller(a) => controller(a, cfg),
-        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller),
+        ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller, json),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
 }
@@ -636,168 +674,6 @@ fn fabric_of(no_fabric: bool, cfg: &Config) -> Result<Arc<dyn Fabric>> {
             applier: f.applier()?,
         })
     })
-}
-
-/// The PostgreSQL store's URL: `--store`, else `[controller] store_url` unless `--db` is
-/// given (a flag beats the file); `None`: the SQLite store.
-fn postgres_url(flag: Option<String>, db: Option<&PathBuf>, cfg: &Config) -> Option<String> {
-    flag.or_else(|| {
-        db.is_none()
-            .then(|| cfg.controller.store_url.clone())
-            .flatten()
-    })
-}
-
-/// `weft controller restore` on a PostgreSQL store (after `pg_restore` into it, or on a
-/// replica promoted by hand): the fencing number raised above what the SMs hold.
-fn restore_postgres(
-    url: &str,
-    from: Option<PathBuf>,
-    no_fabric: bool,
-    cfg: &Config,
-    json: bool,
-) -> Result<u8> {
-    let name = weft_controller::store::redact(url);
-    if let Some(from) = from {
-        return Err(anyhow!(
-            "the store is on PostgreSQL ({name}): put {} back with `pg_restore --dbname 'URL' {}` into an empty database first, then run `weft controller restore --store URL` without --from",
-            from.display(),
-            from.display()
-        ));
-    }
-    let fabric = fabric_of(no_fabric, cfg)?;
-    let store = PgStore::open(url, false)?;
-    let actor = format!(
-        "operator:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    );
-    let r = weft_controller::restore::restore(
-        &store,
-        fabric.as_ref(),
-        &actor,
-        weft_controller::unix_now(),
-    )
-    .with_context(|| format!("restore of {name}"))?;
-    print_restore(&r, json)
-}
-
-/// The store of `--db`, else `[controller] db`, else the packaged default.
-fn store_path(db: Option<PathBuf>, cfg: &Config) -> PathBuf {
-    db.or_else(|| cfg.controller.db.clone())
-        .unwrap_or_else(|| "/var/lib/weft/controller.db".into())
-}
-
-/// `weft controller backup`.
-fn backup(file: &std::path::Path, db: Option<PathBuf>, cfg: &Config, json: bool) -> Result<u8> {
-    let db = store_path(db, cfg);
-    let r = SqliteStore::backup(&db, file)
-        .with_context(|| format!("backup of {} into {}", db.display(), file.display()))?;
-    if json {
-        output::json(&r)?;
-    } else {
-        println!(
-            "{}",
-            output::table(
-                [
-                    "BACKUP",
-                    "BYTES",
-                    "GENERATION",
-                    "APPLIED",
-                    "OPERATIONS",
-                    "AUDIT LINES"
-                ],
-                [[
-                    r.path.display().to_string(),
-                    r.bytes.to_string(),
-                    r.desired_generation.to_string(),
-                    r.applied_generation.to_string(),
-                    r.operations.to_string(),
-                    r.audit_lines.to_string(),
-                ]]
-            )
-        );
-    }
-    Ok(EXIT_OK)
-}
-
-/// `weft controller restore`.
-fn restore(
-    db: Option<PathBuf>,
-    from: Option<PathBuf>,
-    no_fabric: bool,
-    cfg: &Config,
-    json: bool,
-) -> Result<u8> {
-    let db = store_path(db, cfg);
-    let actor = format!(
-        "operator:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    );
-    if let Some(from) = from {
-        let fabric = fabric_of(no_fabric, cfg)?;
-        let r = weft_controller::restore::restore_from_backup(
-            &from,
-            &db,
-            fabric.as_ref(),
-            &actor,
-            weft_controller::unix_now(),
-        )
-        .with_context(|| format!("restore of {} from {}", db.display(), from.display()))?;
-        return print_restore(&r, json);
-    }
-    if !db.is_file() {
-        return Err(anyhow!(
-            "the store {} does not exist: restore works on a store copied back from a backup",
-            db.display()
-        ));
-    }
-    let fabric = fabric_of(no_fabric, cfg)?;
-    let store = SqliteStore::open_existing(&db)
-        .with_context(|| format!("cannot open the store {}", db.display()))?;
-    let r = weft_controller::restore::restore(
-        &store,
-        fabric.as_ref(),
-        &actor,
-        weft_controller::unix_now(),
-    )
-    .with_context(|| format!("restore of {}", db.display()))?;
-    print_restore(&r, json)
-}
-
-fn print_restore(r: &weft_controller::restore::RestoreReport, json: bool) -> Result<u8> {
-    if json {
-        output::json(r)?;
-        return Ok(EXIT_OK);
-    }
-    println!(
-        "{}",
-        output::table(
-            ["SM", "HOLDS"],
-            r.sms.iter().map(|(n, s)| {
-                [
-                    n.clone(),
-                    s.map_or_else(|| "no stamped file".into(), |s| s.to_string()),
-                ]
-            })
-        )
-    );
-    println!(
-        "fencing number {} -> {} (the SMs held at most {}); the store's applied generation is {}",
-        r.old_fencing, r.fencing, r.held_fencing, r.applied_generation
-    );
-    if r.diff.is_empty() {
-        println!("its next delivery replaces the master's file with its own state");
-    } else {
-        println!(
-            "its state, delivered once the controller starts, changes the master's file so:\n{}",
-            r.diff
-                .lines()
-                .map(output::clean)
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-    Ok(EXIT_OK)
 }
 
 fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
@@ -832,9 +708,19 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             recheck: Duration::from_secs(a.recheck_s.max(1)),
             port_check: Duration::from_secs(a.port_check_s.max(1)),
             repair_drift: a.repair_drift,
+            lease: weft_controller::lease::LeaseConfig {
+                pool_group: a.lease_pool.clone(),
+                warn_s: a.lease_warn_s,
+                ..Default::default()
+            },
             ..ControllerConfig::default()
         };
-        let ctl = Controller::start(store, fabric, config)?;
+        let mut ctl = Controller::start(store, fabric, config)?;
+        // The web console, on the same listener with the same TLS and tokens.
+        ctl.mount(weft_console::router(
+            ctl.state(),
+            weft_console::ConsoleConfig::default(),
+        ));
         let api = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.listen))?;
@@ -851,11 +737,12 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
-            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics"
+            "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics console {scheme}://{api_addr}/console"
         );
         if let Some(t) = &tls {
             println!("weft controller: TLS certificate {}", t.fingerprint());
         }
+
         weft_controller::serve_tls(
             ctl,
             api,
@@ -918,13 +805,18 @@ fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
     }
 }
 
-fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
+fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
     let (url, tls) = a.trust.resolve(file);
     let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
     cfg.tls = tls;
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
     cfg.rescan = Duration::from_secs_f64(a.rescan_s.max(0.05));
+    cfg.lease_notice = Some(weft_controller::agent::LeaseNoticeConfig {
+        file: a.lease_notice_file.clone(),
+        hook: a.lease_hook.clone(),
+        hook_timeout: Duration::from_secs(60),
+    });
     let metrics_listen = a.metrics_listen;
     runtime()?.block_on(async move {
         if let Some(addr) = metrics_listen {
@@ -947,7 +839,13 @@ fn agent(a: AgentRun, file: &ControllerClientConfig) -> Result<u8> {
         match weft_controller::agent::run(cfg, rx).await {
             Ok(()) => Ok(EXIT_OK),
             Err(e @ (AgentError::Refused(_) | AgentError::NoToken | AgentError::Untrusted(_))) => {
-                eprintln!("weft agent: {e}");
+                output::error(
+                    json,
+                    EXIT_ENVIRONMENT,
+                    &format!("agent: {e}"),
+                    &[],
+                    serde_json::Value::Null,
+                );
                 Ok(EXIT_ENVIRONMENT)
             }
             Err(e) => Err(e.into()),
@@ -991,6 +889,14 @@ fn print_op(op: &OperationView, delivers: Option<bool>, json: bool) -> Result<()
     if let Some(w) = &op.warning {
         println!("  {}", output::clean(w));
     }
+    if !op.taken.is_empty() {
+        println!(
+            "  takes away from what the subnet managers held (also from servers it did not name):"
+        );
+        for line in &op.taken {
+            println!("    {}", output::clean(line));
+        }
+    }
     for line in op.diff.lines() {
         println!("  {line}");
     }
@@ -1029,17 +935,16 @@ async fn finish(c: &Client, accepted: Accepted, wait: &Wait, json: bool) -> Resu
                 "operation {id} is not applied after {:.0} s ({last_error}); it stays pending and the controller keeps delivering it: see `weft audit` for when it is applied",
                 waited.as_secs_f64()
             );
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "error": message, "operation": id, "state": "pending" })
-                );
-            } else {
-                eprintln!("weft: {message}");
-            }
+            output::error(
+                json,
+                EXIT_CHECK_FAILED,
+                &message,
+                &[],
+                serde_json::json!({ "operation": id, "state": "pending" }),
+            );
             Ok(EXIT_CHECK_FAILED)
         }
-        Err(e) => failed(e),
+        Err(e) => failed(e, json),
     }
 }
 
@@ -1062,7 +967,7 @@ fn print_token(t: &weft_controller::model::TokenCreated, json: bool) {
 }
 
 /// The answer to a command that returns nothing but success.
-fn done(json: bool, message: &str) {
+pub(crate) fn done(json: bool, message: &str) {
     if json {
         println!("{}", serde_json::json!({ "ok": true, "message": message }));
     } else {
@@ -1079,12 +984,13 @@ async fn client_command(
         ($e:expr) => {
             match $e.await {
                 Ok(v) => v,
-                Err(e) => return failed(e),
+                Err(e) => return failed(e, json),
             }
         };
     }
     match cmd {
         ClusterCommand::Controller(_) | ClusterCommand::Agent(_) => unreachable!("handled by run"),
+        ClusterCommand::Lease(c) => crate::lease::run(c, file, json).await,
         ClusterCommand::Nodes(NodesArgs { remote, command }) => {
             match command.unwrap_or(NodesCommand::List { remote }) {
                 NodesCommand::List { remote } => {
@@ -1100,7 +1006,10 @@ async fn client_command(
                                     "AGENT",
                                     "LAST SEEN",
                                     "GROUP",
-                                    "PORTS",
+                                    "IB PORTS",
+                                    "ROCE",
+                                    "NICS",
+                                    "GPUS",
                                     "PENDING CLAIMS"
                                 ],
                                 servers.iter().map(|s| [
@@ -1117,6 +1026,9 @@ async fn client_command(
                                             .collect::<Vec<_>>()
                                             .join(" ")
                                     },
+                                    node_roce(s),
+                                    node_nics(s),
+                                    node_gpus(s),
                                     if s.pending_claims.is_empty() {
                                         "-".into()
                                     } else {
@@ -1388,6 +1300,60 @@ async fn client_command(
     }
 }
 
+/// `rocep1s0f0/1 200G ACTIVE`, space-joined; `-` for none.
+fn node_roce(s: &weft_controller::model::ServerView) -> String {
+    dash_join(s.roce.iter().map(|r| {
+        let rate = r
+            .rate
+            .as_deref()
+            .and_then(|t| t.split_whitespace().next())
+            .map_or("?".to_string(), |g| format!("{g}G"));
+        format!("{}/{} {rate} {}", r.device, r.num, r.state)
+    }))
+}
+
+/// `enp1s0f0np0 200G/9000`: negotiated speed and MTU, space-joined; `-` for none.
+fn node_nics(s: &weft_controller::model::ServerView) -> String {
+    dash_join(s.nics.iter().map(|n| {
+        let speed = n.speed_mbps.map_or("?".to_string(), mbps_text);
+        format!("{} {speed}/{}", n.name, n.mtu)
+    }))
+}
+
+/// `NVIDIA GB10` or `NVIDIA H200 141G`, comma-joined; `-` for none.
+fn node_gpus(s: &weft_controller::model::ServerView) -> String {
+    let text = s
+        .gpus
+        .iter()
+        .map(|g| match g.memory_total_bytes {
+            Some(b) => format!("{} {}G", g.name, b >> 30),
+            None => g.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if text.is_empty() { "-".into() } else { text }
+}
+
+/// A speed in Mb/s as `200G`, `2.5G` or `100M`.
+fn mbps_text(m: u32) -> String {
+    if m >= 1000 && m.is_multiple_of(1000) {
+        format!("{}G", m / 1000)
+    } else if m >= 1000 {
+        format!("{:.1}G", f64::from(m) / 1000.0)
+    } else {
+        format!("{m}M")
+    }
+}
+
+fn dash_join(items: impl Iterator<Item = String>) -> String {
+    let v: Vec<String> = items.collect();
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(" ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1395,5 +1361,37 @@ mod tests {
         assert_eq!(super::utc(0), "1970-01-01 00:00:00Z");
         assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00Z");
         assert_eq!(super::utc(1_767_225_599), "2025-12-31 23:59:59Z");
+    }
+
+    /// `weft nodes` on the shipped DGX Spark fixture shows its RoCE devices, NICs and GPU
+    /// (it showed `-` for all of them before the agent's links reached the controller).
+    #[test]
+    fn nodes_table_shows_a_spark_s_roce_nics_and_gpu() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../weft-agent/fixtures/dgx-spark");
+        let report = weft_agent::discover(&root).unwrap();
+        let links = weft_controller::model::HostLinks::of(&report);
+        let s = weft_controller::model::ServerView {
+            name: report.hostname.clone(),
+            liveness: weft_controller::model::Liveness::Ok,
+            last_seen: Some(0),
+            ports: vec![],
+            group: None,
+            pending_claims: vec![],
+            roce: links.roce,
+            nics: links.nics,
+            gpus: report.gpus.clone(),
+        };
+        assert_eq!(
+            super::node_roce(&s),
+            "roceP2p1s0f0/1 200G ACTIVE rocep1s0f0/1 200G ACTIVE"
+        );
+        assert_eq!(
+            super::node_nics(&s),
+            "enP2p1s0f0np0 200G/9000 enP7s7 1G/1500 enp1s0f0np0 200G/9000"
+        );
+        assert_eq!(super::node_gpus(&s), "NVIDIA GB10");
+        assert_eq!(super::mbps_text(2500), "2.5G");
+        assert_eq!(super::mbps_text(100), "100M");
     }
 }

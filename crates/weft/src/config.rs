@@ -98,6 +98,12 @@ pub struct ControllerClientConfig {
     /// `weft controller`: deliver the applied state again when drift is found.
     #[serde(default)]
     pub repair_drift: bool,
+    /// `weft controller`: the provider's pool group, whose members tenants lease (pool).
+    #[schemars(example = &"pool")]
+    pub lease_pool: Option<String>,
+    /// `weft controller`: seconds before a lease ends that its nodes' agents are warned (300).
+    #[schemars(example = 300)]
+    pub lease_warn_s: Option<u64>,
 }
 
 /// `[agent]`: defaults for the flags of `weft agent` (the same names as the flags).
@@ -119,6 +125,12 @@ pub struct AgentFileConfig {
     /// Serve Prometheus metrics on this address (`/metrics`).
     #[schemars(example = &"127.0.0.1:7102")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// While a lease on this server ends, the file kept written (/run/weft/lease-ending).
+    #[schemars(example = &"/run/weft/lease-ending")]
+    pub lease_notice_file: Option<PathBuf>,
+    /// A command (`sh -c`) run once when a lease on this server starts ending.
+    #[schemars(example = &"systemctl stop my-job")]
+    pub lease_hook: Option<String>,
 }
 
 /// `[bench]`: defaults for the flags of `weft bench p2p`, `weft bench collectives` and

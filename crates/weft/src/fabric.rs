@@ -175,11 +175,13 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 let why = format!(
                     "SM `{sm}`'s partitions file is managed by {owner} (its header says so): change it through the controller; nothing was written (pass --force to replace it anyway, and the controller will report the drift)"
                 );
-                if as_json {
-                    json(&serde_json::json!({ "error": why, "owner": owner, "sm": sm }))?;
-                } else {
-                    eprintln!("weft: {why}");
-                }
+                crate::output::error(
+                    as_json,
+                    EXIT_CHECK_FAILED,
+                    &why,
+                    &[],
+                    serde_json::json!({ "owner": owner, "sm": sm }),
+                );
                 return Ok(EXIT_CHECK_FAILED);
             }
             if !allow_removal {
@@ -226,10 +228,16 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                     rollback,
                 }) => {
                     if as_json {
-                        json(&serde_json::json!({
-                            "error": cause, "rollback": rollback,
-                            "ports": port_rows(&mismatches, &snapshot),
-                        }))?;
+                        let v = crate::output::error_value(
+                            &format!("apply failed: {cause}"),
+                            &[],
+                            EXIT_CHECK_FAILED,
+                            serde_json::json!({
+                                "rollback": rollback,
+                                "ports": port_rows(&mismatches, &snapshot),
+                            }),
+                        );
+                        println!("{v}");
                     } else {
                         eprintln!("weft: apply failed: {cause}");
                         print_port_changes(&mismatches, &snapshot, "wrong");
@@ -342,9 +350,11 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                 SyncState::InSync => EXIT_OK,
             };
             let in_sync = state == SyncState::InSync;
-            // When a controller owns the file (and one is configured), what its drift
-            // check last found.
-            let drift = owner.as_ref().and_then(|_| controller_status(cfg));
+            // When a controller is configured, what its drift check last found: also when
+            // the file no longer names it (`weft fabric apply --force` replaced its file, a
+            // drift). A controller that cannot be asked is a line of the report when it owns
+            // the file, and nothing when it does not.
+            let drift = controller_status(cfg).filter(|d| owner.is_some() || d.is_ok());
             let (drift_json, drift_line, drifted) = match &drift {
                 Some(Ok(st)) => {
                     let mut line = format!("controller drift check: {}", st.drift.state.as_str());
@@ -471,7 +481,12 @@ fn import(
             Ok(c) => c,
             Err(errs) => return show(&errs, "errors"),
         };
-        if !weft_fabric::auto_keyed(&parsed).is_empty() {
+        // Partitions without ports are in no port's table: import gives them a free key.
+        let empty = weft_fabric::keyless_empty(&parsed);
+        if weft_fabric::auto_keyed(&parsed)
+            .iter()
+            .any(|n| !empty.contains(n))
+        {
             match live_keys(fc, &parsed)? {
                 Ok(keys) => opts.keys = keys,
                 Err(msg) => return bad_input(&format!("{}: {msg}", file.display()), as_json),
@@ -510,7 +525,11 @@ fn live_keys(
 ) -> Result<std::result::Result<std::collections::BTreeMap<String, weft_fabric::PKey>, String>> {
     let a = applier(fc, None)?;
     let snapshot = a.diag.snapshot()?;
-    let auto = weft_fabric::auto_keyed(parsed);
+    let empty = weft_fabric::keyless_empty(parsed);
+    let auto: Vec<String> = weft_fabric::auto_keyed(parsed)
+        .into_iter()
+        .filter(|n| !empty.contains(n))
+        .collect();
     Ok(weft_fabric::keys_from_tables(
         parsed,
         &snapshot.inventory,
@@ -543,11 +562,16 @@ fn refuse_removal(
         None => "the master's current partitions file cannot be read by weft, so what the plan removes is unknown".to_string(),
     };
     if as_json {
-        json(&serde_json::json!({
-            "error": format!("{why}; nothing was written (pass --allow-removal if that is meant)"),
-            "removals": removed,
-            "ports": port_rows(&v.mismatches, snapshot),
-        }))?;
+        let e = crate::output::error_value(
+            &format!("{why}; nothing was written (pass --allow-removal if that is meant)"),
+            &[],
+            EXIT_CHECK_FAILED,
+            serde_json::json!({
+                "removals": removed,
+                "ports": port_rows(&v.mismatches, snapshot),
+            }),
+        );
+        println!("{e}");
     } else {
         for r in removed.iter().flatten() {
             println!("{r}");
@@ -568,11 +592,13 @@ fn load_plan(path: &Path) -> Result<std::result::Result<Plan, String>> {
 
 /// Reports input that is wrong (a plan or a file that does not parse): exit 1.
 fn bad_input(message: &str, as_json: bool) -> Result<u8> {
-    if as_json {
-        json(&serde_json::json!({ "error": message }))?;
-    } else {
-        eprintln!("weft: {message}");
-    }
+    crate::output::error(
+        as_json,
+        EXIT_CHECK_FAILED,
+        message,
+        &[],
+        serde_json::Value::Null,
+    );
     Ok(EXIT_CHECK_FAILED)
 }
 

@@ -22,12 +22,12 @@ pub struct GroupArgs {
 /// `--timeout-s`). weft.toml is read here, only when `--group` is used.
 pub fn nodes(a: &GroupArgs, name: &str) -> Result<Vec<NodeView>> {
     let cfg = crate::config::Config::load(crate::config_path().as_deref())?;
-    let (client, url) = crate::cluster::client_for(&a.remote, &cfg.controller)?;
+    let (client, _url) = crate::cluster::client_for(&a.remote, &cfg.controller)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(client.group_nodes(name))
-        .with_context(|| format!("--group {name}: the nodes of the group from {url}"))
+        .with_context(|| format!("--group {name}: the nodes of the group"))
 }
 
 /// The planner's view of a node.
@@ -52,10 +52,6 @@ pub fn fill_hosts(hosts: &mut crate::bench::HostArgs, g: &GroupArgs) -> Result<V
     if nodes.is_empty() {
         anyhow::bail!("--group {name}: the group has no members");
     }
-    hosts.hosts = nodes
-        .iter()
-        .map(|n| n.name.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
+    hosts.members = nodes.iter().map(|n| n.name.clone()).collect();
     Ok(nodes)
 }

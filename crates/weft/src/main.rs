@@ -10,6 +10,7 @@ mod config;
 mod doctor;
 mod fabric;
 mod group;
+mod lease;
 mod mesh;
 mod output;
 mod plan;
@@ -48,6 +49,10 @@ struct Cli {
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// The log's format on stderr: `text` (colour on a terminal unless NO_COLOR is set) or
+    /// `json` (one object a line: time, level, target, fields; for a log collector).
+    #[arg(long, global = true, env = "WEFT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -149,11 +154,7 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            if cli.json {
-                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-                print_json_error(&e.to_string(), &causes);
-            }
-            eprintln!("weft: error: {e:#}");
+            output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
             return ExitCode::from(EXIT_ENVIRONMENT);
         }
     };
@@ -170,15 +171,20 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person: a log file, a pipe or journald gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => log.json().with_current_span(false).init(),
+        LogFormat::Text => log
+            .with_ansi(log_colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
+            .init(),
+    }
     match &cli.command {
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -189,7 +195,7 @@ fn main() -> ExitCode {
             return match write_manpages(dir) {
                 Ok(()) => ExitCode::from(EXIT_OK),
                 Err(e) => {
-                    eprintln!("weft: error: {e:#}");
+                    output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
                     ExitCode::from(EXIT_ENVIRONMENT)
                 }
             };
@@ -233,14 +239,25 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            if cli.json {
-                let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-                print_json_error(&e.to_string(), &causes);
-            }
-            eprintln!("weft: error: {e:#}");
+            output::anyhow_error(cli.json, EXIT_ENVIRONMENT, &e);
             ExitCode::from(EXIT_ENVIRONMENT)
         }
     }
+}
+
+/// How the log is written (`--log-format`, `WEFT_LOG_FORMAT`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Whether the text log is coloured: only for a person (a log file, a pipe or journald
+/// gets plain text), and never when `NO_COLOR` is set to anything but the empty string
+/// (no-color.org). An explicit `with_ansi` overrides tracing-subscriber's own NO_COLOR
+/// check, so it is made here.
+fn log_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// A command-line error: usage (exit 2, JSON too under `--json`), or `--help` (exit 0).
@@ -251,8 +268,18 @@ fn usage_error(e: clap::Error) -> ExitCode {
         EXIT_OK
     };
     if code == EXIT_ENVIRONMENT && std::env::args_os().any(|a| a == "--json") {
-        // A script that asked for JSON gets JSON, even for a usage error.
-        print_json_error(&e.kind().to_string(), &[e.render().to_string()]);
+        // A script that asked for JSON gets JSON, even for a usage error: clap's message
+        // (its first line, without the `error: ` clap puts in front) and its kind as the cause.
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        let message = first.strip_prefix("error: ").unwrap_or(first);
+        let v = output::error_value(
+            message,
+            &[e.kind().to_string()],
+            code,
+            serde_json::Value::Null,
+        );
+        println!("{v}");
     }
     let _ = e.print();
     ExitCode::from(code)
@@ -312,13 +339,6 @@ static CONFIG_PATH: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::
 /// The config file named on the command line, if any (else `./weft.toml` is looked for).
 pub fn config_path() -> Option<PathBuf> {
     CONFIG_PATH.get().cloned().flatten()
-}
-
-/// An error for a script that asked for `--json`, on stdout where it reads the result:
-/// `{"error": "...", "causes": ["...", ...]}` (the source chain, outermost first).
-fn print_json_error(error: &str, causes: &[String]) {
-    let v = serde_json::json!({ "error": error, "causes": causes });
-    println!("{v}");
 }
 
 /// One man page per command: `weft.1`, `weft-fabric.1`, `weft-fabric-apply.1`, ...

@@ -28,6 +28,52 @@ pub fn clean(s: &str) -> String {
     weft_controller::input::escape_control(s)
 }
 
+/// The one shape of an error under `--json`, printed on stdout where a script reads the
+/// result: `{"error": "<message>", "causes": ["<cause>", ...], "exit": N}` (`causes` the
+/// source chain, outermost first, each said once; `exit` the process's exit code), plus, for
+/// some commands, keys that say more (`http_status`, `operation`, `owner`, `removals`, ...).
+/// The message and its causes also go to stderr, as `weft: a: b: c`, for the person.
+pub fn error(as_json: bool, exit: u8, message: &str, causes: &[String], extra: serde_json::Value) {
+    if as_json {
+        println!("{}", error_value(message, causes, exit, extra));
+    }
+    if causes.is_empty() {
+        eprintln!("weft: {message}");
+    } else {
+        eprintln!("weft: {message}: {}", causes.join(": "));
+    }
+}
+
+/// The value [`error`] prints.
+pub fn error_value(
+    message: &str,
+    causes: &[String],
+    exit: u8,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({ "error": message, "causes": causes, "exit": exit });
+    if let (Some(obj), serde_json::Value::Object(more)) = (v.as_object_mut(), extra) {
+        for (k, x) in more {
+            obj.entry(k).or_insert(x);
+        }
+    }
+    v
+}
+
+/// An `anyhow` error as [`error`] prints it: the outermost message, then each cause that
+/// the line does not already hold (see `weft_chain`).
+pub fn anyhow_error(as_json: bool, exit: u8, e: &anyhow::Error) {
+    let message = e.to_string();
+    let mut causes: Vec<String> = Vec::new();
+    for c in e.chain().skip(1) {
+        let t = c.to_string();
+        if !t.is_empty() && !message.contains(&t) && !causes.iter().any(|p| p.contains(&t)) {
+            causes.push(t);
+        }
+    }
+    error(as_json, exit, &message, &causes, serde_json::Value::Null);
+}
+
 pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -72,6 +118,22 @@ mod tests {
         assert_eq!(t.lines().count(), 2, "{t}");
         assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
         assert!(t.contains("\\u{1b}[2K"), "{t}");
+    }
+
+    #[test]
+    fn errors_have_one_shape_and_extra_keys_never_replace_it() {
+        let v = error_value(
+            "no",
+            &["because".into()],
+            2,
+            serde_json::json!({ "operation": 7, "exit": 0, "error": "x" }),
+        );
+        assert_eq!(v["error"], "no");
+        assert_eq!(v["causes"][0], "because");
+        assert_eq!(v["exit"], 2);
+        assert_eq!(v["operation"], 7);
+        let plain = error_value("no", &[], 1, serde_json::Value::Null);
+        assert_eq!(plain.as_object().unwrap().len(), 3, "{plain}");
     }
 
     #[test]

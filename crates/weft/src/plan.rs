@@ -6,13 +6,14 @@ use clap::Args;
 use serde::Serialize;
 use weft_plan::plan::{self, Candidate, Cluster, Engine, KvDtype, Layout, Options, Plan};
 use weft_plan::source::{self, HttpOptions, ModelRef};
+use weft_plan::speed::{self, Hardware, Speed};
 
 use crate::output::table;
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft plan meta-llama/Meta-Llama-3-8B --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen3-235B-A22B-GPTQ-Int4 --nodes 2 --gpu-memory 128GiB --tp 2 --max-model-len 32768\n  weft plan deepseek-ai/DeepSeek-V3 --nodes 2 --gpus-per-node 8 --gpu-memory 141GB --ep --json\n  weft plan ./model.gguf --engine llama.cpp --nodes 2 --gpu-memory 24GiB\n  WEFT_TOKEN=... weft plan Qwen/Qwen3-235B-A22B --group team-a --controller http://10.0.0.1:7100\n\nWith --group, the nodes, their GPUs and the GPUs' memory are the group's members as their\nagents reported them to the controller (GET /v1/groups/NAME/nodes); --gpu-memory replaces\nthe reported memory. Without it, --nodes, --gpus-per-node and --gpu-memory say.\n\nMODEL is a directory (config.json and *.safetensors or model.safetensors.index.json), one\n.safetensors file with config.json beside it, a .gguf file, or a Hugging Face repo id whose\nconfig and safetensors headers are read with HTTP Range requests (HF_ENDPOINT, HF_TOKEN),\nnever the weights.\n\nWithout --tp/--pp every layout that uses all GPUs is planned and ranked (fits, then the\nfewest collectives and bytes between nodes per token, then KV capacity); the best is shown.\n\nExit codes: 0 it fits, 1 it does not fit, 2 usage or environment error."
+    after_help = "Examples:\n  weft plan meta-llama/Meta-Llama-3-8B --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen3-235B-A22B-GPTQ-Int4 --nodes 2 --gpu-memory 128GiB --tp 2 --max-model-len 32768\n  weft plan deepseek-ai/DeepSeek-V3 --nodes 2 --gpus-per-node 8 --gpu-memory 141GB --ep --json\n  weft plan ./model.gguf --engine llama.cpp --nodes 2 --gpu-memory 24GiB\n  weft plan ./Qwen2.5-7B-Instruct --nodes 4 --gpu-memory 128GB --device gb10 --links p2p.json\n  WEFT_TOKEN=... weft plan Qwen/Qwen3-235B-A22B --group team-a --controller http://10.0.0.1:7100\n\nWith --group, the nodes, their GPUs and the GPUs' memory are the group's members as their\nagents reported them to the controller (GET /v1/groups/NAME/nodes); --gpu-memory replaces\nthe reported memory. Without it, --nodes, --gpus-per-node and --gpu-memory say.\n\nMODEL is a directory (config.json and *.safetensors or model.safetensors.index.json), one\n.safetensors file with config.json beside it, a .gguf file, or a Hugging Face repo id whose\nconfig and safetensors headers are read with HTTP Range requests (HF_ENDPOINT, HF_TOKEN),\nnever the weights.\n\nWithout --tp/--pp every layout that uses all GPUs is planned and ranked (fits, then the\nfastest predicted single-stream decode, then the fewest collectives and bytes between nodes\nper token, then KV capacity); the best is shown.\n\nThe prediction is a ceiling per step: memory (bytes read / bandwidth), compute (FLOPs / dense\npeak), TP all-reduces, pipeline hops, expert all-to-all and a fixed engine overhead, from the\n--device table (sources in --json) and the link between nodes (--links: `weft bench p2p\n--json` output; or --link-gbps/--link-latency-us; default 200 Gb/s, 10 us). With --group the\ndevice is the GPU the agents report. --json also carries a speed model per node count\n(scaling) for `weft bench llm compare --plan`.\n\nExit codes: 0 it fits, 1 it does not fit, 2 usage or environment error."
 )]
 pub struct PlanArgs {
     /// A model directory, a .safetensors or .gguf file, or a Hugging Face repo id.
@@ -65,6 +66,128 @@ pub struct PlanArgs {
     /// Seconds each HTTP request may take.
     #[arg(long, default_value_t = 30)]
     http_timeout_s: u64,
+    #[command(flatten)]
+    speed: SpeedArgs,
+}
+
+/// Figures for the speed prediction.
+#[derive(Args)]
+struct SpeedArgs {
+    /// The GPU whose published figures predict the speed: gb10 (DGX Spark), h100, h200,
+    /// a100, l40s, rtx-4090, rtx-5090, cpu (default gb10).
+    #[arg(long)]
+    device: Option<String>,
+    /// Memory bandwidth of each GPU, GB/s (replaces the device's figure).
+    #[arg(long)]
+    memory_gbs: Option<f64>,
+    /// Dense peak of each GPU, TFLOPS, for BF16 and FP8 alike (replaces the device's).
+    #[arg(long)]
+    tflops: Option<f64>,
+    /// `weft bench p2p --json` output: the median pair's rate and half its round trip are
+    /// the link between nodes.
+    #[arg(long, conflicts_with_all = ["link_gbps", "link_latency_us"])]
+    links: Option<std::path::PathBuf>,
+    /// Rate of the link between nodes, Gb/s (default 200).
+    #[arg(long)]
+    link_gbps: Option<f64>,
+    /// One-way latency of the link between nodes, microseconds (default 10).
+    #[arg(long)]
+    link_latency_us: Option<f64>,
+    /// Fixed time of one engine step, microseconds (default: the engine's assumed figure;
+    /// `weft bench llm compare --plan` fits it from a measured run).
+    #[arg(long)]
+    step_overhead_us: Option<f64>,
+}
+
+/// The device and link figures from the flags (or the GPU the group's agents reported),
+/// each with where it came from.
+fn hardware(a: &SpeedArgs, engine: Engine, reported_gpu: Option<&str>) -> Result<Hardware> {
+    let reported = reported_gpu.and_then(|g| speed::device_from_gpu_name(g).map(|d| (g, d)));
+    let name = match (&a.device, reported) {
+        (Some(n), _) => n.as_str(),
+        (None, Some((_, d))) => d.name,
+        (None, None) => "gb10",
+    };
+    let d = speed::device(name).with_context(|| {
+        format!(
+            "--device {name:?}: one of {}",
+            speed::DEVICES
+                .iter()
+                .map(|d| d.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let mut hw = Hardware::new(d, engine);
+    match (&a.device, reported, reported_gpu) {
+        (Some(_), _, _) => {}
+        (None, Some((g, _)), _) => {
+            hw.sources[0] = format!(
+                "device {} from the agents' report ({g}): {}",
+                d.name, d.source
+            )
+        }
+        (None, None, Some(g)) => {
+            hw.sources[0] = format!(
+                "device gb10 assumed: the agents report {g:?}, which the table does not have (--device, --memory-gbs and --tflops say yours): {}",
+                d.source
+            )
+        }
+        (None, None, None) => {
+            hw.sources[0] = format!("device gb10 assumed (--device names yours): {}", d.source)
+        }
+    }
+    if let Some(v) = a.memory_gbs {
+        hw.memory_gbs = v;
+        hw.sources.push(format!("--memory-gbs {v}"));
+    }
+    if let Some(v) = a.tflops {
+        hw.bf16_tflops = v;
+        hw.fp8_tflops = v;
+        hw.sources.push(format!("--tflops {v}"));
+    }
+    if let Some(path) = &a.links {
+        let bytes = std::fs::read(path).with_context(|| format!("--links {}", path.display()))?;
+        let m: weft_bench::p2p::Matrix = serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "--links {}: not the JSON of `weft bench p2p --json`",
+                path.display()
+            )
+        })?;
+        let measured = m.pairs.iter().filter(|p| p.error.is_none()).count();
+        if measured == 0 || m.median_gbps.is_nan() || m.median_gbps <= 0.0 {
+            bail!("--links {}: no pair was measured", path.display());
+        }
+        hw.link_gbps = m.median_gbps;
+        hw.link_latency_us = m.median_rtt_us / 2.0;
+        hw.sources[1] = format!(
+            "link {:.1} Gb/s, {:.1} us: the median of {measured} pairs in {} (half the round trip)",
+            m.median_gbps,
+            hw.link_latency_us,
+            path.display()
+        );
+    }
+    if a.link_gbps.is_some() || a.link_latency_us.is_some() {
+        hw.link_gbps = a.link_gbps.unwrap_or(hw.link_gbps);
+        hw.link_latency_us = a.link_latency_us.unwrap_or(hw.link_latency_us);
+        hw.sources[1] = format!(
+            "link {} Gb/s, {} us{}",
+            hw.link_gbps,
+            hw.link_latency_us,
+            if a.link_gbps.is_some() && a.link_latency_us.is_some() {
+                " (flags)"
+            } else {
+                " (flags, the rest assumed)"
+            }
+        );
+    }
+    if let Some(v) = a.step_overhead_us {
+        hw.step_overhead_us = v;
+        hw.sources[2] = format!("engine step overhead {v} us (--step-overhead-us)");
+    }
+    hw.check()
+        .map_err(|e| anyhow::anyhow!("device and link figures: {e}"))?;
+    Ok(hw)
 }
 
 /// A size with its unit: `128GiB`, `80GB`, `512MiB`.
@@ -124,6 +247,9 @@ struct Report {
     /// Present when the layout was chosen by ranking: every layout considered.
     #[serde(skip_serializing_if = "Option::is_none")]
     candidates: Option<Vec<Candidate>>,
+    /// The fastest layout that fits on 1, 2, ... of the cluster's nodes and its speed
+    /// model: `weft bench llm compare --plan` predicts each measured run from it.
+    scaling: Vec<speed::ScalePoint>,
 }
 
 pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
@@ -142,7 +268,7 @@ pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
             Ok(code)
         }
         Err(e) if json => {
-            crate::output::json(&serde_json::json!({"error": format!("{e:#}")}))?;
+            crate::output::anyhow_error(true, EXIT_ENVIRONMENT, &e);
             Ok(EXIT_ENVIRONMENT)
         }
         Err(e) => Err(e),
@@ -165,9 +291,14 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         .transpose()
         .context("--gpu-memory")?;
     let mut cluster_warnings = Vec::new();
+    let mut reported_gpu = None;
     let cluster = match &a.group.group {
         Some(name) => {
             let nodes = crate::group::nodes(&a.group, name)?;
+            reported_gpu = nodes
+                .iter()
+                .find_map(|n| n.gpus.first())
+                .map(|g| g.name.clone());
             let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
             let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;
             cluster_warnings.push(format!(
@@ -208,6 +339,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             .map(parse_size)
             .transpose()
             .context("--overhead")?,
+        hardware: Some(hardware(&a.speed, engine, reported_gpu.as_deref())?),
     };
     let model = match source::resolve(&a.model)? {
         ModelRef::Repo(id) => {
@@ -240,6 +372,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         return Ok(Report {
             plan: plan::plan(&model, layout, cluster, &opts)?,
             candidates: None,
+            scaling: speed::scaling(&model, cluster, &opts),
         });
     }
     if engine == Engine::LlamaCpp {
@@ -252,6 +385,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         return Ok(Report {
             plan: plan::plan(&model, layout, cluster, &opts)?,
             candidates: None,
+            scaling: speed::scaling(&model, cluster, &opts),
         });
     }
     let mut cands = plan::candidates(&model, cluster, &opts);
@@ -264,6 +398,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         Some(p) => Ok(Report {
             plan: p,
             candidates: Some(list),
+            scaling: speed::scaling(&model, cluster, &opts),
         }),
         None => {
             let why: Vec<String> = list.iter().filter_map(|c| c.refused.clone()).collect();
@@ -274,6 +409,14 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
 
 fn print_human(r: &Report) {
     let p = &r.plan;
+    if let Some(asked) = p.shortened_from {
+        println!(
+            "fits at up to {} tokens: the config's context of {} does not fit; planned for --max-model-len {}\n",
+            tokens(p.max_model_len),
+            tokens(asked),
+            p.max_model_len
+        );
+    }
     println!(
         "model   {}: {} ({:?}), quantization {}, {} tensors, {} in the checkpoint",
         p.model,
@@ -369,6 +512,34 @@ fn print_human(r: &Report) {
         tokens(p.comm.pp_bytes_per_token),
         tokens(p.comm.ep_bytes_per_token)
     );
+    if let Some(sp) = &p.speed {
+        let hw = &sp.hardware;
+        println!(
+            "\none sequence, predicted ceiling on {} ({} GB/s, {} TFLOPS BF16, {} FP8), link {} Gb/s {} us, step overhead {} us:",
+            hw.device,
+            hw.memory_gbs,
+            hw.bf16_tflops,
+            hw.fp8_tflops,
+            hw.link_gbps,
+            hw.link_latency_us,
+            hw.step_overhead_us
+        );
+        println!("  decode               {}", speed_line(&sp.decode, "step"));
+        println!(
+            "  decode at {:<10} {}",
+            tokens(sp.context_tokens),
+            speed_line(&sp.decode_at_context, "step")
+        );
+        println!(
+            "  prompt of {:<10} {}",
+            tokens(sp.prompt_tokens),
+            speed_line(&sp.prompt, "prompt")
+        );
+        println!("  figures:");
+        for src in &hw.sources {
+            println!("    {src}");
+        }
+    }
     for (title, list) in [
         ("replicated", &p.replicated),
         ("uneven", &p.uneven),
@@ -402,6 +573,9 @@ fn print_human(r: &Report) {
                     "FITS",
                     "MAX WEIGHTS/GPU",
                     "MIN KV TOKENS",
+                    "DECODE T/S",
+                    "PROMPT T/S",
+                    "BOUND BY",
                     "BETWEEN NODES/TOKEN"
                 ],
                 c.iter().map(|c| [
@@ -423,6 +597,11 @@ fn print_human(r: &Report) {
                     } else {
                         tokens(c.min_kv_tokens)
                     },
+                    c.decode_tokens_per_s
+                        .map_or("-".into(), |v| format!("{v:.1}")),
+                    c.prompt_tokens_per_s
+                        .map_or("-".into(), |v| format!("{v:.0}")),
+                    c.dominant.clone().unwrap_or_else(|| "-".into()),
                     match &c.refused {
                         Some(why) => why.clone(),
                         None => format!(
@@ -443,6 +622,34 @@ fn print_human(r: &Report) {
             "does NOT fit: see HEADROOM above"
         }
     );
+}
+
+/// `45.1 t/s: memory 14.10 ms, TP latency 3.36 ms, overhead 1.50 ms per step; memory`:
+/// the terms that are not zero.
+fn speed_line(s: &Speed, per: &str) -> String {
+    let t = &s.terms;
+    let terms = [
+        ("memory", t.memory_s),
+        ("compute", t.compute_s),
+        ("TP latency", t.tp_latency_s),
+        ("TP bytes", t.tp_bytes_s),
+        ("PP latency", t.pp_latency_s),
+        ("PP bytes", t.pp_bytes_s),
+        ("EP latency", t.ep_latency_s),
+        ("EP bytes", t.ep_bytes_s),
+        ("overhead", t.overhead_s),
+    ];
+    let parts: Vec<String> = terms
+        .iter()
+        .filter(|(_, v)| *v > 0.0)
+        .map(|(n, v)| format!("{n} {:.2} ms", v * 1e3))
+        .collect();
+    format!(
+        "{:.1} t/s ({} per {per}; bound by {})",
+        s.tokens_per_s,
+        parts.join(", "),
+        s.dominant
+    )
 }
 
 #[cfg(test)]

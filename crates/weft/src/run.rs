@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use weft_launch::hosts;
 use weft_launch::run::{self, LaunchOptions, Nccl, Recipe};
 
 use crate::bench::HostArgs;
@@ -14,7 +13,9 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long.\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
+    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long, and the one
+that froze first: a stopped process (state T), a node that stopped answering, or the rank whose
+output and CPU time stopped first (ranks waiting in a collective keep spinning).\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -97,71 +98,26 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         a.cmd = cmd;
     }
     let recipe = Recipe::of(&a.cmd);
-    // Every node's network, from its own facts.
-    let mut nets = Vec::with_capacity(hs.len());
-    for (h, f) in hs.iter().zip(hosts::facts_all(&hs, &remote)) {
-        let f = f?;
-        nets.push(run::node_net(
-            h.name(),
-            &f,
-            a.hosts.mgmt_if.as_deref(),
-            a.hosts.data_if.as_deref(),
-        )?);
-    }
-    let mut argvs = Vec::with_capacity(hs.len());
-    let mut envs = Vec::with_capacity(hs.len());
-    for i in 0..hs.len() {
-        argvs.push(run::node_argv(recipe, &a.cmd, &nets, i, a.master_port)?);
-        envs.push(run::job_env(
-            &nets,
-            i,
-            a.nproc_per_node,
-            a.master_port,
-            a.nccl,
-        ));
-    }
+    // Every node's network, from the facts of all of them together: the interfaces
+    // `weft doctor` finds on the same hosts and flags.
+    let nets = run::gather_node_nets(&hs, &remote, &a.hosts.if_choice()?)?;
+    let (argvs, envs) = run::node_jobs(
+        recipe,
+        &a.cmd,
+        &nets,
+        a.master_port,
+        a.nproc_per_node,
+        a.nccl,
+    )?;
     if !a.no_version_check {
-        let mut args = vec![
-            remote.exe.clone(),
-            "run-probe".to_string(),
-            "--python".into(),
-            a.python.clone(),
-            "--modules".into(),
-            recipe.modules().join(","),
-        ];
-        if let Some(m) = &a.model {
-            args.extend(["--model".into(), m.clone()]);
-        }
-        let got: Vec<Result<run::Versions, weft_launch::LaunchError>> = std::thread::scope(|s| {
-            let hs_ref = &hs;
-            let args = &args;
-            let js: Vec<_> = (0..hs.len())
-                .map(|i| {
-                    s.spawn(move || {
-                        let h = hs_ref[i].as_ref();
-                        let o = hosts::run(h, args, &[], Duration::from_secs(180))?;
-                        serde_json::from_slice::<run::Versions>(&o.stdout).map_err(|e| {
-                            weft_launch::LaunchError::Host {
-                                host: h.name().into(),
-                                msg: format!(
-                                    "the version probe printed no JSON ({e}): {}",
-                                    String::from_utf8_lossy(&o.stderr).trim()
-                                ),
-                            }
-                        })
-                    })
-                })
-                .collect();
-            js.into_iter()
-                .map(|j| {
-                    j.join().unwrap_or_else(|_| {
-                        Err(weft_launch::LaunchError::Usage(
-                            "probe thread panicked".into(),
-                        ))
-                    })
-                })
-                .collect()
-        });
+        let got = run::probe_versions(
+            &hs,
+            &remote.exe,
+            &a.python,
+            recipe,
+            a.model.as_deref(),
+            Duration::from_secs(180),
+        );
         let mut vs = Vec::new();
         for (h, g) in hs.iter().zip(got) {
             vs.push((h.name().to_string(), g?));
@@ -218,12 +174,29 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         }
         for s in &r.stalled {
             println!(
-                "\nSTALL node {} ({}): nothing printed for {:.0} s; last line: {}; last NCCL line: {}",
+                "\nSTALL node {} ({}): nothing printed for {:.0} s; last line: {}; last NCCL line: {}{}",
                 s.node_rank,
                 s.host,
                 s.silent_s,
                 s.last_line.as_deref().unwrap_or("-"),
-                s.last_nccl_line.as_deref().unwrap_or("-")
+                s.last_nccl_line.as_deref().unwrap_or("-"),
+                s.state
+                    .as_ref()
+                    .map(|x| format!("; processes: {x}"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(x) = &r.suspect {
+            println!(
+                "\nFROZEN FIRST node {} ({}): {}; last line: {}",
+                x.node_rank,
+                x.host,
+                x.why,
+                x.last_line.as_deref().unwrap_or("-")
+            );
+        } else if !r.stalled.is_empty() {
+            println!(
+                "\nno node stands out: the ranks stopped together (no stopped process, every node answering, none stopped making progress 2 s before the others)"
             );
         }
         if r.interrupted {

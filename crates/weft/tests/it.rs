@@ -116,6 +116,193 @@ fn errors_under_json_are_json_with_their_causes() {
     assert!(v.to_string().contains("nothere.toml"), "{v}");
 }
 
+/// Every client command of the controller, under `--json`, against a controller that is
+/// not there: stdout is one JSON error of the documented shape (`error`, `causes`, `exit`),
+/// the exit code is 2, and the message names the URL and the cause once. The list is checked
+/// against each command group's `--help`, so a new client command cannot be left out.
+#[test]
+fn every_client_command_under_json_fails_as_json_against_an_unreachable_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let commands: &[&[&str]] = &[
+        &["nodes"],
+        &["nodes", "list"],
+        &["nodes", "enroll", "--server", "node1"],
+        &["nodes", "claims"],
+        &["nodes", "remove", "node1"],
+        &["nodes", "approve", "1"],
+        &["group", "create", "a", "--tenant", "alice"],
+        &["group", "add", "a", "node1"],
+        &["group", "move", "node1", "--to", "b"],
+        &["group", "remove", "a", "node1"],
+        &["group", "remove", "a"],
+        &["group", "list"],
+        &["tenant", "create", "alice"],
+        &["tenant", "list"],
+        &["tenant", "token", "alice"],
+        &["tenant", "delete", "alice"],
+        &["audit"],
+        &["token", "list"],
+        &["token", "admin"],
+        &["token", "revoke", "0123456789abcdef"],
+        &["plan", "tests/plan/nothere", "--group", "a"],
+    ];
+    // Every subcommand of the client groups is in the list.
+    for group in ["nodes", "group", "tenant", "token"] {
+        let help = text(&weft(dir.path(), &[group, "--help"]));
+        let subs = help
+            .split("Commands:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{group} --help lists no commands: {help}"))
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|w| *w != "help")
+            .collect::<Vec<_>>();
+        assert!(!subs.is_empty(), "{help}");
+        for sub in subs {
+            assert!(
+                commands
+                    .iter()
+                    .any(|c| c[0] == group && c.get(1) == Some(&sub)),
+                "`weft {group} {sub}` is not in the list of client commands tested here"
+            );
+        }
+    }
+    for c in commands {
+        let args = [
+            &["--json"][..],
+            c,
+            &["--controller", &url, "--timeout-s", "5"],
+        ]
+        .concat();
+        let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(&args)
+            .current_dir(dir.path())
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_CONTROLLER")
+            .env("WEFT_TOKEN", "0123456789abcdef0123456789abcdef")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{c:?}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{c:?}: stdout is not JSON ({e}): {}", text(&o)));
+        assert_eq!(v["exit"], 2, "{c:?}: {v}");
+        assert!(v["causes"].is_array(), "{c:?}: {v}");
+        let all = format!(
+            "{} {}",
+            v["error"].as_str().unwrap_or_default(),
+            v["causes"]
+        );
+        assert_eq!(all.matches(&url).count(), 1, "{c:?}: the URL once: {all}");
+        assert_eq!(
+            all.matches("Connection refused").count(),
+            1,
+            "{c:?}: the cause once: {all}"
+        );
+    }
+    // The agent, which has no credentials yet and no enrollment token: the same shape.
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "--json",
+            "agent",
+            "--state-file",
+            "nothere.json",
+            "--controller",
+            &url,
+        ])
+        .current_dir(dir.path())
+        .env_remove("WEFT_CONFIG")
+        .env_remove("WEFT_ENROLL_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("agent: stdout is not JSON ({e}): {}", text(&o)));
+    assert_eq!(v["exit"], 2, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("agent: ")),
+        "{v}"
+    );
+}
+
+/// The log on a terminal (a pty from util-linux `script`): coloured, unless `NO_COLOR` is
+/// set (no-color.org), which once worked, then stopped when the colour was made to follow
+/// the terminal. `--log-format json` writes one JSON object a line.
+#[test]
+fn no_color_turns_the_log_colour_off_on_a_terminal_and_the_log_can_be_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let bin = env!("CARGO_BIN_EXE_weft");
+    // A command that logs (reqwest's connection attempt, at DEBUG) and fails fast.
+    let cmd = format!("{bin} nodes --controller http://127.0.0.1:{port} --timeout-s 2");
+    let on_tty = |no_color: Option<&str>| {
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"])
+            .current_dir(dir.path())
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_LOG_FORMAT")
+            .env("WEFT_LOG", "debug")
+            .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        let o = c.output().expect("util-linux `script` runs");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let coloured = on_tty(None);
+    assert!(coloured.contains("DEBUG"), "the command logs: {coloured}");
+    assert!(
+        coloured.contains('\x1b'),
+        "a terminal gets colour: {coloured:?}"
+    );
+    let plain = on_tty(Some("1"));
+    assert!(plain.contains("DEBUG"), "{plain}");
+    assert!(!plain.contains('\x1b'), "NO_COLOR=1: {plain:?}");
+    // no-color.org: an empty NO_COLOR is as if unset.
+    assert!(on_tty(Some("")).contains('\x1b'));
+
+    let o = Command::new(bin)
+        .args(["--log-format", "json", "nodes", "--controller"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .current_dir(dir.path())
+        .env_remove("WEFT_CONFIG")
+        .env("WEFT_LOG", "debug")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let logged: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!logged.is_empty(), "{err}");
+    assert!(
+        logged
+            .iter()
+            .all(|v| v["level"].is_string() && v["timestamp"].is_string()),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .all(|l| l.starts_with('{') || l.starts_with("weft: ")),
+        "only JSON lines and the error line: {err}"
+    );
+}
+
 #[test]
 fn a_broken_weft_toml_stops_only_the_commands_that_read_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@ use weft_fabric::Guid;
 
 use super::*;
 use crate::model::{Liveness, OpState};
+use weft_lease::{Decision, Lease, Phase, Quota};
 
 /// Runs `test` on each backend, naming the backend when it fails.
 fn each_backend(name: &str, test: impl Fn(&dyn Store)) {
@@ -244,6 +245,7 @@ fn the_fencing_number_only_rises_and_deliveries_in_flight_end_with_the_applied_o
                 conf: "x",
                 detail: "",
                 warning: None,
+                taken: "",
             };
             s.mark_applied(&d, 2).unwrap();
             // At or below the applied generation a file is replaceable anyway.
@@ -269,6 +271,231 @@ fn the_fencing_number_only_rises_and_deliveries_in_flight_end_with_the_applied_o
                 raised[1].detail.contains("6 -> 7") && raised[1].diff == "-a\n+b",
                 "{a:?}"
             );
+        },
+    );
+}
+
+fn lease(phase: Phase) -> Lease {
+    Lease {
+        id: 1,
+        tenant: "alice".into(),
+        nodes_wanted: 1,
+        duration_s: 60,
+        submitted: 10,
+        not_before: 10,
+        same_switch: true,
+        phase,
+        start: Some(10),
+        end: Some(70),
+        nodes: vec!["node1".into()],
+        reason: None,
+    }
+}
+
+/// A step of the lease loop is one transaction: when one of its moves is refused, neither
+/// the lease nor its decisions nor any other move are kept, so a restarted controller never
+/// finds a lease change half made; what commits reads back as written, its decisions are
+/// audited, and a warning reaches the node's notices until the lease is extended.
+#[test]
+fn a_lease_step_commits_whole_or_not_at_all_and_reads_back_as_written() {
+    each_backend(
+        "a_lease_step_commits_whole_or_not_at_all_and_reads_back_as_written",
+        |s| {
+            s.create_tenant("admin:x", "alice", "ta", None, 1).unwrap();
+            let q = Quota {
+                max_nodes: 2,
+                node_seconds: 7200,
+                period_s: 86_400,
+            };
+            s.set_lease_quota("admin:x", "alice", Some(&q), 2).unwrap();
+            assert!(matches!(
+                s.set_lease_quota("admin:x", "bob", Some(&q), 2),
+                Err(StoreError::NotFound(_))
+            ));
+            let l = lease(Phase::Active);
+            let decisions = [
+                Decision::Grant {
+                    lease: 1,
+                    nodes: l.nodes.clone(),
+                    start: 10,
+                    end: 70,
+                },
+                Decision::MoveIn {
+                    lease: 1,
+                    node: "node1".into(),
+                },
+            ];
+            let bad = [
+                Change::CreateGroup {
+                    name: "alice".into(),
+                    tenant: "alice".into(),
+                },
+                // No such server: the whole step is refused.
+                Change::Move {
+                    server: "node1".into(),
+                    to: "alice".into(),
+                },
+            ];
+            let commit = LeaseCommit {
+                actor: "controller",
+                leases: std::slice::from_ref(&l),
+                changes: &bad,
+                decisions: &decisions,
+            };
+            assert!(s.lease_commit(&commit, 10).is_err());
+            assert!(s.lease_records().unwrap().leases.is_empty());
+            assert!(s.lease_decisions(1).unwrap().is_empty());
+            assert!(s.groups().unwrap().is_empty());
+            // Without the move it commits, and reads back as written.
+            let commit = LeaseCommit {
+                changes: &bad[..1],
+                ..commit
+            };
+            let ops = s.lease_commit(&commit, 10).unwrap();
+            assert_eq!(ops.len(), 1);
+            let r = s.lease_records().unwrap();
+            assert_eq!(r.leases, vec![l.clone()]);
+            assert_eq!(r.quotas["alice"], q);
+            let kinds: Vec<String> = s
+                .lease_decisions(1)
+                .unwrap()
+                .into_iter()
+                .map(|d| d.kind)
+                .collect();
+            assert_eq!(kinds, ["grant", "move-in"]);
+            // A warning reaches the node's notices until the lease is extended.
+            let warn = [Decision::Warn {
+                lease: 1,
+                nodes: vec!["node1".into()],
+                end: 70,
+            }];
+            let ending = lease(Phase::Ending);
+            let step = LeaseCommit {
+                actor: "controller",
+                leases: std::slice::from_ref(&ending),
+                changes: &[],
+                decisions: &warn,
+            };
+            s.lease_commit(&step, 40).unwrap();
+            assert_eq!(s.lease_notices("node1").unwrap()[0].end, 70);
+            let extend = [Decision::Extend { lease: 1, end: 130 }];
+            s.lease_commit(
+                &LeaseCommit {
+                    decisions: &extend,
+                    ..step
+                },
+                41,
+            )
+            .unwrap();
+            assert!(s.lease_notices("node1").unwrap().is_empty());
+            let audit = s.audit(100).unwrap();
+            assert!(
+                audit
+                    .iter()
+                    .any(|a| a.action == "lease.warn" && a.subject == "lease 1 (alice)"),
+                "{audit:?}"
+            );
+            assert!(
+                audit
+                    .iter()
+                    .any(|a| a.action == "lease.quota" && a.subject == "alice"),
+                "{audit:?}"
+            );
+            // A quota removed: the tenant cannot lease.
+            s.set_lease_quota("admin:x", "alice", None, 42).unwrap();
+            assert!(s.lease_records().unwrap().quotas.is_empty());
+        },
+    );
+}
+
+/// An agent's links (RoCE ports, NICs) are kept per server and shown with it; an applied
+/// operation keeps what its delivery took away; ports a report drops are one audit line;
+/// a removed server's links go with it.
+#[test]
+fn links_and_what_a_delivery_took_are_kept_and_go_with_their_server() {
+    each_backend(
+        "links_and_what_a_delivery_took_are_kept_and_go_with_their_server",
+        |s| {
+            s.create_tenant("admin:x", "alice", "ta", None, 1).unwrap();
+            enrolled(s, "node1");
+            s.report("node1", &[port(0x101), port(0x102)], "h1", 3)
+                .unwrap();
+            let links = crate::model::HostLinks {
+                roce: vec![crate::model::RoceView {
+                    device: "rocep1s0f0".into(),
+                    num: 1,
+                    guid: Guid(0x0202_c9ff_fe02_0101),
+                    state: "ACTIVE".into(),
+                    rate: Some("200 Gb/sec (4X HDR)".into()),
+                    netdev: Some("enp1s0f0np0".into()),
+                }],
+                nics: vec![crate::model::NicView {
+                    name: "enp1s0f0np0".into(),
+                    link_layer: "Ethernet".into(),
+                    speed_mbps: Some(200_000),
+                    mtu: 9000,
+                    operstate: "up".into(),
+                    pci: Some("0000:01:00.0".into()),
+                    rdma_device: Some("rocep1s0f0".into()),
+                    addresses: vec!["10.0.0.1/24".into()],
+                }],
+            };
+            s.set_links("node1", &links, 4).unwrap();
+            let v = s.servers(4, 60).unwrap();
+            assert_eq!((&v[0].roce, &v[0].nics), (&links.roce, &links.nics));
+            // The last report wins.
+            s.set_links("node1", &crate::model::HostLinks::default(), 5)
+                .unwrap();
+            s.set_links("node1", &links, 6).unwrap();
+            assert_eq!(s.servers(6, 60).unwrap()[0].roce, links.roce);
+            // An operation applied keeps what its delivery took, line by line.
+            let op = s
+                .change(
+                    "admin:x",
+                    &Change::CreateGroup {
+                        name: "a".into(),
+                        tenant: "alice".into(),
+                    },
+                    7,
+                )
+                .unwrap()
+                .unwrap();
+            let d = VerifiedDelivery {
+                generation: op.generation,
+                checksum: "cc",
+                conf: "x",
+                detail: "verified",
+                warning: None,
+                taken: "group b removed\n0x0000000000000101 loses 0x8001",
+            };
+            assert_eq!(s.mark_applied(&d, 8).unwrap(), [op.id]);
+            let ops = s.operations(false).unwrap();
+            assert_eq!(
+                ops[0].taken,
+                ["group b removed", "0x0000000000000101 loses 0x8001"]
+            );
+            // Two ports dropped by one report: one audit line naming both.
+            s.report("node1", &[], "h2", 9).unwrap();
+            let gone: Vec<AuditEntry> = s
+                .audit(100)
+                .unwrap()
+                .into_iter()
+                .filter(|a| a.action == "port.gone")
+                .collect();
+            assert_eq!(gone.len(), 1, "{gone:?}");
+            assert_eq!(gone[0].subject, "node1");
+            assert!(
+                gone[0].detail.starts_with("2 port(s) no longer reported: "),
+                "{gone:?}"
+            );
+            s.remove_server("admin:x", "node1", 10).unwrap();
+            assert!(s.servers(10, 60).unwrap().is_empty());
+            // Enrolled again, it starts with no links.
+            s.create_enrollment("admin:x", "e-again", Some("node1"), 100, 11)
+                .unwrap();
+            s.enroll("e-again", "node1", "s-again", 12).unwrap();
+            let v = s.servers(12, 60).unwrap();
+            assert!(v[0].roce.is_empty() && v[0].nics.is_empty(), "{v:?}");
         },
     );
 }

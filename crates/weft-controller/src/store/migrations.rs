@@ -40,6 +40,18 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0004_server_gpus.sql"),
         postgres: Some(include_str!("migrations/postgres/0004_server_gpus.sql")),
     },
+    Step {
+        sqlite: include_str!("migrations/0005_operation_taken.sql"),
+        postgres: None,
+    },
+    Step {
+        sqlite: include_str!("migrations/0006_node_leases.sql"),
+        postgres: Some(include_str!("migrations/postgres/0006_node_leases.sql")),
+    },
+    Step {
+        sqlite: include_str!("migrations/0007_server_links.sql"),
+        postgres: Some(include_str!("migrations/postgres/0007_server_links.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

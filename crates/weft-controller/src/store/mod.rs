@@ -20,6 +20,10 @@
 //! | `members` | server (primary key: at most one group) → group |
 //! | `operations` | each change: generation, pending/applied, attempts, last error, diff |
 //! | `audit` | at, actor, action, subject, diff, outcome, detail |
+//! | `lease_quotas` | per tenant: nodes at once, node-seconds per period |
+//! | `node_leases` | weft-lease's leases: tenant, size, times, phase, nodes, reason |
+//! | `lease_decisions` | every decision of the lease loop (also audited as `lease.<kind>`) |
+//! | `lease_notices` | per server: the lease that ends on it and when (the agent reads it) |
 //!
 //! [`PgStore`] implements the same trait on PostgreSQL with the same transactions; the
 //! migrations of both come from one versioned list (`migrations.rs`).
@@ -28,8 +32,8 @@
 //! a change makes (a group's name and P_Key, what a move does to membership) as pure
 //! functions, over weft-fabric's allocator and reserved names; `sqlite/` is the SQLite
 //! implementation, one file per concern (tokens, tenants, servers and their reports,
-//! groups and changes, operations, audit, leases); `postgres/` is the PostgreSQL one, file
-//! for file.
+//! groups and changes, operations, audit, leases, node leases); `postgres/` is the PostgreSQL
+//! one, file for file.
 
 use std::collections::BTreeMap;
 
@@ -203,6 +207,9 @@ pub struct VerifiedDelivery<'a> {
     pub detail: &'a str,
     /// What it could not verify (ports not on the fabric); kept on each operation.
     pub warning: Option<&'a str>,
+    /// What it took away from what the SMs held (removals in words, then ports and the
+    /// keys they lose), one per line; kept on each operation.
+    pub taken: &'a str,
 }
 
 /// Where a store stands in the order of deliveries (see `weft_opensm::Fence`).
@@ -230,6 +237,31 @@ pub struct AuditLine<'a> {
     pub outcome: &'a str,
     /// Anything else worth reading.
     pub detail: &'a str,
+}
+
+/// The node leases' state: what weft-lease's [`weft_lease::Book`] is made of, without the
+/// pool (the members of the pool group) and the topology.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRecords {
+    /// Every lease, by number.
+    pub leases: Vec<weft_lease::Lease>,
+    /// Each tenant's quota.
+    pub quotas: BTreeMap<String, weft_lease::Quota>,
+}
+
+/// One step of the lease loop, committed in one transaction: the leases it changed,
+/// the group changes that carry out its moves (each an operation, delivered and verified
+/// by the reconcile loop), and its decisions (stored, audited, and the agents' warnings).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCommit<'a> {
+    /// Who (`controller` for the loop's own ticks, else the caller's actor).
+    pub actor: &'a str,
+    /// The leases as they are now (inserted or updated).
+    pub leases: &'a [weft_lease::Lease],
+    /// The group changes, in order.
+    pub changes: &'a [Change],
+    /// The decisions.
+    pub decisions: &'a [weft_lease::Decision],
 }
 
 /// The controller's state. Every method is one transaction.
@@ -384,4 +416,23 @@ pub trait Store: Send + Sync + 'static {
     fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()>;
     /// The GPUs every server last reported, by server (servers that reported none are absent).
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>>;
+    /// The node leases and the tenants' lease quotas.
+    fn lease_records(&self) -> Result<LeaseRecords>;
+    /// Commits one step of the lease loop; the operations its changes created.
+    fn lease_commit(&self, commit: &LeaseCommit<'_>, now: u64) -> Result<Vec<OperationView>>;
+    /// Sets (or, with `None`, removes) a tenant's lease quota, with an audit line.
+    fn set_lease_quota(
+        &self,
+        actor: &str,
+        tenant: &str,
+        quota: Option<&weft_lease::Quota>,
+        now: u64,
+    ) -> Result<()>;
+    /// Every decision about one lease, oldest first.
+    fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>>;
+    /// The warnings for a server: leases that end on it.
+    fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>>;
+    /// Records the RoCE ports and NICs a server's agent reported (its last report wins);
+    /// [`Store::servers`] shows them with its GPUs.
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()>;
 }

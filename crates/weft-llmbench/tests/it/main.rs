@@ -4,6 +4,7 @@
 //! llama-benchy side by side on it.
 
 mod llamacpp;
+mod predicted;
 mod scripted;
 
 use std::path::Path;

@@ -12,9 +12,39 @@ use nccl_net_weft::ffi::*;
 
 pub type R<T = ()> = Result<T, String>;
 
+pub mod peers;
 pub mod worker;
 #[allow(unused_imports)] // conformance and ofi_mr run no workers
 pub use worker::{Worker, counters};
+
+/// A listen handle as the hex text workers and parents exchange.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The listen handle of a worker's `H`/`C` line.
+pub fn unhex(s: &str) -> R<[u8; 128]> {
+    let mut h = [0u8; 128];
+    if s.len() != 256 {
+        return Err(format!("bad handle {s:?}"));
+    }
+    for (i, b) in h.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(h)
+}
+
+/// A worker's stdin, one line per step from its parent.
+pub struct Lines(pub std::io::Lines<std::io::StdinLock<'static>>);
+
+impl Lines {
+    pub fn next(&mut self) -> R<String> {
+        match self.0.next() {
+            Some(Ok(l)) => Ok(l),
+            _ => Err("parent closed stdin".into()),
+        }
+    }
+}
 
 /// One line the plugin logged: its level, its subsystem flags (`NCCL_INIT`, `NCCL_NET`, ...)
 /// and its text.

@@ -1,10 +1,12 @@
 //! weft-plan's integration tests: hand-computed rules, published figures, sources
 //! (local files and a real HTTP server with Range support).
 
+mod corners;
 mod formats;
 mod http;
 mod published;
 mod rules;
+mod speed;
 
 use serde_json::Value;
 use weft_plan::plan::{Cluster, Format, Layout, Model, Options, Plan};

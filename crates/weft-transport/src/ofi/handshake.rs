@@ -197,6 +197,7 @@ impl Connecting {
         s.data = data;
         s.stall.timeout = self.cfg.timeout;
         s.cts_lost.timeout = cts_grace(self.cfg.timeout);
+        s.probe = alive::Probe::new(self.cfg.timeout, Instant::now());
         if lane.is_some() {
             s.min_bytes = self.cfg.ofi_min_bytes;
             s.lane = lane;

@@ -169,6 +169,15 @@
 //!   sends its CTS `CTS_DEFER` after it was posted if still incomplete, and is then timed
 //!   like any other.
 //!
+//! A stopped (SIGSTOP) peer completes nothing and answers nothing, though its kernel keeps the
+//! connection up. A stopped sender: the receiver's POSTED goes unanswered (see above and
+//! `crate::alive`). A stopped receiver: a send of ours that does not complete while nothing
+//! moves (an eager send, a send waiting for a CTS that never comes) makes the sender ask after
+//! `timeout / 4` (PROBE, again every `timeout / 4`); the receiver's process answers ALIVE from
+//! its polls or its `alive` thread, and a PROBE unanswered for `max(3 * timeout / 4, 200 ms)`
+//! fails the sender, about `timeout` after the last completion. A receiver that is only late to
+//! post answers, and is never an error.
+//!
 //! A cut data link thus fails both sides `timeout` to `timeout * 1.25` after the last
 //! completion, provided the application polls. Idle connections (nothing posted) notice
 //! nothing until the next operation, which then fails as above.
@@ -321,6 +330,12 @@ const POSTED_ENTRY: usize = 12;
 /// that reaches a closed registration ends the provider connection that every connection
 /// between the two processes shares (`tcp`). Peers that predate it ignore it.
 const STOPPED_TAG: i32 = 0x4f46_4953; // "OFIS"
+/// Tag of the MSG frame (no payload) a sender sends on the side channel while a send of it
+/// has not completed and nothing moved for a quarter of the timeout (PROBE: is the receiver's
+/// process running?). The receiver's process answers with ALIVE, from its polls or its
+/// `alive` thread; one left unanswered is a stopped (SIGSTOP) receiver (see
+/// [`crate::alive::Probe`]).
+const PROBE_TAG: i32 = 0x4f46_4951; // "OFIQ"
 /// Reject code: the sender is not an ofi sender (TCP backend on the other side).
 const REJECT_NOT_OFI: u16 = 100;
 

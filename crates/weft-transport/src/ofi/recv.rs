@@ -73,7 +73,8 @@ pub struct RecvConn {
     pub(super) eager_reported: u64,
     /// CTS with buffers sent (statistics).
     pub(super) cts_sent: u64,
-    pub(super) eof_at: Option<Instant>,
+    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
+    pub(super) eof_wait: Stall,
     pub(super) error: Option<Error>,
 }
 
@@ -109,7 +110,7 @@ impl RecvConn {
         let r = RecvConn {
             eps,
             link,
-            side: Side::new(sock),
+            side: Side::new(sock).answering(PROBE_TAG),
             ctx,
             cts,
             events: Vec::new(),
@@ -133,7 +134,7 @@ impl RecvConn {
             deferred: VecDeque::new(),
             eager_reported: 0,
             cts_sent: 0,
-            eof_at: None,
+            eof_wait: eof_wait(Instant::now()),
             error: None,
         };
         Ok(r)
@@ -501,12 +502,10 @@ impl RecvConn {
             // the message over only just before the first one came.
             self.quiet.rearm(now, self.quiet.timeout / 4);
         }
-        if self.side.eof && !self.order.is_empty() {
-            let at = *self.eof_at.get_or_insert_with(Instant::now);
-            if at.elapsed() >= EOF_GRACE {
-                let e = self.link.closed(Stage::Data);
-                return Err(self.fail(e));
-            }
+        let after_eof = self.side.eof && !self.order.is_empty();
+        if self.eof_wait.check(now, progressed, after_eof) {
+            let e = self.link.closed(Stage::Data);
+            return Err(self.fail(e));
         }
         Ok(())
     }

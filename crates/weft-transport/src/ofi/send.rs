@@ -136,8 +136,14 @@ pub struct SendConn {
     pub(super) eager_covered: [bool; EAGER_SLOTS],
     /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
     pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
-    pub(super) eof_at: Option<Instant>,
+    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
+    pub(super) eof_wait: Stall,
     pub(super) error: Option<Error>,
+    /// Whether the receiver's process still runs while a send of ours does not complete and
+    /// nothing moves (PROBE/ALIVE): a stopped receiver never sends the CTS a send waits for.
+    pub(super) probe: alive::Probe,
+    /// Grows with every completion or message this connection reads (its progress mark).
+    pub(super) moved: u64,
 }
 
 impl std::fmt::Debug for SendConn {
@@ -179,7 +185,7 @@ impl SendConn {
         let s = SendConn {
             eps,
             link,
-            side: Side::new(sock).answering(),
+            side: Side::new(sock).answering(POSTED_TAG),
             ctx,
             eager,
             eager_free: (0..EAGER_SLOTS).rev().collect(),
@@ -216,8 +222,10 @@ impl SendConn {
             eager_tk: [None; EAGER_SLOTS],
             eager_covered: [false; EAGER_SLOTS],
             eager_req: [None; EAGER_SLOTS],
-            eof_at: None,
+            eof_wait: eof_wait(Instant::now()),
             error: None,
+            probe: alive::Probe::new(Duration::from_secs(30), Instant::now()),
+            moved: 0,
         };
         Ok(s)
     }
@@ -756,12 +764,30 @@ impl SendConn {
                 }
             }
         }
-        if self.side.eof && self.work_pending() {
-            let at = *self.eof_at.get_or_insert_with(Instant::now);
-            if at.elapsed() >= EOF_GRACE {
-                let e = self.link.closed(Stage::Data);
+        // A send that does not complete while nothing moves: is the receiver's process
+        // running? (A live receiver that is late to post answers and is never an error.)
+        if progressed {
+            self.moved = self.moved.wrapping_add(1);
+        }
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let pending = self.work_pending() && !self.side.eof;
+        let mark = self
+            .moved
+            .wrapping_add(self.lane.as_ref().map_or(0, |l| l.written));
+        match self.probe.check(now, pending, mark) {
+            alive::ProbeStep::Wait => {}
+            alive::ProbeStep::Send => self.side.send_probe(),
+            alive::ProbeStep::Frozen => {
+                let e = self.data.timeout(Stage::Data, self.stall.timeout);
                 return Err(self.fail(e));
             }
+        }
+        let after_eof = self.side.eof && self.work_pending();
+        if self.eof_wait.check(now, progressed, after_eof) {
+            let e = self.link.closed(Stage::Data);
+            return Err(self.fail(e));
         }
         Ok(())
     }

@@ -92,11 +92,16 @@ pub(super) struct Side {
     pub(super) stopped: bool,
     /// We (a sender) said STOPPED.
     pub(super) said_stopped: bool,
-    /// A sender's answers to POSTED while its application is not polling (see `alive`).
-    /// Declared after `sock`: the duplicate it watches closes after ours.
+    /// Answers to the peer's question (a sender's to POSTED, a receiver's to PROBE) while
+    /// the application is not polling (see `alive`). Declared after `sock`: the duplicate it
+    /// watches closes after ours.
     pub(super) answering: Option<alive::Answering>,
+    /// The question `answering` answers.
+    question: i32,
     /// A receiver's latest POSTED that no ALIVE has answered yet: when it went.
     pub(super) probed: Option<Instant>,
+    /// An ALIVE came since [`Side::take_alive`] was last called.
+    alive: bool,
 }
 
 impl Side {
@@ -113,15 +118,35 @@ impl Side {
             stopped: false,
             said_stopped: false,
             answering: None,
+            question: 0,
             probed: None,
+            alive: false,
         }
     }
 
-    /// A sender's side channel: POSTED is answered with ALIVE, by the application's polls or,
-    /// while it does not poll, by the process's `alive` thread.
-    pub(super) fn answering(mut self) -> Side {
-        self.answering = alive::Answering::new(&self.sock);
+    /// The side channel answers the peer's `question` (a sender's: POSTED; a receiver's:
+    /// PROBE) with ALIVE, by the application's polls or, while it does not poll, by the
+    /// process's `alive` thread.
+    pub(super) fn answering(mut self, question: i32) -> Side {
+        self.answering = alive::Answering::new(&self.sock, question);
+        self.question = question;
         self
+    }
+
+    /// Whether an ALIVE came since the last call.
+    pub(super) fn take_alive(&mut self) -> bool {
+        std::mem::take(&mut self.alive)
+    }
+
+    /// A sender's PROBE (see [`PROBE_TAG`]), best effort: a few bytes on a socket that
+    /// carries nothing else (the next one follows a quarter of the timeout later).
+    pub(super) fn send_probe(&mut self) {
+        if self.aborted {
+            return;
+        }
+        let mut b = Vec::new();
+        Frame::encode_msg(&mut b, PROBE_TAG, Some(&[]), 0, 0);
+        let _ = (&self.sock).write(&b);
     }
 
     /// Whether the sender's process has not answered our POSTED within `bound` (stopped).
@@ -200,9 +225,17 @@ impl Side {
                     );
                 }
                 Ok(Some(Frame::Msg(h))) if h.tag == STOPPED_TAG => self.stopped = true,
-                Ok(Some(Frame::Msg(h))) if h.tag == alive::ALIVE_TAG => self.probed = None,
+                Ok(Some(Frame::Msg(h))) if h.tag == alive::ALIVE_TAG => {
+                    self.probed = None;
+                    self.alive = true;
+                }
+                Ok(Some(Frame::Msg(h))) if h.tag == PROBE_TAG => {
+                    if self.answering.is_some() && self.question == PROBE_TAG && !self.aborted {
+                        let _ = (&self.sock).write(&alive::frame());
+                    }
+                }
                 Ok(Some(Frame::Msg(h))) if h.tag == POSTED_TAG => {
-                    if self.answering.is_some() && !self.aborted {
+                    if self.answering.is_some() && self.question == POSTED_TAG && !self.aborted {
                         let _ = (&self.sock).write(&alive::frame());
                     }
                     if let Some(p) = h.inline.as_deref() {
@@ -243,9 +276,21 @@ impl Side {
     }
 }
 
-/// How long a side whose peer's process ended (side channel EOF) keeps reading completions
-/// before it calls the connection closed: what the peer sent before dying still lands.
-pub(super) const EOF_GRACE: Duration = Duration::from_millis(500);
+/// How long a side whose peer's process ended (side channel EOF), with work still waiting on
+/// the peer, keeps reading completions without one arriving before it calls the connection
+/// closed: what the peer sent before dying still lands, and while it does (a completion at
+/// least every `EOF_QUIET` of polling) the wait goes on. Time nobody polled does not count
+/// (see [`Stall`]). A fixed 500 ms from the EOF before made a killed rank of a ring an error
+/// for its neighbour after 0.6 s and, through that neighbour's close, for the rank after it
+/// only after 1.1 s.
+pub(super) const EOF_QUIET: Duration = Duration::from_millis(200);
+
+/// The [`Stall`] that bounds the wait after a peer's EOF (see [`EOF_QUIET`]).
+pub(super) fn eof_wait(now: Instant) -> Stall {
+    let mut s = Stall::new(now);
+    s.timeout = EOF_QUIET;
+    s
+}
 
 #[cfg(test)]
 mod tests {

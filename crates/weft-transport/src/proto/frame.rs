@@ -20,7 +20,9 @@
 //! | MOVE | control, either way | 1: request, 2: accepted, 3: refused, 4: moved | magic | link id | 0 |
 //!
 //! After the ACK the handshake stream carries nothing but an ABORT (at most one per side, when
-//! it gives up; the ofi backend adds POSTED, a MSG frame with its own tag, see `ofi`): every
+//! it gives up) and, while a side waits on the other with nothing moving, questions (PROBE;
+//! the ofi backend adds POSTED) and their ALIVE answers, MSG frames with tags of their own
+//! (see `crate::alive`): every
 //! message header, inline payload and CREDIT travels on the data network.
 //! CREDIT is the control stream's flow control (the sender keeps at most [`CTRL_WINDOW`] bytes
 //! unread by the receiver, so the control stream's TCP window never closes and

@@ -10,8 +10,10 @@ pub const HANDLE_SIZE: usize = 128;
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// Protocol version; a peer with another version is refused with a clear error. Version 2
 /// moved the per-message control stream from the management to the data network; version 3
-/// lets two one-way connections share one control stream (JOIN, JOINED, CLOSE).
-pub const VERSION: u8 = 3;
+/// lets two one-way connections share one control stream (JOIN, JOINED, CLOSE); version 4
+/// lets both ends ask PROBE on the side channel (a receiver about its sender; on ofi a sender
+/// about its receiver), which a version-3 peer would neither answer nor accept.
+pub const VERSION: u8 = 4;
 /// Most data addresses a handle carries.
 pub const MAX_DATA_ADDRS: usize = 4;
 

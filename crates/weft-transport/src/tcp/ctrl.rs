@@ -439,6 +439,11 @@ impl CtrlLink {
         st.flushed.wrapping_add(st.peer_consumed)
     }
 
+    /// Bytes read from the peer so far: a receiver's progress on the link.
+    pub fn consumed(&self) -> u64 {
+        lock(&self.st).consumed
+    }
+
     /// Whether bytes wait to be written.
     pub fn pending_out(&self) -> bool {
         let st = lock(&self.st);
@@ -470,7 +475,10 @@ impl CtrlLink {
     /// answers `close()` with unread received bytes (a CREDIT) by a reset that discards what it
     /// has not sent yet, which may be messages that `test()` already reported done. So it
     /// writes what is queued, discards what the peer sent, and waits until the peer's kernel
-    /// has acknowledged every byte (one round trip when the peer is alive).
+    /// has acknowledged every byte (one round trip when the peer is alive), or until the peer
+    /// has closed or reset the stream: it reads nothing more then, and after a reset the
+    /// kernel keeps counting the bytes it never got acknowledged, so waiting for them would
+    /// take the whole `linger` (a killed peer made every close of its survivors that slow).
     pub fn detach(&self, end: End, linger: Duration) {
         let last = {
             let mut g = lock(&self.st);
@@ -511,7 +519,7 @@ impl CtrlLink {
                 self.flush(st);
                 let queued = st.out_pos < st.out.len() || st.held_pos < st.held.len();
                 let failed = st.write_error.is_some() || st.read_error.is_some();
-                if failed || (!queued && unacked(&self.sock) == 0) {
+                if failed || st.eof || (!queued && unacked(&self.sock) == 0) {
                     break;
                 }
             }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -123,6 +123,8 @@ struct Shared {
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
     stop: AtomicBool,
+    /// Grows each time some stream moved bytes (a progress mark, see [`Engine::moved`]).
+    moved: AtomicU64,
 }
 
 impl Shared {
@@ -266,13 +268,24 @@ impl Engine {
         if !self.local.is_empty() && !self.shared.failed.load(Ordering::Acquire) {
             let now = Instant::now();
             for s in &mut self.local {
-                if let Err(e) = s.progress(self.dir, now, self.timeout) {
-                    self.shared.fail(e);
-                    break;
+                match s.progress(self.dir, now, self.timeout) {
+                    Ok(true) => {
+                        self.shared.moved.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.shared.fail(e);
+                        break;
+                    }
                 }
             }
         }
         self.error()
+    }
+
+    /// A number that grows whenever a data stream moved bytes.
+    pub fn moved(&self) -> u64 {
+        self.shared.moved.load(Ordering::Acquire)
     }
 
     pub fn error(&self) -> Result<(), Error> {
@@ -335,6 +348,7 @@ fn worker_loop(
             }
         }
         if moved {
+            shared.moved.fetch_add(1, Ordering::AcqRel);
             continue;
         }
         pfds.clear();

@@ -18,6 +18,7 @@ mod ctrl;
 mod engine;
 mod share;
 mod side;
+mod tune;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::alive::{Probe, ProbeStep};
 use crate::common::{
@@ -37,68 +38,14 @@ use crate::config::{Config, MAX_STREAMS};
 use crate::error::{Error, Link, Result, Stage};
 use crate::iface::{self, Interface};
 use crate::proto::{
-    self, AbortReason, AcceptEvent, Acceptor, CTRL_WINDOW, ConnectEvent, Connector, End, Frame,
-    ListenHandle, MAX_DATA_ADDRS,
+    self, AbortReason, AcceptEvent, Acceptor, ConnectEvent, Connector, End, Frame, ListenHandle,
+    MAX_DATA_ADDRS,
 };
 use crate::slab::Slab;
 use ctrl::CtrlLink;
 use engine::{Dir, Engine, ReqState, Stream, Task};
 use side::SideChannel;
-
-/// Options of every socket before its role is known (data streams keep these; see
-/// [`tune_side`] and [`tune_ctrl`] for the others).
-fn tune(s: &Socket, cfg: &Config) -> io::Result<()> {
-    s.set_tcp_nodelay(true)?;
-    s.set_keepalive(true)?;
-    let idle = (cfg.timeout / 3).max(Duration::from_secs(1));
-    let ka = TcpKeepalive::new()
-        .with_time(idle)
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    s.set_tcp_keepalive(&ka)?;
-    // Off by default on data streams: Linux applies TCP_USER_TIMEOUT to zero-window probing
-    // too, so it would also kill a live receiver that is slow to post receives (legitimate in
-    // NCCL). Data-stream failures are found by the receiver's stall timer instead, and reported
-    // to the sender by ABORT (see `tune_ctrl`).
-    if !cfg.tcp_user_timeout.is_zero() {
-        s.set_tcp_user_timeout(Some(cfg.tcp_user_timeout))?;
-    }
-    if cfg.sock_buf > 0 {
-        s.set_send_buffer_size(cfg.sock_buf)?;
-        s.set_recv_buffer_size(cfg.sock_buf)?;
-    }
-    Ok(())
-}
-
-/// The handshake stream once the connection is up: the management side channel. No keepalive
-/// and no user timeout: it is silent (zero bytes) unless a side gives up, and its death alone is
-/// not a failure of the connection (the control stream on the data network decides that).
-fn tune_side(s: socket2::SockRef<'_>) -> io::Result<()> {
-    s.set_keepalive(false)?;
-    s.set_tcp_user_timeout(None)
-}
-
-/// The control stream's liveness watch (on the data network, so a cut data link is found
-/// even while no message is due), done by the kernel so that it works while the
-/// application is not calling in: keepalive probes every second once idle, and
-/// `TCP_USER_TIMEOUT = timeout`, which ends the connection when sent bytes or probes stay
-/// unacknowledged that long (a dead host, a cut management link). It cannot fire on a live but
-/// slow peer: the receiver's kernel acknowledges whether or not its application reads, and
-/// CREDIT flow control ([`CTRL_WINDOW`]) keeps the control stream's window from ever closing.
-fn tune_ctrl(s: socket2::SockRef<'_>, cfg: &Config) -> io::Result<()> {
-    let secs = u32::try_from(cfg.timeout.as_secs()).unwrap_or(u32::MAX);
-    let ka = TcpKeepalive::new()
-        .with_time(Duration::from_secs(1))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(secs.clamp(1, 127));
-    s.set_tcp_keepalive(&ka)?;
-    s.set_tcp_user_timeout(Some(cfg.timeout))?;
-    let min_buf = 4 * CTRL_WINDOW as usize;
-    if cfg.sock_buf > 0 && cfg.sock_buf < min_buf {
-        s.set_recv_buffer_size(min_buf)?;
-    }
-    Ok(())
-}
+use tune::{tune, tune_ctrl, tune_ctrl_stream, tune_data_stream, tune_handshake, tune_side};
 
 /// How often a sender looks at its control stream for CREDIT/ABORT, and either side at its side
 /// channel for ABORT, while it is being polled.
@@ -350,23 +297,6 @@ impl Transport {
 }
 
 /// Socket options for a socket the sender opens, by what it is for (see [`PendingSock`]).
-/// Management network: handshake, then the ABORT side channel.
-fn tune_handshake(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)?;
-    tune_side(socket2::SockRef::from(s))
-}
-
-/// Data network: message headers, inline payloads, CREDIT, ABORT.
-fn tune_ctrl_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)?;
-    tune_ctrl(socket2::SockRef::from(s), cfg)
-}
-
-/// Data network: chunks.
-fn tune_data_stream(s: &Socket, cfg: &Config) -> io::Result<()> {
-    tune(s, cfg)
-}
-
 /// A connection being set up by the sender. Poll it until it yields a [`SendConn`].
 #[derive(Debug)]
 pub struct Connecting {
@@ -416,7 +346,8 @@ impl Connecting {
                 let dup = |s: &Socket| -> Result<TcpStream> {
                     Ok(s.try_clone().map_err(|e| Error::local("dup", &e))?.into())
                 };
-                let side = SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone());
+                let side =
+                    SideChannel::new(dup(&self.ctrl.sock)?, self.ctrl.link.clone()).answering();
                 let joined = match (ev, self.offer.take()) {
                     (ConnectEvent::Joined, Some(o)) => o.accept(),
                     // A plain ACK answers a JOIN with "no": the offered slot stays unused.
@@ -695,6 +626,8 @@ impl Listener {
                         next: None,
                         held: VecDeque::new(),
                         held_bytes: 0,
+                        timeout: self.cfg.timeout,
+                        probe: Probe::new(self.cfg.timeout, now),
                     }))
                 }
             };
@@ -1246,9 +1179,54 @@ pub struct RecvConn {
     /// helper threads may write into them until the engine is dropped).
     held: VecDeque<Held>,
     held_bytes: u64,
+    timeout: Duration,
+    /// Whether the sender's process still runs while a posted receive gets no byte
+    /// (PROBE/ALIVE).
+    probe: Probe,
 }
 
 impl RecvConn {
+    /// Whether a posted receive still waits for bytes from the sender (not one whose bytes
+    /// all arrived and that only waits for `test`).
+    fn waiting(&self) -> bool {
+        let busy = |c: &Arc<ReqState>| c.remaining.load(Ordering::Acquire) > 0;
+        !self.order.is_empty()
+            || self
+                .reqs
+                .values()
+                .any(|r| busy(&r.chunks) || r.copies.iter().any(|(m, _)| busy(&m.chunks)))
+    }
+
+    /// Any number that changes when bytes from the sender arrive (control stream or data
+    /// streams).
+    fn progress_mark(&self) -> u64 {
+        self.ctrl
+            .consumed()
+            .wrapping_add(self.engine.moved())
+            .wrapping_add(self.msgs.len() as u64)
+    }
+
+    /// Tells a frozen sender (SIGSTOP: its kernel acknowledges, it sends nothing) from a late
+    /// one while a posted receive gets no byte: PROBE once nothing has arrived for a quarter
+    /// of the timeout, and an error when the sender's process leaves one unanswered (see
+    /// [`Probe`]). A sender that computes or waits between messages answers from its
+    /// `alive` thread and is never an error, however long it takes.
+    fn watch_sender(&mut self, now: Instant) -> Result<()> {
+        if self.side.take_alive() {
+            self.probe.answered();
+        }
+        let waiting = self.waiting();
+        let mark = if waiting { self.progress_mark() } else { 0 };
+        match self.probe.check(now, waiting, mark) {
+            ProbeStep::Wait => Ok(()),
+            ProbeStep::Send => {
+                self.side.send_probe();
+                Ok(())
+            }
+            ProbeStep::Frozen => Err(self.link.timeout(Stage::Data, self.timeout)),
+        }
+    }
+
     /// Reads the control stream; errors are failures of the stream itself.
     fn read_ctrl(&mut self) -> Result<()> {
         self.ctrl.pump(true)?;
@@ -1374,7 +1352,8 @@ impl RecvConn {
             return Err(e.clone());
         }
         let now = Instant::now();
-        if now >= self.next_check {
+        let check = now >= self.next_check;
+        if check {
             self.next_check = now + CTRL_CHECK_EVERY;
             if let Some(e) = self.side.poll_abort("sender") {
                 return Err(self.fail(e, false));
@@ -1384,7 +1363,13 @@ impl RecvConn {
             return Err(self.fail(e, true));
         }
         let r = self.match_msgs().and_then(|()| self.engine.progress());
-        r.map_err(|e| self.fail(e, false))
+        if let Err(e) = r {
+            return Err(self.fail(e, false));
+        }
+        if check && let Err(e) = self.watch_sender(now) {
+            return Err(self.fail(e, false));
+        }
+        Ok(())
     }
 
     /// Posts a receive of up to [`MAX_RECVS`] buffers; each incoming message lands in the first

@@ -1,6 +1,7 @@
 //! The management side channel of an established TCP connection (its handshake stream):
-//! ABORT when a side gives up, PROBE from a sender whose bytes stopped moving and ALIVE from
-//! the receiver's process in answer (see [`crate::alive`]); nothing else, ever.
+//! ABORT when a side gives up, PROBE from an end that waits on the other while nothing moves
+//! (a sender whose bytes stopped moving, a receiver whose posted receive gets no byte) and
+//! ALIVE from the other end's process in answer (see [`crate::alive`]); nothing else, ever.
 
 use std::io::{self, Read};
 use std::net::TcpStream;
@@ -11,8 +12,8 @@ use crate::error::{Error, Link, Stage};
 use crate::proto::{self, Frame, FrameDecoder};
 
 /// The management side channel of an established connection (the handshake stream): silent
-/// unless a side gives up (one ABORT frame) or a sender's bytes stop moving (PROBE, answered by
-/// ALIVE from the receiver's process; see [`crate::alive`]). It earns its place when the data
+/// unless a side gives up (one ABORT frame) or an end waits on the other while nothing moves
+/// (PROBE, answered by ALIVE from the other end's process; see [`crate::alive`]). It earns its place when the data
 /// network is what failed: the control stream cannot carry the ABORT then, this can.
 #[derive(Debug)]
 pub(super) struct SideChannel {
@@ -21,15 +22,15 @@ pub(super) struct SideChannel {
     dec: FrameDecoder,
     /// EOF or an error: nothing more will come (not a failure by itself).
     done: bool,
-    /// A receiver's answers to PROBE while its application is not polling. Declared after
-    /// `sock`: the duplicate it watches closes after ours.
+    /// This end's answers to the peer's PROBE while its application is not polling. Declared
+    /// after `sock`: the duplicate it watches closes after ours.
     answering: Option<alive::Answering>,
     /// An ALIVE came since [`SideChannel::take_alive`] was last called.
     alive: bool,
 }
 
-/// Tag of the MSG frame (no payload) a TCP sender whose bytes have not moved for a while sends
-/// on the side channel: is the receiver's process running? (see [`crate::alive`]).
+/// Tag of the MSG frame (no payload) an end that waits on the other while nothing moves sends
+/// on the side channel: is the other end's process running? (see [`crate::alive`]).
 const PROBE_TAG: i32 = 0x5443_5050; // "TCPP"
 
 impl SideChannel {
@@ -44,15 +45,15 @@ impl SideChannel {
         }
     }
 
-    /// A receiver's side channel: PROBE is answered with ALIVE, by the application's polls or,
-    /// while it does not poll, by the process's `alive` thread.
+    /// PROBE is answered with ALIVE, by the application's polls or, while it does not poll, by
+    /// the process's `alive` thread (both ends of a connection answer).
     pub(super) fn answering(mut self) -> SideChannel {
-        self.answering = alive::Answering::new(&self.sock);
+        self.answering = alive::Answering::new(&self.sock, PROBE_TAG);
         self
     }
 
     /// The peer's ABORT (or garbage) as an error, if one came. `who` names the peer's role.
-    /// Answers PROBE (a receiver) and notes ALIVE (a sender) on the way.
+    /// Answers PROBE and notes ALIVE on the way.
     pub(super) fn poll_abort(&mut self, who: &str) -> Option<Error> {
         let mut buf = [0u8; 64];
         while !self.done {

@@ -743,7 +743,9 @@ pub fn stray_connections_are_discarded_while_the_real_peer_connects(b: &Backend)
 
 /// Sent means delivered: a sender process that closes and exits as soon as its 32 sends of
 /// 5,000 bytes (TCP inline, libfabric eager) are reported done loses none of them; then 8 of
-/// 300,000 bytes (chunked, RMA); rounds from [`Backend::exit_rounds`].
+/// 300,000 bytes (chunked, RMA); rounds from [`Backend::exit_rounds`]. Closing the receiving
+/// end once the sender's process is gone takes less than
+/// [`super::CLOSE_AFTER_PEER_GONE`] (it has nothing left to wait for).
 pub fn a_sender_that_exits_right_after_completion_loses_nothing(b: &Backend) {
     let Some(t) = b.transport(ROOMY) else {
         return;

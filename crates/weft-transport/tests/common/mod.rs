@@ -211,8 +211,22 @@ pub fn sender_exits_right_after_completion(
         }
         let st = child.wait().expect("wait");
         assert!(st.success(), "round {round}: sender {st}");
+        // The sender's process is gone (its sockets closed, reset by what we sent since):
+        // closing waits for nothing it could still deliver.
+        let t0 = Instant::now();
+        drop(rx);
+        let took = t0.elapsed();
+        assert!(
+            took < CLOSE_AFTER_PEER_GONE,
+            "round {round}: closing after the sender exited took {took:?}"
+        );
     }
 }
+
+/// Longest a connection's close may take once its peer's process is gone (a killed peer is
+/// an error within 1 s, and the close after it is part of that).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub const CLOSE_AFTER_PEER_GONE: Duration = Duration::from_millis(700);
 
 /// A ring of `n` rank processes (the `weft-ring-rank` binary of this crate, configured by
 /// `env`): each connects to the next while accepting from the previous one, then passes

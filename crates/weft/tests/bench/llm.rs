@@ -122,7 +122,8 @@ fn llm_scripted_errors_exit_2_with_json_and_a_failed_test_exits_1_keeping_result
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let e = v["error"].as_str().unwrap();
+    assert_eq!(v["exit"], 2, "{v}");
+    let e = format!("{} {}", v["error"].as_str().unwrap(), v["causes"]);
     assert!(
         e.contains("\"nope\" is not served") && e.contains("scripted"),
         "{e}"

@@ -346,6 +346,15 @@ fn every_cluster_command_has_help_with_an_example() {
         &["tenant", "list", "--help"],
         &["tenant", "token", "--help"],
         &["audit", "--help"],
+        &["lease", "--help"],
+        &["lease", "request", "--help"],
+        &["lease", "list", "--help"],
+        &["lease", "show", "--help"],
+        &["lease", "extend", "--help"],
+        &["lease", "release", "--help"],
+        &["lease", "quota", "set", "--help"],
+        &["lease", "quota", "list", "--help"],
+        &["lease", "quota", "remove", "--help"],
     ] {
         let o = weft(dir.path(), &[], args);
         assert_eq!(o.status.code(), Some(0), "{args:?}");
@@ -457,12 +466,40 @@ fn the_controller_over_ssh_survives_kill_9_a_standby_host_down_and_a_master_sm_f
         .trim()
         .to_string();
     ok(weft(d, &env, &["tenant", "create", "bob"]));
-    ok(weft(
+    // The first group makes Default isolating on a fabric that was open (`ALL=full`):
+    // its output says what it takes from every port, though it named none of them.
+    let out = ok(weft(
         d,
         &env,
         &["group", "create", "a", "--tenant", "alice"],
     ));
-    ok(weft(d, &env, &["group", "create", "b", "--tenant", "bob"]));
+    assert!(
+        out.contains("takes away")
+            && out.contains("goes from full to limited in partition `Default`"),
+        "{out}"
+    );
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        for (_, g) in &h.port_guids {
+            assert!(
+                out.contains(&format!("port {}", Guid(*g))),
+                "port {:#x} of {} is not named: {out}",
+                g,
+                h.name
+            );
+        }
+    }
+    assert!(out.contains("loses 0xffff"), "{out}");
+
+    let v: serde_json::Value = serde_json::from_str(&ok(weft(
+        d,
+        &env,
+        &["--json", "group", "create", "b", "--tenant", "bob"],
+    )))
+    .unwrap();
+    assert!(
+        v.get("taken").is_none(),
+        "the second group takes nothing: {v}"
+    );
     ok(weft(d, &env, &["group", "add", "a", "node1", "node2"]));
     let out = ok(weft(d, &env, &["group", "add", "b", "node3", "node4"]));
     assert!(out.contains("applied and verified"), "{out}");
@@ -1215,6 +1252,18 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         &[&cfg[..], &["group", "create", "a", "--tenant", "alice"]].concat(),
     ));
     assert!(out.contains("applied and verified"), "{out}");
+    // Refusals are usage errors (exit 2, as the README says), in the one JSON shape with
+    // the HTTP status: a name that does not exist (404), one that exists already (409).
+    for (args, status) in [
+        (&["group", "remove", "nosuch"][..], 404),
+        (&["group", "create", "a", "--tenant", "alice"][..], 409),
+    ] {
+        let o = weft(d, &[], &[&cfg[..], &["--json"], args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["http_status"], status, "{args:?}: {v}");
+        assert_eq!(v["exit"], 2, "{args:?}: {v}");
+    }
     let primary = std::fs::read_to_string(&bed.sms[0].1).unwrap();
     assert!(
         primary.starts_with("# weft-owner: controller "),
@@ -1315,7 +1364,195 @@ fn the_controller_adopts_what_fabric_apply_wrote_owns_the_file_and_sees_drift() 
         drift.len() >= 3 && drift[0] == "drift" && drift[1] == "in-sync",
         "{drift:?}"
     );
-    // --force replaces the owned file.
+    // --force replaces the owned file: the file no longer names the controller, and
+    // `weft fabric status` still says what the controller's drift check found (exit 1).
     let o = weft(d, &[], &[&apply[..], &["--force"]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = until(
+        "status to show the drift after --force",
+        Duration::from_secs(20),
+        || {
+            let o = weft(d, &[], &status);
+            text(&o).contains("drift check: DRIFT").then_some(o)
+        },
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("owner: controller"), "{}", text(&o));
+}
+
+/// `weft lease` through the binaries, both SMs over SSH: a tenant leases the pool's two
+/// nodes for a few seconds; the agents (processes) are warned before the end; the
+/// controller is killed with SIGKILL the moment the lease is seen ended (its step
+/// committed, the moves back to the pool delivered or not yet) and restarted: the moves
+/// end verified on the ports (the tenant's key gone, the pool's back), each decision
+/// recorded once.
+#[test]
+fn a_lease_ends_verified_after_kill_9_at_its_boundary() {
+    let topology = Topology::single_switch(2);
+    let bed = bed(&topology);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("weft.toml"), bed.config_toml()).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let env = [("WEFT_CONTROLLER", url.as_str())];
+    let lease_flags = ["--lease-warn-s", "6"];
+    let controller = start_controller_with(d, port, &lease_flags);
+    let mut agents = Vec::new();
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        let root = d.join(format!("host-{}", h.name));
+        let mut hca = HcaSpec::new("mlx5_0", Guid(h.node_guid), "0000:01:00.0");
+        for (p, _) in &h.port_guids {
+            hca = hca.with_port(PortSpec::infiniband(u32::from(*p)));
+        }
+        write_host(&root, &HostSpec::new(h.name.clone()).with_hca(hca)).unwrap();
+        let token = ok(weft(d, &env, &["nodes", "enroll", "--server", &h.name]))
+            .trim()
+            .to_string();
+        let state = format!("{}.json", h.name);
+        let notice = root.join("lease-ending");
+        let hook = format!("echo $WEFT_LEASE_ID > {}", root.join("hook-ran").display());
+        let child = weft_cmd(
+            d,
+            &[
+                "agent",
+                "--state-file",
+                &state,
+                "--sysfs-root",
+                root.to_str().unwrap(),
+                "--heartbeat-s",
+                "0.5",
+                "--lease-notice-file",
+                notice.to_str().unwrap(),
+                "--lease-hook",
+                &hook,
+            ],
+        )
+        .env("WEFT_CONTROLLER", &url)
+        .env("WEFT_ENROLL_TOKEN", token)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+        agents.push(Proc(child));
+    }
+    until("two agents reporting", Duration::from_secs(20), || {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(weft(d, &env, &["--json", "nodes"]))).ok()?;
+        let a = v.as_array()?;
+        (a.len() == 2 && a.iter().all(|s| s["liveness"] == "ok")).then_some(())
+    });
+    ok(weft(d, &env, &["tenant", "create", "provider"]));
+    ok(weft(
+        d,
+        &env,
+        &["group", "create", "pool", "--tenant", "provider"],
+    ));
+    ok(weft(d, &env, &["group", "add", "pool", "node1"]));
+    ok(weft(d, &env, &["group", "add", "pool", "node2"]));
+    let alice = ok(weft(d, &env, &["tenant", "create", "alice"]))
+        .trim()
+        .to_string();
+    ok(weft(
+        d,
+        &env,
+        &[
+            "lease",
+            "quota",
+            "set",
+            "alice",
+            "--nodes",
+            "2",
+            "--node-hours",
+            "1",
+            "--period",
+            "1d",
+        ],
+    ));
+    let as_alice = [
+        ("WEFT_CONTROLLER", url.as_str()),
+        ("WEFT_TOKEN", alice.as_str()),
+    ];
+    // Refused over the quota: exit 1 with the reason.
+    let o = weft(
+        d,
+        &as_alice,
+        &["lease", "request", "--nodes", "3", "--for", "10s"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("quota of 2 nodes"), "{}", text(&o));
+    let granted: serde_json::Value = serde_json::from_str(&ok(weft(
+        d,
+        &as_alice,
+        &["--json", "lease", "request", "--nodes", "2", "--for", "20s"],
+    )))
+    .unwrap();
+    assert_eq!(granted["lease"]["phase"], "active", "{granted}");
+    let id = granted["lease"]["id"].as_u64().unwrap().to_string();
+    let show = |env: &[(&str, &str)]| -> serde_json::Value {
+        serde_json::from_str(&ok(weft(d, env, &["--json", "lease", "show", &id]))).unwrap()
+    };
+    // The ports: node1 and node2 carry `key` and not `not`.
+    let ports_hold = |key: u16, not: u16| {
+        let snap = bed.applier().diag.snapshot().ok()?;
+        topology
+            .end_nodes()
+            .filter(|h| h.name.starts_with("node"))
+            .all(|h| {
+                let t = snap.tables.0.get(&Guid(h.first_port_guid().unwrap()));
+                t.is_some_and(|t| t.contains(&key) && !t.contains(&not))
+            })
+            .then_some(())
+    };
+    let (pool_key, alice_key) = (0x8a01u16, 0x8a02u16);
+    until(
+        "the nodes in alice's partition",
+        Duration::from_secs(60),
+        || ports_hold(alice_key, pool_key),
+    );
+    // Warned on the nodes before the end, the lease `ending`.
+    until("the hook on node1", Duration::from_secs(30), || {
+        d.join("host-node1/hook-ran").exists().then_some(())
+    });
+    assert_eq!(show(&as_alice)["lease"]["phase"], "ending");
+    assert!(
+        std::fs::read_to_string(d.join("host-node1/lease-ending"))
+            .unwrap()
+            .starts_with(&format!("lease {id} ends"))
+    );
+    // kill -9 as soon as the end is committed.
+    until("the lease ended", Duration::from_secs(30), || {
+        (show(&as_alice)["lease"]["phase"] == "ended").then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(controller.0.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
+    drop(controller);
+    let _controller = start_controller_with(d, port, &lease_flags);
+    until(
+        "the nodes back in the pool's partition",
+        Duration::from_secs(60),
+        || ports_hold(pool_key, alice_key),
+    );
+    let after = show(&as_alice);
+    assert_eq!(after["lease"]["phase"], "ended");
+    let kinds: Vec<&str> = after["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "grant", "move-in", "move-in", "warn", "move-out", "move-out"
+        ]
+    );
+    let groups = ok(weft(d, &env, &["--json", "group", "list"]));
+    let groups: serde_json::Value = serde_json::from_str(&groups).unwrap();
+    let pool = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "pool")
+        .unwrap();
+    assert_eq!(pool["members"].as_array().unwrap().len(), 2, "{groups}");
 }

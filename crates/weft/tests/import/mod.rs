@@ -441,6 +441,46 @@ fn import_then_apply_matches_plain_opensm_on_the_corpus() {
     }
 }
 
+/// Issue 34: a partition that gives neither a P_Key nor a port (`t_7,ipoib : NONE ;`,
+/// `beta,defmember=full : ;`) was refused even with `--live`, since no port holds the key
+/// the master uses for it. Imported with a free key and a note (for the IPoIB one, what it
+/// means for its broadcast group), plain and with `--live`, then applied, it leaves every
+/// port and every multicast group as plain OpenSM leaves them with the file; `--strict`
+/// refuses it, naming both partitions.
+#[test]
+fn keyless_empty_partitions_import_with_a_free_key_and_strict_refuses_them() {
+    let d = Diff::start();
+    let file = "Default=0x7fff, ipoib : ALL=limited, SELF=full ;\nt_7,ipoib : NONE ;\nbeta,defmember=full : ;\n";
+    let dir = d.dir();
+    std::fs::write(dir.join("empty.conf"), file).unwrap();
+    for extra in [&[][..], &["--live"][..]] {
+        let mut args = vec!["fabric", "import", "empty.conf"];
+        args.extend_from_slice(extra);
+        let o = weft(dir, &args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        for name in ["`t_7`", "`beta`"] {
+            assert!(
+                err.lines()
+                    .any(|l| l.contains(name) && l.contains("no port holds the key")),
+                "{extra:?}: {err}"
+            );
+        }
+        assert!(err.contains("broadcast group is ff12:401b:"), "{err}");
+        args.push("--strict");
+        let o = weft(dir, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("`t_7`") && text(&o).contains("`beta`"),
+            "{args:?}: {}",
+            text(&o)
+        );
+        if let Err(e) = d.compare(file, extra) {
+            panic!("{extra:?}: import then apply differs from plain OpenSM:\n{e}");
+        }
+    }
+}
+
 /// An apply that removes a partition or members, or an empty plan, is refused with the
 /// diff, and nothing is written (the files are byte for byte the same, no reread).
 #[test]

@@ -4,6 +4,7 @@
 //! torch) fails with the reason.
 
 mod mesh;
+mod roles;
 mod run;
 mod sync;
 

@@ -252,3 +252,58 @@ fn torchrun_ddp_over_gloo_on_the_data_network_failures_interrupts_and_version_sk
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Issue 34: a frozen rank among three namespace hosts over real SSH. Each rank prints a
+/// step, leaves a file for it and waits for every rank's file of that step, as ranks wait in
+/// a collective; rank 1 stops itself (SIGSTOP) at step 4. All three go quiet together, so
+/// silence alone names them all; `--stall-timeout` names rank 1 as the one that froze first,
+/// from its process state (T) on its node, with its last line, and stops everything (the
+/// stopped shell too).
+#[test]
+fn stall_timeout_names_the_frozen_rank_among_three_namespace_hosts() {
+    let sc = SshCluster::start(3, Vec::new());
+    let steps = sc.path("steps");
+    std::fs::create_dir_all(&steps).unwrap();
+    let d = steps.display().to_string();
+    let mut a = vec!["run".to_string()];
+    a.extend(sc.host_args(&sc.names));
+    a.extend(
+        [
+            "--no-version-check",
+            "--stall-timeout",
+            "3",
+            "--grace-s",
+            "2",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+        ]
+        .map(String::from),
+    );
+    a.push(format!(
+        "d={d}; i=0; while :; do echo \"step $i\"; if [ $RANK = 1 ] && [ $i = 4 ]; then kill -STOP $$; fi; : > $d/s.$RANK.$i; for r in 0 1 2; do while [ ! -e $d/s.$r.$i ]; do sleep 0.02; done; done; i=$((i+1)); sleep 0.1; done"
+    ));
+    let o = sc.weft(&a).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {t}"));
+    let s = &v["suspect"];
+    assert_eq!(s["node_rank"], 1, "{t}");
+    assert_eq!(s["host"], sc.names[1].as_str(), "{t}");
+    assert_eq!(s["kind"], "stopped", "{t}");
+    assert!(s["why"].as_str().unwrap().contains("T (stopped)"), "{t}");
+    assert_eq!(s["last_line"], "step 4", "{t}");
+    // The others were stalled too, waiting for it.
+    assert!(!v["stalled"].as_array().unwrap().is_empty(), "{t}");
+    let t0 = Instant::now();
+    while !processes_with(&[&d]).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            processes_with(&[&d])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

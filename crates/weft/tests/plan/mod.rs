@@ -177,6 +177,8 @@ fn plan_group_takes_nodes_gpus_and_memory_from_a_real_controller() {
     assert_eq!(v["cluster"]["gpus_per_node"], 8, "{v:#}");
     assert_eq!(v["cluster"]["gpu_memory_bytes"], 143_771u64 << 20, "{v:#}");
     assert_eq!(v["nodes"].as_array().unwrap().len(), 2, "{v:#}");
+    // The speed is predicted for the GPU the agents reported (NVIDIA H200).
+    assert_eq!(v["speed"]["hardware"]["device"], "h200", "{v:#}");
     assert!(
         v["warnings"]
             .as_array()
@@ -298,4 +300,237 @@ fn run_plan_sets_the_vllm_layout_and_refuses_a_plan_for_other_hosts() {
         "{}",
         text(&o)
     );
+}
+
+/// The speed prediction as a user gets it: the link from a `weft bench p2p --json` file (its
+/// median pair, half its round trip), every term in `--json`, layouts ranked by predicted
+/// decode; a file that is not p2p output is refused naming it; a default context that does
+/// not fit is planned shorter and the first line says so.
+#[test]
+fn plan_predicts_speed_from_a_p2p_file_and_says_first_when_the_context_is_shortened() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = format!(
+        "{}/../weft-plan/fixtures/qwen2.5-7b-instruct",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pair = |src: &str, dst: &str, gbps: f64, rtt: f64| {
+        serde_json::json!({"src": src, "dst": dst, "src_if": "data0", "dst_addr": "10.0.0.2",
+            "rail": 0, "gbps": gbps, "rtt_us": rtt, "mss": 8948, "error": null})
+    };
+    let p2p = serde_json::json!({
+        "hosts": ["a", "b"], "pairs": [pair("a", "b", 1.0, 400.0), pair("b", "a", 1.0, 400.0)],
+        "median_gbps": 1.0, "median_rtt_us": 400.0, "threshold": 0.5,
+        "slow": [], "small_mss": [], "blamed": []
+    });
+    std::fs::write(d.join("p2p.json"), p2p.to_string()).unwrap();
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            &model,
+            "--nodes",
+            "4",
+            "--gpu-memory",
+            "24GiB",
+            "--max-model-len",
+            "8192",
+            "--device",
+            "rtx-4090",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .current_dir(d)
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    // 1 Gb/s at 200 us one way: a pipeline beats every TP all-reduce.
+    let o = plan(&["--links", "p2p.json", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let hw = &v["speed"]["hardware"];
+    assert_eq!(hw["link_gbps"], 1.0, "{v:#}");
+    assert_eq!(hw["link_latency_us"], 200.0, "{v:#}");
+    assert_eq!(v["layout"]["pp"], 4, "{v:#}");
+    let decode = &v["speed"]["decode"];
+    assert!(decode["tokens_per_s"].as_f64().unwrap() > 0.0, "{v:#}");
+    for term in [
+        "memory_s",
+        "compute_s",
+        "tp_latency_s",
+        "pp_latency_s",
+        "overhead_s",
+    ] {
+        assert!(decode["terms"][term].is_number(), "{term}: {v:#}");
+    }
+    let c = v["candidates"].as_array().unwrap();
+    let tps: Vec<f64> = c
+        .iter()
+        .filter_map(|c| c["decode_tokens_per_s"].as_f64())
+        .collect();
+    assert!(
+        tps.windows(2).all(|w| w[0] >= w[1]),
+        "fastest first: {tps:?}"
+    );
+    // The same cluster on a 200 Gb/s, 10 us link: tensor parallel first.
+    let o = plan(&["--link-gbps", "200", "--link-latency-us", "10", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["layout"]["tp"], 4, "{v:#}");
+    // Not p2p output: refused, naming the file.
+    std::fs::write(d.join("bad.json"), "{\"pairs\": 3}").unwrap();
+    let o = plan(&["--links", "bad.json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("bad.json"), "{}", text(&o));
+    // 2 x 11 GiB with 2 GiB of overhead: the weights fit, the config's 32,768 tokens do not.
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "plan",
+            &model,
+            "--nodes",
+            "2",
+            "--gpu-memory",
+            "11GiB",
+            "--overhead",
+            "2GiB",
+            "--tp",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let first = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        first.starts_with("fits at up to ") && first.contains("32,768 does not fit"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `weft bench llm compare --plan` as a person runs it: a saved plan, runs on 1 and 2
+/// "nodes" measured against the scripted stand-in server (it measures weft's arithmetic and
+/// imitates no engine: its token schedule is set per node count), the one-node run fitting
+/// the step overhead; a plan file that is not `weft plan --json` refused by name.
+#[test]
+fn compare_plan_puts_the_prediction_beside_each_run_and_fits_the_overhead() {
+    use weft_llmbench::scripted::{Script, start};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = format!(
+        "{}/../weft-plan/fixtures/qwen2.5-7b-instruct",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let weft = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(args)
+            .current_dir(d)
+            .env_remove("WEFT_CONFIG")
+            .env_remove("WEFT_LLM_URL")
+            .output()
+            .unwrap()
+    };
+    let o = weft(&[
+        "plan",
+        &model,
+        "--nodes",
+        "2",
+        "--gpu-memory",
+        "24GiB",
+        "--max-model-len",
+        "8192",
+        "--device",
+        "rtx-4090",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::write(d.join("plan.json"), &o.stdout).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (nodes, itl) in [(1u32, 30u64), (2, 15)] {
+        let s = rt
+            .block_on(start(Script {
+                itl: Duration::from_millis(itl),
+                ttft: Duration::from_millis(5),
+                ..Default::default()
+            }))
+            .unwrap();
+        let o = weft(&[
+            "bench",
+            "llm",
+            "--base-url",
+            &s.base_url(),
+            "--model",
+            "scripted",
+            "--pp",
+            "32",
+            "--tg",
+            "10",
+            "--runs",
+            "1",
+            "--nodes",
+            &nodes.to_string(),
+            "--save",
+            &format!("{nodes}n.json"),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "plan.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["predicted"];
+    // A 30 ms step against the 15.1 ms the 1-node model reads (15.2 GB at 1,008 GB/s).
+    let fit = p["calibration"]["step_overhead_us"].as_f64().unwrap();
+    assert!((12_000.0..18_000.0).contains(&fit), "{p:#}");
+    let rows = p["rows"].as_array().unwrap();
+    let tg2 = rows
+        .iter()
+        .find(|r| r["nodes"] == 2 && r["test"].as_str().unwrap().starts_with("tg"))
+        .unwrap_or_else(|| panic!("{p:#}"));
+    assert_eq!(tg2["layout"], "tp2 pp1", "{p:#}");
+    assert!(tg2["corrected_tps"].as_f64().unwrap() < tg2["predicted_tps"].as_f64().unwrap());
+    // The table, for a person.
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "plan.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+    ]);
+    let t = text(&o);
+    assert!(
+        t.contains("measured/corrected") && t.contains("fitted to the one-node run"),
+        "{t}"
+    );
+    // A RUN.json given as the plan is refused, naming it.
+    let o = weft(&[
+        "bench",
+        "llm",
+        "compare",
+        "--plan",
+        "1n.json",
+        "1n.json",
+        "2n.json",
+        "--no-plot",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--plan 1n.json"), "{}", text(&o));
 }

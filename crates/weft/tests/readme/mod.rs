@@ -1,6 +1,6 @@
 //! The README's commands, run: every fenced block marked ```` ```sh test ```` is executed as
 //! one bash script (`set -euo pipefail`, so an `export` holds for the lines after it and
-//! every command must succeed) against the simulated fabric of [`crate::live`] (two real
+//! every command must succeed, each step of an `a && b` chain and each `! cmd` included) against the simulated fabric of [`crate::live`] (two real
 //! OpenSMs on ibsim), each block on a fresh fabric, with the README's own `# plan.toml`
 //! block as the plan; and every ```` ```text ```` block that starts with `$ weft plan` is
 //! run from the repository root and must print exactly what the README shows. So the README
@@ -144,9 +144,115 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Where the top level of a shell line has `&&` (byte offsets), and where its comment
+/// starts: outside quotes, `$(...)`, backquotes and parentheses.
+fn top_level(line: &str) -> (Vec<usize>, Option<usize>, bool) {
+    let b = line.as_bytes();
+    let (mut ands, mut or) = (Vec::new(), false);
+    let (mut single, mut double, mut back, mut depth) = (false, false, false, 0usize);
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if single {
+            single = c != b'\'';
+        } else if c == b'\\' {
+            i += 1;
+        } else if c == b'"' {
+            double = !double;
+        } else if c == b'`' {
+            back = !back;
+        } else if !double && c == b'\'' {
+            single = true;
+        } else if c == b'(' {
+            depth += 1;
+        } else if c == b')' {
+            depth = depth.saturating_sub(1);
+        } else if !double && !back && depth == 0 {
+            if c == b'#' && (i == 0 || b[i - 1].is_ascii_whitespace()) {
+                return (ands, Some(i), or);
+            }
+            if b[i..].starts_with(b"&&") {
+                ands.push(i);
+                i += 1;
+            } else if b[i..].starts_with(b"||") {
+                or = true;
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+    (ands, None, or)
+}
+
+/// The block with every command of it checked: `set -e` does not stop at a failed step of
+/// `a && b && c` (only the last one counts) nor at a `! cmd` that succeeds, so each such
+/// chain becomes one line per command, and `! cmd` a check that `cmd` fails. A line with a
+/// top-level `||` (a failure meant to be tolerated) or one that ends with `&` (a background
+/// job) stays as it is.
+fn every_step_checked(script: &str) -> String {
+    let mut out = String::new();
+    for line in script.lines() {
+        let (ands, comment, or) = top_level(line);
+        let code = comment.map_or(line, |c| &line[..c]).trim_end();
+        if code.trim().is_empty() || or || code.ends_with('&') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let mut parts = Vec::new();
+        let mut from = 0;
+        for a in ands {
+            parts.push(code[from..a].trim());
+            from = a + 2;
+        }
+        parts.push(code[from..].trim());
+        for part in parts {
+            match part.strip_prefix("! ") {
+                Some(cmd) => out.push_str(&format!(
+                    "if {cmd}; then echo \"README step succeeded, which it must not: {}\" >&2; exit 1; fi\n",
+                    cmd.replace(['"', '\\', '$', '`'], "'")
+                )),
+                None => {
+                    out.push_str(part);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_block_with_a_failing_middle_step_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = run_block(
+        "true && false && echo chained\necho after > after.txt\n",
+        dir.path(),
+        &[],
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("README line failed (exit 1): false"), "{out}");
+    assert!(!dir.path().join("after.txt").exists(), "{out}");
+    // A negated step that succeeds fails the block too; one that fails is what it says.
+    let (ok, out) = run_block("! true  # must fail\necho after\n", dir.path(), &[]);
+    assert!(!ok && out.contains("must not: true"), "{out}");
+    let (ok, out) = run_block(
+        "! false 2> x.txt   # exit 1: \"quoted && not split\"\necho 'a && b' && echo \"$(echo c && echo d)\"\nfalse || echo tolerated\n",
+        dir.path(),
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("a && b\nc\nd\ntolerated"),
+        "quotes and $(...) are not split: {out}"
+    );
+}
+
 /// Runs one block as a bash script in its own process group, bounded; stops what it left
-/// running. Returns (success, output).
+/// running. Returns (success, output). Every command of it must succeed
+/// ([`every_step_checked`]); the one that failed is named in the output.
 fn run_block(script: &str, dir: &std::path::Path, env: &[(&str, String)]) -> (bool, String) {
+    let script = every_step_checked(script);
     let wrapped = format!(
         "set -euo pipefail\ntrap 'echo \"README line failed (exit $?): $BASH_COMMAND\" >&2' ERR\n{script}"
     );

@@ -16,7 +16,7 @@
 //! cause; the connection is dropped and made again at the next call.
 //!
 //! Layout: this file connects, migrates and runs transactions; one file per concern
-//! holds its SQL (`audit`, `fencing`), one function per store method.
+//! holds its SQL (`audit`, `fencing`, `node_leases`, ...), one function per store method.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -39,6 +39,7 @@ mod audit;
 mod fencing;
 mod groups;
 mod leases;
+mod node_leases;
 mod operations;
 mod servers;
 mod tenants;
@@ -560,6 +561,42 @@ impl Store for PgStore {
 
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
         self.tx(servers::gpus)
+    }
+
+    fn lease_records(&self) -> Result<crate::store::LeaseRecords> {
+        self.tx(node_leases::records)
+    }
+
+    fn lease_commit(
+        &self,
+        commit: &crate::store::LeaseCommit<'_>,
+        now: u64,
+    ) -> Result<Vec<OperationView>> {
+        self.tx(|tx| node_leases::commit(tx, commit, now))
+    }
+
+    fn set_lease_quota(
+        &self,
+        actor: &str,
+        tenant: &str,
+        quota: Option<&weft_lease::Quota>,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| node_leases::set_quota(tx, actor, tenant, quota, now))
+    }
+
+    fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>> {
+        self.tx(|tx| node_leases::decisions(tx, lease))
+    }
+
+    fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>> {
+        self.tx(|tx| node_leases::notices(tx, server))
+    }
+
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()> {
+        let json = serde_json::to_string(links)
+            .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
+        self.tx(|tx| servers::set_links(tx, server, &json, now))
     }
 }
 

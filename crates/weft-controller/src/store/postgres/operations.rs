@@ -37,6 +37,7 @@ pub(super) fn mark_applied(
         conf,
         detail,
         warning,
+        taken,
     } = *delivered;
     if generation > meta_i64(tx, "applied_generation")? {
         set_meta(tx, "applied_generation", &generation.to_string())?;
@@ -46,8 +47,8 @@ pub(super) fn mark_applied(
     let ids = pending_upto(tx, generation)?;
     for (id, attempts) in &ids {
         tx.execute(
-            "UPDATE operations SET state = 'applied', finished = $2, warning = $3 WHERE id = $1",
-            &[id, &(now as i64), &warning],
+            "UPDATE operations SET state = 'applied', finished = $2, warning = $3, taken = $4 WHERE id = $1",
+            &[id, &(now as i64), &warning, &taken],
         )?;
         let retried = if *attempts > 0 {
             format!(" after {attempts} failed attempt(s)")
@@ -127,6 +128,7 @@ pub(super) fn status(tx: &mut Transaction<'_>, stale_servers: Vec<String>) -> Re
         delivers: false,
         drift: DriftView::default(),
         applied_conf: meta(tx, "applied_conf")?,
+        default_policy: crate::render::DEFAULT_POLICY.into(),
     })
 }
 
@@ -167,11 +169,15 @@ fn op_row(r: &Row) -> Result<OperationView> {
         created: secs(r.try_get(8)?),
         finished: r.try_get::<_, Option<i64>>(9)?.map(secs),
         warning: r.try_get(10)?,
+        taken: r
+            .try_get::<_, String>(11)?
+            .lines()
+            .map(str::to_string)
+            .collect(),
     })
 }
 
-const OP_COLS: &str =
-    "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning";
+const OP_COLS: &str = "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning, taken";
 
 /// One operation by id.
 pub(super) fn read_operation(tx: &mut Transaction<'_>, id: i64) -> Result<OperationView> {

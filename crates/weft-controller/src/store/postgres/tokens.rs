@@ -37,7 +37,7 @@ pub(super) fn bootstrap_admin(tx: &mut Transaction<'_>, hash: &str, now: u64) ->
         "SELECT hash FROM api_tokens WHERE source = 'bootstrap' AND revoked IS NULL AND hash != $1 ORDER BY hash",
         &[&hash],
     )?;
-    for row in old {
+    for row in &old {
         let h: String = row.try_get(0)?;
         tx.execute(
             "UPDATE api_tokens SET revoked = $2 WHERE hash = $1",
@@ -53,6 +53,31 @@ pub(super) fn bootstrap_admin(tx: &mut Transaction<'_>, hash: &str, now: u64) ->
             "revoked",
             "the controller started with another admin token",
         )?;
+    }
+    // A rotation also ends the admin tokens made through the API: whoever held the old
+    // admin token could have made them.
+    if !old.is_empty() {
+        let made = tx.query(
+            "SELECT hash FROM api_tokens WHERE role = 'admin' AND source != 'bootstrap' AND revoked IS NULL AND (expires IS NULL OR expires > $1) ORDER BY created, hash",
+            &[&(now as i64)],
+        )?;
+        for row in &made {
+            let h: String = row.try_get(0)?;
+            tx.execute(
+                "UPDATE api_tokens SET revoked = $2 WHERE hash = $1",
+                &[&h, &(now as i64)],
+            )?;
+            audit(
+                tx,
+                now,
+                "controller",
+                "token.rotate",
+                &format!("token {}", token_id(&h)),
+                "",
+                "revoked",
+                "an admin token made through the API ends when the admin token is rotated",
+            )?;
+        }
     }
     Ok(())
 }

@@ -25,6 +25,7 @@ mod backup;
 mod fencing;
 mod groups;
 mod leases;
+mod node_leases;
 mod operations;
 mod servers;
 mod tenants;
@@ -158,14 +159,24 @@ impl SqliteStore {
     fn with_connection(mut conn: Connection, path: &Path) -> Result<SqliteStore> {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         // A damaged file is refused at start, naming it, not some requests later.
-        let mut check: Vec<String> = Vec::new();
-        {
+        // A check that cannot even read the file (a damaged page in the schema or a
+        // b-tree's interior) is the same finding as one that lists what is wrong.
+        let check: Vec<String> = match (|| {
             let mut stmt = conn.prepare("PRAGMA quick_check(5)")?;
             let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-            for r in rows {
-                check.push(r?);
+            rows.collect::<rusqlite::Result<Vec<String>>>()
+        })() {
+            Ok(c) => c,
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+                ) =>
+            {
+                vec![e.to_string()]
             }
-        }
+            Err(e) => return Err(e.into()),
+        };
         if check != ["ok"] {
             return Err(refuse(
                 path,
@@ -551,6 +562,42 @@ impl Store for SqliteStore {
 
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
         self.tx(servers::gpus)
+    }
+
+    fn lease_records(&self) -> Result<crate::store::LeaseRecords> {
+        self.tx(node_leases::records)
+    }
+
+    fn lease_commit(
+        &self,
+        commit: &crate::store::LeaseCommit<'_>,
+        now: u64,
+    ) -> Result<Vec<OperationView>> {
+        self.tx(|tx| node_leases::commit(tx, commit, now))
+    }
+
+    fn set_lease_quota(
+        &self,
+        actor: &str,
+        tenant: &str,
+        quota: Option<&weft_lease::Quota>,
+        now: u64,
+    ) -> Result<()> {
+        self.tx(|tx| node_leases::set_quota(tx, actor, tenant, quota, now))
+    }
+
+    fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>> {
+        self.tx(|tx| node_leases::decisions(tx, lease))
+    }
+
+    fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>> {
+        self.tx(|tx| node_leases::notices(tx, server))
+    }
+
+    fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()> {
+        let json = serde_json::to_string(links)
+            .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
+        self.tx(|tx| servers::set_links(tx, server, &json, now))
     }
 }
 

@@ -26,6 +26,7 @@ pub(super) fn mark_applied(
         conf,
         detail,
         warning,
+        taken,
     } = *delivered;
     if generation > meta_i64(tx, "applied_generation")? {
         set_meta(tx, "applied_generation", &generation.to_string())?;
@@ -38,8 +39,8 @@ pub(super) fn mark_applied(
         .collect::<Result<_, _>>()?;
     for (id, attempts) in &ids {
         tx.execute(
-            "UPDATE operations SET state = 'applied', finished = ?2, warning = ?3 WHERE id = ?1",
-            params![id, now as i64, warning],
+            "UPDATE operations SET state = 'applied', finished = ?2, warning = ?3, taken = ?4 WHERE id = ?1",
+            params![id, now as i64, warning, taken],
         )?;
         let retried = if *attempts > 0 {
             format!(" after {attempts} failed attempt(s)")
@@ -116,6 +117,7 @@ pub(super) fn status(tx: &Transaction, stale_servers: Vec<String>) -> Result<Sta
         delivers: false,
         drift: DriftView::default(),
         applied_conf: meta(tx, "applied_conf")?,
+        default_policy: crate::render::DEFAULT_POLICY.into(),
     })
 }
 
@@ -155,11 +157,15 @@ fn op_row(r: &rusqlite::Row) -> rusqlite::Result<OperationView> {
         created: secs(r.get(8)?),
         finished: r.get::<_, Option<i64>>(9)?.map(secs),
         warning: r.get(10)?,
+        taken: r
+            .get::<_, String>(11)?
+            .lines()
+            .map(str::to_string)
+            .collect(),
     })
 }
 
-const OP_COLS: &str =
-    "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning";
+const OP_COLS: &str = "id, actor, action, generation, attempts, state, last_error, diff, created, finished, warning, taken";
 
 /// One operation by id.
 pub(super) fn read_operation(tx: &Transaction, id: i64) -> Result<OperationView> {

@@ -9,7 +9,7 @@ use weft_fabric::Guid;
 use super::groups::{group_of, need_server, read_desired};
 use super::operations::new_operation;
 use super::{audit, exists, guid_from_sql, guid_to_sql, secs};
-use crate::model::{ClaimView, Liveness, PortView, ReportAck, ServerView};
+use crate::model::{ClaimView, HostLinks, Liveness, PortView, ReportAck, ServerView};
 use crate::render;
 use crate::store::{ReportOutcome, ReportedPort, Result, StoreError};
 
@@ -72,17 +72,34 @@ pub(super) fn report(
             .prepare("SELECT guid FROM ports WHERE server = ?1")?
             .query_map([server], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
-        for g in owned.iter().filter(|g| !reported.contains(g)) {
+        // One audit line for the report, not one per port: a report that drops a
+        // thousand ports is one change.
+        let gone: Vec<&i64> = owned.iter().filter(|g| !reported.contains(g)).collect();
+        for g in &gone {
             tx.execute("DELETE FROM ports WHERE guid = ?1", [g])?;
+        }
+        if !gone.is_empty() {
+            let mut named: Vec<String> = gone
+                .iter()
+                .take(8)
+                .map(|g| guid_from_sql(**g).to_string())
+                .collect();
+            if gone.len() > named.len() {
+                named.push(format!("and {} more", gone.len() - named.len()));
+            }
             audit(
                 tx,
                 now,
                 &format!("agent:{server}"),
                 "port.gone",
-                &guid_from_sql(*g).to_string(),
+                server,
                 "",
                 "ok",
-                "no longer reported",
+                &format!(
+                    "{} port(s) no longer reported: {}",
+                    gone.len(),
+                    named.join(", ")
+                ),
             )?;
         }
         for p in ports {
@@ -213,6 +230,7 @@ pub(super) fn servers(tx: &Transaction, now: u64, stale_after_s: u64) -> Result<
             )?
             .query_map([&name], |r| Ok(guid_from_sql(r.get(0)?)))?
             .collect::<Result<_, _>>()?;
+        let (links, gpus) = links_and_gpus(tx, &name)?;
         out.push(ServerView {
             name,
             liveness,
@@ -220,6 +238,9 @@ pub(super) fn servers(tx: &Transaction, now: u64, stale_after_s: u64) -> Result<
             ports,
             group,
             pending_claims,
+            roce: links.roce,
+            nics: links.nics,
+            gpus,
         });
     }
     Ok(out)
@@ -234,6 +255,8 @@ pub(super) fn remove_server(tx: &Transaction, actor: &str, name: &str, now: u64)
     }
     tx.execute("DELETE FROM claims WHERE claimant = ?1", [name])?;
     let ports = tx.execute("DELETE FROM ports WHERE server = ?1", [name])?;
+    tx.execute("DELETE FROM server_links WHERE server = ?1", [name])?;
+    tx.execute("DELETE FROM server_gpus WHERE server = ?1", [name])?;
     tx.execute("DELETE FROM servers WHERE name = ?1", [name])?;
     audit(
         tx,
@@ -368,6 +391,42 @@ pub(super) fn set_gpus(tx: &Transaction, server: &str, json: &str, now: u64) -> 
         params![server, json, now as i64],
     )?;
     Ok(())
+}
+
+/// Records the RoCE ports and NICs a server reported, as JSON.
+pub(super) fn set_links(tx: &Transaction, server: &str, json: &str, now: u64) -> Result<()> {
+    tx.execute(
+        "INSERT INTO server_links (server, links, reported) VALUES (?1, ?2, ?3) \
+         ON CONFLICT(server) DO UPDATE SET links = ?2, reported = ?3",
+        params![server, json, now as i64],
+    )?;
+    Ok(())
+}
+
+/// A server's last reported links and GPUs; a row that does not parse (written by another
+/// version) reads as none rather than failing every listing.
+fn links_and_gpus(tx: &Transaction, server: &str) -> Result<(HostLinks, Vec<weft_agent::Gpu>)> {
+    let links: Option<String> = tx
+        .query_row(
+            "SELECT links FROM server_links WHERE server = ?1",
+            [server],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let gpus: Option<String> = tx
+        .query_row(
+            "SELECT gpus FROM server_gpus WHERE server = ?1",
+            [server],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok((
+        links
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default(),
+        gpus.and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default(),
+    ))
 }
 
 /// The server that owns the port `guid`, if any does.

@@ -52,6 +52,30 @@ pub(super) fn bootstrap_admin(tx: &Transaction, hash: &str, now: u64) -> Result<
             "the controller started with another admin token",
         )?;
     }
+    // A rotation also ends the admin tokens made through the API: whoever held the old
+    // admin token could have made them.
+    if !old.is_empty() {
+        let made: Vec<String> = tx
+            .prepare("SELECT hash FROM api_tokens WHERE role = 'admin' AND source != 'bootstrap' AND revoked IS NULL AND (expires IS NULL OR expires > ?1)")?
+            .query_map([now as i64], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for h in &made {
+            tx.execute(
+                "UPDATE api_tokens SET revoked = ?2 WHERE hash = ?1",
+                params![h, now as i64],
+            )?;
+            audit(
+                tx,
+                now,
+                "controller",
+                "token.rotate",
+                &format!("token {}", token_id(h)),
+                "",
+                "revoked",
+                "an admin token made through the API ends when the admin token is rotated",
+            )?;
+        }
+    }
     Ok(())
 }
 

@@ -7,10 +7,9 @@
 //! a marker line, so that "could not reach host i" (the outer runner failed) and "host i could
 //! not reach host j" (the probe failed) are told apart: both are exit status 255 otherwise.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::each::each_at_most;
 use crate::runner::HostRunner;
 
 /// The marker line the probe prints with the inner ssh's exit status.
@@ -149,28 +148,11 @@ pub fn probe_all(
                 .map(move |&d| (s, d))
         })
         .collect();
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<PairResult>> = Mutex::new(Vec::with_capacity(pairs.len()));
-    std::thread::scope(|sc| {
-        for _ in 0..PARALLEL.min(pairs.len()) {
-            sc.spawn(|| {
-                loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(s, d)) = pairs.get(k) else { break };
-                    let outcome =
-                        probe_one(hosts[s].as_ref(), hosts[d].name(), connect_timeout, bound);
-                    if let Ok(mut r) = results.lock() {
-                        r.push(PairResult {
-                            src: s,
-                            dst: d,
-                            outcome,
-                        });
-                    }
-                }
-            });
-        }
+    let mut r: Vec<PairResult> = each_at_most(&pairs, PARALLEL, |&(s, d)| PairResult {
+        src: s,
+        dst: d,
+        outcome: probe_one(hosts[s].as_ref(), hosts[d].name(), connect_timeout, bound),
     });
-    let mut r = results.into_inner().unwrap_or_else(|p| p.into_inner());
     r.sort_by_key(|p| (p.src, p.dst));
     r
 }

@@ -1,13 +1,14 @@
 //! `HostRunner`: the seam between the tools and the hosts they look at. One implementation per
 //! way of reaching a host: [`Local`] (this machine), [`Ssh`] (`ssh -o BatchMode=yes`), and
 //! [`Netns`] (`ip netns exec`, how the tests put "hosts" on one machine). Everything the bench
-//! and the doctor run on a host goes through here, with a deadline.
+//! and the doctor, `weft run`, `weft sync` and `weft mesh` run on a host goes through here, with
+//! a deadline.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::BenchError;
+use crate::HostsError;
 
 /// Runs programs on one host.
 pub trait HostRunner: Send + Sync {
@@ -32,8 +33,8 @@ pub trait HostRunner: Send + Sync {
         argv: &[String],
         env: &[(String, String)],
         timeout: Duration,
-    ) -> Result<Output, BenchError> {
-        run_bounded(self.command(argv, env), timeout).map_err(|msg| BenchError::Host {
+    ) -> Result<Output, HostsError> {
+        run_bounded(self.command(argv, env), timeout).map_err(|msg| HostsError::Host {
             host: self.name().to_string(),
             msg: format!("{}: {msg}", argv.join(" ")),
         })
@@ -45,13 +46,13 @@ pub trait HostRunner: Send + Sync {
         argv: &[String],
         env: &[(String, String)],
         stdout: Stdio,
-    ) -> Result<Child, BenchError> {
+    ) -> Result<Child, HostsError> {
         let mut c = self.command(argv, env);
         c.stdin(Stdio::null())
             .stdout(stdout)
             .stderr(Stdio::inherit());
         c.process_group(0);
-        c.spawn().map_err(|e| BenchError::Host {
+        c.spawn().map_err(|e| HostsError::Host {
             host: self.name().to_string(),
             msg: format!("starting {}: {e}", argv.join(" ")),
         })
@@ -65,13 +66,13 @@ pub fn spawn_tethered(
     host: &dyn HostRunner,
     argv: &[String],
     stdout: Stdio,
-) -> Result<Child, BenchError> {
+) -> Result<Child, HostsError> {
     let mut c = host.command(argv, &[]);
     c.stdin(Stdio::piped())
         .stdout(stdout)
         .stderr(Stdio::inherit());
     c.process_group(0);
-    c.spawn().map_err(|e| BenchError::Host {
+    c.spawn().map_err(|e| HostsError::Host {
         host: host.name().to_string(),
         msg: format!("starting {}: {e}", argv.join(" ")),
     })
@@ -177,7 +178,7 @@ impl HostRunner for Netns {
 
 /// Parses a host list: `a,b,c` reached `via` (`ssh`, `netns`, `local`), or entries with their
 /// own prefix (`ssh:node1`, `netns:ns1`, `local`).
-pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+pub fn parse_hosts(list: &str, via: &str) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
     parse_hosts_with(list, via, &[])
 }
 
@@ -186,14 +187,33 @@ pub fn parse_hosts_with(
     list: &str,
     via: &str,
     ssh_extra: &[String],
-) -> Result<Vec<Box<dyn HostRunner>>, BenchError> {
+) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
+    let items: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    hosts_from(&items, via, ssh_extra)
+}
+
+/// Hosts from a list already split (a controller group's member names, or the entries of
+/// [`parse_hosts_with`]): each reached `via`, unless it carries its own prefix (`ssh:node1`,
+/// `netns:ns1`, `local`).
+pub fn hosts_from<S: AsRef<str>>(
+    items: &[S],
+    via: &str,
+    ssh_extra: &[String],
+) -> Result<Vec<Box<dyn HostRunner>>, HostsError> {
     let mut v: Vec<Box<dyn HostRunner>> = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for item in items.iter().map(AsRef::as_ref) {
         let (kind, name) = match item.split_once(':') {
             Some((k @ ("ssh" | "netns" | "local"), n)) => (k, n),
             _ if item == "local" => ("local", item),
             _ => (via, item),
         };
+        if name.is_empty() {
+            return Err(HostsError::Usage(format!("host {item:?} has no name")));
+        }
         v.push(match kind {
             "ssh" => Box::new(Ssh {
                 host: name.to_string(),
@@ -204,25 +224,55 @@ pub fn parse_hosts_with(
             }),
             "local" => Box::new(Local),
             other => {
-                return Err(BenchError::Usage(format!(
+                return Err(HostsError::Usage(format!(
                     "unknown way to reach hosts {other:?} (ssh, netns, local)"
                 )));
             }
         });
     }
     if v.is_empty() {
-        return Err(BenchError::Usage("empty host list".into()));
+        return Err(HostsError::Usage("empty host list".into()));
     }
     Ok(v)
 }
 
-/// Runs `cmd` in its own process group with piped output; kills the group after `timeout`,
-/// which also bounds the wait for its pipes ([`weft_proc::run`]).
-pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, String> {
-    weft_proc::run(cmd, None, timeout, weft_proc::Kill::Group).map_err(|e| e.to_string())
+/// The `ssh` options of `--ssh-config FILE` (`-F FILE`) and each `--ssh-option K=V`
+/// (`-o K=V`), for [`parse_hosts_with`].
+pub fn ssh_extra(config: Option<&std::path::Path>, options: &[String]) -> Vec<String> {
+    let mut extra: Vec<String> = Vec::new();
+    if let Some(f) = config {
+        extra.extend(["-F".to_string(), f.display().to_string()]);
+    }
+    for o in options {
+        extra.extend(["-o".to_string(), o.clone()]);
+    }
+    extra
 }
 
-pub use weft_proc::{kill_group, wait_until};
+/// Whether any of `hosts` is reached over SSH: then weft runs there from the hosts' own
+/// install (`--remote-weft`); namespace and local hosts share this machine's files and run
+/// this very binary.
+pub fn any_ssh(hosts: &[Box<dyn HostRunner>]) -> bool {
+    hosts.iter().any(|h| h.kind() == "ssh")
+}
+
+/// The `weft` binary to start on `hosts`: `remote` when [`any_ssh`], else this process's own
+/// executable.
+pub fn remote_exe(hosts: &[Box<dyn HostRunner>], remote: &str) -> std::io::Result<String> {
+    if any_ssh(hosts) {
+        Ok(remote.to_string())
+    } else {
+        Ok(std::env::current_exe()?.display().to_string())
+    }
+}
+
+/// Runs `cmd` in its own process group with piped output; kills the group after `timeout`,
+/// which also bounds the wait for its pipes ([`weft_proc::run`]).
+pub fn run_bounded(cmd: Command, timeout: Duration) -> Result<Output, ProcessError> {
+    weft_proc::run(cmd, None, timeout, weft_proc::Kill::Group)
+}
+
+pub use weft_proc::{ProcessError, kill_group, wait_until};
 
 #[cfg(test)]
 mod tests {
@@ -262,6 +312,23 @@ mod tests {
         let h = parse_hosts_with("a,netns:b", "ssh", &["-F".into(), "cfg".into()]).unwrap();
         assert_eq!(h[0].ssh_options(), Some(vec!["-F".into(), "cfg".into()]));
         assert_eq!(h[1].ssh_options(), None);
+        // A group's member names, taken as they are (no second split on commas).
+        let g = hosts_from(&["node1", "netns:ns2"], "ssh", &[]).unwrap();
+        assert_eq!((g[0].kind(), g[0].name()), ("ssh", "node1"));
+        assert_eq!((g[1].kind(), g[1].name()), ("netns", "ns2"));
+        assert!(hosts_from(&["ssh:"], "ssh", &[]).is_err());
+        assert!(hosts_from::<&str>(&[], "ssh", &[]).is_err());
+        assert_eq!(
+            ssh_extra(Some(std::path::Path::new("cfg")), &["Port=2222".into()]),
+            ["-F", "cfg", "-o", "Port=2222"]
+        );
+        assert_eq!(remote_exe(&h, "/opt/weft").unwrap(), "/opt/weft");
+        let ns = parse_hosts("netns:a,local", "ssh").unwrap();
+        assert!(!any_ssh(&ns));
+        assert_eq!(
+            remote_exe(&ns, "/opt/weft").unwrap(),
+            std::env::current_exe().unwrap().display().to_string()
+        );
     }
 
     #[test]
@@ -271,7 +338,7 @@ mod tests {
         let mut c = Command::new("sh");
         c.args(["-c", "sleep 5 & echo started"]);
         let r = run_bounded(c, Duration::from_millis(300));
-        assert!(r.unwrap_err().contains("killed"));
+        assert!(r.unwrap_err().to_string().contains("killed"));
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 
@@ -282,7 +349,7 @@ mod tests {
         let mut c = Command::new("sleep");
         c.arg("30");
         let r = run_bounded(c, Duration::from_millis(200));
-        assert!(r.unwrap_err().contains("killed"));
+        assert!(r.unwrap_err().to_string().contains("killed"));
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
 }

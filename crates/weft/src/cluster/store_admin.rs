@@ -1,0 +1,213 @@
+//! `weft controller backup` and `weft controller restore`: SQLite's copy and restore, and
+//! on a PostgreSQL store the advice to use PostgreSQL's own tools (and the fencing raise).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow};
+use weft_controller::store::{PgStore, SqliteStore};
+
+use super::fabric_of;
+use crate::EXIT_OK;
+use crate::config::Config;
+use crate::output;
+
+/// `weft controller backup`: a SQLite store copied; a PostgreSQL store refused with
+/// pg_dump's advice.
+pub(super) fn backup(
+    file: &std::path::Path,
+    db: Option<PathBuf>,
+    store: Option<String>,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    match postgres_url(store, db.as_ref(), cfg) {
+        Some(url) => Err(anyhow!(
+            "the store is on PostgreSQL ({}): back it up with PostgreSQL's own tools, e.g. `pg_dump --format=custom --file {} 'URL'` (one consistent snapshot while the controller runs), or its replication; `weft controller backup` copies SQLite stores only",
+            weft_controller::store::redact(&url),
+            file.display()
+        )),
+        None => backup_sqlite(file, db, cfg, json),
+    }
+}
+
+/// `weft controller restore`, on the store's backend.
+pub(super) fn restore(
+    db: Option<PathBuf>,
+    store: Option<String>,
+    from: Option<PathBuf>,
+    no_fabric: bool,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    match postgres_url(store, db.as_ref(), cfg) {
+        Some(url) => restore_postgres(&url, from, no_fabric, cfg, json),
+        None => restore_sqlite(db, from, no_fabric, cfg, json),
+    }
+}
+
+/// The PostgreSQL store's URL: `--store`, else `[controller] store_url` unless `--db` is
+/// given (a flag beats the file); `None`: the SQLite store.
+fn postgres_url(flag: Option<String>, db: Option<&PathBuf>, cfg: &Config) -> Option<String> {
+    flag.or_else(|| {
+        db.is_none()
+            .then(|| cfg.controller.store_url.clone())
+            .flatten()
+    })
+}
+
+/// `weft controller restore` on a PostgreSQL store (after `pg_restore` into it, or on a
+/// replica promoted by hand): the fencing number raised above what the SMs hold.
+fn restore_postgres(
+    url: &str,
+    from: Option<PathBuf>,
+    no_fabric: bool,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    let name = weft_controller::store::redact(url);
+    if let Some(from) = from {
+        return Err(anyhow!(
+            "the store is on PostgreSQL ({name}): put {} back with `pg_restore --dbname 'URL' {}` into an empty database first, then run `weft controller restore --store URL` without --from",
+            from.display(),
+            from.display()
+        ));
+    }
+    let fabric = fabric_of(no_fabric, cfg)?;
+    let store = PgStore::open(url, false)?;
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let r = weft_controller::restore::restore(
+        &store,
+        fabric.as_ref(),
+        &actor,
+        weft_controller::unix_now(),
+    )
+    .with_context(|| format!("restore of {name}"))?;
+    print_restore(&r, json)
+}
+
+/// The store of `--db`, else `[controller] db`, else the packaged default.
+fn store_path(db: Option<PathBuf>, cfg: &Config) -> PathBuf {
+    db.or_else(|| cfg.controller.db.clone())
+        .unwrap_or_else(|| "/var/lib/weft/controller.db".into())
+}
+
+/// `weft controller backup`.
+fn backup_sqlite(
+    file: &std::path::Path,
+    db: Option<PathBuf>,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    let db = store_path(db, cfg);
+    let r = SqliteStore::backup(&db, file)
+        .with_context(|| format!("backup of {} into {}", db.display(), file.display()))?;
+    if json {
+        output::json(&r)?;
+    } else {
+        println!(
+            "{}",
+            output::table(
+                [
+                    "BACKUP",
+                    "BYTES",
+                    "GENERATION",
+                    "APPLIED",
+                    "OPERATIONS",
+                    "AUDIT LINES"
+                ],
+                [[
+                    r.path.display().to_string(),
+                    r.bytes.to_string(),
+                    r.desired_generation.to_string(),
+                    r.applied_generation.to_string(),
+                    r.operations.to_string(),
+                    r.audit_lines.to_string(),
+                ]]
+            )
+        );
+    }
+    Ok(EXIT_OK)
+}
+
+/// `weft controller restore` on a SQLite store.
+fn restore_sqlite(
+    db: Option<PathBuf>,
+    from: Option<PathBuf>,
+    no_fabric: bool,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    let db = store_path(db, cfg);
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    if let Some(from) = from {
+        let fabric = fabric_of(no_fabric, cfg)?;
+        let r = weft_controller::restore::restore_from_backup(
+            &from,
+            &db,
+            fabric.as_ref(),
+            &actor,
+            weft_controller::unix_now(),
+        )
+        .with_context(|| format!("restore of {} from {}", db.display(), from.display()))?;
+        return print_restore(&r, json);
+    }
+    if !db.is_file() {
+        return Err(anyhow!(
+            "the store {} does not exist: restore works on a store copied back from a backup",
+            db.display()
+        ));
+    }
+    let fabric = fabric_of(no_fabric, cfg)?;
+    let store = SqliteStore::open_existing(&db)
+        .with_context(|| format!("cannot open the store {}", db.display()))?;
+    let r = weft_controller::restore::restore(
+        &store,
+        fabric.as_ref(),
+        &actor,
+        weft_controller::unix_now(),
+    )
+    .with_context(|| format!("restore of {}", db.display()))?;
+    print_restore(&r, json)
+}
+
+fn print_restore(r: &weft_controller::restore::RestoreReport, json: bool) -> Result<u8> {
+    if json {
+        output::json(r)?;
+        return Ok(EXIT_OK);
+    }
+    println!(
+        "{}",
+        output::table(
+            ["SM", "HOLDS"],
+            r.sms.iter().map(|(n, s)| {
+                [
+                    n.clone(),
+                    s.map_or_else(|| "no stamped file".into(), |s| s.to_string()),
+                ]
+            })
+        )
+    );
+    println!(
+        "fencing number {} -> {} (the SMs held at most {}); the store's applied generation is {}",
+        r.old_fencing, r.fencing, r.held_fencing, r.applied_generation
+    );
+    if r.diff.is_empty() {
+        println!("its next delivery replaces the master's file with its own state");
+    } else {
+        println!(
+            "its state, delivered once the controller starts, changes the master's file so:\n{}",
+            r.diff
+                .lines()
+                .map(output::clean)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    Ok(EXIT_OK)
+}
