@@ -10,7 +10,7 @@ use crate::store::{AuditLine, Result};
 /// Appends `line`, at `now`.
 pub(super) fn append(tx: &mut Transaction<'_>, now: u64, line: &AuditLine<'_>) -> Result<()> {
     tx.execute(
-        "INSERT INTO audit (at, actor, action, subject, diff, outcome, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO audit (id, at, actor, action, subject, diff, outcome, detail) OVERRIDING SYSTEM VALUE VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM audit), $1, $2, $3, $4, $5, $6, $7)",
         &[
             &(now as i64),
             &line.actor,

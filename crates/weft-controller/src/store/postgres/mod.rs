@@ -10,6 +10,9 @@
 //! database by a transaction-scoped advisory lock ([`WRITE_LOCK`]), as SQLite's
 //! `BEGIN IMMEDIATE` serializes them on one file: a change reads, decides and writes
 //! without another controller's change in between.
+//! The same lock makes ids as SQLite makes them: the next id of an operation, an audit
+//! line, a claim or a lease decision is one above the highest (a sequence would leave
+//! the ids of a rolled-back transaction unused, and the two backends would number apart).
 //!
 //! A lost connection, a server shutting down, a full disk or a read-only server is
 //! [`StoreError::Unavailable`], naming the store (its URL without a password) and the

@@ -106,7 +106,7 @@ pub(super) fn commit(
         let lease = sql_u64(d.lease());
         let (kind, detail) = (d.kind(), d.detail());
         tx.execute(
-            "INSERT INTO lease_decisions (lease, at, kind, detail) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO lease_decisions (id, lease, at, kind, detail) OVERRIDING SYSTEM VALUE VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM lease_decisions), $1, $2, $3, $4)",
             &[&lease, &sql_u64(now), &kind, &detail],
         )?;
         // A decision about a lease not stored names no tenant, as on SQLite.

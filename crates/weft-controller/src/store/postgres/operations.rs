@@ -144,7 +144,7 @@ pub(super) fn new_operation(
     set_meta(tx, "desired_generation", &generation.to_string())?;
     let id: i64 = tx
         .query_one(
-            "INSERT INTO operations (actor, action, generation, state, diff, created) VALUES ($1, $2, $3, 'pending', $4, $5) RETURNING id",
+            "INSERT INTO operations (id, actor, action, generation, state, diff, created) OVERRIDING SYSTEM VALUE VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM operations), $1, $2, $3, 'pending', $4, $5) RETURNING id",
             &[&actor, &action, &generation, &diff, &(now as i64)],
         )?
         .try_get(0)?;

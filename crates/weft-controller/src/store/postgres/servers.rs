@@ -72,7 +72,10 @@ pub(super) fn report(
         let reported: Vec<i64> = ports.iter().map(|p| guid_to_sql(p.guid)).collect();
         // Ports this server owned and no longer reports (an HCA removed or replaced).
         let owned: Vec<i64> = tx
-            .query("SELECT guid FROM ports WHERE server = $1", &[&server])?
+            .query(
+                "SELECT guid FROM ports WHERE server = $1 ORDER BY guid",
+                &[&server],
+            )?
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
@@ -118,7 +121,7 @@ pub(super) fn report(
                         .is_some();
                     if !pending {
                         tx.execute(
-                            "INSERT INTO claims (guid, claimant, owner, state, created) VALUES ($1, $2, $3, 'pending', $4)",
+                            "INSERT INTO claims (id, guid, claimant, owner, state, created) OVERRIDING SYSTEM VALUE VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM claims), $1, $2, $3, 'pending', $4)",
                             &[&guid, &server, &o, &(now as i64)],
                         )?;
                         audit(
