@@ -25,6 +25,10 @@ use weft_fabric::Guid;
 /// The README's shell blocks that are not run, by their first command, and why.
 const UNMARKED: &[(&str, &str)] = &[
     (
+        "createdb weft",
+        "an operator's PostgreSQL server and role; `cluster::a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump` runs `weft controller --store` on a real PostgreSQL it starts",
+    ),
+    (
         "cargo xtask demo",
         "the demo and the whole test suite: CI runs both itself",
     ),
