@@ -190,6 +190,24 @@ async fn servers_with_ports(admin: &Client, n: usize) {
     .await
 }
 
+/// An agent for every `node*` host of `topology`, reporting to `ctl`, once every one of
+/// them has reported its ports (an agent stops when its handle is dropped).
+async fn agents_on_nodes(
+    ctl: &Ctl,
+    topology: &weft_testbed::Topology,
+) -> Vec<(
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), AgentError>>,
+)> {
+    let mut agents = Vec::new();
+    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
+        let ports: Vec<u8> = h.port_guids.iter().map(|(p, _)| *p).collect();
+        agents.push(spawn_agent(ctl.agent(&h.name, h.node_guid, &ports).await));
+    }
+    servers_with_ports(&ctl.admin, agents.len()).await;
+    agents
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_refused_and_a_tenant_reads_only_its_own_groups() {
     let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
@@ -718,12 +736,8 @@ async fn four_agents_two_tenants_a_move_and_a_removal_each_verified_on_every_por
         30,
     )
     .await;
-    let mut agents = Vec::new();
-    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
-        let ports: Vec<u8> = h.port_guids.iter().map(|(p, _)| *p).collect();
-        agents.push(spawn_agent(ctl.agent(&h.name, h.node_guid, &ports).await));
-    }
-    servers_with_ports(&ctl.admin, 4).await;
+    let agents = agents_on_nodes(&ctl, &topology).await;
+    assert_eq!(agents.len(), 4);
     let wait = Duration::from_secs(30);
     ctl.admin.create_tenant("alice").await.unwrap();
     ctl.admin.create_tenant("bob").await.unwrap();

@@ -80,12 +80,8 @@ async fn a_controller_on_a_stale_copy_of_the_store_never_delivers_older_state() 
         30,
     )
     .await;
-    let mut agents = Vec::new();
-    for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
-        let ports: Vec<u8> = h.port_guids.iter().map(|(p, _)| *p).collect();
-        agents.push(spawn_agent(live.agent(&h.name, h.node_guid, &ports).await));
-    }
-    servers_with_ports(&live.admin, 4).await;
+    let agents = agents_on_nodes(&live, &topology).await;
+    assert_eq!(agents.len(), 4);
     let wait = Duration::from_secs(30);
     live.admin.create_tenant("alice").await.unwrap();
     live.admin.create_tenant("bob").await.unwrap();
