@@ -223,6 +223,28 @@ async fn login(driver: &WebDriver, base: &str, token: &str) {
     .await;
 }
 
+/// Logs out with the console's button and waits for the login page.
+async fn logout(driver: &WebDriver, base: &str) {
+    driver.goto(format!("{base}/console")).await.unwrap();
+    driver
+        .find(By::Css("form[action='/console/logout'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until("the login page", Duration::from_secs(10), || async {
+        driver
+            .current_url()
+            .await
+            .ok()?
+            .path()
+            .ends_with("/login")
+            .then_some(())
+    })
+    .await;
+}
+
 async fn session_cookie(driver: &WebDriver) -> String {
     let c = driver.get_named_cookie("weft_session").await.unwrap();
     assert_eq!(c.secure, Some(true), "{c:?}");
@@ -666,24 +688,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
     assert_eq!(admin.groups().await.unwrap(), before);
 
     // Log out (the button), then log in as tenant alice.
-    driver.goto(format!("{base}/console")).await.unwrap();
-    driver
-        .find(By::Css("form[action='/console/logout'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until("the login page", Duration::from_secs(10), || async {
-        driver
-            .current_url()
-            .await
-            .ok()?
-            .path()
-            .ends_with("/login")
-            .then_some(())
-    })
-    .await;
+    logout(&driver, &base).await;
     driver.screenshot(&img("login")).await.unwrap();
     violations.extend(axe(&driver, "login").await);
     // The admin's session ended on the server: replaying its cookie is refused.
@@ -764,24 +769,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     // Alice logs out; her cookie replayed is refused too.
-    driver.goto(format!("{base}/console")).await.unwrap();
-    driver
-        .find(By::Css("form[action='/console/logout'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until("the login page", Duration::from_secs(10), || async {
-        driver
-            .current_url()
-            .await
-            .ok()?
-            .path()
-            .ends_with("/login")
-            .then_some(())
-    })
-    .await;
+    logout(&driver, &base).await;
     let (code, _) = post(
         &base,
         "/console/move",
