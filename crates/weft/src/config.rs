@@ -751,6 +751,11 @@ fn reference_table(
             format!("{path}.{key}")
         }
     };
+    // Sorted by key: serde_json keeps schemars' declaration order when another crate in
+    // the build turns on its `preserve_order` feature (thirtyfour does, in test builds),
+    // and the reference must not depend on which crates were built with it.
+    let mut props: Vec<_> = props.iter().collect();
+    props.sort_by_key(|(k, _)| k.as_str());
     let mut nested = Vec::new();
     let mut maps = Vec::new();
     for (key, prop) in props {
