@@ -78,6 +78,15 @@ pub struct Leadership {
     /// Set once it resigned: the election loop stops.
     stopped: std::sync::atomic::AtomicBool,
     role: Mutex<Role>,
+    /// The end of the current leadership by the wall clock (for the log line that says
+    /// when it stopped delivering).
+    until_wall: Mutex<Option<std::time::SystemTime>>,
+}
+
+/// Milliseconds since the epoch of `t`.
+fn unix_ms(t: std::time::SystemTime) -> u128 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 impl Leadership {
@@ -93,6 +102,7 @@ impl Leadership {
                 fencing: None,
                 until: None,
             }),
+            until_wall: Mutex::new(None),
         })
     }
 
@@ -105,6 +115,7 @@ impl Leadership {
             elected: true,
             stopped: std::sync::atomic::AtomicBool::new(false),
             role: Mutex::new(Role::Following { url: None }),
+            until_wall: Mutex::new(None),
         })
     }
 
@@ -149,6 +160,21 @@ impl Leadership {
         }
     }
 
+    /// The first election round, before the controller serves (so that a controller alone
+    /// on its database takes writes from its first request); whether it leads.
+    pub(crate) fn first_round(&self, store: &dyn Store) -> Result<bool, crate::store::StoreError> {
+        let started = Instant::now();
+        let round = store.elect(
+            &self.holder,
+            self.url.as_deref(),
+            TTL_S,
+            crate::server::unix_now(),
+        )?;
+        tracing::info!(holder = %self.holder, ?round, "first election round");
+        self.apply(&round, started);
+        Ok(matches!(round, Election::Leader { .. }))
+    }
+
     /// Applies one election round that started at `started`; whether this controller
     /// just became the leader.
     fn apply(&self, round: &Election, started: Instant) -> bool {
@@ -157,14 +183,21 @@ impl Leadership {
             matches!(*role, Role::Leading { until: Some(u), .. } if Instant::now() < u);
         match round {
             Election::Leader { fencing, .. } => {
+                let lasts = Duration::from_secs(TTL_S) - MARGIN;
                 *role = Role::Leading {
                     fencing: Some(*fencing),
-                    until: Some(started + Duration::from_secs(TTL_S) - MARGIN),
+                    until: Some(started + lasts),
                 };
+                *self.until_wall.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(std::time::SystemTime::now() - started.elapsed() + lasts);
                 !was_leading
             }
             Election::Follower { url, .. } => {
                 *role = Role::Following { url: url.clone() };
+                let mut wall = self.until_wall.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(w) = *wall {
+                    *wall = Some(w.min(std::time::SystemTime::now()));
+                }
                 false
             }
         }
@@ -179,6 +212,7 @@ pub async fn run(
     lead: std::sync::Weak<Leadership>,
     events: mpsc::Sender<Event>,
 ) {
+    let mut was_delivering = false;
     loop {
         let Some(l) = lead.upgrade() else {
             return;
@@ -188,6 +222,7 @@ pub async fn run(
         }
         let (holder, url) = (l.holder.clone(), l.url.clone());
         let started = Instant::now();
+        let started_wall = std::time::SystemTime::now();
         let s = store.clone();
         let h = holder.clone();
         let round = tokio::task::spawn_blocking(move || {
@@ -201,7 +236,12 @@ pub async fn run(
                     took_over: true,
                 } = &round
                 {
-                    tracing::warn!(fencing, holder = %holder, "took over as the leader");
+                    tracing::warn!(
+                        fencing,
+                        holder = %holder,
+                        round_start_unix_ms = unix_ms(started_wall) as u64,
+                        "took over as the leader"
+                    );
                 }
                 let was = l.role();
                 if l.apply(&round, started) {
@@ -225,6 +265,15 @@ pub async fn run(
                 false
             }
         };
+        let delivering = l.delivering().is_some();
+        if was_delivering && !delivering {
+            let until = *l.until_wall.lock().unwrap_or_else(|p| p.into_inner());
+            tracing::error!(
+                until_unix_ms = until.map_or(0, unix_ms) as u64,
+                "stopped delivering: this controller's leadership ran out by its own clock (its lease was not renewed in time) or another controller leads"
+            );
+        }
+        was_delivering = delivering;
         drop(l);
         tokio::time::sleep(if leading { RENEW_EVERY } else { POLL_EVERY }).await;
     }

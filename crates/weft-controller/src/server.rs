@@ -111,7 +111,9 @@ fn holder_is_dead_here(h: &str) -> bool {
 pub(crate) fn while_stopped<T>(store: &dyn Store, f: impl FnOnce() -> T) -> Result<T, StartError> {
     let holder = format!("{} (restore)", holder_id());
     // Controllers on a store that elects hold the leader's lease, not the store's.
-    if let Some((leader, url)) = store.leader()? {
+    if let Some((leader, url)) = store.leader()?
+        && !holder_is_dead_here(&leader)
+    {
         return Err(StartError::Leased {
             holder: format!(
                 "the leader {leader} at {}",
@@ -250,6 +252,7 @@ impl Controller {
             )
         };
         store.bootstrap_admin(&token.hash(), unix_now())?;
+        let leads_now = !lead.is_elected() || lead.first_round(store.as_ref())?;
         if lead.is_elected() {
             tokio::spawn(crate::leader::run(
                 store.clone(),
@@ -262,7 +265,7 @@ impl Controller {
             "the Default partition"
         );
         let metrics = Arc::new(Metrics::default());
-        if !lead.is_elected() {
+        if leads_now {
             let _ = tx.try_send(Event::Started);
         }
         let delivers = fabric.delivers();
