@@ -88,7 +88,7 @@ pub struct Wait {
 pub enum ClusterCommand {
     /// Run the fabric controller: API, store, reconcile loop, metrics.
     #[command(
-        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
+        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n  weft controller --store postgres://weft@db/weft --listen 0.0.0.0:7100 --tls-self-signed --advertise-url https://ctl2:7100   # one of several on one PostgreSQL: one leads, the others answer writes 421 with the leader's URL\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
     )]
     Controller(ControllerArgs),
     /// Run the agent of this server: discover its ports and report them to the controller.
