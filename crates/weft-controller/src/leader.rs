@@ -292,3 +292,63 @@ pub(crate) fn resign(store: &dyn Store, lead: &Leadership) {
         tracing::warn!(error = %e, "cannot give the leader's lease back; it runs out by itself");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leader_delivers_only_until_ttl_minus_margin_after_its_round_started_and_a_follower_names_the_leader()
+     {
+        let alone = Leadership::alone("host h pid 1 since 0 #0");
+        assert!(!alone.is_elected());
+        assert_eq!(
+            alone.delivering(),
+            Some(Licence {
+                fencing: None,
+                until: None
+            })
+        );
+        assert_eq!(alone.refuses_writes(), None);
+
+        let l = Leadership::elected("host h pid 2 since 0 #0", Some("http://me"));
+        assert!(l.is_elected());
+        assert_eq!(l.delivering(), None, "no round yet: it follows");
+        assert_eq!(l.refuses_writes(), Some(None), "and knows no leader");
+
+        let lead = Election::Leader {
+            fencing: 7,
+            took_over: true,
+        };
+        let started = Instant::now();
+        assert!(l.apply(&lead, started), "it just became the leader");
+        let licence = l.delivering().expect("it leads");
+        assert_eq!(licence.fencing, Some(7));
+        let lasts = licence.until.unwrap() - started.into_std();
+        assert_eq!(lasts, Duration::from_secs(TTL_S) - MARGIN);
+        assert_eq!(lasts, Duration::from_millis(3500));
+        assert_eq!(l.refuses_writes(), None);
+        assert!(
+            !l.apply(&lead, Instant::now()),
+            "a renewal is no new leadership"
+        );
+
+        // A round that started 3.5 s ago licenses nothing any more, whatever it answered.
+        let old = Instant::now() - Duration::from_millis(3500);
+        l.apply(&lead, old);
+        assert_eq!(l.delivering(), None);
+        assert_eq!(l.refuses_writes(), Some(None));
+        assert!(
+            l.apply(&lead, Instant::now()),
+            "renewed in time again: it leads again"
+        );
+
+        let other = Election::Follower {
+            holder: Some("host k pid 3 since 0 #0".into()),
+            url: Some("http://other".into()),
+        };
+        assert!(!l.apply(&other, Instant::now()));
+        assert_eq!(l.delivering(), None);
+        assert_eq!(l.refuses_writes(), Some(Some("http://other".into())));
+    }
+}

@@ -39,6 +39,15 @@ pub enum StartError {
         /// Who holds the lease: its host, process id and start time.
         holder: String,
     },
+    /// A controller leads on this store (one that elects a leader).
+    #[error(
+        "another controller uses this store: it leads ({holder}); stop every controller on it first (the leader's lease runs out {} s after it stops renewing)",
+        crate::leader::TTL_S
+    )]
+    Leads {
+        /// The leader: its holder id and advertised URL.
+        holder: String,
+    },
     /// The store.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -423,6 +432,13 @@ impl Controller {
                             .and_then(|st| Ok((st, s.servers(unix_now(), stale)?)))
                     })
                     .await;
+                    let licence = state.lead.delivering();
+                    state.metrics.leader.set(i64::from(licence.is_some()));
+                    state.metrics.fencing.set(
+                        licence
+                            .and_then(|l| l.fencing)
+                            .map_or(0, |f| i64::try_from(f).unwrap_or(i64::MAX)),
+                    );
                     if let Ok(Ok((status, servers))) = counts {
                         state.metrics.pending.set(status.pending_operations);
                         for l in [Liveness::Ok, Liveness::Stale, Liveness::Never] {

@@ -110,6 +110,8 @@ impl Fabric {
 struct Ctl {
     proc: Proc,
     url: String,
+    /// Its `/metrics` URL.
+    metrics: String,
     log: PathBuf,
 }
 
@@ -200,7 +202,17 @@ impl Ha {
                 )
             });
         assert!(line.contains(&listen), "{line}");
-        Ctl { proc, url, log }
+        let metrics = line
+            .split_whitespace()
+            .find(|w| w.ends_with("/metrics"))
+            .unwrap()
+            .to_string();
+        Ctl {
+            proc,
+            url,
+            metrics,
+            log,
+        }
     }
 }
 
@@ -233,6 +245,28 @@ fn post(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
         .and_then(|(_, b)| serde_json::from_str(b).ok())
         .unwrap_or(serde_json::Value::Null);
     (status, json)
+}
+
+/// The value of the gauge `name` at `metrics` (a `/metrics` URL), read by hand.
+fn gauge(metrics: &str, name: &str) -> i64 {
+    let rest = metrics.trim_start_matches("http://");
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {answer}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The value of `key=NUMBER` on the last line of `log` that contains `what`.
@@ -312,6 +346,26 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
     assert_eq!(body["leader"], ctl(0, &ctls).as_str(), "{body}");
     assert!(
         body["error"].as_str().unwrap().contains("not the leader"),
+        "{body}"
+    );
+    // Each says which it is, and the leader its fencing number (raised by its takeover).
+    let (m0, m1) = (
+        ctls[0].as_ref().unwrap().metrics.clone(),
+        ctls[1].as_ref().unwrap().metrics.clone(),
+    );
+    assert_eq!(gauge(&m0, "weft_controller_leader"), 1);
+    assert_eq!(gauge(&m0, "weft_controller_fencing"), 2);
+    assert_eq!(gauge(&m1, "weft_controller_leader"), 0);
+    assert_eq!(gauge(&m1, "weft_controller_fencing"), 0);
+    // An agent's report is a write too (refused before its secret is even looked at).
+    let (status, body) = post(&ctl(1, &ctls), "/v1/agents/report", "{}");
+    assert_eq!(
+        (status, &body["code"], &body["leader"]),
+        (
+            421,
+            &serde_json::json!("not_leader"),
+            &serde_json::json!(ctl(0, &ctls))
+        ),
         "{body}"
     );
 
