@@ -78,6 +78,8 @@ pub struct AppState {
     pub reports: Arc<input::ReportLimiter>,
     /// The node-lease loop ([`crate::lease`]).
     pub leases: Arc<crate::lease::Leases>,
+    /// Whether this controller leads (takes writes and delivers) or follows.
+    pub lead: Arc<crate::leader::Leadership>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -264,6 +266,39 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+/// Refuses every write (any method but GET, HEAD and OPTIONS) while this controller does
+/// not lead: 421 Misdirected Request, `code: "not_leader"`, and the leader's advertised
+/// URL in `leader` (null while none is known). Agents' reports are writes too.
+pub async fn leader_only_writes(
+    State(lead): State<Arc<crate::leader::Leadership>>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let method = request.method();
+    if method == axum::http::Method::GET
+        || method == axum::http::Method::HEAD
+        || method == axum::http::Method::OPTIONS
+    {
+        return next.run(request).await;
+    }
+    let Some(leader) = lead.refuses_writes() else {
+        return next.run(request).await;
+    };
+    let error = match &leader {
+        Some(url) => format!("this controller is not the leader; send writes to the leader at {url}"),
+        None => "this controller is not the leader and no leader is elected now; try again in a few seconds".to_string(),
+    };
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        Json(crate::model::NotLeaderBody {
+            error,
+            code: "not_leader".into(),
+            leader,
+        }),
+    )
+        .into_response()
 }
 
 // ------------------------------------------------------------------ open

@@ -32,6 +32,7 @@ pub mod api;
 pub mod auth;
 pub mod client;
 pub mod input;
+pub mod leader;
 pub mod lease;
 pub mod metrics;
 pub mod model;

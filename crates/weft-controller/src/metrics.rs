@@ -118,6 +118,12 @@ pub struct Metrics {
     pub lease_queue: Gauge,
     /// `weft_lease_pool_free`: pool nodes no lease holds.
     pub lease_pool_free: Gauge,
+    /// `weft_controller_leader`: 1 while this controller leads and may deliver, else 0
+    /// (set at scrape time).
+    pub leader: Gauge,
+    /// `weft_controller_fencing`: the fencing number this controller's leadership
+    /// delivers with, 0 while it follows or is alone on a SQLite store (set at scrape time).
+    pub fencing: Gauge,
 }
 
 /// Labels of the leases gauge.
@@ -209,7 +215,21 @@ impl Default for Metrics {
             "Pool nodes no lease holds",
             lease_pool_free.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "controller_leader",
+            "1 while this controller leads (delivers to the SMs and takes writes), else 0",
+            leader.clone(),
+        );
+        let fencing = Gauge::default();
+        registry.register(
+            "controller_fencing",
+            "The fencing number of this controller's leadership (0 while it follows, or alone on SQLite)",
+            fencing.clone(),
+        );
         Metrics {
+            leader,
+            fencing,
             leases,
             lease_queue,
             lease_pool_free,

@@ -546,6 +546,19 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+/// The answer of a controller that does not lead to a write (HTTP 421): the error shape
+/// with `code` `not_leader` and the leader's advertised URL (null while none is known).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NotLeaderBody {
+    /// What went wrong, and where to go.
+    pub error: String,
+    /// Always `not_leader`.
+    pub code: String,
+    /// The leader's advertised URL, or null while no leader is elected (or it advertises none).
+    #[schema(required = true)]
+    pub leader: Option<String>,
+}
+
 /// A member of a group as a job sees it: liveness and the GPUs its agent reported
 /// (`GET /v1/groups/{group}/nodes`, for `weft plan --group` and `weft run --group`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -27,7 +27,7 @@ use crate::model::ErrorBody;
         version = "1",
         description = "Agents report their hosts' ports; tenants own groups (partitions); the controller renders, delivers and verifies the partitions."
     ),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, crate::model::NotLeaderBody)),
     modifiers(&SecuritySchemes)
 )]
 pub(crate) struct ApiDoc;
@@ -60,11 +60,42 @@ impl Modify for SecuritySchemes {
 pub fn document() -> &'static serde_json::Value {
     static DOC: OnceLock<serde_json::Value> = OnceLock::new();
     DOC.get_or_init(|| {
-        let (_, doc) = crate::api::documented().split_for_parts();
+        let (_, mut doc) = crate::api::documented().split_for_parts();
+        not_leader(&mut doc);
         // Serializing a document of plain maps and strings cannot fail; `Null` would make
         // every validator fail loudly rather than serve half a document.
         serde_json::to_value(&doc).unwrap_or(serde_json::Value::Null)
     })
+}
+
+/// Adds 421 `not_leader` to every write (`api::leader_only_writes` answers it for the whole
+/// router, so no handler names it).
+fn not_leader(doc: &mut utoipa::openapi::OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.responses.responses.insert(
+                "421".into(),
+                ResponseBuilder::new()
+                    .description("this controller does not lead (several controllers on one PostgreSQL): `code` is `not_leader`, `leader` the leader's advertised URL or null while none is elected")
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("NotLeaderBody")))
+                            .build(),
+                    )
+                    .build()
+                    .into(),
+            );
+        }
+    }
 }
 
 /// An error answer: `{"error": "..."}`.

@@ -501,6 +501,8 @@ pub struct LoopConfig {
     pub port_check: Duration,
     /// Deliver the applied state again when drift is found.
     pub repair: bool,
+    /// Whether this controller leads: only the leader delivers (and checks for drift).
+    pub lead: Arc<crate::leader::Leadership>,
 }
 
 /// Runs the loop until `events` closes, writing the drift check's findings to `drift`.
@@ -532,6 +534,12 @@ pub async fn run(
             e = events.recv() => match e { Some(e) => e, None => return },
             _ = tokio::time::sleep(wait) => Event::Tick,
         };
+        // Only the leader delivers, checks for drift or recovers: a follower waits for the
+        // election to wake it (`Event::Started` when it becomes the leader).
+        let Some(licence) = cfg.lead.delivering() else {
+            next_check = Instant::now() + recheck;
+            continue;
+        };
         if event == Event::Started {
             note_interrupted(&store).await;
             if adopt {
@@ -548,9 +556,8 @@ pub async fn run(
             &store,
             &fabric,
             &metrics,
-            resync,
-            adopt,
-            repair,
+            (resync, adopt, repair),
+            (licence, cfg.lead.is_elected().then(|| cfg.lead.holder())),
             &mut fenced,
         )
         .await
@@ -936,13 +943,14 @@ enum Pass {
 
 /// One pass: delivers the desired state if it is newer than the applied one, or (with
 /// `resync`) the applied state again. `Err`: the delivery failed (recorded).
+/// `licence`: the fencing number (else the store's) and the deadline of this leadership,
+/// with the leader's holder id when elected (named in the delivery's audit line).
 async fn reconcile_once(
     store: &Arc<dyn Store>,
     fabric: &Arc<dyn Fabric>,
     metrics: &Arc<Metrics>,
-    resync: bool,
-    adopt: bool,
-    repair: bool,
+    (resync, adopt, repair): (bool, bool, bool),
+    (licence, leader): (crate::leader::Licence, Option<&str>),
     fenced: &mut Option<String>,
 ) -> Result<Pass, ()> {
     let s = store.clone();
@@ -980,6 +988,7 @@ async fn reconcile_once(
         }
     };
     let s = store.clone();
+    let number = licence.fencing.unwrap_or(fencing.number);
     let ctx = Context {
         owner,
         adopted,
@@ -988,11 +997,12 @@ async fn reconcile_once(
         repair,
         fence: Some(weft_opensm::Fence {
             stamp: weft_opensm::Stamp {
-                fencing: fencing.number,
+                fencing: number,
                 generation: u64::try_from(generation).unwrap_or(0),
             },
             applied: u64::try_from(applied.generation).unwrap_or(0),
             in_flight: fencing.in_flight,
+            until: licence.until,
         }),
         intent: Intent::new(move |sum| {
             s.begin_delivery(generation, sum).map_err(|e| e.to_string())
@@ -1031,6 +1041,11 @@ async fn reconcile_once(
                     &d.checksum[..12.min(d.checksum.len())]
                 )
             };
+            if let Some(holder) = leader {
+                detail.push_str(&format!(
+                    "; delivered by the leader {holder} at fencing number {number}"
+                ));
+            }
             if !d.degraded.is_empty() {
                 let names: Vec<String> =
                     d.degraded.iter().map(|x| format!("`{}`", x.name)).collect();

@@ -39,6 +39,15 @@ pub enum StartError {
         /// Who holds the lease: its host, process id and start time.
         holder: String,
     },
+    /// A controller leads on this store (one that elects a leader).
+    #[error(
+        "another controller uses this store: it leads ({holder}); stop every controller on it first (the leader's lease runs out {} s after it stops renewing)",
+        crate::leader::TTL_S
+    )]
+    Leads {
+        /// The leader: its holder id and advertised URL.
+        holder: String,
+    },
     /// The store.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -110,6 +119,17 @@ fn holder_is_dead_here(h: &str) -> bool {
 /// (`weft controller restore`): refused, naming the holder, while a controller runs on it.
 pub(crate) fn while_stopped<T>(store: &dyn Store, f: impl FnOnce() -> T) -> Result<T, StartError> {
     let holder = format!("{} (restore)", holder_id());
+    // Controllers on a store that elects hold the leader's lease, not the store's.
+    if let Some((leader, url)) = store.leader()?
+        && !holder_is_dead_here(&leader)
+    {
+        return Err(StartError::Leased {
+            holder: format!(
+                "the leader {leader} at {}",
+                url.as_deref().unwrap_or("no advertised URL")
+            ),
+        });
+    }
     store
         .acquire_lease(
             LEASE_NAME,
@@ -140,6 +160,19 @@ impl Drop for Lease {
     }
 }
 
+/// Gives the leader's lease up when dropped (a controller stopping), so that a follower
+/// takes over at its next round.
+struct Resign {
+    store: Arc<dyn Store>,
+    lead: Arc<crate::leader::Leadership>,
+}
+
+impl Drop for Resign {
+    fn drop(&mut self) {
+        crate::leader::resign(self.store.as_ref(), &self.lead);
+    }
+}
+
 /// The controller's knobs.
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
@@ -163,6 +196,9 @@ pub struct ControllerConfig {
     pub repair_drift: bool,
     /// The node-lease loop's knobs (pool group, warning time, tick).
     pub lease: crate::lease::LeaseConfig,
+    /// The URL other controllers hand out for this one while it leads
+    /// (`--advertise-url`; on a store that elects a leader).
+    pub advertise_url: Option<String>,
 }
 
 impl Default for ControllerConfig {
@@ -177,6 +213,7 @@ impl Default for ControllerConfig {
             port_check: Duration::from_secs(300),
             repair_drift: false,
             lease: crate::lease::LeaseConfig::default(),
+            advertise_url: None,
         }
     }
 }
@@ -184,7 +221,10 @@ impl Default for ControllerConfig {
 /// A running controller: the reconcile loop is spawned; [`Controller::app`] is the API.
 pub struct Controller {
     state: AppState,
-    _lease: Arc<Lease>,
+    /// The store's lease, on a store that does not elect a leader.
+    _lease: Option<Arc<Lease>>,
+    /// Gives the leader's lease up when the controller stops.
+    _resign: Resign,
     /// Routes served beside the API on the same listener (the web console).
     mounted: Option<Router>,
 }
@@ -206,9 +246,109 @@ impl Controller {
         })?;
         check_admin_token(token)?;
         let holder = holder_id();
+        let (tx, rx) = mpsc::channel(64);
+        // On a store that elects (PostgreSQL), several controllers run and the leader
+        // delivers; on SQLite one runs, alone by the store's lease.
+        let (lease, lead) = if store.elects() {
+            (
+                None,
+                crate::leader::Leadership::elected(&holder, config.advertise_url.as_deref()),
+            )
+        } else {
+            (
+                Some(Self::take_lease(&store, &holder)?),
+                crate::leader::Leadership::alone(&holder),
+            )
+        };
+        store.bootstrap_admin(&token.hash(), unix_now())?;
+        let leads_now = !lead.is_elected() || lead.first_round(store.as_ref())?;
+        if lead.is_elected() {
+            tokio::spawn(crate::leader::run(
+                store.clone(),
+                Arc::downgrade(&lead),
+                tx.clone(),
+            ));
+        }
+        tracing::info!(
+            policy = crate::render::DEFAULT_POLICY,
+            "the Default partition"
+        );
+        let metrics = Arc::new(Metrics::default());
+        if leads_now {
+            let _ = tx.try_send(Event::Started);
+        }
+        let delivers = fabric.delivers();
+        let leases = Arc::new(crate::lease::Leases::new(
+            store.clone(),
+            tx.clone(),
+            fabric.clone(),
+            metrics.clone(),
+            config.lease.clone(),
+        ));
+        let weak_leases = Arc::downgrade(&leases);
+        let tick = config.lease.tick;
+        let lead_leases = lead.clone();
+        tokio::spawn(async move {
+            // The loop runs while the controller does: it holds the lease loop only
+            // through a weak reference between ticks.
+            let mut last_topology: Option<tokio::time::Instant> = None;
+            loop {
+                let Some(l) = weak_leases.upgrade() else {
+                    return;
+                };
+                // Only the leader's loop decides (and its moves are the leader's to deliver).
+                if lead_leases.delivering().is_some() {
+                    l.tick_once(&mut last_topology).await;
+                }
+                drop(l);
+                tokio::time::sleep(tick).await;
+            }
+        });
+        let drift = Arc::new(std::sync::Mutex::new(crate::model::DriftView::default()));
+        let store_for_resign = store.clone();
+        tokio::spawn(reconcile::run(
+            store.clone(),
+            fabric,
+            metrics.clone(),
+            rx,
+            reconcile::LoopConfig {
+                recheck: config.recheck,
+                max_backoff: config.max_backoff,
+                adopt: config.adopt,
+                port_check: config.port_check,
+                repair: config.repair_drift,
+                lead: lead.clone(),
+            },
+            drift.clone(),
+        ));
+        Ok(Controller {
+            state: AppState {
+                store,
+                events: tx,
+                metrics,
+                stale_after_s: config.stale_after_s,
+                limiter: Arc::new(Limiter::new(config.rate_limit)),
+                delivers,
+                drift,
+                reports: Arc::default(),
+                leases,
+                lead: lead.clone(),
+            },
+            _lease: lease,
+            _resign: Resign {
+                store: store_for_resign,
+                lead,
+            },
+            mounted: None,
+        })
+    }
+
+    /// Takes the store's lease for `holder`, refusing while another controller holds it,
+    /// and renews it while the returned lease lives.
+    fn take_lease(store: &Arc<dyn Store>, holder: &str) -> Result<Arc<Lease>, StartError> {
         if let Err(h) = store.acquire_lease(
             LEASE_NAME,
-            &holder,
+            holder,
             LEASE_S,
             unix_now(),
             &holder_is_dead_here,
@@ -217,13 +357,8 @@ impl Controller {
         }
         let lease = Arc::new(Lease {
             store: store.clone(),
-            holder: holder.clone(),
+            holder: holder.to_string(),
         });
-        store.bootstrap_admin(&token.hash(), unix_now())?;
-        tracing::info!(
-            policy = crate::render::DEFAULT_POLICY,
-            "the Default partition"
-        );
         let weak = Arc::downgrade(&lease);
         tokio::spawn(async move {
             loop {
@@ -246,71 +381,21 @@ impl Controller {
                 }
             }
         });
-        let metrics = Arc::new(Metrics::default());
-        let (tx, rx) = mpsc::channel(64);
-        let _ = tx.try_send(Event::Started);
-        let delivers = fabric.delivers();
-        let leases = Arc::new(crate::lease::Leases::new(
-            store.clone(),
-            tx.clone(),
-            fabric.clone(),
-            metrics.clone(),
-            config.lease.clone(),
-        ));
-        let weak_leases = Arc::downgrade(&leases);
-        let tick = config.lease.tick;
-        tokio::spawn(async move {
-            // The loop runs while the controller does: it holds the lease loop only
-            // through a weak reference between ticks.
-            let mut last_topology: Option<tokio::time::Instant> = None;
-            loop {
-                let Some(l) = weak_leases.upgrade() else {
-                    return;
-                };
-                l.tick_once(&mut last_topology).await;
-                drop(l);
-                tokio::time::sleep(tick).await;
-            }
-        });
-        let drift = Arc::new(std::sync::Mutex::new(crate::model::DriftView::default()));
-        tokio::spawn(reconcile::run(
-            store.clone(),
-            fabric,
-            metrics.clone(),
-            rx,
-            reconcile::LoopConfig {
-                recheck: config.recheck,
-                max_backoff: config.max_backoff,
-                adopt: config.adopt,
-                port_check: config.port_check,
-                repair: config.repair_drift,
-            },
-            drift.clone(),
-        ));
-        Ok(Controller {
-            state: AppState {
-                store,
-                events: tx,
-                metrics,
-                stale_after_s: config.stale_after_s,
-                limiter: Arc::new(Limiter::new(config.rate_limit)),
-                delivers,
-                drift,
-                reports: Arc::default(),
-                leases,
-            },
-            _lease: lease,
-            mounted: None,
-        })
+        Ok(lease)
     }
 
     /// The API router, with what was [`Controller::mount`]ed.
     pub fn app(&self) -> Router {
         let api = app(self.state.clone());
-        match &self.mounted {
+        let all = match &self.mounted {
             Some(extra) => api.merge(extra.clone()),
             None => api,
-        }
+        };
+        // A follower serves reads; every write goes to the leader (421 `not_leader`).
+        all.layer(axum::middleware::from_fn_with_state(
+            self.state.lead.clone(),
+            crate::api::leader_only_writes,
+        ))
     }
 
     /// What the handlers share (store, events, drift, stale bound): for routes that
@@ -347,6 +432,13 @@ impl Controller {
                             .and_then(|st| Ok((st, s.servers(unix_now(), stale)?)))
                     })
                     .await;
+                    let licence = state.lead.delivering();
+                    state.metrics.leader.set(i64::from(licence.is_some()));
+                    state.metrics.fencing.set(
+                        licence
+                            .and_then(|l| l.fencing)
+                            .map_or(0, |f| i64::try_from(f).unwrap_or(i64::MAX)),
+                    );
                     if let Ok(Ok((status, servers))) = counts {
                         state.metrics.pending.set(status.pending_operations);
                         for l in [Liveness::Ok, Liveness::Stale, Liveness::Never] {

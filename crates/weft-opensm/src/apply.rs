@@ -432,6 +432,18 @@ impl Applier {
                     });
                 }
             }
+            if let Some(until) = fence.until
+                && Instant::now() >= until
+            {
+                return Err(ApplyError::Fenced {
+                    sm: self.sms[master].name().to_string(),
+                    why: format!(
+                        "the delivery of {} comes {} ms after this controller's leadership ran out by its own clock; it writes nothing (a new leader may take over)",
+                        fence.stamp,
+                        Instant::now().saturating_duration_since(until).as_millis()
+                    ),
+                });
+            }
         }
         let changed = previous
             .iter()

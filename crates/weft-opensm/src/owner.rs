@@ -77,6 +77,11 @@ pub struct Fence {
     /// Checksums of the files the store began to deliver at its fencing number above
     /// `applied` (a delivery killed before it was recorded as verified).
     pub in_flight: Vec<String>,
+    /// The instant (the delivering process's monotonic clock) from which the delivery may
+    /// write nothing: a leader's lease, by its own clock. Checked under every SM's apply
+    /// lock, after [`Fence::admits`] and before the first write ([`ApplyError::Fenced`]
+    /// past it). `None`: no bound (a controller alone on its store).
+    pub until: Option<std::time::Instant>,
 }
 
 impl Fence {
@@ -243,6 +248,7 @@ mod tests {
             },
             applied,
             in_flight,
+            until: None,
         };
         // A lower fencing number is refused whatever its generation.
         let e = fence(1, 50, 50, vec![])

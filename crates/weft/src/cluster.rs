@@ -88,7 +88,7 @@ pub struct Wait {
 pub enum ClusterCommand {
     /// Run the fabric controller: API, store, reconcile loop, metrics.
     #[command(
-        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
+        after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n  weft controller --store postgres://weft@db/weft --listen 0.0.0.0:7100 --tls-self-signed --advertise-url https://ctl2:7100   # one of several on one PostgreSQL: one leads, the others answer writes 421 with the leader's URL\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
     )]
     Controller(ControllerArgs),
     /// Run the agent of this server: discover its ports and report them to the controller.
@@ -179,6 +179,12 @@ pub struct ControllerArgs {
     /// file is refused, so that a lost or unmounted database never comes back empty.
     #[arg(long)]
     init: bool,
+    /// With a PostgreSQL --store, several controllers run and one leads: the URL the
+    /// others hand out for this one while it leads (their writes answer 421 `not_leader`
+    /// with it) [default: `[controller] advertise_url`, else the API's listen address
+    /// unless it is unspecified].
+    #[arg(long, value_name = "URL")]
+    advertise_url: Option<String>,
     /// A file holding an admin API token to accept.
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
@@ -327,6 +333,7 @@ struct ControllerRun {
     /// The PostgreSQL store, when one is set (else the SQLite `db`).
     store_url: Option<String>,
     init: bool,
+    advertise_url: Option<String>,
     admin_token_file: Option<PathBuf>,
     stale_after_s: u64,
     no_fabric: bool,
@@ -377,6 +384,7 @@ impl ControllerArgs {
                 None => f.store_url.clone(),
             },
             init: self.init,
+            advertise_url: self.advertise_url.or_else(|| f.advertise_url.clone()),
             admin_token_file: self.admin_token_file.or_else(|| f.admin_token_file.clone()),
             stale_after_s: self.stale_after_s.or(f.stale_after_s).unwrap_or(30),
             no_fabric: self.no_fabric,
@@ -689,6 +697,13 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         _ => None,
     };
     let tls = server_tls(&a)?;
+    if let Some(u) = &a.advertise_url
+        && !(u.starts_with("http://") || u.starts_with("https://"))
+    {
+        return Err(anyhow!(
+            "--advertise-url `{u}`: give the URL clients reach this controller at, http:// or https://"
+        ));
+    }
     let store: Arc<dyn weft_controller::store::Store> = match &a.store_url {
         Some(url) => Arc::new(PgStore::open(url, a.init)?),
         None => Arc::new(
@@ -701,8 +716,23 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
         ),
     };
     runtime()?.block_on(async move {
+        let api = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", a.listen))?;
+        let metrics = tokio::net::TcpListener::bind(&a.metrics_listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", a.metrics_listen))?;
+        let (api_addr, metrics_addr) = (
+            weft_controller::local(&api),
+            weft_controller::local(&metrics),
+        );
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let advertise_url = a.advertise_url.clone().or_else(|| {
+            (!api_addr.ip().is_unspecified()).then(|| format!("{scheme}://{api_addr}"))
+        });
         let config = ControllerConfig {
             admin_token,
+            advertise_url,
             stale_after_s: a.stale_after_s,
             adopt: a.adopt,
             recheck: Duration::from_secs(a.recheck_s.max(1)),
@@ -721,21 +751,10 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
             ctl.state(),
             weft_console::ConsoleConfig::default(),
         ));
-        let api = tokio::net::TcpListener::bind(&a.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", a.listen))?;
-        let metrics = tokio::net::TcpListener::bind(&a.metrics_listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", a.metrics_listen))?;
-        let (api_addr, metrics_addr) = (
-            weft_controller::local(&api),
-            weft_controller::local(&metrics),
-        );
         if tls.is_none() {
             weft_controller::tls::check_plain_listen(api_addr, a.insecure_http)?;
             weft_controller::tls::check_plain_listen(metrics_addr, a.insecure_http)?;
         }
-        let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
             "weft controller: api {scheme}://{api_addr} metrics {scheme}://{metrics_addr}/metrics console {scheme}://{api_addr}/console"
         );

@@ -68,6 +68,11 @@ pub struct ControllerClientConfig {
     /// `--db` selects SQLite). Back it up with pg_dump, not `weft controller backup`.
     #[schemars(example = &"postgres://weft@db.example/weft")]
     pub store_url: Option<String>,
+    /// `weft controller`: the URL other controllers on the same PostgreSQL store hand out
+    /// for this one while it leads (in their 421 `not_leader` answers); default: the
+    /// API's listen address, unless it is unspecified (0.0.0.0).
+    #[schemars(example = &"https://ctl1.example:7100")]
+    pub advertise_url: Option<String>,
     /// `weft controller`: a file holding an admin API token to accept.
     #[schemars(example = &"/etc/weft/admin-token")]
     pub admin_token_file: Option<PathBuf>,

@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod doctor;
+mod ha;
 mod import;
 mod launch;
 mod plan;

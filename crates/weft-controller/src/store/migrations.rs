@@ -52,6 +52,10 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0007_server_links.sql"),
         postgres: Some(include_str!("migrations/postgres/0007_server_links.sql")),
     },
+    Step {
+        sqlite: include_str!("migrations/0008_leader.sql"),
+        postgres: Some(include_str!("migrations/postgres/0008_leader.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

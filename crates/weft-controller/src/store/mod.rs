@@ -222,6 +222,26 @@ pub struct Fencing {
     pub in_flight: Vec<String>,
 }
 
+/// Where a controller stands in the leader election ([`Store::elect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Election {
+    /// This controller leads: its deliveries carry `fencing`. `took_over`: it took the
+    /// lease in this round (the fencing number was raised, with an audit line).
+    Leader {
+        /// The fencing number of this leadership.
+        fencing: u64,
+        /// Whether this round took the lease over (else it renewed it).
+        took_over: bool,
+    },
+    /// Another controller leads, named by its holder id, with the URL it advertises.
+    Follower {
+        /// The leader's holder id.
+        holder: Option<String>,
+        /// The leader's advertised URL (`--advertise-url`), if it gave one.
+        url: Option<String>,
+    },
+}
+
 /// One line for the append-only audit log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuditLine<'a> {
@@ -435,4 +455,32 @@ pub trait Store: Send + Sync + 'static {
     /// Records the RoCE ports and NICs a server's agent reported (its last report wins);
     /// [`Store::servers`] shows them with its GPUs.
     fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()>;
+    /// Whether controllers on this store elect a leader ([`Store::elect`]): PostgreSQL's
+    /// do; on SQLite one controller runs per store, kept alone by the store's lease.
+    fn elects(&self) -> bool {
+        false
+    }
+    /// One round of the leader election for `holder`, advertising `url`: renews the lease
+    /// `holder` holds, takes over one that ran out by the database's clock (raising the
+    /// fencing number in the same transaction, audited), or answers who leads. The lease
+    /// lasts `ttl_s` seconds of the database's clock from this round. A store that does
+    /// not elect ([`Store::elects`]) answers that its one controller leads, at the
+    /// store's fencing number.
+    fn elect(&self, holder: &str, url: Option<&str>, ttl_s: u64, now: u64) -> Result<Election> {
+        let _ = (holder, url, ttl_s, now);
+        Ok(Election::Leader {
+            fencing: self.fencing()?.number,
+            took_over: false,
+        })
+    }
+    /// Ends `holder`'s lease at once (a controller stopping), if it holds it.
+    fn resign(&self, holder: &str) -> Result<()> {
+        let _ = holder;
+        Ok(())
+    }
+    /// Who leads now, by holder id and advertised URL (`None`: no live lease; always
+    /// `None` on a store that does not elect).
+    fn leader(&self) -> Result<Option<(String, Option<String>)>> {
+        Ok(None)
+    }
 }

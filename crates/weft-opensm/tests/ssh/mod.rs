@@ -598,6 +598,7 @@ fn an_older_stamp_is_refused_over_ssh_naming_both_and_nothing_is_written() {
         },
         applied,
         in_flight,
+        until: None,
     };
     a.apply_fenced(&conf, &snap, "controller abc", &fence(2, 5, 4, vec![]))
         .unwrap();

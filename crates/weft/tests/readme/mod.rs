@@ -29,6 +29,10 @@ const UNMARKED: &[(&str, &str)] = &[
         "an operator's PostgreSQL server and role; `cluster::a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump` runs `weft controller --store` on a real PostgreSQL it starts",
     ),
     (
+        "export WEFT_STORE_URL='postgres://weft@db.example/weft'",
+        "two hosts and an operator's PostgreSQL; `ha::two_controllers_on_postgresql_survive_kill_9_of_the_leader_20_times_and_a_cut_off` runs two `weft controller --store --advertise-url` on a real PostgreSQL it starts",
+    ),
+    (
         "cargo xtask demo",
         "the demo and the whole test suite: CI runs both itself",
     ),

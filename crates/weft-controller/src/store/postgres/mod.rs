@@ -34,13 +34,14 @@ use crate::model::{
 };
 use crate::render::Desired;
 use crate::store::{
-    Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
-    VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
+    Applied, AuditLine, Change, Election, Fencing, ReportOutcome, ReportedPort, Result, Store,
+    StoreError, VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
 };
 
 mod audit;
 mod fencing;
 mod groups;
+mod leader;
 mod leases;
 mod node_leases;
 mod operations;
@@ -59,12 +60,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SESSION_OPTIONS: &str =
     "-c statement_timeout=15000 -c lock_timeout=10000 -c idle_in_transaction_session_timeout=30000";
 
+/// The bounds of the election connection's statements, lock waits and connects
+/// (milliseconds): a renewal that cannot finish well inside the leader's lease fails
+/// fast, so that the leader's own clock, not a hung call, decides when it stops.
+const ELECTION_OPTIONS: &str =
+    "-c statement_timeout=1000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=5000";
+
+/// How long the election connection may take to connect.
+const ELECTION_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The controller's store on PostgreSQL.
 pub struct PgStore {
     config: postgres::Config,
     /// The URL without its password, named in every fault.
     name: String,
     client: Mutex<Option<Client>>,
+    /// The election's own connection ([`Store::elect`]) and its tighter bounds, so that
+    /// a renewal never queues behind an API call on `client`.
+    elector_config: postgres::Config,
+    elector: Mutex<Option<Client>>,
     /// Why the last call failed for the database's sake, until a call succeeds again.
     fault: Mutex<Option<String>>,
 }
@@ -72,16 +86,19 @@ pub struct PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         // The client's close blocks on its own runtime: never on a runtime's thread.
-        let client = self
-            .client
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(client) = client
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
+        let clients = [
+            self.client
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+            self.elector
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        ];
+        if tokio::runtime::Handle::try_current().is_ok() {
             std::thread::scope(|scope| {
-                scope.spawn(move || drop(client));
+                scope.spawn(move || drop(clients));
             });
         }
     }
@@ -175,10 +192,24 @@ impl PgStore {
         config.options(&options);
         config.keepalives(true);
         config.application_name("weft-controller");
+        let mut elector_config = config.clone();
+        let options = match elector_config.get_options() {
+            Some(o) => format!("{} {ELECTION_OPTIONS}", o.replace(SESSION_OPTIONS, "")),
+            None => ELECTION_OPTIONS.to_string(),
+        };
+        elector_config.options(options.trim());
+        let connect = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(CONNECT_TIMEOUT);
+        elector_config.connect_timeout(connect.min(ELECTION_CONNECT_TIMEOUT));
+        elector_config.application_name("weft-controller election");
         let store = PgStore {
             config,
             name,
             client: Mutex::new(None),
+            elector_config,
+            elector: Mutex::new(None),
             fault: Mutex::new(None),
         };
         store.migrate(init).map_err(|e| match e {
@@ -261,28 +292,46 @@ impl PgStore {
     /// a fault of the connection or the server is [`StoreError::Unavailable`] and drops
     /// the connection.
     fn run<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
+        self.run_on(false, f)
+    }
+
+    /// [`PgStore::run`] on the election connection (`elector`) or the store's.
+    fn run_on<T: Send>(
+        &self,
+        elector: bool,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send,
+    ) -> Result<T> {
         // The blocking client runs each statement on a small runtime of its own, which
         // tokio forbids on a thread that is in a runtime (a worker, or a test's single
         // thread): there the call runs on a thread of its own, joined before returning.
         if tokio::runtime::Handle::try_current().is_err() {
-            return self.run_here(f);
+            return self.run_here(elector, f);
         }
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("weft-pg".into())
-                .spawn_scoped(scope, || self.run_here(f))
+                .spawn_scoped(scope, || self.run_here(elector, f))
                 .map_err(|e| self.refuse(format!("cannot start a thread for the call: {e}")))?
                 .join()
                 .unwrap_or_else(|_| Err(self.refuse("the call panicked")))
         })
     }
 
-    fn run_here<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+    fn run_here<T>(
+        &self,
+        elector: bool,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let (slot, config) = if elector {
+            (&self.elector, &self.elector_config)
+        } else {
+            (&self.client, &self.config)
+        };
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
         let out = (|| {
             if slot.as_ref().is_none_or(Client::is_closed) {
                 *slot = None;
-                *slot = Some(self.config.connect(NoTls)?);
+                *slot = Some(config.connect(NoTls)?);
             }
             let Some(client) = slot.as_mut() else {
                 return Err(StoreError::Storage("no connection".into()));
@@ -293,6 +342,13 @@ impl PgStore {
             Ok(out)
         })();
         match out {
+            // The election's faults are the election's (the leader stops delivering on
+            // its own clock); the store's health is its own connection's.
+            Ok(v) if elector => Ok(v),
+            Err(StoreError::Storage(e)) if elector => {
+                *slot = None;
+                Err(self.refuse(format!("the election connection: {e}")))
+            }
             Ok(v) => {
                 *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 Ok(v)
@@ -600,6 +656,22 @@ impl Store for PgStore {
         let json = serde_json::to_string(links)
             .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
         self.tx(|tx| servers::set_links(tx, server, &json, now))
+    }
+
+    fn elects(&self) -> bool {
+        true
+    }
+
+    fn elect(&self, holder: &str, url: Option<&str>, ttl_s: u64, now: u64) -> Result<Election> {
+        self.run_on(true, |tx| leader::elect(tx, holder, url, ttl_s, now))
+    }
+
+    fn resign(&self, holder: &str) -> Result<()> {
+        self.run_on(true, |tx| leader::resign(tx, holder))
+    }
+
+    fn leader(&self) -> Result<Option<(String, Option<String>)>> {
+        self.run(leader::leader)
     }
 }
 
@@ -986,6 +1058,101 @@ mod tests {
         assert!(
             postgres.iter().any(|l| l.contains("token.rotate")),
             "{postgres:?}"
+        );
+    }
+
+    #[test]
+    fn one_leader_at_a_time_each_takeover_raises_the_fencing_number_by_the_databases_clock() {
+        let Some(pg) = server("PostgreSQL leader election") else {
+            return;
+        };
+        let url = pg.database("weft").unwrap();
+        let (a, b) = (
+            PgStore::open(&url, true).unwrap(),
+            PgStore::open(&url, false).unwrap(),
+        );
+        assert!(a.elects() && !SqliteStore::in_memory().unwrap().elects());
+        assert_eq!(
+            a.leader().unwrap(),
+            None,
+            "no leader before the first round"
+        );
+        let took = |fencing| Election::Leader {
+            fencing,
+            took_over: true,
+        };
+        let kept = |fencing| Election::Leader {
+            fencing,
+            took_over: false,
+        };
+        assert_eq!(a.elect("A", Some("http://a"), 5, 1).unwrap(), took(2));
+        let follows_a = Election::Follower {
+            holder: Some("A".into()),
+            url: Some("http://a".into()),
+        };
+        assert_eq!(b.elect("B", Some("http://b"), 5, 1).unwrap(), follows_a);
+        assert_eq!(a.elect("A", Some("http://a"), 5, 2).unwrap(), kept(2));
+        assert_eq!(b.elect("B", Some("http://b"), 5, 2).unwrap(), follows_a);
+        assert_eq!(
+            b.leader().unwrap(),
+            Some(("A".to_string(), Some("http://a".to_string())))
+        );
+        // A's lease runs out by the database's clock (moved back rather than waited for):
+        // B takes over at a higher number; A now follows B.
+        let mut c = postgres::Client::connect(&url, NoTls).unwrap();
+        c.execute(
+            "UPDATE leader SET expires = now() - interval '1 millisecond'",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(b.elect("B", Some("http://b"), 5, 3).unwrap(), took(3));
+        assert_eq!(
+            a.elect("A", Some("http://a"), 5, 3).unwrap(),
+            Election::Follower {
+                holder: Some("B".into()),
+                url: Some("http://b".into()),
+            }
+        );
+        assert_eq!(
+            Store::fencing(&a).unwrap().number,
+            3,
+            "meta follows the takeover"
+        );
+        // The lease lasts the TTL of the database's clock from the round.
+        let left: f64 = c
+            .query_one(
+                "SELECT extract(epoch FROM expires - now())::float8 FROM leader",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(left > 3.0 && left <= 5.0, "{left}");
+        // A leader that stops gives the lease up at once; the next round takes it, higher.
+        b.resign("B").unwrap();
+        assert_eq!(a.leader().unwrap(), None);
+        assert_eq!(a.elect("A", None, 5, 4).unwrap(), took(4));
+        // A restore (or anything) that raised meta above the row: a takeover goes above both.
+        a.raise_fencing("admin:x", 9, None, "", "restore", 5)
+            .unwrap();
+        c.execute(
+            "UPDATE leader SET expires = now() - interval '1 millisecond'",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(b.elect("B", None, 5, 6).unwrap(), took(11));
+        // Every takeover is audited, naming who took over from whom.
+        let lines: Vec<String> = a
+            .audit(100)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.action == "fence" && e.detail.contains("leader election"))
+            .map(|e| e.detail)
+            .collect();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(
+            lines[1].contains("fencing number 2 -> 3")
+                && lines[1].contains("B (http://b) takes over from A"),
+            "{lines:?}"
         );
     }
 
