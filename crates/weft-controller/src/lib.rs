@@ -33,6 +33,7 @@ pub mod auth;
 pub mod client;
 pub mod input;
 pub mod lease;
+pub mod links;
 pub mod metrics;
 pub mod model;
 mod openapi;

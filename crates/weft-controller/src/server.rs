@@ -163,6 +163,10 @@ pub struct ControllerConfig {
     pub repair_drift: bool,
     /// The node-lease loop's knobs (pool group, warning time, tick).
     pub lease: crate::lease::LeaseConfig,
+    /// The speed every RDMA data link should negotiate, Gb/s (`[controller]
+    /// expected_link_gbps`): a link below it is flagged ([`crate::links`]). `None`: links
+    /// are compared with their peers only.
+    pub expected_link_gbps: Option<f64>,
 }
 
 impl Default for ControllerConfig {
@@ -177,6 +181,7 @@ impl Default for ControllerConfig {
             port_check: Duration::from_secs(300),
             repair_drift: false,
             lease: crate::lease::LeaseConfig::default(),
+            expected_link_gbps: None,
         }
     }
 }
@@ -298,6 +303,7 @@ impl Controller {
                 drift,
                 reports: Arc::default(),
                 leases,
+                expected_link_gbps: config.expected_link_gbps,
             },
             _lease: lease,
             mounted: None,
@@ -343,11 +349,21 @@ impl Controller {
                     let s = state.store.clone();
                     let stale = state.stale_after_s;
                     let counts = tokio::task::spawn_blocking(move || {
-                        s.status(unix_now(), stale)
-                            .and_then(|st| Ok((st, s.servers(unix_now(), stale)?)))
+                        s.status(unix_now(), stale).and_then(|st| {
+                            Ok((
+                                st,
+                                s.servers(unix_now(), stale)?,
+                                s.link_runs(crate::links::MAX_LIST)?,
+                            ))
+                        })
                     })
                     .await;
-                    if let Ok(Ok((status, servers))) = counts {
+                    if let Ok(Ok((status, servers, runs))) = counts {
+                        state.metrics.set_links(&crate::links::health(
+                            &servers,
+                            &runs,
+                            state.expected_link_gbps,
+                        ));
                         state.metrics.pending.set(status.pending_operations);
                         for l in [Liveness::Ok, Liveness::Stale, Liveness::Never] {
                             let n = servers.iter().filter(|s| s.liveness == l).count();

@@ -52,6 +52,12 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0007_server_links.sql"),
         postgres: Some(include_str!("migrations/postgres/0007_server_links.sql")),
     },
+    // Step 8 is another branch's; this file keeps its number 9 so that the merge puts
+    // both in order.
+    Step {
+        sqlite: include_str!("migrations/0009_link_runs.sql"),
+        postgres: Some(include_str!("migrations/postgres/0009_link_runs.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

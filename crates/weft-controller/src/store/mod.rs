@@ -24,6 +24,7 @@
 //! | `node_leases` | weft-lease's leases: tenant, size, times, phase, nodes, reason |
 //! | `lease_decisions` | every decision of the lease loop (also audited as `lease.<kind>`) |
 //! | `lease_notices` | per server: the lease that ends on it and when (the agent reads it) |
+//! | `link_runs` | runs of link measurements sent with `--report-to` (results as JSON) |
 //!
 //! [`PgStore`] implements the same trait on PostgreSQL with the same transactions; the
 //! migrations of both come from one versioned list (`migrations.rs`).
@@ -435,4 +436,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records the RoCE ports and NICs a server's agent reported (its last report wins);
     /// [`Store::servers`] shows them with its GPUs.
     fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()>;
+    /// Stores a run of link measurements (checked by [`crate::links::check_run`]) sent by
+    /// `actor`, with an audit line; runs beyond the newest [`crate::links::MAX_RUNS`] are
+    /// forgotten. The run as stored.
+    fn add_link_run(
+        &self,
+        actor: &str,
+        run: &crate::links::LinkRunIn,
+        now: u64,
+    ) -> Result<crate::links::LinkRunView>;
+    /// The newest `limit` runs of link measurements, newest first.
+    fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>>;
 }
