@@ -2,7 +2,7 @@
 //! stored with `--report-to`, and what the agents report, judged by the controller's one
 //! link check ([`weft_controller::links`], which the metrics use too):
 //! - every link flagged now, named: an RDMA NIC below its peers' or the expected speed, a
-//!   measured link below half its run's median, or one that failed;
+//!   measured link below 70% of its run's median, or one that failed;
 //! - the newest p2p run as a heat map: a table of senders x receivers whose cells carry
 //!   the value in Gb/s (the colour only repeats it, in five steps);
 //! - a trend per node: the median it sent in each run, as an inline SVG drawn here (no
@@ -13,7 +13,7 @@
 
 use maud::{Markup, html};
 use weft_controller::links::{
-    LinkHealthView, LinkResult, LinkRunView, LinkSource, SlowPair, run_median, trend,
+    LinkHealthView, LinkResult, LinkRunView, LinkSource, SlowPair, TrendPoint, run_median, trend,
 };
 
 /// How many runs the page reads (newest first) for the trends.
@@ -35,7 +35,7 @@ fn pair_words(p: &SlowPair) -> String {
     match &p.error {
         Some(e) => format!("failed: {e}"),
         None => format!(
-            "{} Gb/s, below half its run's median {} Gb/s",
+            "{} Gb/s, below 70% of its run's median {} Gb/s",
             gbps(p.gbps),
             gbps(p.peers_gbps)
         ),
@@ -87,7 +87,7 @@ pub fn heat_map(run: &LinkRunView, slow: &[SlowPair]) -> Markup {
             caption {
                 (run.source.as_str()) " run " (run.id) ": Gb/s from each sender (row) to each receiver (column); "
                 "median " (run_median(run).map_or("-".into(), gbps)) " Gb/s, fastest " (gbps(max)) " Gb/s. "
-                "Darker green is faster; a link marked “slow” ran below half the median."
+                "Darker green is faster; a link marked “slow” ran below 70% of the median."
             }
             thead { tr {
                 th scope="col" { "from \\ to" }
@@ -126,43 +126,50 @@ pub fn heat_map(run: &LinkRunView, slow: &[SlowPair]) -> Markup {
     }
 }
 
-/// A node's trend as an inline SVG (oldest run left), with its figures as its label.
-pub fn sparkline(node: &str, points: &[(i64, u64, f64)]) -> Markup {
+/// A node's trend as an inline SVG (oldest run left; 0 at the bottom): the median it sent
+/// per run (solid) and its slowest link (dashed), with its figures as its label.
+pub fn sparkline(node: &str, points: &[TrendPoint]) -> Markup {
     const W: f64 = 240.0;
     const H: f64 = 48.0;
-    let max = points.iter().map(|p| p.2).fold(0.0, f64::max).max(1e-9);
+    let max = points
+        .iter()
+        .map(|p| p.median.max(p.slowest))
+        .fold(0.0, f64::max)
+        .max(1e-9);
     let n = points.len();
-    let xy: Vec<(f64, f64)> = points
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let x = if n > 1 {
-                4.0 + (W - 8.0) * i as f64 / (n - 1) as f64
-            } else {
-                W / 2.0
-            };
-            (x, H - 4.0 - (H - 8.0) * p.2 / max)
-        })
-        .collect();
-    let line: String = xy
-        .iter()
-        .map(|(x, y)| format!("{x:.1},{y:.1}"))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let last = points.last().map_or(0.0, |p| p.2);
-    let low = points.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
+    let x = |i: usize| {
+        if n > 1 {
+            4.0 + (W - 8.0) * i as f64 / (n - 1) as f64
+        } else {
+            W / 2.0
+        }
+    };
+    let y = |g: f64| H - 4.0 - (H - 8.0) * g / max;
+    let line = |f: fn(&TrendPoint) -> f64| -> String {
+        points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{:.1},{:.1}", x(i), y(f(p))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let lowest = |f: fn(&TrendPoint) -> f64| points.iter().map(f).fold(max, f64::min);
     let label = format!(
-        "{node}: median sent per run over {n} run(s), from {} to {} Gb/s, last {} Gb/s",
-        gbps(if low.is_finite() { low } else { 0.0 }),
-        gbps(max),
-        gbps(last)
+        "{node}: {n} run(s); median sent from {} to {} Gb/s; slowest link last {} Gb/s, lowest {} Gb/s",
+        gbps(lowest(|p| p.median)),
+        gbps(points.iter().map(|p| p.median).fold(0.0, f64::max)),
+        gbps(points.last().map_or(0.0, |p| p.slowest)),
+        gbps(lowest(|p| p.slowest)),
     );
     html! {
         svg.trend width=(W) height=(H) viewBox=(format!("0 0 {W} {H}")) role="img" aria-label=(label) xmlns="http://www.w3.org/2000/svg" {
             title { (label) }
             line x1="0" y1=(H - 4.0) x2=(W) y2=(H - 4.0) stroke="#c9d1d9" stroke-width="1" {}
-            polyline points=(line) fill="none" stroke="#0b5cad" stroke-width="2" {}
-            @for (x, y) in &xy { circle cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="2.5" fill="#0b5cad" {} }
+            polyline points=(line(|p| p.slowest)) fill="none" stroke="#8a4b00" stroke-width="2" stroke-dasharray="4 3" {}
+            polyline points=(line(|p| p.median)) fill="none" stroke="#0b5cad" stroke-width="2" {}
+            @for (i, p) in points.iter().enumerate() {
+                circle cx=(format!("{:.1}", x(i))) cy=(format!("{:.1}", y(p.median))) r="2.5" fill="#0b5cad" {}
+            }
         }
     }
 }
@@ -222,8 +229,8 @@ pub fn page(runs: &[LinkRunView], health: &LinkHealthView, now: u64) -> Markup {
             p { "No node has sent in a stored run yet." }
         } @else {
             table #trends {
-                caption { "The median each node sent per run, oldest run left (the newest " (runs.len()) " runs)" }
-                thead { tr { th scope="col" { "Node" } th scope="col" { "Trend" } th scope="col" { "Runs" } th scope="col" { "Last (Gb/s)" } } }
+                caption { "Per node and run, oldest left (the newest " (runs.len()) " runs): the median it sent (solid blue) and its slowest link (dashed brown)" }
+                thead { tr { th scope="col" { "Node" } th scope="col" { "Trend" } th scope="col" { "Runs" } th scope="col" { "Last median (Gb/s)" } th scope="col" { "Last slowest (Gb/s)" } } }
                 tbody {
                     @for n in &nodes {
                         @let t = trend(n, runs);
@@ -231,7 +238,8 @@ pub fn page(runs: &[LinkRunView], health: &LinkHealthView, now: u64) -> Markup {
                             th scope="row" { (n) }
                             td { (sparkline(n, &t)) }
                             td { (t.len()) }
-                            td { (t.last().map_or("-".into(), |p| gbps(p.2))) }
+                            td { (t.last().map_or("-".into(), |p| gbps(p.median))) }
+                            td { (t.last().map_or("-".into(), |p| gbps(p.slowest))) }
                         }
                     }
                 }
@@ -331,13 +339,13 @@ mod tests {
                 ("a", "b", 10.0),
                 ("b", "a", 10.0),
                 ("a", "c", 10.0),
-                ("c", "a", 5.0),
+                ("c", "a", 7.5),
                 ("b", "c", 10.0),
                 ("c", "b", 10.0),
             ],
         );
         let health = weft_controller::links::health(&[], std::slice::from_ref(&r), None);
-        assert_eq!(health.pairs.len(), 0, "5 is half of 10: not below it");
+        assert_eq!(health.pairs.len(), 0, "7.5 of 10 is not below 70%");
         let r2 = run(4, &[("a", "b", 10.0), ("b", "a", 10.0), ("c", "a", 4.0)]);
         let health = weft_controller::links::health(&[], std::slice::from_ref(&r2), None);
         let html = page(std::slice::from_ref(&r2), &health, 200).into_string();
@@ -353,10 +361,19 @@ mod tests {
 
     #[test]
     fn a_sparkline_spans_its_runs_and_says_its_figures() {
-        let svg = sparkline("a", &[(1, 10, 10.0), (2, 20, 5.0)]).into_string();
+        let p = |run, median, slowest| TrendPoint {
+            run,
+            at: 0,
+            median,
+            slowest,
+        };
+        let svg = sparkline("a", &[p(1, 10.0, 10.0), p(2, 10.0, 5.0)]).into_string();
         assert!(svg.contains("points=\"4.0,4.0 236.0,24.0\""), "{svg}");
+        assert!(svg.contains("points=\"4.0,4.0 236.0,4.0\""), "{svg}");
         assert!(
-            svg.contains("from 5.00 to 10.0 Gb/s, last 5.00 Gb/s"),
+            svg.contains(
+                "median sent from 10.0 to 10.0 Gb/s; slowest link last 5.00 Gb/s, lowest 5.00 Gb/s"
+            ),
             "{svg}"
         );
     }

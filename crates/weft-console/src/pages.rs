@@ -207,6 +207,7 @@ pub fn below(l: &SlowNic) -> String {
 pub fn link_health(slow: &[SlowNic], compared: usize) -> Markup {
     html! {
         h2 { "Link health" }
+        p { a href="/console/links" { "Measured links: the heat map, trends per node and every flagged link" } }
         @if slow.is_empty() {
             p #link-health data-slow="0" {
                 @if compared == 0 { "No two RDMA links of one kind report a speed yet: nothing to compare." }
@@ -243,7 +244,7 @@ pub fn overview(
         div.cards {
             div.card { b { (servers.len()) } "nodes" }
             div.card { b class=[(stale > 0).then_some("stale")] { (stale) } "not reporting" }
-            div.card { b class=[(!slow.is_empty()).then_some("stale")] { (slow.len()) } "links below their peers" }
+            div.card { b class=[(!slow.is_empty()).then_some("stale")] { (slow.len()) } "links below their peers' or the expected speed" }
             @if let Some(st) = status {
                 div.card { b { (st.pending_operations) } "operations pending" }
                 div.card { b class=(if st.drift.state == weft_controller::model::DriftState::Drift { "stale" } else { "ok" }) { (st.drift.state.as_str()) } "subnet managers" }

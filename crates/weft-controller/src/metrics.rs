@@ -131,7 +131,7 @@ pub struct LinkLabel {
     /// Its NIC (`plugin` for a link timed through the NCCL plugin).
     pub nic: String,
     /// `agent` (negotiated below its peers' or the expected speed), or what measured it
-    /// (`p2p`, `collectives`, `doctor`: below half its run's median, or failed).
+    /// (`p2p`, `collectives`, `doctor`: below 70% of its run's median, or failed).
     pub source: String,
 }
 
@@ -252,7 +252,7 @@ impl Default for Metrics {
         let link_below_expected = Family::<LinkLabel, Gauge>::default();
         registry.register(
             "link_below_expected",
-            "1 for every link flagged now: an RDMA NIC negotiated below its peers' or the expected speed (source=agent), or a measured link below half its run's median or failed (source=p2p, collectives, doctor)",
+            "1 for every link flagged now: an RDMA NIC negotiated below its peers' or the expected speed (source=agent), or a measured link below 70% of its run's median or failed (source=p2p, collectives, doctor)",
             link_below_expected.clone(),
         );
         Metrics {

@@ -115,7 +115,7 @@ pub fn pair_results(pairs: &[weft_bench::p2p::Pair]) -> Vec<LinkResult> {
 /// The line a human reads after a run was stored.
 pub fn stored_line(url: &str, a: &LinkRunAccepted) -> String {
     format!(
-        "stored as run {} in {url}: {} link(s), {} below half their run's median or failed",
+        "stored as run {} in {url}: {} link(s), {} below 70% of their run's median or failed",
         a.run.id,
         a.run.results.len(),
         a.slow.len()

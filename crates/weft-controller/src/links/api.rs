@@ -116,7 +116,7 @@ async fn list_runs(
 
 /// Every link flagged now: RDMA NICs the agents report below their peers' speed or below
 /// `expected_link_gbps`, and measured links of the newest run of each source that failed
-/// or ran below half their run's median. A tenant sees those of its nodes only.
+/// or ran below 70% of their run's median. A tenant sees those of its nodes only.
 #[utoipa::path(
     get,
     path = "/v1/link-health",
