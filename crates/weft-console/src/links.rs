@@ -1,4 +1,4 @@
-//! The Links page: what `weft bench p2p`, `weft bench collectives` and `weft doctor`
+//! The Links page: what `weft bench p2p` and `weft doctor`
 //! stored with `--report-to`, and what the agents report, judged by the controller's one
 //! link check ([`weft_controller::links`], which the metrics use too):
 //! - every link flagged now, named: an RDMA NIC below its peers' or the expected speed, a
@@ -187,7 +187,7 @@ pub fn page(runs: &[LinkRunView], health: &LinkHealthView, now: u64) -> Markup {
     html! {
         h1 { "Links" }
         p.muted {
-            "What " code { "weft bench p2p" } ", " code { "weft bench collectives" } " and " code { "weft doctor" }
+            "What " code { "weft bench p2p" } " and " code { "weft doctor" }
             " stored with " code { "--report-to" } ", and the speed every agent reports for its RDMA links. "
             @match health.expected_gbps {
                 Some(e) => { "Every RDMA link is expected to negotiate " (gbps(e)) " Gb/s (" code { "[controller] expected_link_gbps" } "). " }
