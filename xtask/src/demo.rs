@@ -261,7 +261,11 @@ pub fn run(keep: bool) -> Result<()> {
         &["fabric", "verify", "plan.toml"]
     };
     expect_ok(weft(&bin, &dir, verify)?, "verify")?;
-    drop(controller);
+    // The controller stays up for the checks below: `weft bench p2p --report-to` stores
+    // its pairs there (its fabric is gone by then; it only records).
+    let report_to = controller
+        .as_ref()
+        .map(|t| (t.url.clone(), t.admin_token.clone()));
     if keep {
         let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
         let bin_dir = bin.parent().map_or_else(|| bin.clone(), Path::to_path_buf);
@@ -287,7 +291,8 @@ pub fn run(keep: bool) -> Result<()> {
     }
     println!("\nthe fabric in {} is torn down now", dir.display());
     drop(fabric);
-    checks_tour()?;
+    checks_tour(report_to.as_ref())?;
+    drop(controller);
     launch_tour()?;
     println!("\ndemo done");
     Ok(())
@@ -809,7 +814,7 @@ fn console_step(tour: &ControllerTour) -> Result<()> {
         "  open {}/console and log in with the admin token {}",
         tour.url, tour.admin_token
     );
-    println!("  (overview, partitions matrix, moves with their diff, history, /docs)");
+    println!("  (overview, partitions matrix, moves with their diff, history, /docs, links)");
     Ok(())
 }
 
@@ -821,8 +826,10 @@ fn leases_step(tour: &ControllerTour) -> Result<()> {
 
 /// `weft doctor` naming a fault planted on one of three namespace hosts (its data link's
 /// MTU lowered to 1500 where the others run 9000), then `weft bench p2p` and `weft bench
-/// collectives` through the NCCL plugin once it is fixed.
-fn checks_tour() -> Result<()> {
+/// collectives` through the NCCL plugin once it is fixed. With `report_to` (the tour
+/// controller's URL and admin token), the p2p pairs are stored there (`--report-to`) and
+/// its console's Links page shows them.
+fn checks_tour(report_to: Option<&(String, String)>) -> Result<()> {
     let debug = build(&["weft", "weft-nccl-net"])?;
     let bin = debug.join("weft");
     step("three hosts in network namespaces; weft doctor names the one fault planted on them");
@@ -877,7 +884,22 @@ fn checks_tour() -> Result<()> {
     let mut p2p = vec!["bench", "p2p"];
     p2p.extend(on_hosts);
     p2p.extend(["--duration", "0.5", "--threshold", "0.05"]);
-    expect_ok(weft(&bin, &tmp, &p2p)?, "bench p2p")?;
+    match report_to {
+        None => expect_ok(weft(&bin, &tmp, &p2p)?, "bench p2p")?,
+        Some((url, token)) => {
+            p2p.extend(["--report-to", url.as_str()]);
+            println!("$ WEFT_TOKEN=... weft {}", p2p.join(" "));
+            let status = Command::new(&bin)
+                .args(&p2p)
+                .current_dir(&tmp)
+                .env("WEFT_CONFIG", tmp.join("weft.toml"))
+                .env("WEFT_TOKEN", token)
+                .status()
+                .with_context(|| format!("cannot run {}", bin.display()))?;
+            expect_ok(status.code().unwrap_or(-1), "bench p2p --report-to")?;
+            println!("  the pairs as a heat map, flagged links and trends: {url}/console/links");
+        }
+    }
     step(
         "weft bench collectives: all_reduce and all_gather through the NCCL plugin, one rank a host",
     );

@@ -95,6 +95,9 @@ pub struct DoctorReport {
     /// Settings for jobs on this cluster, in order, ready to paste as `export K=V`.
     pub env: Vec<(String, String)>,
     pub failed: bool,
+    /// Every ordered pair the throughput check measured (empty when it did not run).
+    #[serde(default)]
+    pub pairs: Vec<p2p::Pair>,
 }
 
 /// One host's interfaces by role, in a [`DoctorReport`].
@@ -194,6 +197,7 @@ pub fn run(
     jumbo_check(hosts, r, o, &hs, &names, &mut out);
     // Throughput: `bench p2p` with a short transfer; a link shaped or negotiated down shows
     // here even when the interface reports its full speed.
+    let mut pairs = Vec::new();
     match o.throughput {
         None => out.add(
             Level::Info,
@@ -203,15 +207,17 @@ pub fn run(
             "throughput check skipped (--no-throughput)".into(),
             None,
         ),
-        Some(d) => throughput(
-            hosts,
-            r,
-            d,
-            &names,
-            &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
-            o.expect_speed_mbps,
-            &mut out,
-        ),
+        Some(d) => {
+            pairs = throughput(
+                hosts,
+                r,
+                d,
+                &names,
+                &hs.iter().map(|h| (h.idx, &h.data[..])).collect::<Vec<_>>(),
+                o.expect_speed_mbps,
+                &mut out,
+            )
+        }
     }
     // Packet loss on the management network.
     match o.loss_echoes {
@@ -257,6 +263,7 @@ pub fn run(
         findings: out.0,
         env,
         failed,
+        pairs,
     })
 }
 
@@ -1005,6 +1012,7 @@ fn ssh_pair_check(
 /// every ordered pair for `d` through [`remote::p2p_matrix`], then [`p2p::analyse_with`],
 /// each pair judged against what its links should do (`--expect-speed`, else the speed a
 /// physical NIC reports), else against its peers. A blamed host FAILs, the others PASS.
+/// Answers the pairs it measured.
 fn throughput(
     hosts: &[Box<dyn HostRunner>],
     r: &Remote,
@@ -1013,7 +1021,7 @@ fn throughput(
     data: &[(usize, &[DataIf])],
     expect_speed_mbps: Option<u32>,
     out: &mut Out,
-) {
+) -> Vec<p2p::Pair> {
     let mut info: Vec<remote::P2pHost> = Vec::new();
     let mut runners: Vec<&dyn HostRunner> = Vec::new();
     let mut expected = p2p::RailTargets::new();
@@ -1044,7 +1052,7 @@ fn throughput(
             "throughput check skipped: fewer than two reachable hosts with a data address".into(),
             None,
         );
-        return;
+        return Vec::new();
     }
     let opts = remote::P2pOptions {
         streams: 2,
@@ -1065,7 +1073,7 @@ fn throughput(
                         .into(),
                 ),
             );
-            return;
+            return Vec::new();
         }
     };
     let in_check: Vec<String> = info.iter().map(|h| h.name.clone()).collect();
@@ -1148,6 +1156,7 @@ fn throughput(
             Some("a path problem between these two (a switch port or an ECMP path): `weft bench p2p` measures the pair at length".into()),
         );
     }
+    m.pairs
 }
 
 /// Packet loss between the management addresses of `mgmts` (host index, interface,

@@ -30,11 +30,20 @@ pub fn default_rendezvous(first: &dyn HostRunner) -> Option<String> {
 
 /// What every rank inherits from the launcher's environment: the `WEFT_*` and `NCCL_*`
 /// variables, but not `WEFT_CONFIG` (the launcher's file) nor the interface variables,
-/// which are each rank's own.
+/// which are each rank's own, nor the controller's API token `WEFT_TOKEN` (no rank needs
+/// it, and over SSH it would be in the remote command line).
 pub fn passed_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     vars.into_iter()
         .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
-        .filter(|(k, _)| k != "WEFT_CONFIG" && k != "WEFT_MGMT_IFNAME" && k != "WEFT_DATA_IFNAME")
+        .filter(|(k, _)| {
+            ![
+                "WEFT_CONFIG",
+                "WEFT_MGMT_IFNAME",
+                "WEFT_DATA_IFNAME",
+                "WEFT_TOKEN",
+            ]
+            .contains(&k.as_str())
+        })
         .collect()
 }
 
@@ -254,6 +263,7 @@ mod tests {
             ("NCCL_DEBUG", "INFO"),
             ("WEFT_CONFIG", "/etc/weft.toml"),
             ("WEFT_DATA_IFNAME", "eth9"),
+            ("WEFT_TOKEN", "wfa_secret"),
             ("HOME", "/root"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));

@@ -30,6 +30,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod assets;
+pub mod links;
 pub mod pages;
 pub mod session;
 pub mod view;
@@ -101,6 +102,7 @@ pub fn router(app: AppState, cfg: ConsoleConfig) -> Router {
         .route("/console/history", get(history))
         .route("/console/assets/{name}", get(asset))
         .route("/docs", get(docs))
+        .route("/console/links", get(links::links_page))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(state)
 }
@@ -130,6 +132,13 @@ async fn secure_headers(mut r: Response) -> Response {
 
 fn now() -> u64 {
     weft_controller::unix_now()
+}
+
+/// `[controller] expected_link_gbps` in Mb/s, as the link checks take it.
+fn expected_mbps(c: &Console) -> Option<u32> {
+    c.app
+        .expected_link_gbps
+        .and_then(weft_controller::links::gbps_to_mbps)
 }
 
 /// Runs a store call off the async threads.
@@ -437,7 +446,13 @@ async fn overview(State(c): State<Console>, headers: HeaderMap) -> Result<Respon
     Ok(v.page(
         "Overview",
         Nav::Overview,
-        pages::overview(&servers, status.as_ref(), now(), c.app.stale_after_s),
+        pages::overview(
+            &servers,
+            status.as_ref(),
+            now(),
+            c.app.stale_after_s,
+            expected_mbps(&c),
+        ),
     ))
 }
 
@@ -450,7 +465,7 @@ async fn nodes_fragment(
         Err(_) => return Err(StatusCode::UNAUTHORIZED.into_response()),
     };
     let (servers, _) = visible(&c, &v).await?;
-    Ok(pages::nodes_table(&servers, now(), c.app.stale_after_s).into_response())
+    Ok(pages::nodes_table(&servers, now(), c.app.stale_after_s, expected_mbps(&c)).into_response())
 }
 
 async fn partitions(State(c): State<Console>, headers: HeaderMap) -> Result<Response, Response> {

@@ -8,7 +8,9 @@ use weft_controller::model::{
     AuditEntry, GroupView, Liveness, OpState, OperationView, ServerView, StatusView,
 };
 
-use crate::view::{HistoryFilter, Matrix, SlowLink};
+use weft_controller::links::SlowNic;
+
+use crate::view::{HistoryFilter, Matrix};
 
 /// Which page the navigation marks current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +27,8 @@ pub enum Nav {
     Docs,
     /// None (login).
     None,
+    /// Links (link health).
+    Links,
 }
 
 /// Who is logged in, as the header shows it.
@@ -70,6 +74,7 @@ pub fn layout(title: &str, nav: Nav, who: Option<&Who<'_>>, body: Markup) -> Mar
                                     (link("/console/history", "History", Nav::History))
                                 }
                                 (link("/docs", "API docs", Nav::Docs))
+                                (link("/console/links", "Links", Nav::Links))
                             }
                         }
                         div.who {
@@ -122,7 +127,8 @@ pub fn ago(now: u64, t: Option<u64>) -> String {
     }
 }
 
-fn speed(mbps: Option<u32>) -> String {
+/// A speed in Mb/s as people say it: `200 Gb/s`, `2.5 Gb/s`, `100 Mb/s`.
+pub fn speed(mbps: Option<u32>) -> String {
     match mbps {
         None => "speed unknown".into(),
         Some(m) if m >= 1000 && m % 1000 == 0 => format!("{} Gb/s", m / 1000),
@@ -132,9 +138,14 @@ fn speed(mbps: Option<u32>) -> String {
 }
 
 /// The nodes table (also served alone, refreshed by htmx every few seconds); a link
-/// below its peers' speed is marked where it is listed.
-pub fn nodes_table(servers: &[ServerView], now: u64, stale_after_s: u64) -> Markup {
-    let (slow, _) = crate::view::slow_links(servers);
+/// below its peers' or the expected speed (`expected_mbps`) is marked where it is listed.
+pub fn nodes_table(
+    servers: &[ServerView],
+    now: u64,
+    stale_after_s: u64,
+    expected_mbps: Option<u32>,
+) -> Markup {
+    let (slow, _) = weft_controller::links::slow_nics(servers, expected_mbps);
     html! {
         div #nodes hx-get="/console/nodes" hx-trigger="every 5s" hx-swap="outerHTML" {
             table {
@@ -166,7 +177,7 @@ pub fn nodes_table(servers: &[ServerView], now: u64, stale_after_s: u64) -> Mark
                             td { @if s.nics.is_empty() { "—" } @else { ul { @for n in &s.nics {
                                 li { code { (n.name) } " " (speed(n.speed_mbps)) ", MTU " (n.mtu) ", " (n.link_layer) ", " (n.operstate)
                                      @if let Some(l) = slow.iter().find(|l| l.node == s.name && l.nic == n.name) {
-                                         br; span.stale { "below its peers' " (speed(Some(l.peers_mbps))) }
+                                         br; span.stale { (below(l)) }
                                      } }
                             } } } }
                             td { @if s.gpus.is_empty() { "—" } @else { ul { @for g in &s.gpus {
@@ -180,10 +191,23 @@ pub fn nodes_table(servers: &[ServerView], now: u64, stale_after_s: u64) -> Mark
     }
 }
 
-/// The link-health section: every RDMA link below its peers' speed, named.
-pub fn link_health(slow: &[SlowLink], compared: usize) -> Markup {
+/// What a flagged link is below: `below its peers' 200 Gb/s`, `below the expected 400 Gb/s`.
+pub fn below(l: &SlowNic) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = l.peers_mbps {
+        parts.push(format!("below its peers' {}", speed(Some(p))));
+    }
+    if let Some(e) = l.expected_mbps {
+        parts.push(format!("below the expected {}", speed(Some(e))));
+    }
+    parts.join(" and ")
+}
+
+/// The link-health section: every RDMA link below its peers' or the expected speed, named.
+pub fn link_health(slow: &[SlowNic], compared: usize) -> Markup {
     html! {
         h2 { "Link health" }
+        p { a href="/console/links" { "Measured links: the heat map, trends per node and every flagged link" } }
         @if slow.is_empty() {
             p #link-health data-slow="0" {
                 @if compared == 0 { "No two RDMA links of one kind report a speed yet: nothing to compare." }
@@ -194,7 +218,7 @@ pub fn link_health(slow: &[SlowLink], compared: usize) -> Markup {
                 @for l in slow {
                     li data-link=(format!("{}/{}", l.node, l.nic)) {
                         span.stale { (l.node) " " code { (l.nic) } ": " (speed(Some(l.speed_mbps))) }
-                        ", below its peers' " (speed(Some(l.peers_mbps))) " (" (l.compared) " links of its kind compared): check the cable and the switch port"
+                        ", " (below(l)) " (" (l.compared) " links of its kind compared): check the cable and the switch port"
                     } }
                 }
             }
@@ -208,24 +232,25 @@ pub fn overview(
     status: Option<&StatusView>,
     now: u64,
     stale_after_s: u64,
+    expected_mbps: Option<u32>,
 ) -> Markup {
     let stale = servers
         .iter()
         .filter(|s| s.liveness != Liveness::Ok)
         .count();
-    let (slow, compared) = crate::view::slow_links(servers);
+    let (slow, compared) = weft_controller::links::slow_nics(servers, expected_mbps);
     html! {
         h1 { "Overview" }
         div.cards {
             div.card { b { (servers.len()) } "nodes" }
             div.card { b class=[(stale > 0).then_some("stale")] { (stale) } "not reporting" }
-            div.card { b class=[(!slow.is_empty()).then_some("stale")] { (slow.len()) } "links below their peers" }
+            div.card { b class=[(!slow.is_empty()).then_some("stale")] { (slow.len()) } "links below their peers' or the expected speed" }
             @if let Some(st) = status {
                 div.card { b { (st.pending_operations) } "operations pending" }
                 div.card { b class=(if st.drift.state == weft_controller::model::DriftState::Drift { "stale" } else { "ok" }) { (st.drift.state.as_str()) } "subnet managers" }
             }
         }
-        (nodes_table(servers, now, stale_after_s))
+        (nodes_table(servers, now, stale_after_s, expected_mbps))
         (link_health(&slow, compared))
         @if let Some(st) = status {
             h2 { "Subnet managers" }

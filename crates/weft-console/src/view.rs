@@ -201,68 +201,6 @@ pub fn group_of<'a>(desired: &'a Desired, server: &str) -> Option<&'a DesiredGro
         .find(|g| g.members.iter().any(|(s, _)| s == server))
 }
 
-/// A data link negotiated below the speed its peers run at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlowLink {
-    /// The node.
-    pub node: String,
-    /// The NIC (`enp1s0f0np0`).
-    pub nic: String,
-    /// Its negotiated speed, Mb/s.
-    pub speed_mbps: u32,
-    /// The speed most of its peers run at, Mb/s.
-    pub peers_mbps: u32,
-    /// How many links of its kind were compared.
-    pub compared: usize,
-}
-
-/// The RDMA data links (NICs of an RDMA port: RoCE netdevs and IPoIB) that negotiated
-/// below their peers: per link layer, the speed most such links run at (the higher one on a
-/// tie) is the peers' speed, and every link below it is named. The most common field
-/// failure on small RoCE and InfiniBand clusters: a cable or switch port that came up at
-/// half rate. Links of unknown speed and kinds with a single link are not judged.
-pub fn slow_links(servers: &[ServerView]) -> (Vec<SlowLink>, usize) {
-    let mut by_layer: BTreeMap<&str, Vec<(&str, &str, u32)>> = BTreeMap::new();
-    for s in servers {
-        for n in &s.nics {
-            if let (Some(_), Some(speed)) = (&n.rdma_device, n.speed_mbps) {
-                by_layer.entry(n.link_layer.as_str()).or_default().push((
-                    s.name.as_str(),
-                    n.name.as_str(),
-                    speed,
-                ));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    let mut compared = 0;
-    for links in by_layer.values() {
-        if links.len() < 2 {
-            continue;
-        }
-        compared += links.len();
-        let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
-        for (_, _, speed) in links {
-            *counts.entry(*speed).or_default() += 1;
-        }
-        let Some((&peers, _)) = counts.iter().max_by_key(|(speed, n)| (**n, **speed)) else {
-            continue;
-        };
-        for (node, nic, speed) in links {
-            if *speed < peers {
-                out.push(SlowLink {
-                    node: node.to_string(),
-                    nic: nic.to_string(),
-                    speed_mbps: *speed,
-                    peers_mbps: peers,
-                    compared: links.len(),
-                });
-            }
-        }
-    }
-    (out, compared)
-}
-
 /// The History page's filters (empty: no filter).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -444,41 +382,6 @@ mod tests {
             s.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
             ["n1"]
         );
-    }
-
-    #[test]
-    fn a_link_at_half_its_peers_speed_is_named() {
-        let nic = |name: &str, speed: u32| weft_controller::model::NicView {
-            name: name.into(),
-            link_layer: "Ethernet".into(),
-            speed_mbps: Some(speed),
-            mtu: 9000,
-            operstate: "up".into(),
-            pci: Some("0000:01:00.0".into()),
-            rdma_device: Some("rocep1s0f0".into()),
-            addresses: vec![],
-        };
-        let mut a = server("spark1", 1);
-        a.nics = vec![nic("enp1s0f0np0", 200_000), nic("enP2p1s0f0np0", 200_000)];
-        let mut b = server("spark2", 2);
-        b.nics = vec![nic("enp1s0f0np0", 100_000), nic("enP2p1s0f0np0", 200_000)];
-        // The management port has no RDMA device: not judged.
-        let mut mgmt = nic("enP7s7", 1000);
-        mgmt.rdma_device = None;
-        b.nics.push(mgmt);
-        let (slow, compared) = slow_links(&[a.clone(), b]);
-        assert_eq!(compared, 4);
-        assert_eq!(
-            slow,
-            [SlowLink {
-                node: "spark2".into(),
-                nic: "enp1s0f0np0".into(),
-                speed_mbps: 100_000,
-                peers_mbps: 200_000,
-                compared: 4
-            }]
-        );
-        assert!(slow_links(&[a]).0.is_empty());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! overview, partitions matrix against the store, a move from the form followed to
 //! "verified" and found in the history with its diff, a stale agent, API docs; axe-core on
 //! every page; then a tenant, and hand-made requests a tenant or a replayed session might
-//! try, each refused, audited, and changing nothing. Screenshots of every page go to
+//! try, each refused, audited, and changing nothing. Link health: stored p2p runs as a heat
+//! map with a half-rate link flagged by name. Screenshots of every page go to
 //! `docs/img/console-*.png`.
 
 use std::path::{Path, PathBuf};
@@ -674,6 +675,109 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
     driver.screenshot(&img("docs")).await.unwrap();
     violations.extend(axe(&driver, "docs").await);
 
+    // Links: two p2p runs stored as `weft bench p2p --report-to` stores them (through the
+    // same API client; the CLI's side is weft's doctor test); in the second, node3's link
+    // to node4 runs at half its peers' speed. The heat map writes every value in its cell,
+    // the half-rate link is flagged by name with the agent's half-rate NIC, and every node
+    // that sent has its trend.
+    let nodes = ["node1", "node2", "node3", "node4"];
+    let run = |slow: f64| weft_controller::links::LinkRunIn {
+        source: weft_controller::links::LinkSource::P2p,
+        results: nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                nodes.iter().filter(move |d| *d != s).map(move |d| {
+                    weft_controller::links::LinkResult {
+                        src: s.to_string(),
+                        dst: d.to_string(),
+                        nic: "ib0".into(),
+                        gbps: if (*s, *d) == ("node3", "node4") {
+                            slow
+                        } else {
+                            100.0 - i as f64
+                        },
+                        rtt_us: Some(8.0),
+                        error: None,
+                    }
+                })
+            })
+            .collect(),
+    };
+    let first = admin.add_link_run(&run(98.0)).await.unwrap();
+    assert!(first.slow.is_empty(), "{:?}", first.slow);
+    let second = admin.add_link_run(&run(49.5)).await.unwrap();
+    assert_eq!(second.slow.len(), 1, "{:?}", second.slow);
+    driver.goto(format!("{base}/console/links")).await.unwrap();
+    let cells = driver
+        .find_all(By::Css("#heatmap td[data-link]"))
+        .await
+        .unwrap();
+    assert_eq!(cells.len(), 12);
+    for c in &cells {
+        let link = c.attr("data-link").await.unwrap().unwrap();
+        let (src, dst) = link.split_once("->").unwrap();
+        let want = second
+            .run
+            .results
+            .iter()
+            .find(|r| r.src == src && r.dst == dst)
+            .unwrap()
+            .gbps;
+        let text = c.text().await.unwrap();
+        let shown: f64 = text.split_whitespace().next().unwrap().parse().unwrap();
+        assert!((shown - want).abs() < 0.06, "{link}: {text} for {want}");
+    }
+    let half = driver
+        .find(By::Css("#heatmap td[data-link='node3->node4']"))
+        .await
+        .unwrap();
+    assert_eq!(
+        half.attr("data-slow").await.unwrap().as_deref(),
+        Some("true")
+    );
+    assert!(half.text().await.unwrap().contains("slow"));
+    let flagged = driver.find(By::Id("links-flagged")).await.unwrap();
+    assert_eq!(
+        flagged.attr("data-flagged").await.unwrap().as_deref(),
+        Some("2")
+    );
+    let named = driver
+        .find(By::Css("#links-flagged [data-link='node3->node4/ib0']"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        named.contains("node3 ib0 → node4") && named.contains("49.5 Gb/s"),
+        "{named}"
+    );
+    assert!(
+        driver
+            .find(By::Css("#links-flagged [data-link='spark2/enp1s0f0np0']"))
+            .await
+            .is_ok()
+    );
+    let trend = driver
+        .find(By::Css("#trends tr[data-node=node3] svg"))
+        .await
+        .unwrap()
+        .attr("aria-label")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        trend.contains("2 run(s)") && trend.contains("slowest link last 49.5 Gb/s"),
+        "{trend}"
+    );
+    driver.screenshot(&img("links")).await.unwrap();
+    // The trends are below the fold: their table alone.
+    let trends = driver.find(By::Id("trends")).await.unwrap();
+    trends.scroll_into_view().await.unwrap();
+    trends.screenshot(&img("links-trends")).await.unwrap();
+    violations.extend(axe(&driver, "links").await);
+
     // Hand-made: a request without the CSRF token is refused and changes nothing.
     let before = admin.groups().await.unwrap();
     let audit_before = admin.audit(10_000).await.unwrap().len();
@@ -732,6 +836,28 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         m.contains("tenant alice") && !m.contains("bob") && !m.contains("node3"),
         "{m}"
     );
+    // Alice's links: only those between her nodes. She holds node1 alone now (node2 was
+    // moved away), so no stored link is hers, and neither is any flagged one.
+    driver.goto(format!("{base}/console/links")).await.unwrap();
+    let t = driver
+        .find(By::Tag("main"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for other in ["node2", "node3", "node4", "spark2"] {
+        assert!(!t.contains(other), "alice sees {other}:\n{t}");
+    }
+    assert!(t.contains("No link is flagged"), "{t}");
+    assert!(
+        driver
+            .find_all(By::Css("#heatmap td[data-link]"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    violations.extend(axe(&driver, "tenant links").await);
     // The move page and the history are an admin's.
     driver.goto(format!("{base}/console/move")).await.unwrap();
     let t = driver

@@ -61,7 +61,7 @@ fn promtool_accepts_the_alert_rules() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("SUCCESS: 4 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 5 rules found"), "{text}");
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn the_rules_and_the_dashboard_name_only_metrics_the_controller_exposes() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("expr:"))
         .collect();
-    assert_eq!(exprs.len(), 4);
+    assert_eq!(exprs.len(), 5);
     let dash: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(monitoring().join("grafana-weft-controller.json")).unwrap(),
     )

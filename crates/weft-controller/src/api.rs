@@ -27,6 +27,8 @@
 //! | GET | `/v1/lease-quotas` | admin all, tenant its own |
 //! | PUT, DELETE | `/v1/lease-quotas/{tenant}` | admin |
 //! | GET | `/v1/agents/notices` | an enrolled agent: leases that end on its server |
+//! | POST | `/v1/link-results` | admin (a run of link measurements) — see [`crate::links::api`] |
+//! | GET | `/v1/link-results`, `/v1/link-health` | admin all, tenant the links among its nodes |
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -80,6 +82,8 @@ pub struct AppState {
     pub leases: Arc<crate::lease::Leases>,
     /// Whether this controller leads (takes writes and delivers) or follows.
     pub lead: Arc<crate::leader::Leadership>,
+    /// The speed every RDMA data link should negotiate, Gb/s ([`crate::links`]).
+    pub expected_link_gbps: Option<f64>,
 }
 
 /// Every failure an API call can answer with. 5xx answers say only that something
@@ -248,6 +252,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .merge(groups())
         .merge(records())
         .merge(crate::lease::api::routes())
+        .merge(crate::links::api::routes())
 }
 
 /// The whole API, without a listener: tests and `serve` call this.
@@ -261,6 +266,7 @@ pub fn app(state: AppState) -> Router {
         .merge(groups())
         .merge(records())
         .merge(crate::lease::api::routes())
+        .merge(crate::links::api::routes())
         .split_for_parts();
     router
         .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -569,4 +569,25 @@ impl Client {
     ) -> Result<Vec<crate::lease::model::LeaseNotice>, ClientError> {
         self.get("/v1/agents/notices").await
     }
+
+    /// `POST /v1/link-results`: stores a run of link measurements (an admin token).
+    pub async fn add_link_run(
+        &self,
+        run: &crate::links::LinkRunIn,
+    ) -> Result<crate::links::api::LinkRunAccepted, ClientError> {
+        self.call(Method::POST, "/v1/link-results", Some(run)).await
+    }
+
+    /// `GET /v1/link-results?limit=N`: the newest runs this token may see, newest first.
+    pub async fn link_runs(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<crate::links::LinkRunView>, ClientError> {
+        self.get(&format!("/v1/link-results?limit={limit}")).await
+    }
+
+    /// `GET /v1/link-health`: the links flagged now.
+    pub async fn link_health(&self) -> Result<crate::links::LinkHealthView, ClientError> {
+        self.get("/v1/link-health").await
+    }
 }

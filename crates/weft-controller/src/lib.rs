@@ -34,6 +34,7 @@ pub mod client;
 pub mod input;
 pub mod leader;
 pub mod lease;
+pub mod links;
 pub mod metrics;
 pub mod model;
 mod openapi;

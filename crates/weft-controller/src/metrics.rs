@@ -124,6 +124,46 @@ pub struct Metrics {
     /// `weft_controller_fencing`: the fencing number this controller's leadership
     /// delivers with, 0 while it follows or is alone on a SQLite store (set at scrape time).
     pub fencing: Gauge,
+    /// `weft_link_below_expected` by node, NIC and source: 1 for every link flagged now
+    /// ([`crate::links::health`]; set at scrape time, a link no longer flagged is gone).
+    pub link_below_expected: Family<LinkLabel, Gauge>,
+}
+
+/// Labels of a flagged link.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LinkLabel {
+    /// The node (the sender, for a measured link).
+    pub node: String,
+    /// Its NIC (`plugin` for a link timed through the NCCL plugin).
+    pub nic: String,
+    /// `agent` (negotiated below its peers' or the expected speed), or what measured it
+    /// (`p2p`, `collectives`, `doctor`: below 70% of its run's median, or failed).
+    pub source: String,
+}
+
+impl Metrics {
+    /// Sets `weft_link_below_expected` to exactly the links `h` flags.
+    pub fn set_links(&self, h: &crate::links::LinkHealthView) {
+        self.link_below_expected.clear();
+        for n in &h.nics {
+            self.link_below_expected
+                .get_or_create(&LinkLabel {
+                    node: n.node.clone(),
+                    nic: n.nic.clone(),
+                    source: "agent".into(),
+                })
+                .set(1);
+        }
+        for p in &h.pairs {
+            self.link_below_expected
+                .get_or_create(&LinkLabel {
+                    node: p.src.clone(),
+                    nic: p.nic.clone(),
+                    source: p.source.as_str().into(),
+                })
+                .set(1);
+        }
+    }
 }
 
 /// Labels of the leases gauge.
@@ -227,9 +267,16 @@ impl Default for Metrics {
             "The fencing number of this controller's leadership (0 while it follows, or alone on SQLite)",
             fencing.clone(),
         );
+        let link_below_expected = Family::<LinkLabel, Gauge>::default();
+        registry.register(
+            "link_below_expected",
+            "1 for every link flagged now: an RDMA NIC negotiated below its peers' or the expected speed (source=agent), or a measured link below 70% of its run's median or failed (source=p2p, collectives, doctor)",
+            link_below_expected.clone(),
+        );
         Metrics {
             leader,
             fencing,
+            link_below_expected,
             leases,
             lease_queue,
             lease_pool_free,

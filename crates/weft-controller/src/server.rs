@@ -199,6 +199,10 @@ pub struct ControllerConfig {
     /// The URL other controllers hand out for this one while it leads
     /// (`--advertise-url`; on a store that elects a leader).
     pub advertise_url: Option<String>,
+    /// The speed every RDMA data link should negotiate, Gb/s (`[controller]
+    /// expected_link_gbps`): a link below it is flagged ([`crate::links`]). `None`: links
+    /// are compared with their peers only.
+    pub expected_link_gbps: Option<f64>,
 }
 
 impl Default for ControllerConfig {
@@ -214,6 +218,7 @@ impl Default for ControllerConfig {
             repair_drift: false,
             lease: crate::lease::LeaseConfig::default(),
             advertise_url: None,
+            expected_link_gbps: None,
         }
     }
 }
@@ -333,6 +338,7 @@ impl Controller {
                 reports: Arc::default(),
                 leases,
                 lead: lead.clone(),
+                expected_link_gbps: config.expected_link_gbps,
             },
             _lease: lease,
             _resign: Resign {
@@ -428,8 +434,13 @@ impl Controller {
                     let s = state.store.clone();
                     let stale = state.stale_after_s;
                     let counts = tokio::task::spawn_blocking(move || {
-                        s.status(unix_now(), stale)
-                            .and_then(|st| Ok((st, s.servers(unix_now(), stale)?)))
+                        s.status(unix_now(), stale).and_then(|st| {
+                            Ok((
+                                st,
+                                s.servers(unix_now(), stale)?,
+                                s.link_runs(crate::links::MAX_LIST)?,
+                            ))
+                        })
                     })
                     .await;
                     let licence = state.lead.delivering();
@@ -439,7 +450,12 @@ impl Controller {
                             .and_then(|l| l.fencing)
                             .map_or(0, |f| i64::try_from(f).unwrap_or(i64::MAX)),
                     );
-                    if let Ok(Ok((status, servers))) = counts {
+                    if let Ok(Ok((status, servers, runs))) = counts {
+                        state.metrics.set_links(&crate::links::health(
+                            &servers,
+                            &runs,
+                            state.expected_link_gbps,
+                        ));
                         state.metrics.pending.set(status.pending_operations);
                         for l in [Liveness::Ok, Liveness::Stale, Liveness::Never] {
                             let n = servers.iter().filter(|s| s.liveness == l).count();

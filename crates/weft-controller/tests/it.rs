@@ -273,6 +273,109 @@ async fn a_wrong_token_is_refused_and_a_tenant_reads_only_its_own_groups() {
     assert!(audit.contains("refused"), "{audit}");
 }
 
+/// Link results (`--report-to`): an admin stores a run and is told its slow link; a tenant
+/// reads only the links between its own nodes and may store none; a bad run (an unknown
+/// field, a throughput out of range, a link to itself) is refused naming what is wrong, and
+/// nothing of it is stored; the slow link is the metric `weft_link_below_expected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_runs_are_stored_by_an_admin_read_per_tenant_and_refused_when_bad() {
+    use weft_controller::links::{LinkResult, LinkRunIn, LinkSource};
+    let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;
+    let mut agents = Vec::new();
+    for (i, n) in ["node1", "node2", "node3"].iter().enumerate() {
+        agents.push(spawn_agent(
+            ctl.agent(n, 0x100 * (i as u64 + 1), &[1]).await,
+        ));
+    }
+    servers_with_ports(&ctl.admin, 3).await;
+    let alice = ctl.admin.create_tenant("alice").await.unwrap();
+    ctl.admin.create_group("a", "alice").await.unwrap();
+    ctl.admin.add_member("a", "node1").await.unwrap();
+    ctl.admin.add_member("a", "node2").await.unwrap();
+    let link = |src: &str, dst: &str, gbps: f64| LinkResult {
+        src: src.into(),
+        dst: dst.into(),
+        nic: "ib0".into(),
+        gbps,
+        rtt_us: Some(5.0),
+        error: None,
+    };
+    let run = LinkRunIn {
+        source: LinkSource::P2p,
+        results: vec![
+            link("node1", "node2", 10.0),
+            link("node2", "node1", 10.0),
+            link("node1", "node3", 4.0),
+            link("node3", "node1", 10.0),
+        ],
+    };
+    let accepted = ctl.admin.add_link_run(&run).await.unwrap();
+    assert_eq!(accepted.run.results, run.results);
+    assert_eq!(accepted.slow.len(), 1, "{:?}", accepted.slow);
+    assert_eq!(
+        (accepted.slow[0].src.as_str(), accepted.slow[0].dst.as_str()),
+        ("node1", "node3")
+    );
+    // Alice: the links between node1 and node2, and no flagged one (node3 is not hers).
+    let as_alice = ctl.client(Some(alice.token.clone()));
+    let runs = as_alice.link_runs(10).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].results, run.results[..2]);
+    assert!(as_alice.link_health().await.unwrap().pairs.is_empty());
+    assert_eq!(ctl.admin.link_health().await.unwrap().pairs.len(), 1);
+    let e = as_alice.add_link_run(&run).await.unwrap_err();
+    assert_eq!(e.status(), Some(403), "{e}");
+    // Bad runs: refused, named, nothing stored.
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        http.post(format!("{}/v1/link-results", ctl.base))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+    };
+    let one = serde_json::json!({"src": "node1", "dst": "node2", "nic": "ib0", "gbps": 1.0});
+    for (body, says) in [
+        (
+            serde_json::json!({"source": "p2p", "results": [one], "scope": "all"}),
+            "unknown field `scope`",
+        ),
+        (
+            serde_json::json!({"source": "p2p", "results": [one, {"src": "node1", "dst": "node2", "nic": "ib0", "gbps": 1e6}]}),
+            "results[1].gbps",
+        ),
+        (
+            serde_json::json!({"source": "p2p", "results": [{"src": "node1", "dst": "node1", "nic": "ib0", "gbps": 1.0}]}),
+            "results[0].dst",
+        ),
+        (
+            serde_json::json!({"source": "p2p", "results": [{"src": "node1", "dst": "node2", "nic": "ib0", "gbps": 1.0, "note": "x"}]}),
+            "unknown field `note`",
+        ),
+        (
+            serde_json::json!({"source": "iperf", "results": [one]}),
+            "source",
+        ),
+    ] {
+        let r = post(body.clone()).await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(says), "{body}: {text}");
+    }
+    assert_eq!(ctl.admin.link_runs(10).await.unwrap().len(), 1);
+    let metrics = reqwest::get(&ctl.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_link_below_expected{node=\"node1\",nic=\"ib0\",source=\"p2p\"} 1"),
+        "{metrics}"
+    );
+    drop(agents);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guid_another_server_owns_is_held_pending_and_visible_until_approved() {
     let ctl = Ctl::start(Arc::new(RecordingFabric::default()), 30).await;

@@ -26,9 +26,9 @@ pub enum BenchCommand {
     Collectives(Box<CollArgs>),
     /// Bandwidth and latency between every ordered pair of hosts on the data network (TCP).
     #[command(
-        after_help = "Examples:\n  weft bench p2p --hosts node1,node2,node3,node4 --heatmap p2p.png\n  weft bench p2p --hosts ns1,ns2,ns3 --via netns --data-if =data0 --json\n\nEach pair: --streams TCP streams for --duration (bytes counted by the receiver), then an\n8-byte ping-pong (median round trip). Pairs below --threshold x the median are called out;\na host is blamed when every pair from it (or to it) is slow, or every connection with it\nhas a small TCP MSS (a smaller MTU). Exit code 1 when a pair is slow or failed."
+        after_help = "Examples:\n  weft bench p2p --hosts node1,node2,node3,node4 --heatmap p2p.png\n  weft bench p2p --hosts ns1,ns2,ns3 --via netns --data-if =data0 --json\n  WEFT_TOKEN=wfa_... weft bench p2p --hosts node1,node2 --report-to https://ctl:7100\n\nEach pair: --streams TCP streams for --duration (bytes counted by the receiver), then an\n8-byte ping-pong (median round trip). Pairs below --threshold x the median are called out;\na host is blamed when every pair from it (or to it) is slow, or every connection with it\nhas a small TCP MSS (a smaller MTU). Exit code 1 when a pair is slow or failed."
     )]
-    P2p(P2pArgs),
+    P2p(Box<P2pArgs>),
     /// Prompt and generation speed of an OpenAI-compatible LLM server at context depths; `compare` across node counts.
     #[command(after_help = crate::bench_llm::AFTER_HELP)]
     Llm(Box<crate::bench_llm::LlmArgs>),
@@ -181,6 +181,8 @@ pub struct P2pArgs {
     /// Write a PNG heat map of rail 0 here (rail N: the name with `.railN` before `.png`).
     #[arg(long)]
     heatmap: Option<PathBuf>,
+    #[command(flatten)]
+    report: crate::report_to::ReportTo,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -480,6 +482,7 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if !(a.duration > 0.0 && a.duration <= 600.0) || a.streams == 0 {
         bail!("--duration must be in (0, 600] seconds and --streams at least 1");
     }
+    a.report.check()?;
     let (hosts, remote) = a.hosts.runners()?;
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
@@ -572,10 +575,18 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     }
     let bad =
         !m.slow.is_empty() || !m.blamed.is_empty() || m.pairs.iter().any(|p| p.error.is_some());
+    let (reported, report_error) = crate::report_to::outcome(a.report.send(
+        weft_controller::links::LinkSource::P2p,
+        crate::report_to::pair_results(&m.pairs),
+    ));
     if json {
-        crate::output::json(
-            &serde_json::json!({ "matrix": &m, "heatmaps": maps, "passed": !bad }),
-        )?;
+        crate::output::json(&serde_json::json!({
+            "matrix": &m,
+            "heatmaps": maps,
+            "passed": !bad,
+            "reported": reported,
+            "report_error": report_error,
+        }))?;
     } else {
         println!(
             "{}",
@@ -635,6 +646,13 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
                 m.threshold * 100.0
             );
         }
+        if let (Some(r), Some(url)) = (&reported, &a.report.report_to) {
+            println!("{}", crate::report_to::stored_line(url, r));
+        }
+    }
+    if let Some(e) = &report_error {
+        eprintln!("weft: {e}");
+        return Ok(EXIT_ENVIRONMENT);
     }
     Ok(if bad { EXIT_CHECK_FAILED } else { EXIT_OK })
 }

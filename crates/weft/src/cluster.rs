@@ -90,7 +90,7 @@ pub enum ClusterCommand {
     #[command(
         after_help = "Examples:\n  WEFT_ADMIN_TOKEN=... weft --config weft.toml controller --db /var/lib/weft/controller.db --init   # --init: first start\n  weft controller --listen 0.0.0.0:7100 --tls-self-signed        # prints the fingerprint to --pin\n  weft controller --listen 10.0.0.1:7100 --tls-cert ctl.crt --tls-key ctl.key\n  weft controller --store postgres://weft@db/weft --listen 0.0.0.0:7100 --tls-self-signed --advertise-url https://ctl2:7100   # one of several on one PostgreSQL: one leads, the others answer writes 421 with the leader's URL\n\nThe subnet managers are the [[fabric.sm]] entries of the config file. Plain HTTP only on\nloopback unless --insecure-http."
     )]
-    Controller(ControllerArgs),
+    Controller(Box<ControllerArgs>),
     /// Run the agent of this server: discover its ports and report them to the controller.
     #[command(
         after_help = "Example:\n  WEFT_ENROLL_TOKEN=wfe_... weft agent --controller https://10.0.0.1:7100 --pin sha256:... --state-file /var/lib/weft/agent.json\n\nThe agent verifies the controller (--ca-file or --pin) before it sends a token or a report."
@@ -233,6 +233,11 @@ pub struct ControllerArgs {
     /// `[controller] lease_warn_s`, else 300].
     #[arg(long)]
     lease_warn_s: Option<u64>,
+    /// The speed every RDMA data link should negotiate, Gb/s: a link below it is flagged in
+    /// the console and by `weft_link_below_expected` [default: `[controller]
+    /// expected_link_gbps`, else none: links are compared with their peers only].
+    #[arg(long, value_name = "GBPS")]
+    expected_link_gbps: Option<f64>,
 }
 
 /// Operator commands on a controller's store.
@@ -348,6 +353,7 @@ struct ControllerRun {
     insecure_http: bool,
     lease_pool: String,
     lease_warn_s: u64,
+    expected_link_gbps: Option<f64>,
 }
 
 impl ControllerArgs {
@@ -359,6 +365,15 @@ impl ControllerArgs {
         } else {
             (f.tls_cert.clone(), f.tls_key.clone())
         };
+        let expected_link_gbps = self.expected_link_gbps.or(f.expected_link_gbps);
+        if let Some(g) = expected_link_gbps
+            && weft_controller::links::gbps_to_mbps(g).is_none()
+        {
+            return Err(anyhow!(
+                "--expected-link-gbps / [controller] expected_link_gbps {g}: not a speed in (0, {}] Gb/s",
+                weft_controller::links::MAX_GBPS
+            ));
+        }
         if tls_cert.is_some() != tls_key.is_some() {
             return Err(anyhow!(
                 "config: [controller] tls_cert and tls_key go together: set both or neither"
@@ -406,6 +421,7 @@ impl ControllerArgs {
                 .or_else(|| f.lease_pool.clone())
                 .unwrap_or_else(|| "pool".into()),
             lease_warn_s: self.lease_warn_s.or(f.lease_warn_s).unwrap_or(300),
+            expected_link_gbps,
         })
     }
 }
@@ -646,21 +662,23 @@ pub(crate) fn failed(e: ClientError, json: bool) -> Result<u8> {
 /// Runs one of the controller's commands.
 pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
     match cmd {
-        ClusterCommand::Controller(ControllerArgs {
-            command:
-                Some(ControllerCommand::Restore {
-                    db,
-                    store,
-                    from,
-                    no_fabric,
-                }),
-            ..
-        }) => store_admin::restore(db, store, from, no_fabric, cfg, json),
-        ClusterCommand::Controller(ControllerArgs {
-            command: Some(ControllerCommand::Backup { file, db, store }),
-            ..
-        }) => store_admin::backup(&file, db, store, cfg, json),
-        ClusterCommand::Controller(a) => controller(a, cfg),
+        ClusterCommand::Controller(a) => match *a {
+            ControllerArgs {
+                command:
+                    Some(ControllerCommand::Restore {
+                        db,
+                        store,
+                        from,
+                        no_fabric,
+                    }),
+                ..
+            } => store_admin::restore(db, store, from, no_fabric, cfg, json),
+            ControllerArgs {
+                command: Some(ControllerCommand::Backup { file, db, store }),
+                ..
+            } => store_admin::backup(&file, db, store, cfg, json),
+            a => controller(a, cfg),
+        },
         ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller, json),
         other => runtime()?.block_on(client_command(other, &cfg.controller, json)),
     }
@@ -743,6 +761,7 @@ fn controller(a: ControllerArgs, cfg: &Config) -> Result<u8> {
                 warn_s: a.lease_warn_s,
                 ..Default::default()
             },
+            expected_link_gbps: a.expected_link_gbps,
             ..ControllerConfig::default()
         };
         let mut ctl = Controller::start(store, fabric, config)?;

@@ -109,6 +109,11 @@ pub struct ControllerClientConfig {
     /// `weft controller`: seconds before a lease ends that its nodes' agents are warned (300).
     #[schemars(example = 300)]
     pub lease_warn_s: Option<u64>,
+    /// `weft controller`: the speed every RDMA data link should negotiate, Gb/s; a link
+    /// below it is flagged (console, `weft_link_below_expected`). Unset: links are compared
+    /// with their peers only.
+    #[schemars(example = 200.0)]
+    pub expected_link_gbps: Option<f64>,
 }
 
 /// `[agent]`: defaults for the flags of `weft agent` (the same names as the flags).

@@ -44,12 +44,14 @@ pub struct DoctorArgs {
     /// Skip the management loss check.
     #[arg(long)]
     no_loss: bool,
+    #[command(flatten)]
+    report: crate::report_to::ReportTo,
 }
 
 /// Examples, then every check from the doctor's own list (`weft_bench::doctor::CHECKS`).
 fn after_help() -> String {
     format!(
-        "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n\nChecks on every host (the [name] of each finding):\n{}Prints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs.",
+        "Examples:\n  weft doctor --hosts spark1,spark2 --expect-mtu 9000 --expect-speed 200000\n  weft doctor --hosts node1,node2,node3 --ssh-config /etc/weft/ssh_config --no-throughput\n  weft doctor --hosts ns1,ns2,ns3 --via netns --mgmt-if =mgmt0 --data-if =data0 --json\n  WEFT_TOKEN=wfa_... weft doctor --hosts node1,node2 --report-to https://ctl:7100\n\nChecks on every host (the [name] of each finding):\n{}Prints the WEFT_/NCCL_ settings for jobs. Exit code 1 when any check FAILs.",
         doctor::checks_help()
     )
 }
@@ -57,6 +59,12 @@ fn after_help() -> String {
 pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
     if !(a.throughput_s > 0.0 && a.throughput_s <= 60.0) {
         anyhow::bail!("--throughput-s must be in (0, 60] seconds");
+    }
+    a.report.check()?;
+    if a.report.report_to.is_some() && a.no_throughput {
+        anyhow::bail!(
+            "--report-to stores the throughput check's pairs; it cannot go with --no-throughput"
+        );
     }
     let (hosts, remote) = a.hosts.runners()?;
     // The checks take a while (a throughput pair per ordered pair of hosts): say so on a
@@ -100,8 +108,18 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
         b.finish_and_clear();
     }
     let r = r?;
+    // The throughput check's pairs go to the controller (--report-to).
+    let (reported, report_error) = crate::report_to::outcome(a.report.send(
+        weft_controller::links::LinkSource::Doctor,
+        crate::report_to::pair_results(&r.pairs),
+    ));
     if json {
-        crate::output::json(&r)?;
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("reported".into(), serde_json::to_value(&reported)?);
+            o.insert("report_error".into(), serde_json::to_value(&report_error)?);
+        }
+        crate::output::json(&v)?;
     } else {
         for f in &r.findings {
             let subj = f
@@ -131,6 +149,13 @@ pub fn run(a: DoctorArgs, json: bool) -> Result<u8> {
         for (k, v) in &r.env {
             println!("export {k}={v}");
         }
+        if let (Some(rep), Some(url)) = (&reported, &a.report.report_to) {
+            println!("\n{}", crate::report_to::stored_line(url, rep));
+        }
+    }
+    if let Some(e) = &report_error {
+        eprintln!("weft: {e}");
+        return Ok(crate::EXIT_ENVIRONMENT);
     }
     Ok(if r.failed { EXIT_CHECK_FAILED } else { EXIT_OK })
 }

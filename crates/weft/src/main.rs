@@ -14,6 +14,7 @@ mod lease;
 mod mesh;
 mod output;
 mod plan;
+mod report_to;
 mod run;
 mod sync;
 

@@ -536,3 +536,39 @@ fn links_and_what_a_delivery_took_are_kept_and_go_with_their_server() {
         },
     );
 }
+
+/// Runs of link measurements are stored with an audit line, listed newest first, and only
+/// the newest `links::MAX_RUNS` are kept. Both backends answer the same.
+#[test]
+fn link_runs_are_kept_newest_first_and_bounded() {
+    use crate::links::{LinkResult, LinkRunIn, LinkSource, MAX_RUNS};
+    same_on_each_backend("link_runs_are_kept_newest_first_and_bounded", |s| {
+        let run = |g: f64| LinkRunIn {
+            source: LinkSource::P2p,
+            results: vec![LinkResult {
+                src: "node1".into(),
+                dst: "node2".into(),
+                nic: "enp1s0f0np0".into(),
+                gbps: g,
+                rtt_us: Some(12.5),
+                error: None,
+            }],
+        };
+        let first = s.add_link_run("admin:x", &run(100.0), 10).unwrap();
+        let second = s.add_link_run("admin:x", &run(50.0), 11).unwrap();
+        assert!(second.id > first.id);
+        let runs = s.link_runs(10).unwrap();
+        assert_eq!(runs, vec![second.clone(), first.clone()]);
+        assert_eq!(runs[1].results[0].rtt_us, Some(12.5));
+        let mut out = state_lines(s, 12);
+        assert!(out.iter().any(|l| l.contains("links.report")));
+        for i in 0..MAX_RUNS {
+            s.add_link_run("admin:x", &run(1.0), 20 + i as u64).unwrap();
+        }
+        let all = s.link_runs(usize::MAX).unwrap();
+        assert_eq!(all.len(), MAX_RUNS as usize);
+        assert!(all.iter().all(|r| r.id > second.id));
+        out.push(format!("{:?}", s.link_runs(2).unwrap()));
+        out
+    });
+}

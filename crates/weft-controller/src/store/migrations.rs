@@ -56,6 +56,10 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0008_leader.sql"),
         postgres: Some(include_str!("migrations/postgres/0008_leader.sql")),
     },
+    Step {
+        sqlite: include_str!("migrations/0009_link_runs.sql"),
+        postgres: Some(include_str!("migrations/postgres/0009_link_runs.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

@@ -24,6 +24,7 @@
 //! | `node_leases` | weft-lease's leases: tenant, size, times, phase, nodes, reason |
 //! | `lease_decisions` | every decision of the lease loop (also audited as `lease.<kind>`) |
 //! | `lease_notices` | per server: the lease that ends on it and when (the agent reads it) |
+//! | `link_runs` | runs of link measurements sent with `--report-to` (results as JSON) |
 //!
 //! [`PgStore`] implements the same trait on PostgreSQL with the same transactions; the
 //! migrations of both come from one versioned list (`migrations.rs`).
@@ -483,4 +484,15 @@ pub trait Store: Send + Sync + 'static {
     fn leader(&self) -> Result<Option<(String, Option<String>)>> {
         Ok(None)
     }
+    /// Stores a run of link measurements (checked by [`crate::links::check_run`]) sent by
+    /// `actor`, with an audit line; runs beyond the newest [`crate::links::MAX_RUNS`] are
+    /// forgotten. The run as stored.
+    fn add_link_run(
+        &self,
+        actor: &str,
+        run: &crate::links::LinkRunIn,
+        now: u64,
+    ) -> Result<crate::links::LinkRunView>;
+    /// The newest `limit` runs of link measurements, newest first.
+    fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>>;
 }

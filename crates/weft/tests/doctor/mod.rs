@@ -2,7 +2,8 @@
 //! MTUs): four hosts, one sender rate-limited by tbf (host2) and one host with MTU 1500 where
 //! the others have 9000 (host3). Both tools name exactly those two and nothing else: doctor
 //! fails host2 on throughput (its short p2p check: every veth reports the same link speed, so
-//! only a measurement sees tc) and host3 on its MTU.
+//! only a measurement sees tc) and host3 on its MTU. Both store what they measured in a real
+//! `weft controller` (`--report-to`), which flags host2's links in its API and its metrics.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
@@ -16,6 +17,7 @@ mod ssh;
 fn weft(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(args)
+        .env_remove("WEFT_TOKEN")
         .env_remove("WEFT_CONFIG")
         .env_remove("WEFT_DATA_IFNAME")
         .env_remove("WEFT_MGMT_IFNAME")
@@ -37,6 +39,85 @@ fn cluster() -> Option<Cluster> {
     }
     c.set_mtu(3, "data0", 1500).expect("mtu");
     Some(c)
+}
+
+const ADMIN: &str = "wfa_doctor-test-admin-0123456789abcdef";
+
+/// A `weft controller --no-fabric` on loopback, killed (by its pid) when dropped, with its API
+/// and metrics URLs.
+struct Controller {
+    child: std::process::Child,
+    api: String,
+    metrics: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn controller() -> Controller {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("controller.db");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "controller",
+            "--init",
+            "--no-fabric",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--metrics-listen", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .current_dir(dir.path())
+        .env_remove("WEFT_CONFIG")
+        .env("WEFT_ADMIN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("weft controller starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+    });
+    let line = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the controller says where it listens");
+    let word = |after: &str| {
+        line.split_whitespace()
+            .skip_while(|w| *w != after)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{after} in {line}"))
+            .to_string()
+    };
+    Controller {
+        api: word("api"),
+        metrics: word("metrics"),
+        child,
+        _dir: dir,
+    }
+}
+
+/// The body of a plain-HTTP GET on loopback (bounded).
+fn http_get(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }
 
 fn host_list(c: &Cluster) -> String {
@@ -67,6 +148,7 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
 
     // Doctor: throughput on host2, the MTU (interface and jumbo frames end to end) on host3,
     // nothing on the others.
+    let ctl = controller();
     let mut args = vec![
         "doctor",
         "--expect-mtu",
@@ -74,11 +156,23 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
         "--throughput-s",
         "0.5",
         "--json",
+        "--report-to",
+        &ctl.api,
     ];
     args.extend(common);
+    // Without a token nothing is measured: a usage error at once.
     let o = weft(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--report-to"), "{}", text(&o));
+    let o = weft_with_token(&args);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["report_error"].is_null(), "{v:#}");
+    assert_eq!(v["reported"]["run"]["source"], "doctor", "{v:#}");
+    assert_eq!(
+        v["reported"]["run"]["results"].as_array().unwrap().len(),
+        12
+    );
     let findings = v["findings"].as_array().unwrap();
     // Every finding's check is one --help documents (the help is generated from that list).
     let documented: BTreeSet<&str> = weft_bench::doctor::CHECKS.iter().map(|c| c.name).collect();
@@ -181,11 +275,14 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
         "--heatmap",
         &png_s,
         "--json",
+        "--report-to",
+        &ctl.api,
     ];
     args.extend(common);
-    let o = weft(&args);
+    let o = weft_with_token(&args);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["report_error"].is_null(), "{v:#}");
     let m = &v["matrix"];
     assert_eq!(m["pairs"].as_array().unwrap().len(), 12, "{m:#}");
     assert!(
@@ -224,6 +321,62 @@ fn doctor_and_p2p_name_the_slow_link_and_the_small_mtu_and_nothing_else() {
         .collect();
     assert_eq!(slow_from, BTreeSet::from([h2.as_str()]), "{m:#}");
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+
+    // The controller holds both runs, newest first, every pair as measured, and flags
+    // host2's links (a fifth of its peers') by name in its API and its metrics.
+    let client = weft_controller::client::Client::new(
+        &ctl.api,
+        Some(weft_controller::auth::Secret::new(ADMIN)),
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let runs = rt.block_on(client.link_runs(10)).unwrap();
+    let sources: Vec<&str> = runs.iter().map(|r| r.source.as_str()).collect();
+    assert_eq!(sources, ["p2p", "doctor"]);
+    assert_eq!(runs[0].results.len(), 12);
+    for p in m["pairs"].as_array().unwrap() {
+        let stored = runs[0]
+            .results
+            .iter()
+            .find(|r| r.src == p["src"] && r.dst == p["dst"])
+            .unwrap_or_else(|| panic!("{p:#} not stored"));
+        assert_eq!(stored.nic, "data0");
+        assert!((stored.gbps - p["gbps"].as_f64().unwrap()).abs() < 1e-9);
+    }
+    let health = rt.block_on(client.link_health()).unwrap();
+    let flagged: BTreeSet<(&str, &str)> = health
+        .pairs
+        .iter()
+        .map(|p| (p.source.as_str(), p.src.as_str()))
+        .collect();
+    assert_eq!(
+        flagged,
+        BTreeSet::from([("p2p", h2.as_str()), ("doctor", h2.as_str())]),
+        "{health:#?}"
+    );
+    let metrics = http_get(&ctl.metrics);
+    for source in ["p2p", "doctor"] {
+        let line = format!(
+            "weft_link_below_expected{{node=\"{h2}\",nic=\"data0\",source=\"{source}\"}} 1"
+        );
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    assert!(!metrics.contains(&format!("node=\"{h3}\"")), "{metrics}");
+}
+
+fn weft_with_token(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .env_remove("WEFT_CONFIG")
+        .env_remove("WEFT_DATA_IFNAME")
+        .env_remove("WEFT_MGMT_IFNAME")
+        .env("WEFT_TOKEN", ADMIN)
+        .output()
+        .expect("weft runs")
 }
 
 /// Listening TCP ports of `/proc/net/tcp` (this namespace) as (address, port).

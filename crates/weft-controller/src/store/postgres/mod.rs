@@ -43,6 +43,7 @@ mod fencing;
 mod groups;
 mod leader;
 mod leases;
+mod links;
 mod node_leases;
 mod operations;
 mod servers;
@@ -672,6 +673,19 @@ impl Store for PgStore {
 
     fn leader(&self) -> Result<Option<(String, Option<String>)>> {
         self.run(leader::leader)
+    }
+
+    fn add_link_run(
+        &self,
+        actor: &str,
+        run: &crate::links::LinkRunIn,
+        now: u64,
+    ) -> Result<crate::links::LinkRunView> {
+        self.tx(|tx| links::add(tx, actor, run, now))
+    }
+
+    fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>> {
+        self.tx(|tx| links::newest(tx, limit))
     }
 }
 

@@ -25,6 +25,7 @@ mod backup;
 mod fencing;
 mod groups;
 mod leases;
+mod links;
 mod node_leases;
 mod operations;
 mod servers;
@@ -598,6 +599,19 @@ impl Store for SqliteStore {
         let json = serde_json::to_string(links)
             .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
         self.tx(|tx| servers::set_links(tx, server, &json, now))
+    }
+
+    fn add_link_run(
+        &self,
+        actor: &str,
+        run: &crate::links::LinkRunIn,
+        now: u64,
+    ) -> Result<crate::links::LinkRunView> {
+        self.tx(|tx| links::add(tx, actor, run, now))
+    }
+
+    fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>> {
+        self.tx(|tx| links::newest(tx, limit))
     }
 }
 
