@@ -32,6 +32,7 @@
 pub mod assets;
 pub mod pages;
 pub mod session;
+pub mod sms;
 pub mod view;
 
 use std::collections::BTreeSet;

@@ -62,6 +62,8 @@ fn port(g: u64) -> ReportedPort {
         num: 1,
         lid: 3,
         state: "ACTIVE".into(),
+        rate: Some("400 Gb/sec (4X NDR)".into()),
+        mtu: Some(4092),
     }
 }
 
@@ -197,6 +199,23 @@ fn a_guid_another_server_owns_is_held_pending_until_approved() {
             let node2 = servers.iter().find(|v| v.name == "node2").unwrap();
             assert_eq!(node2.ports.len(), 2);
             assert!(node2.pending_claims.is_empty());
+            // Each port's rate and netdev MTU are kept as reported, and a report that
+            // changes them changes them.
+            assert_eq!(node2.ports[0].rate.as_deref(), Some("400 Gb/sec (4X NDR)"));
+            assert_eq!(node2.ports[0].mtu, Some(4092));
+            let slow = ReportedPort {
+                rate: Some("200 Gb/sec (4X HDR)".into()),
+                mtu: None,
+                ..port(0x201)
+            };
+            s.report("node2", &[port(0x101), slow], "h2c", 6).unwrap();
+            let servers = s.servers(6, 30).unwrap();
+            let node2 = servers.iter().find(|v| v.name == "node2").unwrap();
+            let p = node2.ports.iter().find(|p| p.guid == Guid(0x201)).unwrap();
+            assert_eq!(
+                (p.rate.as_deref(), p.mtu),
+                (Some("200 Gb/sec (4X HDR)"), None)
+            );
         },
     );
 }

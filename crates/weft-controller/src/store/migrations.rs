@@ -52,6 +52,11 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0007_server_links.sql"),
         postgres: Some(include_str!("migrations/postgres/0007_server_links.sql")),
     },
+    // Steps 8 and 9 are other branches' (merged before this one): keep this one last.
+    Step {
+        sqlite: include_str!("migrations/0010_port_rate_mtu.sql"),
+        postgres: Some(include_str!("migrations/postgres/0010_port_rate_mtu.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

@@ -172,6 +172,10 @@ pub struct ReportedPort {
     pub lid: u16,
     /// State.
     pub state: String,
+    /// Rate as sysfs writes it.
+    pub rate: Option<String>,
+    /// The MTU of the port's netdev.
+    pub mtu: Option<u32>,
 }
 
 /// What was last delivered and verified.
