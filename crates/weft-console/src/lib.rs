@@ -30,6 +30,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod assets;
+pub mod leases;
 pub mod pages;
 pub mod session;
 pub mod sms;
@@ -102,6 +103,7 @@ pub fn router(app: AppState, cfg: ConsoleConfig) -> Router {
         .route("/console/history", get(history))
         .route("/console/assets/{name}", get(asset))
         .route("/docs", get(docs))
+        .merge(leases::routes())
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(state)
 }

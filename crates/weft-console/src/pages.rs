@@ -25,6 +25,8 @@ pub enum Nav {
     Docs,
     /// None (login).
     None,
+    /// Leases.
+    Leases,
 }
 
 /// Who is logged in, as the header shows it.
@@ -70,6 +72,7 @@ pub fn layout(title: &str, nav: Nav, who: Option<&Who<'_>>, body: Markup) -> Mar
                                     (link("/console/history", "History", Nav::History))
                                 }
                                 (link("/docs", "API docs", Nav::Docs))
+                                (link("/console/leases", "Leases", Nav::Leases))
                             }
                         }
                         div.who {
