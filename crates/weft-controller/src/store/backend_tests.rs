@@ -555,3 +555,45 @@ fn links_and_what_a_delivery_took_are_kept_and_go_with_their_server() {
         },
     );
 }
+
+/// Console sessions outlive the process (they are rows), end at logout, are bounded (the
+/// oldest live one ends first) and forgotten after their life.
+#[test]
+fn console_sessions_are_kept_ended_bounded_and_forgotten_after_their_life() {
+    each_backend(
+        "console_sessions_are_kept_ended_bounded_and_forgotten_after_their_life",
+        |s| {
+            let session = |id: &str, created: u64| ConsoleSession {
+                id_hash: format!("h-{id}"),
+                token_hash: "t".into(),
+                csrf: format!("c-{id}"),
+                actor: "admin:x".into(),
+                created,
+                ended: None,
+            };
+            s.console_session_create(&session("a", 100), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-a").unwrap(), Some(session("a", 100)));
+            assert_eq!(s.console_session("h-zz").unwrap(), None);
+            assert!(s.console_session_end("h-a", 150).unwrap());
+            assert!(!s.console_session_end("h-a", 160).unwrap());
+            assert_eq!(s.console_session("h-a").unwrap().unwrap().ended, Some(150));
+            // Two live at most: the third ends the oldest.
+            s.console_session_create(&session("b", 200), 1000, 2)
+                .unwrap();
+            s.console_session_create(&session("c", 300), 1000, 2)
+                .unwrap();
+            s.console_session_create(&session("d", 400), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-b").unwrap().unwrap().ended, Some(400));
+            assert_eq!(s.console_session("h-c").unwrap().unwrap().ended, None);
+            assert_eq!(s.console_session("h-d").unwrap().unwrap().ended, None);
+            // Past their life (1000 s), they are forgotten at the next login.
+            s.console_session_create(&session("e", 1250), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-a").unwrap(), None);
+            assert_eq!(s.console_session("h-b").unwrap(), None);
+            assert!(s.console_session("h-c").unwrap().is_some());
+        },
+    );
+}

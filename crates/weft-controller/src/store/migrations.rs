@@ -54,8 +54,10 @@ pub(crate) const STEPS: &[Step] = &[
     },
     // Steps 8 and 9 are other branches' (merged before this one): keep this one last.
     Step {
-        sqlite: include_str!("migrations/0010_port_rate_mtu.sql"),
-        postgres: Some(include_str!("migrations/postgres/0010_port_rate_mtu.sql")),
+        sqlite: include_str!("migrations/0010_ports_and_console_sessions.sql"),
+        postgres: Some(include_str!(
+            "migrations/postgres/0010_ports_and_console_sessions.sql"
+        )),
     },
 ];
 

@@ -22,6 +22,7 @@ use crate::store::{
 
 mod audit;
 mod backup;
+mod console;
 mod fencing;
 mod groups;
 mod leases;
@@ -598,6 +599,23 @@ impl Store for SqliteStore {
         let json = serde_json::to_string(links)
             .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
         self.tx(|tx| servers::set_links(tx, server, &json, now))
+    }
+
+    fn console_session_create(
+        &self,
+        session: &crate::store::ConsoleSession,
+        ttl_s: u64,
+        max_live: usize,
+    ) -> Result<()> {
+        self.tx(|tx| console::create(tx, session, ttl_s, max_live))
+    }
+
+    fn console_session(&self, id_hash: &str) -> Result<Option<crate::store::ConsoleSession>> {
+        self.tx(|tx| console::get(tx, id_hash))
+    }
+
+    fn console_session_end(&self, id_hash: &str, now: u64) -> Result<bool> {
+        self.tx(|tx| console::end(tx, id_hash, now))
     }
 }
 
