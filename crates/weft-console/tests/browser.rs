@@ -443,7 +443,12 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         let root = dir.path().join(format!("host-{}", h.name));
         let mut hca = HcaSpec::new("mlx5_0", Guid(h.node_guid), "0000:01:00.0");
         for (p, _) in &h.port_guids {
-            hca = hca.with_port(PortSpec::infiniband(u32::from(*p)));
+            let mut port = PortSpec::infiniband(u32::from(*p));
+            if h.name == "node1" {
+                // An IPoIB netdev (MTU 4092): the MTU the overview shows for the port.
+                port = port.with_netdev(weft_agent::fixtures::NetDevSpec::ipoib("ib0"));
+            }
+            hca = hca.with_port(port);
         }
         write_host(&root, &HostSpec::new(h.name.clone()).with_hca(hca)).unwrap();
         agents.push((h.name.clone(), root));
@@ -545,7 +550,17 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         rate.attr("data-rate").await.unwrap().as_deref(),
         Some("400 Gb/sec (4X NDR)")
     );
-    assert!(rate.text().await.unwrap().contains("400 Gb/sec (4X NDR)"));
+    let port = driver
+        .find(By::Css("tr[data-node=node1] [data-port]"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        port.contains("400 Gb/sec (4X NDR)") && port.contains("netdev MTU 4092"),
+        "{port}"
+    );
     // Each SM with its role as the fabric reports it, and its file's checksum: both hold
     // the applied file (read by the drift check, every `recheck`).
     let applied = admin.status().await.unwrap().applied_checksum.unwrap();
