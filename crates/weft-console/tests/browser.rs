@@ -390,6 +390,23 @@ fn cli_move(base: &str, server: &str, to: &str, cwd: &Path) -> Option<Duration> 
     Some(took)
 }
 
+/// Waits until `node` is in `group` and no operation is pending (every move verified).
+async fn settled_in(admin: &Client, group: &str, node: &str) {
+    until(
+        &format!("{node} in {group}, verified"),
+        Duration::from_secs(60),
+        || async {
+            let st = admin.status().await.ok()?;
+            let g = admin.groups().await.ok()?;
+            (st.pending_operations == 0
+                && g.iter()
+                    .any(|g| g.name == group && g.members.iter().any(|m| m == node)))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 fn median(v: &mut [Duration]) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -1078,19 +1095,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
     );
     assert_ne!(leased.nodes, bobs.nodes, "no node in two leases");
     // The lease's move in is verified on the fabric.
-    until(
-        "alice's lease moved in",
-        Duration::from_secs(60),
-        || async {
-            let st = admin.status().await.ok()?;
-            let g = admin.groups().await.ok()?;
-            (st.pending_operations == 0
-                && g.iter()
-                    .any(|g| g.name == "a" && g.members.contains(&leased.nodes[0])))
-            .then_some(())
-        },
-    )
-    .await;
+    settled_in(&admin, "a", &leased.nodes[0]).await;
     driver.goto(format!("{base}/console/leases")).await.unwrap();
     driver.screenshot(&img("leases")).await.unwrap();
     violations.extend(axe(&driver, "leases (tenant)").await);
@@ -1151,19 +1156,7 @@ async fn the_console_in_chromium_overview_matrix_move_history_roles_and_refusals
         .first()
         .await
         .expect("alice's lease shown released");
-    until(
-        "the node back in the pool",
-        Duration::from_secs(60),
-        || async {
-            let st = admin.status().await.ok()?;
-            let g = admin.groups().await.ok()?;
-            (st.pending_operations == 0
-                && g.iter()
-                    .any(|g| g.name == "pool" && g.members.contains(&leased.nodes[0])))
-            .then_some(())
-        },
-    )
-    .await;
+    settled_in(&admin, "pool", &leased.nodes[0]).await;
     logout(&driver, &base).await;
     // The admin's view: the pool with its holder (bob) and the free node.
     login(&driver, &base, ADMIN).await;

@@ -79,6 +79,18 @@ async fn overview(app: &axum::Router, cookie: &str) -> Answer {
     .await
 }
 
+async fn logout(app: &axum::Router, cookie: &str, csrf: &str) -> Answer {
+    send(
+        app,
+        Request::post("/console/logout")
+            .header(header::COOKIE, cookie)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(format!("csrf={csrf}")))
+            .unwrap(),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_survives_a_controller_restart_and_a_logout_survives_the_next() {
     let dir = tempfile::tempdir().unwrap();
@@ -127,15 +139,7 @@ async fn a_session_survives_a_controller_restart_and_a_logout_survives_the_next(
         .next()
         .unwrap()
         .to_string();
-    let a = send(
-        &app,
-        Request::post("/console/logout")
-            .header(header::COOKIE, &cookie)
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(format!("csrf={csrf}")))
-            .unwrap(),
-    )
-    .await;
+    let a = logout(&app, &cookie, &csrf).await;
     assert_eq!(a.status, StatusCode::SEE_OTHER);
     assert_eq!(a.location.as_deref(), Some("/console/login"));
     drop(app);
@@ -146,15 +150,7 @@ async fn a_session_survives_a_controller_restart_and_a_logout_survives_the_next(
     let a = overview(&app, &cookie).await;
     assert_eq!(a.status, StatusCode::SEE_OTHER);
     assert_eq!(a.location.as_deref(), Some("/console/login"));
-    let a = send(
-        &app,
-        Request::post("/console/logout")
-            .header(header::COOKIE, &cookie)
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(format!("csrf={csrf}")))
-            .unwrap(),
-    )
-    .await;
+    let a = logout(&app, &cookie, &csrf).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     let audit = ctl.state().store.audit(100).unwrap();
     assert!(
