@@ -64,6 +64,17 @@ impl HostReport {
         self.netdevs.iter().find(|n| n.name == name)
     }
 
+    /// The MTU of `port`'s first netdev (IPoIB `ib0`, or the RoCE interface), in bytes.
+    /// The kernel writes no active-MTU file under a port (only the verbs query has it),
+    /// so the netdev's `mtu` is the nearest sysfs has; `None` where the port has no
+    /// netdev.
+    pub fn port_mtu(&self, port: &RdmaPort) -> Option<u32> {
+        port.netdevs
+            .iter()
+            .find_map(|n| self.netdev(n))
+            .map(|n| n.mtu)
+    }
+
     /// The InfiniBand ports of CA devices, in the fabric model's terms (what a controller
     /// merges into its [`weft_fabric::Inventory`]). Ethernet (RoCE) ports are left out: they
     /// have no LID and are not members of InfiniBand partitions.

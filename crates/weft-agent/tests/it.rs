@@ -693,4 +693,19 @@ fn connectx7_host_has_no_roce_ports_and_ipoib_nics() {
             ("ib1", LinkLayer::InfiniBand),
         ]
     );
+    // Each InfiniBand port's rate as sysfs writes it, and its IPoIB netdev's MTU (the
+    // nearest sysfs has to an active MTU).
+    let ports: Vec<_> = report
+        .rdma
+        .iter()
+        .flat_map(|d| d.ports.iter())
+        .map(|p| (p.rate_text.as_deref(), report.port_mtu(p)))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (Some("400 Gb/sec (4X NDR)"), Some(4092)),
+            (Some("400 Gb/sec (4X NDR)"), Some(4092)),
+        ]
+    );
 }

@@ -68,6 +68,8 @@ fn fill(store: &SqliteStore) {
                     num: 1,
                     lid: n as u16 + 1,
                     state: "ACTIVE".into(),
+                    rate: Some("400 Gb/sec (4X NDR)".into()),
+                    mtu: Some(4092),
                 }],
                 &format!("h{n}"),
                 now,

@@ -7,7 +7,8 @@
 //! It is for: looking (Overview, Partitions, History, `/docs`) and one action (a move),
 //! with the same roles as the API: an admin sees and moves everything; a tenant sees its
 //! own groups and their nodes, and is refused every change, as the API refuses it. It is
-//! not for: any state of its own beyond login sessions ([`session`]); everything shown is
+//! not for: any state of its own beyond login sessions ([`session`], kept in the store so
+//! that they survive a restart); everything shown is
 //! read from the controller's store at each request, and a move is the store's
 //! [`Change::Move`], exactly as `POST /v1/moves` makes it.
 //!
@@ -31,13 +32,14 @@
 
 pub mod assets;
 pub mod links;
+pub mod leases;
 pub mod pages;
 pub mod session;
+pub mod sms;
 pub mod view;
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -54,7 +56,7 @@ use weft_controller::model::OpState;
 use weft_controller::store::{AuditLine, Change, Store, StoreError};
 
 use crate::pages::{Nav, Who};
-use crate::session::{Lookup, Session, Sessions};
+use crate::session::{Lookup, Session};
 use crate::view::HistoryFilter;
 
 /// The console's knobs.
@@ -78,17 +80,12 @@ impl Default for ConsoleConfig {
 #[derive(Clone)]
 struct Console {
     app: AppState,
-    sessions: Arc<Sessions>,
     cfg: ConsoleConfig,
 }
 
 /// The console's routes (`/`, `/console/...`, `/docs`), to [`weft_controller::Controller::mount`].
 pub fn router(app: AppState, cfg: ConsoleConfig) -> Router {
-    let state = Console {
-        app,
-        sessions: Arc::new(Sessions::default()),
-        cfg,
-    };
+    let state = Console { app, cfg };
     Router::new()
         .route("/", get(|| async { Redirect::to("/console") }))
         .route("/console", get(overview))
@@ -103,6 +100,7 @@ pub fn router(app: AppState, cfg: ConsoleConfig) -> Router {
         .route("/console/assets/{name}", get(asset))
         .route("/docs", get(docs))
         .route("/console/links", get(links::links_page))
+        .merge(leases::routes())
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(state)
 }
@@ -210,7 +208,8 @@ async fn viewer(c: &Console, headers: &HeaderMap) -> Result<Result<Viewer, NoVie
     let Some(id) = session::cookie_id(headers) else {
         return Ok(Err(NoViewer::Anonymous));
     };
-    let session = match c.sessions.get(&id) {
+    let key = id.clone();
+    let session = match db(c, move |s| session::get(s, &key, now())).await? {
         Lookup::Live(s) => s,
         Lookup::Ended(actor) => return Ok(Err(NoViewer::Ended(actor))),
         Lookup::Unknown => return Ok(Err(NoViewer::Anonymous)),
@@ -224,7 +223,7 @@ async fn viewer(c: &Console, headers: &HeaderMap) -> Result<Result<Viewer, NoVie
         })),
         None => {
             // The token was revoked or ran out: the session ends with it.
-            c.sessions.end(&id);
+            db(c, move |s| session::end(s, &id, now())).await?;
             Ok(Err(NoViewer::Ended(session.actor)))
         }
     }
@@ -351,10 +350,21 @@ async fn login(
         )
             .into_response());
     };
-    let (id, _) = c.sessions.create(hash, p.actor.clone()).map_err(|e| {
-        tracing::warn!(error = %e, "console: no randomness for a session");
-        page_error(StatusCode::INTERNAL_SERVER_ERROR, "cannot make a session")
-    })?;
+    let (id, csrf) = match (session::random_hex(), session::random_hex()) {
+        (Ok(id), Ok(csrf)) => (id, csrf),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "console: no randomness for a session");
+            return Err(page_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot make a session",
+            ));
+        }
+    };
+    let (key, actor) = (id.clone(), p.actor.clone());
+    db(&c, move |s| {
+        session::create(s, &key, csrf, hash, actor, now()).map(|_| ())
+    })
+    .await?;
     let actor = p.actor.clone();
     db(&c, move |s| {
         s.audit_append(
@@ -390,7 +400,8 @@ async fn logout(
     Form(f): Form<CsrfForm>,
 ) -> Result<Response, Response> {
     let v = acting_viewer(&c, &headers, f.csrf.as_deref(), "console.logout", "console").await?;
-    c.sessions.end(&v.session_id);
+    let id = v.session_id.clone();
+    db(&c, move |s| session::end(s, &id, now())).await?;
     let actor = v.principal.actor.clone();
     db(&c, move |s| {
         s.audit_append(

@@ -29,6 +29,8 @@ pub enum Nav {
     None,
     /// Links (link health).
     Links,
+    /// Leases.
+    Leases,
 }
 
 /// Who is logged in, as the header shows it.
@@ -75,6 +77,7 @@ pub fn layout(title: &str, nav: Nav, who: Option<&Who<'_>>, body: Markup) -> Mar
                                 }
                                 (link("/docs", "API docs", Nav::Docs))
                                 (link("/console/links", "Links", Nav::Links))
+                                (link("/console/leases", "Leases", Nav::Leases))
                             }
                         }
                         div.who {
@@ -168,7 +171,9 @@ pub fn nodes_table(
                             }
                             td { (s.group.as_deref().unwrap_or("—")) }
                             td { @if s.ports.is_empty() { "—" } @else { ul { @for p in &s.ports {
-                                li { code { (p.guid) } " " (p.device) "/" (p.num) " LID " (p.lid) " " (p.state) }
+                                li data-port=(p.guid) { code { (p.guid) } " " (p.device) "/" (p.num) " LID " (p.lid) " " (p.state)
+                                     br; span data-rate=(p.rate.as_deref().unwrap_or("")) { (p.rate.as_deref().unwrap_or("rate unknown")) }
+                                     ", " (p.mtu.map_or("no netdev: MTU unknown".to_string(), |m| format!("netdev MTU {m}"))) }
                             } } } }
                             td { @if s.roce.is_empty() { "—" } @else { ul { @for r in &s.roce {
                                 li { (r.device) "/" (r.num) " " (r.rate.as_deref().unwrap_or("rate unknown")) " " (r.state)
@@ -254,6 +259,7 @@ pub fn overview(
         (link_health(&slow, compared))
         @if let Some(st) = status {
             h2 { "Subnet managers" }
+            (crate::sms::table(&st.drift, now))
             table {
                 caption { "What was applied, and whether every SM's file and every port still hold it" }
                 tbody {

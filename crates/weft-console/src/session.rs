@@ -3,18 +3,27 @@
 //! server holds the token's *hash* (so a revoked or expired token ends its sessions at
 //! their next request) and a per-session CSRF token that every form carries.
 //!
-//! Sessions live in memory only: a restart logs everyone out, which is the safe side.
-//! The table is bounded ([`Sessions::MAX`]; the oldest session goes first) and each
-//! session ends after [`Sessions::TTL`]. Ended sessions are remembered (bounded too) so
-//! that a replayed cookie is refused *and audited* under the actor it belonged to, while a
-//! made-up cookie is refused without an audit line (no one can fill the audit log).
+//! Sessions are kept in the controller's store ([`Store::console_session_create`]), so a
+//! controller restart (or a standby taking over the same store) does not log anyone out.
+//! The store keeps only the session id's SHA-256, never the id: whoever reads the store
+//! cannot present a session. At most [`MAX`] are live (the oldest ends first); each ends
+//! after [`TTL`]; logout ends it in the store. Ended sessions are kept until their life is
+//! over, so that a replayed cookie is refused *and audited* under the actor it belonged
+//! to, while a made-up cookie is refused without an audit line (no one can fill the audit
+//! log).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use sha2::Digest;
+use weft_controller::store::{ConsoleSession, Store, StoreError};
 
 /// The cookie's name.
 pub const COOKIE: &str = "weft_session";
+
+/// The most sessions live at once.
+pub const MAX: usize = 1024;
+/// How long a session lasts.
+pub const TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// One logged-in browser.
 #[derive(Debug, Clone)]
@@ -25,8 +34,8 @@ pub struct Session {
     pub csrf: String,
     /// Who, for the audit log (`admin:<id>`, `tenant:<name>:<id>`).
     pub actor: String,
-    /// When it was made.
-    pub created: Instant,
+    /// Unix seconds when it was made.
+    pub created: u64,
 }
 
 /// What a cookie names.
@@ -36,105 +45,73 @@ pub enum Lookup {
     Live(Session),
     /// A session that was logged out or expired; its actor.
     Ended(String),
-    /// Nothing this server made (or forgot).
+    /// Nothing this controller made (or kept).
     Unknown,
 }
 
-/// Every session of this console.
-#[derive(Debug, Default)]
-pub struct Sessions {
-    inner: Mutex<Inner>,
+/// SHA-256 of a session id, hex: what the store keeps.
+fn id_hash(id: &str) -> String {
+    sha2::Sha256::digest(id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    live: HashMap<String, Session>,
-    order: VecDeque<String>,
-    ended: HashMap<String, String>,
-    ended_order: VecDeque<String>,
+/// Keeps a new session with id `id` (random, from [`random_hex`]) and CSRF token `csrf`
+/// for a token whose hash is `token_hash`.
+pub fn create(
+    store: &dyn Store,
+    id: &str,
+    csrf: String,
+    token_hash: String,
+    actor: String,
+    now: u64,
+) -> Result<Session, StoreError> {
+    let row = ConsoleSession {
+        id_hash: id_hash(id),
+        token_hash,
+        csrf,
+        actor,
+        created: now,
+        ended: None,
+    };
+    store.console_session_create(&row, TTL.as_secs(), MAX)?;
+    Ok(Session {
+        token_hash: row.token_hash,
+        csrf: row.csrf,
+        actor: row.actor,
+        created: now,
+    })
 }
 
-impl Inner {
-    fn end(&mut self, id: &str) -> Option<Session> {
-        let s = self.live.remove(id)?;
-        self.order.retain(|o| o != id);
-        self.ended.insert(id.to_string(), s.actor.clone());
-        self.ended_order.push_back(id.to_string());
-        while self.ended_order.len() > Sessions::MAX {
-            if let Some(old) = self.ended_order.pop_front() {
-                self.ended.remove(&old);
-            }
-        }
-        Some(s)
+/// What `id` names at `now` (a session past its life ends here).
+pub fn get(store: &dyn Store, id: &str, now: u64) -> Result<Lookup, StoreError> {
+    let hash = id_hash(id);
+    let Some(row) = store.console_session(&hash)? else {
+        return Ok(Lookup::Unknown);
+    };
+    if row.ended.is_some() {
+        return Ok(Lookup::Ended(row.actor));
     }
+    if now.saturating_sub(row.created) >= TTL.as_secs() {
+        store.console_session_end(&hash, now)?;
+        return Ok(Lookup::Ended(row.actor));
+    }
+    Ok(Lookup::Live(Session {
+        token_hash: row.token_hash,
+        csrf: row.csrf,
+        actor: row.actor,
+        created: row.created,
+    }))
 }
 
-impl Sessions {
-    /// The most sessions held at once (and ended ones remembered).
-    pub const MAX: usize = 1024;
-    /// How long a session lasts.
-    pub const TTL: Duration = Duration::from_secs(12 * 3600);
-
-    /// A new session for a token whose hash is `token_hash`: its id (for the cookie).
-    pub fn create(&self, token_hash: String, actor: String) -> std::io::Result<(String, Session)> {
-        let id = random_hex()?;
-        let session = Session {
-            token_hash,
-            csrf: random_hex()?,
-            actor,
-            created: Instant::now(),
-        };
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        while g.live.len() >= Self::MAX {
-            let Some(old) = g.order.front().cloned() else {
-                break;
-            };
-            g.end(&old);
-        }
-        g.live.insert(id.clone(), session.clone());
-        g.order.push_back(id.clone());
-        Ok((id, session))
-    }
-
-    /// What `id` names now (an expired session ends here).
-    pub fn get(&self, id: &str) -> Lookup {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match g.live.get(id) {
-            Some(s) if s.created.elapsed() < Self::TTL => Lookup::Live(s.clone()),
-            Some(_) => match g.end(id) {
-                Some(s) => Lookup::Ended(s.actor),
-                None => Lookup::Unknown,
-            },
-            None => g
-                .ended
-                .get(id)
-                .map_or(Lookup::Unknown, |a| Lookup::Ended(a.clone())),
-        }
-    }
-
-    /// Ends the session `id` (logout); whether it was live.
-    pub fn end(&self, id: &str) -> bool {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.end(id).is_some()
-    }
-
-    /// Live sessions.
-    pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live
-            .len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+/// Ends the session `id` (logout, a revoked token); whether it was live.
+pub fn end(store: &dyn Store, id: &str, now: u64) -> Result<bool, StoreError> {
+    store.console_session_end(&id_hash(id), now)
 }
 
 /// 32 random bytes from the kernel, in hex.
-fn random_hex() -> std::io::Result<String> {
+pub fn random_hex() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
@@ -158,7 +135,7 @@ pub fn cookie_id(headers: &axum::http::HeaderMap) -> Option<String> {
 pub fn set_cookie(id: &str) -> String {
     format!(
         "{COOKIE}={id}; HttpOnly; Secure; SameSite=Strict; Path=/; Max-Age={}",
-        Sessions::TTL.as_secs()
+        TTL.as_secs()
     )
 }
 
@@ -181,27 +158,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_session_ends_at_logout_and_is_remembered_as_ended() {
-        let s = Sessions::default();
-        let (id, sess) = s.create("h".into(), "admin:x".into()).unwrap();
+    fn a_session_ends_at_logout_and_is_remembered_as_ended_and_the_store_never_holds_its_id() {
+        let store = weft_controller::store::SqliteStore::in_memory().unwrap();
+        let (id, csrf) = (random_hex().unwrap(), random_hex().unwrap());
         assert_eq!(id.len(), 64);
-        assert_ne!(id, sess.csrf);
-        assert!(matches!(s.get(&id), Lookup::Live(_)));
-        assert!(s.end(&id));
-        assert!(matches!(s.get(&id), Lookup::Ended(a) if a == "admin:x"));
-        assert!(!s.end(&id));
-        assert!(matches!(s.get("made-up"), Lookup::Unknown));
+        assert_ne!(id, csrf);
+        create(&store, &id, csrf, "h".into(), "admin:x".into(), 100).unwrap();
+        assert!(matches!(get(&store, &id, 101).unwrap(), Lookup::Live(s) if s.actor == "admin:x"));
+        assert!(
+            store.console_session(&id).unwrap().is_none(),
+            "kept by its hash only"
+        );
+        assert!(end(&store, &id, 102).unwrap());
+        assert!(matches!(get(&store, &id, 103).unwrap(), Lookup::Ended(a) if a == "admin:x"));
+        assert!(!end(&store, &id, 104).unwrap());
+        assert!(matches!(
+            get(&store, "made-up", 105).unwrap(),
+            Lookup::Unknown
+        ));
     }
 
     #[test]
-    fn the_table_is_bounded_and_the_oldest_goes_first() {
-        let s = Sessions::default();
-        let (first, _) = s.create("h".into(), "a".into()).unwrap();
-        for _ in 0..Sessions::MAX {
-            s.create("h".into(), "a".into()).unwrap();
-        }
-        assert_eq!(s.len(), Sessions::MAX);
-        assert!(matches!(s.get(&first), Lookup::Ended(_)));
+    fn a_session_ends_after_its_life() {
+        let store = weft_controller::store::SqliteStore::in_memory().unwrap();
+        create(&store, "s1", "c".into(), "h".into(), "a".into(), 100).unwrap();
+        let later = 100 + TTL.as_secs();
+        assert!(matches!(
+            get(&store, "s1", later - 1).unwrap(),
+            Lookup::Live(_)
+        ));
+        assert!(matches!(
+            get(&store, "s1", later).unwrap(),
+            Lookup::Ended(_)
+        ));
     }
 
     #[test]

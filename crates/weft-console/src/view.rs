@@ -276,6 +276,8 @@ mod tests {
                 num: 1,
                 lid: 1,
                 state: "ACTIVE".into(),
+                rate: None,
+                mtu: None,
             }],
             group: None,
             pending_claims: vec![],

@@ -504,22 +504,29 @@ fn reported_ports(report: &HostReport) -> Vec<ReportedPort> {
         .fabric_ports()
         .into_iter()
         .map(|p| {
-            let (device, state) =
-                report
-                    .port(p.port_guid)
-                    .map_or((String::new(), String::new()), |(d, rp)| {
-                        let text = rp.state.to_string();
-                        let state = text
-                            .split_once(": ")
-                            .map_or(text.clone(), |(_, n)| n.to_string());
-                        (d.name.clone(), state)
-                    });
+            let (device, state, rate, mtu) = report.port(p.port_guid).map_or(
+                (String::new(), String::new(), None, None),
+                |(d, rp)| {
+                    let text = rp.state.to_string();
+                    let state = text
+                        .split_once(": ")
+                        .map_or(text.clone(), |(_, n)| n.to_string());
+                    (
+                        d.name.clone(),
+                        state,
+                        rp.rate_text.clone(),
+                        report.port_mtu(rp),
+                    )
+                },
+            );
             ReportedPort {
                 guid: p.port_guid,
                 device,
                 num: u32::from(p.port_num),
                 lid: p.lid,
                 state,
+                rate,
+                mtu,
             }
         })
         .collect()

@@ -43,6 +43,17 @@ pub struct PortView {
     pub lid: u16,
     /// Port state as the agent saw it (`ACTIVE`).
     pub state: String,
+    /// The port's rate as sysfs writes it (`400 Gb/sec (4X NDR)`); `None` where the
+    /// agent could not read it (the kernel refuses while the speed is unknown).
+    #[serde(default)]
+    #[schema(required = true)]
+    pub rate: Option<String>,
+    /// The MTU of the port's netdev (IPoIB or RoCE), in bytes: sysfs has no active-MTU
+    /// file under a port, so this is the nearest it has; `None` where the port has no
+    /// netdev.
+    #[serde(default)]
+    #[schema(required = true)]
+    pub mtu: Option<u32>,
 }
 
 /// A server (one agent).
@@ -364,6 +375,31 @@ pub struct DriftView {
     pub ports: Vec<String>,
     /// Repairs delivered since the controller started.
     pub repairs: u64,
+    /// Every configured SM as the last file check read it: its role, its file's
+    /// checksum, whether that is the applied file.
+    #[serde(default)]
+    pub sms: Vec<SmView>,
+}
+
+/// One subnet manager, as the drift check last read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SmView {
+    /// Its configured name.
+    pub name: String,
+    /// `master` (the SM the fabric names as master: `sminfo`, or SMInfo at the local
+    /// port's MasterSMLID), `standby` (a configured SM that is not the master), or
+    /// `unknown` (the master could not be read).
+    pub role: String,
+    /// SHA-256 of the partitions file it holds (`None`: it holds none, or it could not
+    /// be read).
+    #[schema(required = true)]
+    pub checksum: Option<String>,
+    /// Whether its file is the applied one.
+    pub agrees: bool,
+    /// Why its file or the master could not be read, when it could not.
+    #[schema(required = true)]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/agents/enroll`.

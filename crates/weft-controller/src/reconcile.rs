@@ -246,6 +246,12 @@ pub trait Fabric: Send + Sync + 'static {
     fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
         Vec::new()
     }
+    /// The name of the SM (among [`Fabric::sm_files`]' names) the fabric runs on, as the
+    /// fabric reports its master (`sminfo`): `Ok(None)` when the master is none of them,
+    /// `Err` when it cannot be asked. Blocking.
+    fn master_sm(&self) -> Result<Option<String>, String> {
+        Err("this fabric cannot name its master SM".into())
+    }
     /// The ports whose P_Key tables differ from what `conf` programs, one line each;
     /// `Ok(None)` when this fabric has no ports to read. Blocking.
     fn port_drift(&self, _conf: &str) -> Result<Option<Vec<String>>, String> {
@@ -306,6 +312,16 @@ impl Fabric for OpenSmFabric {
 
     fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
         self.applier.diag.uplinks().map_err(|e| e.to_string())
+    }
+
+    fn master_sm(&self) -> Result<Option<String>, String> {
+        let master = self.applier.diag.master_sm().map_err(|e| e.to_string())?;
+        Ok(self
+            .applier
+            .sms
+            .iter()
+            .find(|s| s.port_guid() == master)
+            .map(|s| s.name().to_string()))
     }
 
     fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {
@@ -432,6 +448,10 @@ impl Fabric for RecordingFabric {
         } else {
             Vec::new()
         }
+    }
+
+    fn master_sm(&self) -> Result<Option<String>, String> {
+        Ok(self.plays_sm.then(|| "master".to_string()))
     }
 
     fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
@@ -737,6 +757,8 @@ async fn check_drift(
         let (mut files, mut unreadable) = (Vec::new(), Vec::new());
         let sms = f.sm_files();
         let any_sm = !sms.is_empty();
+        let master = if any_sm { f.master_sm() } else { Ok(None) };
+        let views = sm_views(&sms, &master, &want);
         for (name, file) in sms {
             match file {
                 Ok(Some(t)) if weft_opensm::checksum(t.as_bytes()) == want => {}
@@ -768,10 +790,10 @@ async fn check_drift(
             // Nothing to read (no fabric): no verdict.
             return Ok(None);
         }
-        Ok::<_, String>(Some((files, unreadable, port_lines)))
+        Ok::<_, String>(Some((files, unreadable, port_lines, views)))
     })
     .await;
-    let (files, unreadable, port_lines) = match found {
+    let (files, unreadable, port_lines, sms) = match found {
         Ok(Ok(Some(v))) => v,
         Ok(Ok(None)) => return false,
         Ok(Err(e)) => {
@@ -789,6 +811,7 @@ async fn check_drift(
         v.files_checked_at = Some(now());
         v.files = files;
         v.unreadable = unreadable;
+        v.sms = sms;
         if let Some(p) = port_lines {
             v.ports_checked_at = Some(now());
             v.ports = p;
@@ -845,6 +868,42 @@ async fn check_drift(
         .await;
     }
     drifted
+}
+
+/// Each SM's role, checksum and agreement with the applied file (checksum `want`), from
+/// what [`Fabric::sm_files`] and [`Fabric::master_sm`] read.
+pub fn sm_views(
+    sms: &[(String, Result<Option<String>, String>)],
+    master: &Result<Option<String>, String>,
+    want: &str,
+) -> Vec<crate::model::SmView> {
+    sms.iter()
+        .map(|(name, file)| {
+            let role = match master {
+                Ok(Some(m)) if m == name => "master",
+                Ok(_) => "standby",
+                Err(_) => "unknown",
+            };
+            let (checksum, file_error) = match file {
+                Ok(Some(t)) => (Some(weft_opensm::checksum(t.as_bytes())), None),
+                Ok(None) => (None, None),
+                Err(e) => (None, Some(e.clone())),
+            };
+            let error = file_error.or_else(|| {
+                master
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("the master cannot be read: {e}"))
+            });
+            crate::model::SmView {
+                name: name.clone(),
+                role: role.to_string(),
+                agrees: checksum.as_deref() == Some(want),
+                checksum,
+                error,
+            }
+        })
+        .collect()
 }
 
 fn short(checksum: &str) -> &str {
@@ -1215,5 +1274,27 @@ mod tests {
         assert_eq!(backoff(2, max), Duration::from_millis(500));
         assert_eq!(backoff(3, max), Duration::from_millis(1000));
         assert_eq!(backoff(40, max), max);
+    }
+
+    #[test]
+    fn each_sm_gets_its_role_checksum_and_agreement() {
+        let want = weft_opensm::checksum(b"a");
+        let sms = vec![
+            ("sm-a".to_string(), Ok(Some("a".to_string()))),
+            ("sm-b".to_string(), Ok(Some("b".to_string()))),
+            ("sm-c".to_string(), Err("host unreachable".to_string())),
+            ("sm-d".to_string(), Ok(None)),
+        ];
+        let v = sm_views(&sms, &Ok(Some("sm-b".into())), &want);
+        let roles: Vec<&str> = v.iter().map(|s| s.role.as_str()).collect();
+        assert_eq!(roles, ["standby", "master", "standby", "standby"]);
+        let agrees: Vec<bool> = v.iter().map(|s| s.agrees).collect();
+        assert_eq!(agrees, [true, false, false, false]);
+        assert_eq!(v[0].checksum.as_deref(), Some(want.as_str()));
+        assert_eq!(v[2].error.as_deref(), Some("host unreachable"));
+        assert_eq!(v[3].checksum, None);
+        let v = sm_views(&sms[..1], &Err("no SMP".into()), &want);
+        assert_eq!(v[0].role, "unknown");
+        assert!(v[0].error.as_deref().unwrap().contains("no SMP"));
     }
 }

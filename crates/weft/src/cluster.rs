@@ -1055,15 +1055,7 @@ async fn client_command(
                                     s.liveness.as_str().to_string(),
                                     since(s.last_seen),
                                     s.group.clone().unwrap_or_else(|| "-".into()),
-                                    if s.ports.is_empty() {
-                                        "-".into()
-                                    } else {
-                                        s.ports
-                                            .iter()
-                                            .map(|p| p.guid.to_string())
-                                            .collect::<Vec<_>>()
-                                            .join(" ")
-                                    },
+                                    node_ports(s),
                                     node_roce(s),
                                     node_nics(s),
                                     node_gpus(s),
@@ -1341,12 +1333,28 @@ async fn client_command(
 /// `rocep1s0f0/1 200G ACTIVE`, space-joined; `-` for none.
 fn node_roce(s: &weft_controller::model::ServerView) -> String {
     dash_join(s.roce.iter().map(|r| {
-        let rate = r
-            .rate
-            .as_deref()
-            .and_then(|t| t.split_whitespace().next())
-            .map_or("?".to_string(), |g| format!("{g}G"));
-        format!("{}/{} {rate} {}", r.device, r.num, r.state)
+        format!(
+            "{}/{} {} {}",
+            r.device,
+            r.num,
+            rate_text(r.rate.as_deref()),
+            r.state
+        )
+    }))
+}
+
+/// `400G` from sysfs's `400 Gb/sec (4X NDR)`; `?` when unknown.
+fn rate_text(rate: Option<&str>) -> String {
+    rate.and_then(|t| t.split_whitespace().next())
+        .map_or("?".to_string(), |g| format!("{g}G"))
+}
+
+/// `0x0002c90300000101 400G/4092`: each InfiniBand port's GUID, rate and its netdev's
+/// MTU (`-` where it has no netdev), space-joined; `-` for none.
+fn node_ports(s: &weft_controller::model::ServerView) -> String {
+    dash_join(s.ports.iter().map(|p| {
+        let mtu = p.mtu.map_or("-".to_string(), |m| m.to_string());
+        format!("{} {}/{mtu}", p.guid, rate_text(p.rate.as_deref()))
     }))
 }
 
@@ -1429,6 +1437,34 @@ mod tests {
             "enP2p1s0f0np0 200G/9000 enP7s7 1G/1500 enp1s0f0np0 200G/9000"
         );
         assert_eq!(super::node_gpus(&s), "NVIDIA GB10");
+        assert_eq!(super::node_ports(&s), "-");
+        let ib = weft_controller::model::ServerView {
+            ports: vec![
+                weft_controller::model::PortView {
+                    guid: weft_fabric::Guid(0x0002_c903_0000_0101),
+                    device: "mlx5_0".into(),
+                    num: 1,
+                    lid: 3,
+                    state: "ACTIVE".into(),
+                    rate: Some("400 Gb/sec (4X NDR)".into()),
+                    mtu: Some(4092),
+                },
+                weft_controller::model::PortView {
+                    guid: weft_fabric::Guid(0x0002_c903_0000_0102),
+                    device: "mlx5_1".into(),
+                    num: 1,
+                    lid: 4,
+                    state: "ACTIVE".into(),
+                    rate: None,
+                    mtu: None,
+                },
+            ],
+            ..s
+        };
+        assert_eq!(
+            super::node_ports(&ib),
+            "0x0002c90300000101 400G/4092 0x0002c90300000102 ?/-"
+        );
         assert_eq!(super::mbps_text(2500), "2.5G");
         assert_eq!(super::mbps_text(100), "100M");
     }

@@ -7,12 +7,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa_axum::{router::OpenApiRouter, routes};
-use weft_lease::{Ask, Quota, Refusal};
+use weft_lease::{Quota, Refusal};
 
 use super::model::*;
-use super::{LeaseError, decision_view, view};
+use super::{LeaseError, decision_view, tenant_of, view};
 use crate::api::{Agent, ApiError, ApiResult, AppState, Body, Param, admin, bad, db, now};
-use crate::auth::{Principal, Role};
+use crate::auth::Principal;
 use crate::model::ErrorBody;
 use crate::openapi::{AdminOnly, Authed, BodyErrors, Conflicting, Invalid, Missing};
 
@@ -40,15 +40,8 @@ impl From<LeaseError> for ApiError {
             LeaseError::Refused(r @ Refusal::Invalid(_)) => ApiError::BadRequest(r.to_string()),
             LeaseError::Store(s) => s.into(),
             e @ LeaseError::Task(_) => ApiError::Internal(e.to_string()),
+            LeaseError::Forbidden(why) => ApiError::Forbidden(why),
         }
-    }
-}
-
-/// The tenant a principal leases as, `None` for an admin.
-fn tenant_of(p: &Principal) -> Option<String> {
-    match &p.role {
-        Role::Admin => None,
-        Role::Tenant(t) => Some(t.clone()),
     }
 }
 
@@ -81,48 +74,7 @@ fn accepted(stepped: super::Stepped<u64>, at: u64) -> ApiResult<Json<LeaseAccept
 )]
 async fn list_leases(State(state): State<AppState>, p: Principal) -> ApiResult<Json<LeaseList>> {
     let book = state.leases.book().await?;
-    let mut leases: Vec<LeaseView> = book
-        .leases
-        .values()
-        .rev()
-        .filter(|l| p.can_read_tenant(&l.tenant))
-        .map(|l| view(&book, l))
-        .collect();
-    leases.truncate(1000);
-    let queue = book
-        .queue()
-        .into_iter()
-        .filter(|id| {
-            book.leases
-                .get(id)
-                .is_some_and(|l| p.can_read_tenant(&l.tenant))
-        })
-        .collect();
-    let holder = |name: &str| {
-        book.leases
-            .values()
-            .find(|l| l.phase.live() && l.nodes.iter().any(|n| n == name))
-            .map(|l| l.id)
-    };
-    let pool = if p.is_admin() {
-        book.pool
-            .iter()
-            .map(|n| PoolNodeView {
-                name: n.name.clone(),
-                switch: n.switch.clone(),
-                lease: holder(&n.name),
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    Ok(Json(LeaseList {
-        leases,
-        queue,
-        pool,
-        pool_size: book.pool.len(),
-        pool_free: book.free().len(),
-    }))
+    Ok(Json(super::list(&book, &p)))
 }
 
 /// Requests nodes from the pool (a tenant token): granted now, queued with its position,
@@ -140,28 +92,7 @@ async fn request_lease(
     p: Principal,
     Body(req): Body<LeaseRequest>,
 ) -> ApiResult<Json<LeaseAccepted>> {
-    let Some(tenant) = tenant_of(&p) else {
-        return Err(ApiError::Forbidden(
-            "a lease is requested with a tenant's token".into(),
-        ));
-    };
-    if req.nodes == 0 {
-        return Err(bad("nodes: a lease needs at least one node".into()));
-    }
-    if req.duration_s == 0 {
-        return Err(bad("duration_s: a lease needs at least one second".into()));
-    }
-    let ask = Ask {
-        tenant,
-        nodes: req.nodes,
-        duration_s: req.duration_s,
-        start: req.start,
-        same_switch: req.same_switch,
-    };
-    let stepped = state
-        .leases
-        .step(&p.actor, move |b, now| Ok(b.request(now, ask)))
-        .await?;
+    let stepped = state.leases.request(&p, req).await?;
     accepted(stepped, now())
 }
 
@@ -234,13 +165,7 @@ async fn release_lease(
     p: Principal,
     Param(id): Param<u64>,
 ) -> ApiResult<Json<LeaseAccepted>> {
-    let tenant = tenant_of(&p);
-    let stepped = state
-        .leases
-        .step(&p.actor, move |b, now| {
-            b.release(now, id, tenant.as_deref()).map(|d| (id, d))
-        })
-        .await?;
+    let stepped = state.leases.release(&p, id).await?;
     accepted(stepped, now())
 }
 

@@ -34,7 +34,7 @@ use crate::store::{Change, LeaseCommit, Store, StoreError};
 pub mod api;
 pub mod model;
 
-use model::{LeaseDecisionView, LeaseView};
+use model::{LeaseDecisionView, LeaseList, LeaseRequest, LeaseView, PoolNodeView};
 
 /// The lease loop's knobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +72,9 @@ pub enum LeaseError {
     /// The blocking task.
     #[error("lease task: {0}")]
     Task(String),
+    /// Not for this principal (an admin requesting: leases are requested by a tenant).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// What one step did: its result, its decisions and the operations of its moves.
@@ -267,6 +270,62 @@ pub fn view(book: &Book, l: &Lease) -> LeaseView {
     }
 }
 
+/// What `p` may see of `book` (`GET /v1/leases`, the console's Leases page): its leases
+/// (every lease for an admin), newest first, at most 1000; the queue positions of those;
+/// the pool with each node's holder for an admin, only the counts for a tenant.
+pub fn list(book: &Book, p: &crate::auth::Principal) -> LeaseList {
+    let mut leases: Vec<LeaseView> = book
+        .leases
+        .values()
+        .rev()
+        .filter(|l| p.can_read_tenant(&l.tenant))
+        .map(|l| view(book, l))
+        .collect();
+    leases.truncate(1000);
+    let queue = book
+        .queue()
+        .into_iter()
+        .filter(|id| {
+            book.leases
+                .get(id)
+                .is_some_and(|l| p.can_read_tenant(&l.tenant))
+        })
+        .collect();
+    let holder = |name: &str| {
+        book.leases
+            .values()
+            .find(|l| l.phase.live() && l.nodes.iter().any(|n| n == name))
+            .map(|l| l.id)
+    };
+    let pool = if p.is_admin() {
+        book.pool
+            .iter()
+            .map(|n| PoolNodeView {
+                name: n.name.clone(),
+                switch: n.switch.clone(),
+                lease: holder(&n.name),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    LeaseList {
+        leases,
+        queue,
+        pool,
+        pool_size: book.pool.len(),
+        pool_free: book.free().len(),
+    }
+}
+
+/// The tenant a principal leases as, `None` for an admin.
+pub(crate) fn tenant_of(p: &crate::auth::Principal) -> Option<String> {
+    match &p.role {
+        crate::auth::Role::Admin => None,
+        crate::auth::Role::Tenant(t) => Some(t.clone()),
+    }
+}
+
 /// A decision as the API shows it.
 pub fn decision_view(at: u64, d: &Decision) -> LeaseDecisionView {
     LeaseDecisionView {
@@ -310,6 +369,54 @@ impl Leases {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// A tenant's request for nodes from the pool (`POST /v1/leases`, the console's
+    /// form), as `p`: granted, queued, waiting for its start or refused, in one step.
+    /// An admin is refused ([`LeaseError::Forbidden`]); no nodes or no time is
+    /// [`Refusal::Invalid`].
+    pub async fn request(
+        &self,
+        p: &crate::auth::Principal,
+        req: LeaseRequest,
+    ) -> Result<Stepped<u64>, LeaseError> {
+        let Some(tenant) = tenant_of(p) else {
+            return Err(LeaseError::Forbidden(
+                "a lease is requested with a tenant's token".into(),
+            ));
+        };
+        if req.nodes == 0 {
+            return Err(Refusal::Invalid("nodes: a lease needs at least one node".into()).into());
+        }
+        if req.duration_s == 0 {
+            return Err(
+                Refusal::Invalid("duration_s: a lease needs at least one second".into()).into(),
+            );
+        }
+        let ask = weft_lease::Ask {
+            tenant,
+            nodes: req.nodes,
+            duration_s: req.duration_s,
+            start: req.start,
+            same_switch: req.same_switch,
+        };
+        self.step(&p.actor, move |b, now| Ok(b.request(now, ask)))
+            .await
+    }
+
+    /// Gives lease `id` back, as `p` (its tenant, or an admin): a queued one leaves the
+    /// queue, one that holds nodes moves them back to the pool now. Another tenant's
+    /// lease is refused as one that does not exist.
+    pub async fn release(
+        &self,
+        p: &crate::auth::Principal,
+        id: u64,
+    ) -> Result<Stepped<u64>, LeaseError> {
+        let tenant = tenant_of(p);
+        self.step(&p.actor, move |b, now| {
+            b.release(now, id, tenant.as_deref()).map(|d| (id, d))
+        })
+        .await
     }
 
     /// The book now (for the API's views).

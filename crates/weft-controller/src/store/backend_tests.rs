@@ -62,6 +62,8 @@ fn port(g: u64) -> ReportedPort {
         num: 1,
         lid: 3,
         state: "ACTIVE".into(),
+        rate: Some("400 Gb/sec (4X NDR)".into()),
+        mtu: Some(4092),
     }
 }
 
@@ -197,6 +199,23 @@ fn a_guid_another_server_owns_is_held_pending_until_approved() {
             let node2 = servers.iter().find(|v| v.name == "node2").unwrap();
             assert_eq!(node2.ports.len(), 2);
             assert!(node2.pending_claims.is_empty());
+            // Each port's rate and netdev MTU are kept as reported, and a report that
+            // changes them changes them.
+            assert_eq!(node2.ports[0].rate.as_deref(), Some("400 Gb/sec (4X NDR)"));
+            assert_eq!(node2.ports[0].mtu, Some(4092));
+            let slow = ReportedPort {
+                rate: Some("200 Gb/sec (4X HDR)".into()),
+                mtu: None,
+                ..port(0x201)
+            };
+            s.report("node2", &[port(0x101), slow], "h2c", 6).unwrap();
+            let servers = s.servers(6, 30).unwrap();
+            let node2 = servers.iter().find(|v| v.name == "node2").unwrap();
+            let p = node2.ports.iter().find(|p| p.guid == Guid(0x201)).unwrap();
+            assert_eq!(
+                (p.rate.as_deref(), p.mtu),
+                (Some("200 Gb/sec (4X HDR)"), None)
+            );
         },
     );
 }
@@ -571,4 +590,46 @@ fn link_runs_are_kept_newest_first_and_bounded() {
         out.push(format!("{:?}", s.link_runs(2).unwrap()));
         out
     });
+}
+
+/// Console sessions outlive the process (they are rows), end at logout, are bounded (the
+/// oldest live one ends first) and forgotten after their life.
+#[test]
+fn console_sessions_are_kept_ended_bounded_and_forgotten_after_their_life() {
+    each_backend(
+        "console_sessions_are_kept_ended_bounded_and_forgotten_after_their_life",
+        |s| {
+            let session = |id: &str, created: u64| ConsoleSession {
+                id_hash: format!("h-{id}"),
+                token_hash: "t".into(),
+                csrf: format!("c-{id}"),
+                actor: "admin:x".into(),
+                created,
+                ended: None,
+            };
+            s.console_session_create(&session("a", 100), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-a").unwrap(), Some(session("a", 100)));
+            assert_eq!(s.console_session("h-zz").unwrap(), None);
+            assert!(s.console_session_end("h-a", 150).unwrap());
+            assert!(!s.console_session_end("h-a", 160).unwrap());
+            assert_eq!(s.console_session("h-a").unwrap().unwrap().ended, Some(150));
+            // Two live at most: the third ends the oldest.
+            s.console_session_create(&session("b", 200), 1000, 2)
+                .unwrap();
+            s.console_session_create(&session("c", 300), 1000, 2)
+                .unwrap();
+            s.console_session_create(&session("d", 400), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-b").unwrap().unwrap().ended, Some(400));
+            assert_eq!(s.console_session("h-c").unwrap().unwrap().ended, None);
+            assert_eq!(s.console_session("h-d").unwrap().unwrap().ended, None);
+            // Past their life (1000 s), they are forgotten at the next login.
+            s.console_session_create(&session("e", 1250), 1000, 2)
+                .unwrap();
+            assert_eq!(s.console_session("h-a").unwrap(), None);
+            assert_eq!(s.console_session("h-b").unwrap(), None);
+            assert!(s.console_session("h-c").unwrap().is_some());
+        },
+    );
 }

@@ -60,6 +60,12 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0009_link_runs.sql"),
         postgres: Some(include_str!("migrations/postgres/0009_link_runs.sql")),
     },
+    Step {
+        sqlite: include_str!("migrations/0010_ports_and_console_sessions.sql"),
+        postgres: Some(include_str!(
+            "migrations/postgres/0010_ports_and_console_sessions.sql"
+        )),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

@@ -173,6 +173,10 @@ pub struct ReportedPort {
     pub lid: u16,
     /// State.
     pub state: String,
+    /// Rate as sysfs writes it.
+    pub rate: Option<String>,
+    /// The MTU of the port's netdev.
+    pub mtu: Option<u32>,
 }
 
 /// What was last delivered and verified.
@@ -495,4 +499,34 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<crate::links::LinkRunView>;
     /// The newest `limit` runs of link measurements, newest first.
     fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>>;
+    /// Keeps a new web-console session; sessions created more than `ttl_s` before it are
+    /// forgotten, and beyond `max_live` live ones the oldest end.
+    fn console_session_create(
+        &self,
+        session: &ConsoleSession,
+        ttl_s: u64,
+        max_live: usize,
+    ) -> Result<()>;
+    /// The console session whose id hashes to `id_hash` (live or ended), if kept.
+    fn console_session(&self, id_hash: &str) -> Result<Option<ConsoleSession>>;
+    /// Ends a console session (logout, expiry, a revoked token); whether it was live.
+    fn console_session_end(&self, id_hash: &str, now: u64) -> Result<bool>;
+}
+
+/// A web-console session as the store keeps it: never the session id itself (the cookie
+/// holds it), only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleSession {
+    /// SHA-256 of the session id, hex.
+    pub id_hash: String,
+    /// SHA-256 of the API token it logged in with (looked up at every request).
+    pub token_hash: String,
+    /// The CSRF token its forms carry.
+    pub csrf: String,
+    /// Who, for the audit log.
+    pub actor: String,
+    /// Unix seconds when it began.
+    pub created: u64,
+    /// Unix seconds when it ended, if it did.
+    pub ended: Option<u64>,
 }

@@ -461,6 +461,9 @@ fn the_controller_over_ssh_survives_kill_9_a_standby_host_down_and_a_master_sm_f
             && table.contains("0x0002c90300000301"),
         "{table}"
     );
+    // Each port with the rate its agent read from sysfs (`400G`), then its netdev's MTU
+    // (`-`: these fixture ports have none).
+    assert!(table.contains("0x0002c90300000301 400G/-"), "{table}");
 
     let alice = ok(weft(d, &env, &["tenant", "create", "alice"]))
         .trim()

@@ -111,6 +111,7 @@ pub(super) fn report(
         }
         for p in ports {
             let (guid, pnum, lid) = (guid_to_sql(p.guid), i64::from(p.num), i64::from(p.lid));
+            let mtu = p.mtu.map(i64::from);
             match port_owner(tx, p.guid)? {
                 Some(o) if o != server => {
                     let pending = tx
@@ -138,14 +139,14 @@ pub(super) fn report(
                 }
                 Some(_) => {
                     tx.execute(
-                        "UPDATE ports SET device = $2, num = $3, lid = $4, state = $5 WHERE guid = $1",
-                        &[&guid, &p.device, &pnum, &lid, &p.state],
+                        "UPDATE ports SET device = $2, num = $3, lid = $4, state = $5, rate = $6, mtu = $7 WHERE guid = $1",
+                        &[&guid, &p.device, &pnum, &lid, &p.state, &p.rate, &mtu],
                     )?;
                 }
                 None => {
                     tx.execute(
-                        "INSERT INTO ports (guid, server, device, num, lid, state) VALUES ($1, $2, $3, $4, $5, $6)",
-                        &[&guid, &server, &p.device, &pnum, &lid, &p.state],
+                        "INSERT INTO ports (guid, server, device, num, lid, state, rate, mtu) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                        &[&guid, &server, &p.device, &pnum, &lid, &p.state, &p.rate, &mtu],
                     )?;
                 }
             }
@@ -225,7 +226,7 @@ pub(super) fn servers(
         };
         let ports = tx
             .query(
-                "SELECT guid, device, num, lid, state FROM ports WHERE server = $1 ORDER BY device, num",
+                "SELECT guid, device, num, lid, state, rate, mtu FROM ports WHERE server = $1 ORDER BY device, num",
                 &[&name],
             )?
             .iter()
@@ -236,6 +237,11 @@ pub(super) fn servers(
                     num: num(r.try_get(2)?, "port number")?,
                     lid: num(r.try_get(3)?, "LID")?,
                     state: r.try_get(4)?,
+                    rate: r.try_get(5)?,
+                    mtu: r
+                        .try_get::<_, Option<i64>>(6)?
+                        .map(|m| num(m, "MTU"))
+                        .transpose()?,
                 })
             })
             .collect::<Result<_>>()?;

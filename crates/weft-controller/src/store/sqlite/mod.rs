@@ -22,6 +22,7 @@ use crate::store::{
 
 mod audit;
 mod backup;
+mod console;
 mod fencing;
 mod groups;
 mod leases;
@@ -612,6 +613,23 @@ impl Store for SqliteStore {
 
     fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>> {
         self.tx(|tx| links::newest(tx, limit))
+    }
+
+    fn console_session_create(
+        &self,
+        session: &crate::store::ConsoleSession,
+        ttl_s: u64,
+        max_live: usize,
+    ) -> Result<()> {
+        self.tx(|tx| console::create(tx, session, ttl_s, max_live))
+    }
+
+    fn console_session(&self, id_hash: &str) -> Result<Option<crate::store::ConsoleSession>> {
+        self.tx(|tx| console::get(tx, id_hash))
+    }
+
+    fn console_session_end(&self, id_hash: &str, now: u64) -> Result<bool> {
+        self.tx(|tx| console::end(tx, id_hash, now))
     }
 }
 

@@ -132,14 +132,14 @@ pub(super) fn report(
                 }
                 Some(_) => {
                     tx.execute(
-                        "UPDATE ports SET device = ?2, num = ?3, lid = ?4, state = ?5 WHERE guid = ?1",
-                        params![guid_to_sql(p.guid), p.device, p.num, p.lid, p.state],
+                        "UPDATE ports SET device = ?2, num = ?3, lid = ?4, state = ?5, rate = ?6, mtu = ?7 WHERE guid = ?1",
+                        params![guid_to_sql(p.guid), p.device, p.num, p.lid, p.state, p.rate, p.mtu],
                     )?;
                 }
                 None => {
                     tx.execute(
-                        "INSERT INTO ports (guid, server, device, num, lid, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                        params![guid_to_sql(p.guid), server, p.device, p.num, p.lid, p.state],
+                        "INSERT INTO ports (guid, server, device, num, lid, state, rate, mtu) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        params![guid_to_sql(p.guid), server, p.device, p.num, p.lid, p.state, p.rate, p.mtu],
                     )?;
                 }
             }
@@ -219,9 +219,9 @@ pub(super) fn servers(tx: &Transaction, now: u64, stale_after_s: u64) -> Result<
             Some(_) => Liveness::Ok,
         };
         let ports = tx
-            .prepare("SELECT guid, device, num, lid, state FROM ports WHERE server = ?1 ORDER BY device, num")?
+            .prepare("SELECT guid, device, num, lid, state, rate, mtu FROM ports WHERE server = ?1 ORDER BY device, num")?
             .query_map([&name], |r| {
-                Ok(PortView { guid: guid_from_sql(r.get(0)?), device: r.get(1)?, num: r.get(2)?, lid: r.get(3)?, state: r.get(4)? })
+                Ok(PortView { guid: guid_from_sql(r.get(0)?), device: r.get(1)?, num: r.get(2)?, lid: r.get(3)?, state: r.get(4)?, rate: r.get(5)?, mtu: r.get(6)? })
             })?
             .collect::<Result<_, _>>()?;
         let pending_claims = tx
