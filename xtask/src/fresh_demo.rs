@@ -17,6 +17,9 @@
 //! 5. `cargo xtask demo` itself, built and installed, offline with no network: its veths,
 //!    namespaces, sshds and ports are the container's own, never this machine's.
 //!
+//! Where this machine trusts local CA certificates (`/usr/local/share/ca-certificates`: a
+//! site's proxy to the registries), the container trusts them too.
+//!
 //! The container and its root are removed at the end, also when a step fails or runs past
 //! its bound; nothing is mounted outside the container's own mount namespace.
 
@@ -71,12 +74,13 @@ pub fn run(repo: &Path) -> Result<()> {
     crate::deb::debootstrap(&root.0, USER_PACKAGES)?;
     times.push(("a minimal Debian with gcc, curl (debootstrap)", t.elapsed()));
     copy_tree(repo, &root.0.join(REPO.trim_start_matches('/')))?;
+    let local_cas = copy_local_cas(&root.0)?;
 
     let steps = [
         Step {
             name: "rustup's stable toolchain (network)",
             script: format!(
-                "curl --proto '=https' --tlsv1.2 -sSf {RUSTUP_INIT} -o /tmp/rustup-init && chmod +x /tmp/rustup-init && /tmp/rustup-init -y --quiet --profile minimal --default-toolchain stable && rustc --version"
+                "update-ca-certificates >/dev/null && curl --proto '=https' --tlsv1.2 -sSf {RUSTUP_INIT} -o /tmp/rustup-init && chmod +x /tmp/rustup-init && /tmp/rustup-init -y --quiet --profile minimal --default-toolchain stable && rustc --version"
             ),
             network: true,
             limit: Duration::from_secs(15 * 60),
@@ -121,6 +125,11 @@ pub fn run(repo: &Path) -> Result<()> {
     println!("\ncargo xtask fresh-demo: commit {commit}, {machine}");
     println!("container: systemd-nspawn --cpu-affinity=0-1 on a debootstrapped minimal Debian");
     println!("load average before: {load_before}; after: {load_after}");
+    if local_cas > 0 {
+        println!(
+            "this machine's {local_cas} local CA certificate(s) (/usr/local/share/ca-certificates) trusted in the container too"
+        );
+    }
     for (name, took) in &times {
         println!("  {:>8}  {name}", mmss(*took));
     }
@@ -142,6 +151,10 @@ fn in_container(root: &Path, step: &Step) -> Result<()> {
         "--setenv=HOME=/root",
         "--setenv=PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "--setenv=DEBIAN_FRONTEND=noninteractive",
+        // Debian's bundle (this machine's local CAs added: `copy_local_cas`) for every
+        // client, pip's own copy of certifi included.
+        "--setenv=SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+        "--setenv=PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
     ]);
     cmd.arg(format!("--chdir={REPO}"));
     if step.network {
@@ -216,6 +229,29 @@ fn copy_tree(repo: &Path, dest: &Path) -> Result<()> {
         bail!("git archive HEAD | tar -x into {} failed", dest.display());
     }
     Ok(())
+}
+
+/// This machine's local CA certificates (`/usr/local/share/ca-certificates`, what a site
+/// adds to Debian's bundle, e.g. for a TLS-inspecting proxy on the way to the registries)
+/// copied into the container, where `update-ca-certificates` adds them to its bundle as
+/// here; how many. None on most machines.
+fn copy_local_cas(root: &Path) -> Result<usize> {
+    let from = Path::new("/usr/local/share/ca-certificates");
+    let to = root.join("usr/local/share/ca-certificates");
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(0);
+    };
+    std::fs::create_dir_all(&to)?;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "crt") && p.is_file() {
+            std::fs::copy(&p, to.join(e.file_name()))
+                .with_context(|| format!("cannot copy {} into the container", p.display()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 fn git_head(repo: &Path) -> Result<String> {
