@@ -52,6 +52,11 @@ pub(crate) const STEPS: &[Step] = &[
         sqlite: include_str!("migrations/0007_server_links.sql"),
         postgres: Some(include_str!("migrations/postgres/0007_server_links.sql")),
     },
+    // Step 11: steps 8 to 10 come from other branches; merged, this one goes after them.
+    Step {
+        sqlite: include_str!("migrations/0011_audit_prune.sql"),
+        postgres: Some(include_str!("migrations/postgres/0011_audit_prune.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.
