@@ -30,8 +30,10 @@ use crate::{cargo, run};
 
 /// The package's name and the version of the workspace.
 const PACKAGE: &str = "weft";
-/// The package's maintainer (`Maintainer:` and the changelog's trailer line).
-const MAINTAINER: &str = "weft developers <weft-developers@lists.weft.dev>";
+/// The package's maintainer (`Maintainer:` and the changelog's trailer line): the
+/// workspace's `authors` in Cargo.toml (one entry, the identity the commits use), its one
+/// source.
+const MAINTAINER: &str = env!("CARGO_PKG_AUTHORS");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MULTIARCH: &str = "x86_64-linux-gnu";
 
@@ -49,6 +51,12 @@ pub enum Build {
 
 /// Builds the package; returns its path.
 pub fn build(root: &Path, how: Build) -> Result<PathBuf> {
+    // Cargo joins several authors with ':'; a package has one maintainer.
+    if MAINTAINER.contains(':') || !MAINTAINER.contains('<') {
+        bail!(
+            "the workspace's `authors` in Cargo.toml must be one \"Name <address>\", the package's maintainer; it is {MAINTAINER:?}"
+        );
+    }
     let release = how == Build::Release;
     if how != Build::Prebuilt {
         let mut cmd = cargo();
@@ -289,20 +297,24 @@ pub fn lintian(deb: &Path) -> Result<()> {
     Ok(())
 }
 
-fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
+/// A minimal Debian (`debootstrap --variant=minbase`) of this machine's release in `chroot`,
+/// from the mirror this machine's apt uses, with the packages of `include` as well.
+pub(crate) fn debootstrap(chroot: &Path, include: &[&str]) -> Result<()> {
     let suite = os_codename()?;
     let mirror = apt_mirror(&suite)?;
     eprintln!("xtask: debootstrap {suite} from the mirror apt uses");
     run(Command::new("debootstrap")
-        // systemd's own units, so that `systemd-analyze verify` checks ours against them, and
-        // what booting it with systemd as PID 1 needs
-        .args([
-            "--variant=minbase",
-            "--include=systemd,systemd-sysv,dbus",
-            &suite,
-        ])
+        .arg("--variant=minbase")
+        .arg(format!("--include={}", include.join(",")))
+        .arg(&suite)
         .arg(chroot)
-        .arg(&mirror))?;
+        .arg(&mirror))
+}
+
+fn in_clean_debian(chroot: &Path, deb: &Path) -> Result<()> {
+    // systemd's own units, so that `systemd-analyze verify` checks ours against them, and
+    // what booting it with systemd as PID 1 needs
+    debootstrap(chroot, &["systemd", "systemd-sysv", "dbus"])?;
     fs::copy(deb, chroot.join("weft.deb")).context("cannot copy the package into the chroot")?;
     for (src, dst) in [("/proc", "proc"), ("/sys", "sys"), ("/dev", "dev")] {
         run(Command::new("mount")

@@ -7,8 +7,8 @@
 //!
 //! 1. the fabric as code: check a plan against the live fabric, show the diff, apply,
 //!    verify, move a node between tenants, a typo refused;
-//! 2. `weft plan` on a real model's headers; `weft bench llm` against llama.cpp's server
-//!    when it is installed (`cargo xtask test` installs it; the demo never compiles it);
+//! 2. `weft plan` on a real model's headers; `weft bench llm` against llama.cpp's own server
+//!    (a prebuilt wheel from PyPI in a virtual environment: nothing to compile);
 //! 3. the controller: it adopts the file `weft fabric apply` wrote, three agents report
 //!    their fixture hosts' ports, a tenant's group, a move through the API, the audit log;
 //!    then the hook points where the console and the lease steps go ([`console_step`],
@@ -17,8 +17,9 @@
 //! 5. on network-namespace hosts: `weft doctor` naming a planted fault, `weft bench p2p`,
 //!    `weft bench collectives` through the NCCL plugin, then `weft mesh`, `sync`, `run`.
 //!
-//! It installs only the Debian packages it shows ([`DEMO_PACKAGES`]) and builds only what it
-//! runs: `weft`, and the plugin for the collectives.
+//! It installs only the Debian packages it shows ([`DEMO_PACKAGES`]) and the three PyPI
+//! wheels of the llm step ([`LLM_PIP_PACKAGES`], in a virtual environment), and builds only
+//! what it runs: `weft`, and the plugin for the collectives.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,6 +73,8 @@ pub const DEMO_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "/usr/sbin/ip"),
     ("openssh-server", "/usr/sbin/sshd"),
     ("openssh-client", "/usr/bin/ssh"),
+    // `python3 -m venv` for the llm step's wheels (Debian's python3 has no venv without it)
+    ("python3-venv", "/usr/share/doc/python3-venv"),
 ];
 
 /// Builds `packages` (debug) and returns the target directory's `debug/`.
@@ -328,37 +331,60 @@ fn plan_step(bin: &Path, dir: &Path) -> Result<()> {
     expect_ok(weft(bin, dir, &args)?, "plan")
 }
 
-/// `weft bench llm` against a real llama.cpp server (llama-cpp-python) serving a tiny
-/// random-weights GGUF written on the spot: a short run at two depths, about 20 s. Only
-/// where llama-cpp-python is installed already (`cargo xtask test` and `cargo xtask deps`
-/// install it): the demo does not spend minutes compiling llama.cpp for a 20 s step.
+/// The PyPI packages of the `bench llm` step, pinned: llama.cpp's own server as a prebuilt
+/// wheel (xllamacpp: no compiler, about 34 MB), and what `make_tiny_gguf.py` writes a tiny
+/// model and its tokenizer with.
+const LLM_PIP_PACKAGES: &[&str] = &[
+    "xllamacpp==2026.10.11549",
+    "gguf==0.19.0",
+    "tokenizers==0.23.3",
+];
+
+/// A Python virtual environment under the target directory with [`LLM_PIP_PACKAGES`]
+/// (made once, then reused: a file in it names what was installed); returns its python.
+pub(crate) fn llm_python() -> Result<PathBuf> {
+    let venv = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .join("demo-llm-venv");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("weft-demo-packages");
+    let want = LLM_PIP_PACKAGES.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|have| have == want) {
+        return Ok(python);
+    }
+    println!("$ python3 -m venv {} && pip install {want}", venv.display());
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .status()
+        .context("cannot run python3 -m venv")?;
+    if !status.success() {
+        bail!("python3 -m venv {} failed ({status})", venv.display());
+    }
+    let status = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--only-binary=:all:"])
+        .args(LLM_PIP_PACKAGES)
+        .status()
+        .context("cannot run pip")?;
+    if !status.success() {
+        bail!("pip install {want} failed ({status})");
+    }
+    std::fs::write(&stamp, want)?;
+    Ok(python)
+}
+
+/// `weft bench llm` against llama.cpp's own server (the prebuilt xllamacpp wheel, see
+/// `xtask/demo/llama_server.py`) serving a tiny random-weights GGUF written on the spot: a
+/// short run at two depths.
 fn llm_step(bin: &Path, dir: &Path) -> Result<()> {
     step("weft bench llm against a local llama.cpp server (tiny random-weights model)");
-    let have = |module: &str| {
-        Command::new("python3")
-            .args([
-                "-c",
-                &format!("import importlib.util,sys; sys.exit(importlib.util.find_spec('{module}') is None)"),
-            ])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let missing: Vec<&str> = ["llama_cpp", "gguf", "tokenizers"]
-        .into_iter()
-        .filter(|m| !have(m))
-        .collect();
-    if !missing.is_empty() {
-        println!(
-            "left out here: llama.cpp's server is not installed (python3 lacks {}); `cargo xtask deps` installs it (compiling llama.cpp takes minutes), then this step runs `weft bench llm` against it",
-            missing.join(", ")
-        );
-        return Ok(());
-    }
+    let python = llm_python()?;
     let llm = dir.join("llm");
     std::fs::create_dir_all(&llm)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/weft-llmbench/tests/make_tiny_gguf.py");
-    let out = Command::new("python3")
+    let out = Command::new(&python)
         .arg(&script)
         .arg(&llm)
         .args(["--ctx", "4096"])
@@ -374,36 +400,22 @@ fn llm_step(bin: &Path, dir: &Path) -> Result<()> {
         .local_addr()?
         .port();
     let log = std::fs::File::create(llm.join("server.log"))?;
-    let mut server = Command::new("python3")
-        .args(["-m", "llama_cpp.server", "--model"])
+    let server_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/llama_server.py");
+    let mut server = Command::new(&python)
+        .arg(&server_script)
         .arg(llm.join("tiny.gguf"))
-        .args([
-            "--model_alias",
-            "weft-tiny",
-            "--host",
-            "127.0.0.1",
-            "--port",
-        ])
+        .args(["--alias", "weft-tiny", "--ctx", "4096", "--port"])
         .arg(port.to_string())
-        .args([
-            "--n_ctx",
-            "4096",
-            "--n_threads",
-            "1",
-            "--interrupt_requests",
-            "False",
-        ])
-        .args(["--verbose", "false"])
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
-        .context("cannot start python3 -m llama_cpp.server")?;
+        .context("cannot start llama.cpp's server (xtask/demo/llama_server.py)")?;
     let result = (|| {
         let t0 = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if t0.elapsed() > Duration::from_secs(60) {
                 bail!(
-                    "llama_cpp.server did not listen within 60 s (see {})",
+                    "llama.cpp's server did not listen within 60 s (see {}/server.log)",
                     llm.display()
                 );
             }

@@ -8,6 +8,7 @@ mod console_tour;
 mod deb;
 mod demo;
 mod demo_lease;
+mod fresh_demo;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -55,6 +56,9 @@ commands:
           apply weft's partition plan, verify it on every port, move a node, fail over;
           then weft mesh, sync and run across namespace hosts (`demo launch`: only those;
           `demo --keep`: leave the simulated fabric running to explore, until Ctrl-C)
+  demo-deps   only install what the demo needs (its Debian packages, the llm step's wheels)
+  fresh-demo  time the demo's build and the demo on a clean debootstrapped Debian in a
+              systemd-nspawn container on 2 CPUs (root; downloads rustup's toolchain)
   test    install what the tests need, then run fmt, tidy, clippy and the whole test suite
   tidy    check the rules of ARCHITECTURE.md that a machine can check
   deb     build the Debian package (release build) into target/deb/
@@ -74,6 +78,10 @@ fn main() -> ExitCode {
             ensure(demo::DEMO_PACKAGES).and_then(|()| demo::run(true))
         }
         Some("demo") => ensure(demo::DEMO_PACKAGES).and_then(|()| demo::run(false)),
+        Some("demo-deps") => {
+            ensure(demo::DEMO_PACKAGES).and_then(|()| demo::llm_python().map(drop))
+        }
+        Some("fresh-demo") => workspace_root().and_then(|root| fresh_demo::run(&root)),
         Some("test") => ensure_packages()
             .and_then(|()| ensure_torch())
             .and_then(|()| test(&args[1..])),

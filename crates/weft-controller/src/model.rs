@@ -281,6 +281,23 @@ pub struct AuditEntry {
     pub detail: String,
 }
 
+/// What a prune of the audit log did (`POST /v1/audit/prune`, `weft controller audit
+/// prune`): the lines older than `before` deleted, and the line that records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditPruned {
+    /// The id of the `audit.prune` line that records the prune (it stays).
+    pub line: i64,
+    /// The cut-off: lines written before it (Unix seconds) were deleted.
+    pub before: u64,
+    /// How many lines were deleted.
+    pub count: u64,
+    /// When the oldest deleted line was written (Unix seconds); none when nothing was.
+    pub oldest: Option<u64>,
+    /// When the newest deleted line was written.
+    pub newest: Option<u64>,
+}
+
 /// A GUID a server reported that another server already owns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClaimView {

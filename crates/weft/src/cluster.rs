@@ -243,6 +243,9 @@ pub struct ControllerArgs {
 /// Operator commands on a controller's store.
 #[derive(Subcommand)]
 pub enum ControllerCommand {
+    /// The store's audit log: prune the lines older than a time.
+    #[command(subcommand)]
+    Audit(ControllerAuditCommand),
     /// Copy the store into FILE while the controller runs (SQLite's online backup API: one
     /// consistent moment, checked with quick_check; the file is new and 0600).
     #[command(
@@ -292,6 +295,40 @@ pub enum ControllerCommand {
         /// No subnet managers to read (a store used with `weft controller --no-fabric`).
         #[arg(long)]
         no_fabric: bool,
+    },
+}
+
+/// `weft controller audit ...`: the audit log in the store itself.
+#[derive(Subcommand)]
+pub enum ControllerAuditCommand {
+    /// Delete the audit lines written before a time, in one transaction that first writes
+    /// the `audit.prune` line recording it (who, the cut-off, the range and the count). On a
+    /// stopped or a running controller's store (whoever can open the store is its admin);
+    /// every other delete or update of the audit log stays refused by the database.
+    #[command(
+        after_help = "Examples:\n  weft --config weft.toml controller audit prune --older-than 90d\n  weft controller audit prune --db /var/lib/weft/controller.db --before 2026-01-01T00:00:00Z --json\n  weft controller audit prune --store postgres://weft@db/weft --before 1767225600\n\nThe line it writes stays: `weft audit` shows it as `audit.prune` with the range and count."
+    )]
+    Prune {
+        /// Delete the lines written before this time: RFC 3339 (`2026-01-01T00:00:00Z`) or
+        /// Unix seconds; not after now.
+        #[arg(long, value_parser = crate::lease::parse_time, required_unless_present = "older_than", conflicts_with = "older_than")]
+        before: Option<u64>,
+        /// Delete the lines older than this age (`90d`, `12h`, humantime's grammar).
+        #[arg(long, value_parser = crate::lease::parse_duration)]
+        older_than: Option<Duration>,
+        /// The SQLite database [default: `[controller] db` of weft.toml, else
+        /// /var/lib/weft/controller.db].
+        #[arg(long)]
+        db: Option<PathBuf>,
+        /// A PostgreSQL store instead of the SQLite --db: `postgres://USER@HOST/DATABASE`
+        /// [default: `[controller] store_url` of weft.toml, unless --db is given].
+        #[arg(
+            long,
+            env = "WEFT_STORE_URL",
+            hide_env_values = true,
+            conflicts_with = "db"
+        )]
+        store: Option<String>,
     },
 }
 
@@ -677,6 +714,24 @@ pub fn run(cmd: ClusterCommand, cfg: &Config, json: bool) -> Result<u8> {
                 command: Some(ControllerCommand::Backup { file, db, store }),
                 ..
             } => store_admin::backup(&file, db, store, cfg, json),
+            ControllerArgs {
+                command:
+                    Some(ControllerCommand::Audit(ControllerAuditCommand::Prune {
+                        before,
+                        older_than,
+                        db,
+                        store,
+                    })),
+                ..
+            } => {
+                let now = weft_controller::unix_now();
+                let before = match (before, older_than) {
+                    (Some(t), _) => t,
+                    (None, Some(age)) => now.saturating_sub(age.as_secs()),
+                    (None, None) => return Err(anyhow!("give --before TIME or --older-than AGE")),
+                };
+                store_admin::audit_prune(before, now, db, store, cfg, json)
+            }
             a => controller(a, cfg),
         },
         ClusterCommand::Agent(a) => agent(a.with_file(&cfg.agent), &cfg.controller, json),

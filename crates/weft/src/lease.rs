@@ -112,7 +112,7 @@ pub enum QuotaCommand {
 }
 
 /// `8h`, `30m`, `90s`, `2d` (humantime's grammar; a bare number is seconds).
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = match s.parse::<u64>() {
         Ok(n) => Duration::from_secs(n),
         Err(_) => humantime::parse_duration(s)
@@ -125,7 +125,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `+1h` (from now), Unix seconds, or an RFC 3339 time (`2026-12-03T20:00:00Z`).
-fn parse_time(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_time(s: &str) -> Result<u64, String> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_err(|e| e.to_string())?

@@ -633,3 +633,79 @@ fn console_sessions_are_kept_ended_bounded_and_forgotten_after_their_life() {
         },
     );
 }
+
+#[test]
+fn an_audit_prune_deletes_the_older_lines_under_a_line_that_records_it() {
+    same_on_each_backend(
+        "an_audit_prune_deletes_the_older_lines_under_a_line_that_records_it",
+        |s| {
+            let line = |subject| AuditLine {
+                actor: "admin:x",
+                action: "test",
+                subject,
+                outcome: "ok",
+                ..AuditLine::default()
+            };
+            for (at, subject) in [(10, "a"), (20, "b"), (30, "c")] {
+                s.audit_append(&line(subject), at).unwrap();
+            }
+            // A cut-off after now is refused, and nothing changes.
+            let err = s.audit_prune("operator:root", 41, 40).unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Invalid(m) if m.contains("after now")),
+                "{err}"
+            );
+            assert_eq!(s.audit(100).unwrap().len(), 3);
+
+            let p = s.audit_prune("operator:root", 25, 40).unwrap();
+            assert_eq!(
+                (p.before, p.count, p.oldest, p.newest),
+                (25, 2, Some(10), Some(20))
+            );
+            let lines = s.audit(100).unwrap();
+            let got: Vec<(&str, &str, &str)> = lines
+                .iter()
+                .map(|l| (l.actor.as_str(), l.action.as_str(), l.subject.as_str()))
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    ("admin:x", "test", "c"),
+                    ("operator:root", "audit.prune", "2 lines written before 25")
+                ]
+            );
+            assert_eq!(lines[1].id, p.line);
+            assert_eq!(lines[1].at, 40);
+            let detail: serde_json::Value = serde_json::from_str(&lines[1].detail).unwrap();
+            assert_eq!(
+                detail,
+                serde_json::json!({"before": 25, "count": 2, "oldest": 10, "newest": 20})
+            );
+            // Nothing left to delete: the prune is still recorded.
+            let q = s.audit_prune("admin:y", 25, 50).unwrap();
+            assert_eq!((q.count, q.oldest), (0, None));
+            // A later prune takes an earlier prune's line with the rest.
+            let r = s.audit_prune("admin:y", 45, 60).unwrap();
+            assert_eq!((r.count, r.oldest, r.newest), (2, Some(30), Some(40)));
+            let left: Vec<(u64, String)> = s
+                .audit(100)
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.at, l.subject))
+                .collect();
+            assert_eq!(
+                left,
+                [
+                    (50, "0 lines written before 25".to_string()),
+                    (60, "2 lines written before 45".to_string())
+                ]
+            );
+            // Ids go on rising after a prune (no line takes a deleted line's id).
+            s.audit_append(&line("d"), 70).unwrap();
+            let all = s.audit(100).unwrap();
+            assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+            assert!(all[2].id > r.line);
+            state_lines(s, 70)
+        },
+    );
+}

@@ -66,6 +66,10 @@ pub(crate) const STEPS: &[Step] = &[
             "migrations/postgres/0010_ports_and_console_sessions.sql"
         )),
     },
+    Step {
+        sqlite: include_str!("migrations/0011_audit_prune.sql"),
+        postgres: Some(include_str!("migrations/postgres/0011_audit_prune.sql")),
+    },
 ];
 
 /// Why a database's schema version cannot be run by this binary, if it cannot.

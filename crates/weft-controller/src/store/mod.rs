@@ -42,8 +42,8 @@ use weft_fabric::Guid;
 
 use crate::auth::{Principal, Role};
 use crate::model::{
-    AuditEntry, ClaimView, GroupView, OperationView, ReportAck, ServerView, StatusView, TenantView,
-    TokenView,
+    AuditEntry, AuditPruned, ClaimView, GroupView, OperationView, ReportAck, ServerView,
+    StatusView, TenantView, TokenView,
 };
 use crate::render::Desired;
 
@@ -264,6 +264,32 @@ pub struct AuditLine<'a> {
     pub detail: &'a str,
 }
 
+/// The `audit.prune` line of a prune of `count` lines written from `oldest` to `newest`,
+/// before `before`; its detail is the JSON that the delete trigger reads the cut-off from.
+/// Refused when the cut-off is after `now` (the lines being written would go).
+fn prune_line(
+    before: u64,
+    now: u64,
+    count: u64,
+    oldest: Option<u64>,
+    newest: Option<u64>,
+) -> Result<(String, String)> {
+    if before > now {
+        return Err(StoreError::Invalid(format!(
+            "the audit prune's cut-off {before} is after now ({now}): only lines already written can go"
+        )));
+    }
+    let subject = format!("{count} lines written before {before}");
+    let detail = serde_json::json!({
+        "before": before,
+        "count": count,
+        "oldest": oldest,
+        "newest": newest,
+    })
+    .to_string();
+    Ok((subject, detail))
+}
+
 /// The node leases' state: what weft-lease's [`weft_lease::Book`] is made of, without the
 /// pool (the members of the pool group) and the topology.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -393,6 +419,11 @@ pub trait Store: Send + Sync + 'static {
     /// Appends one audit line (with a diff for a delivery: what the SM held against what
     /// was written, removals included).
     fn audit_append(&self, line: &AuditLine<'_>, now: u64) -> Result<()>;
+    /// Deletes the audit lines written before `before` (Unix seconds, not after `now`) in
+    /// one transaction that first appends the `audit.prune` line recording it (`actor`, the
+    /// cut-off, the range and the count): the append-only trigger lets a DELETE through
+    /// only under such a line (migration 11). Every other delete or update stays refused.
+    fn audit_prune(&self, actor: &str, before: u64, now: u64) -> Result<AuditPruned>;
     /// This controller's name as the owner header of the files it writes: `controller`
     /// and a random id made once per store.
     fn controller_id(&self) -> Result<String>;

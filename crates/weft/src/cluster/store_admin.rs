@@ -1,5 +1,6 @@
 //! `weft controller backup` and `weft controller restore`: SQLite's copy and restore, and
-//! on a PostgreSQL store the advice to use PostgreSQL's own tools (and the fencing raise).
+//! on a PostgreSQL store the advice to use PostgreSQL's own tools (and the fencing raise);
+//! `weft controller audit prune` on either store.
 
 use std::path::PathBuf;
 
@@ -207,6 +208,76 @@ fn print_restore(r: &weft_controller::restore::RestoreReport, json: bool) -> Res
                 .map(output::clean)
                 .collect::<Vec<_>>()
                 .join("\n")
+        );
+    }
+    Ok(EXIT_OK)
+}
+
+/// `weft controller audit prune`: the lines written before `before` deleted under the line
+/// that records it, on the store of `--db`/`--store` (stopped or running controller alike:
+/// the prune is one transaction under the store's write lock).
+pub(super) fn audit_prune(
+    before: u64,
+    now: u64,
+    db: Option<PathBuf>,
+    store: Option<String>,
+    cfg: &Config,
+    json: bool,
+) -> Result<u8> {
+    use weft_controller::store::Store;
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let (name, store): (String, Box<dyn Store>) = match postgres_url(store, db.as_ref(), cfg) {
+        Some(url) => (
+            weft_controller::store::redact(&url),
+            Box::new(PgStore::open(&url, false)?),
+        ),
+        None => {
+            let db = store_path(db, cfg);
+            let s = SqliteStore::open_existing(&db)
+                .with_context(|| format!("cannot open the store {}", db.display()))?;
+            (db.display().to_string(), Box::new(s))
+        }
+    };
+    let r = store
+        .audit_prune(&actor, before, now)
+        .with_context(|| format!("audit prune of {name}"))?;
+    if json {
+        output::json(&r)?;
+    } else {
+        let at = |t: Option<u64>| {
+            t.map_or_else(
+                || "-".to_string(),
+                |t| {
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+                    )
+                    .to_string()
+                },
+            )
+        };
+        println!(
+            "{}",
+            output::table(
+                [
+                    "STORE",
+                    "BEFORE",
+                    "DELETED",
+                    "OLDEST",
+                    "NEWEST",
+                    "RECORDED AS"
+                ],
+                [[
+                    name,
+                    at(Some(r.before)),
+                    r.count.to_string(),
+                    at(r.oldest),
+                    at(r.newest),
+                    format!("audit line {} (audit.prune by {actor})", r.line),
+                ]]
+            )
         );
     }
     Ok(EXIT_OK)

@@ -332,6 +332,7 @@ fn every_cluster_command_has_help_with_an_example() {
         &["controller", "--help"][..],
         &["controller", "backup", "--help"],
         &["controller", "restore", "--help"],
+        &["controller", "audit", "prune", "--help"],
         &["agent", "--help"],
         &["nodes", "--help"],
         &["nodes", "enroll", "--help"],
@@ -960,6 +961,98 @@ fn backup_while_running_and_restore_only_once_stopped_through_the_cli() {
     let o = weft(d, &[], &restore);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
+}
+
+/// `weft controller audit prune` on a running controller's SQLite store: a cut-off after
+/// now is refused (exit 2, JSON error naming it, nothing deleted); a cut-off of now deletes
+/// every older line in one go under an `audit.prune` line that the API's audit shows (who,
+/// the count), and the controller goes on serving and auditing. (The store's side, both
+/// backends and the trigger, is in weft-controller's store tests.)
+#[test]
+fn the_audit_is_pruned_through_the_cli_under_a_line_that_records_it_while_the_controller_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let run = [
+        "--no-fabric",
+        "--db",
+        "controller.db",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let (_ctl, listen) = start_controller_args(d, &run);
+    let base = listen
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let api = [("WEFT_CONTROLLER", base.as_str())];
+    for tenant in ["alice", "bob"] {
+        let o = weft(d, &api, &["tenant", "create", tenant]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let audit = || -> Vec<serde_json::Value> {
+        let o = weft(d, &api, &["--json", "audit", "--limit", "1000"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let before_prune = audit();
+    assert!(before_prune.len() >= 2, "{before_prune:?}");
+    // Every line so far is at least a second old at the cut-off.
+    std::thread::sleep(Duration::from_millis(1100));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+
+    let future = (now + 3600).to_string();
+    let prune = [
+        "--json",
+        "controller",
+        "audit",
+        "prune",
+        "--db",
+        "controller.db",
+    ];
+    let o = weft(d, &[], &[&prune[..], &["--before", &future]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let msg = err.to_string();
+    assert!(msg.contains(&future) && msg.contains("after now"), "{msg}");
+    assert_eq!(audit().len(), before_prune.len());
+
+    let cut = now.to_string();
+    let o = weft(d, &[], &[&prune[..], &["--before", &cut]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["before"], now, "{r}");
+    assert_eq!(r["count"], before_prune.len() as u64, "{r}");
+    let after = audit();
+    assert_eq!(after.len(), 1, "{after:?}");
+    let line = &after[0];
+    assert_eq!(line["action"], "audit.prune", "{line}");
+    assert_eq!(line["id"], r["line"], "{line}");
+    assert!(
+        line["actor"].as_str().unwrap().starts_with("operator:"),
+        "{line}"
+    );
+    assert!(
+        line["subject"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{} lines", before_prune.len())),
+        "{line}"
+    );
+    // The controller goes on: a change is served and audited after the prune line.
+    let o = weft(d, &api, &["tenant", "create", "carol"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let last = audit();
+    assert!(
+        last.len() > 1 && last[0]["action"] == "audit.prune",
+        "{last:?}"
+    );
 }
 
 /// `weft controller --store URL` on a real PostgreSQL (weft_testbed::Postgres): an empty

@@ -46,3 +46,53 @@ pub(super) fn newest(tx: &mut Transaction<'_>, limit: usize) -> Result<Vec<Audit
     v.reverse();
     Ok(v)
 }
+
+/// A prune of the lines written before `before` ([`crate::store::Store::audit_prune`]):
+/// its line first (the newest, so that the delete trigger lets the older ones go), then the
+/// delete, which must take exactly the lines counted. The caller holds the write lock, so no
+/// other line is written in between.
+pub(super) fn prune(
+    tx: &mut Transaction<'_>,
+    actor: &str,
+    before: u64,
+    now: u64,
+) -> Result<crate::model::AuditPruned> {
+    let cut = i64::try_from(before).unwrap_or(i64::MAX);
+    let row = tx.query_one(
+        "SELECT COUNT(*), MIN(at), MAX(at) FROM audit WHERE at < $1",
+        &[&cut],
+    )?;
+    let count = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    let oldest = row.get::<_, Option<i64>>(1).map(secs);
+    let newest = row.get::<_, Option<i64>>(2).map(secs);
+    let (subject, detail) = crate::store::prune_line(before, now, count, oldest, newest)?;
+    append(
+        tx,
+        now,
+        &AuditLine {
+            actor,
+            action: "audit.prune",
+            subject: &subject,
+            outcome: "ok",
+            detail: &detail,
+            ..AuditLine::default()
+        },
+    )?;
+    let line: i64 = tx.query_one("SELECT MAX(id) FROM audit", &[])?.get(0);
+    let deleted = tx.execute(
+        "DELETE FROM audit WHERE at < $1 AND id < $2",
+        &[&cut, &line],
+    )?;
+    if deleted != count {
+        return Err(crate::store::StoreError::Db(format!(
+            "the audit prune deleted {deleted} lines where it counted {count}; nothing was deleted"
+        )));
+    }
+    Ok(crate::model::AuditPruned {
+        line,
+        before,
+        count,
+        oldest,
+        newest,
+    })
+}

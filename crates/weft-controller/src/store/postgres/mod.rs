@@ -29,8 +29,8 @@ use postgres::{Client, NoTls, Transaction};
 
 use crate::auth::{Principal, Role};
 use crate::model::{
-    AuditEntry, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView, TenantView,
-    TokenView,
+    AuditEntry, AuditPruned, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView,
+    TenantView, TokenView,
 };
 use crate::render::Desired;
 use crate::store::{
@@ -549,6 +549,10 @@ impl Store for PgStore {
         self.tx(|tx| audit::append(tx, now, line))
     }
 
+    fn audit_prune(&self, actor: &str, before: u64, now: u64) -> Result<AuditPruned> {
+        self.tx(|tx| audit::prune(tx, actor, before, now))
+    }
+
     fn controller_id(&self) -> Result<String> {
         self.tx(leases::controller_id)
     }
@@ -873,6 +877,44 @@ mod tests {
             [("admin:a", "first", 1), ("tenant:bob:b", "second", 2)]
         );
         assert!(lines[0].id < lines[1].id);
+        // After a prune (its line the newest), still nothing else goes: not a line newer
+        // than its cut-off, not its own line, no update, no truncate.
+        store.audit_prune("operator:root", 2, 3).unwrap();
+        for sql in [
+            "DELETE FROM audit",
+            "DELETE FROM audit WHERE action = 'audit.prune'",
+            "UPDATE audit SET detail = '{\"before\": 99}'",
+            "TRUNCATE audit",
+        ] {
+            let out = psql_url(&url, sql);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{sql} went through after a prune");
+            assert!(stderr.contains("append-only"), "{sql}: {stderr}");
+        }
+        // A delete by hand that does not first write its own prune line is refused too
+        // (a newer line than the prune's makes its cut-off void).
+        store
+            .audit_append(&line("admin:a", "after the prune"), 4)
+            .unwrap();
+        let out = psql_url(&url, "DELETE FROM audit WHERE at = 2");
+        assert!(
+            !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("append-only"),
+            "a delete under an old prune line went through: {out:?}"
+        );
+        let got: Vec<(String, u64)> = store
+            .audit(10)
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.action, l.at))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("test".to_string(), 2),
+                ("audit.prune".to_string(), 3),
+                ("test".to_string(), 4)
+            ]
+        );
     }
 
     /// The fencing calls both stores answer, so that one scenario runs on each.

@@ -43,3 +43,52 @@ pub(super) fn newest(tx: &Transaction, limit: usize) -> Result<Vec<AuditEntry>> 
     v.reverse();
     Ok(v)
 }
+
+/// A prune of the lines written before `before` ([`crate::store::Store::audit_prune`]):
+/// its line first (the newest, so that the delete trigger lets the older ones go), then the
+/// delete, which must take exactly the lines counted.
+pub(super) fn prune(
+    tx: &Transaction,
+    actor: &str,
+    before: u64,
+    now: u64,
+) -> Result<crate::model::AuditPruned> {
+    let cut = i64::try_from(before).unwrap_or(i64::MAX);
+    let (count, oldest, newest): (i64, Option<i64>, Option<i64>) = tx.query_row(
+        "SELECT COUNT(*), MIN(at), MAX(at) FROM audit WHERE at < ?1",
+        [cut],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let count = u64::try_from(count).unwrap_or(0);
+    let (oldest, newest) = (oldest.map(secs), newest.map(secs));
+    let (subject, detail) = crate::store::prune_line(before, now, count, oldest, newest)?;
+    append(
+        tx,
+        now,
+        &AuditLine {
+            actor,
+            action: "audit.prune",
+            subject: &subject,
+            outcome: "ok",
+            detail: &detail,
+            ..AuditLine::default()
+        },
+    )?;
+    let line = tx.last_insert_rowid();
+    let deleted = tx.execute(
+        "DELETE FROM audit WHERE at < ?1 AND id < ?2",
+        params![cut, line],
+    )?;
+    if deleted as u64 != count {
+        return Err(crate::store::StoreError::Db(format!(
+            "the audit prune deleted {deleted} lines where it counted {count}; nothing was deleted"
+        )));
+    }
+    Ok(crate::model::AuditPruned {
+        line,
+        before,
+        count,
+        oldest,
+        newest,
+    })
+}

@@ -11,8 +11,8 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::auth::{Principal, Role};
 use crate::model::{
-    AuditEntry, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView, TenantView,
-    TokenView,
+    AuditEntry, AuditPruned, ClaimView, GroupView, Liveness, OperationView, ServerView, StatusView,
+    TenantView, TokenView,
 };
 use crate::render::Desired;
 use crate::store::{
@@ -482,6 +482,10 @@ impl Store for SqliteStore {
         self.tx(|tx| audit::append(tx, now, line))
     }
 
+    fn audit_prune(&self, actor: &str, before: u64, now: u64) -> Result<AuditPruned> {
+        self.tx(|tx| audit::prune(tx, actor, before, now))
+    }
+
     fn controller_id(&self) -> Result<String> {
         self.tx(leases::controller_id)
     }
@@ -657,6 +661,42 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("append-only"), "{err}");
         assert!(conn.execute("DELETE FROM audit", []).is_err());
+        drop(conn);
+        // After a prune (its line the newest), still nothing else goes: not a line newer
+        // than its cut-off, not its own line, no update.
+        s.audit_append(
+            &AuditLine {
+                actor: "admin:x",
+                action: "test",
+                subject: "kept",
+                outcome: "ok",
+                ..AuditLine::default()
+            },
+            5,
+        )
+        .unwrap();
+        let pruned = s.audit_prune("operator:root", 3, 6).unwrap();
+        assert_eq!((pruned.count, pruned.oldest), (1, Some(1)));
+        let conn = s.conn.lock().unwrap();
+        for sql in [
+            "DELETE FROM audit",
+            "DELETE FROM audit WHERE action = 'audit.prune'",
+            "UPDATE audit SET detail = '{\"before\": 99}'",
+        ] {
+            let err = conn.execute(sql, []).unwrap_err();
+            assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+        }
+        let left: Vec<(String, i64)> = conn
+            .prepare("SELECT action, at FROM audit ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            left,
+            [("test".to_string(), 5), ("audit.prune".to_string(), 6)]
+        );
     }
 
     #[test]
