@@ -41,9 +41,14 @@ pub struct Remote {
 #[derive(Args)]
 pub struct Trust {
     /// The controller's API: https://HOST:PORT, or http:// on loopback [default:
-    /// `[controller] url` of weft.toml, else http://127.0.0.1:7100].
+    /// `--controller-urls`, else `[controller] urls` or `url` of weft.toml, else
+    /// http://127.0.0.1:7100].
     #[arg(long, env = "WEFT_CONTROLLER")]
     controller: Option<String>,
+    /// The controllers of one store, comma-separated (a leader and its followers): a call
+    /// that cannot reach one goes on to the next, and follows a follower to the leader.
+    #[arg(long, env = "WEFT_CONTROLLER_URLS", value_name = "URL,URL...")]
+    controller_urls: Option<String>,
     /// PEM CA certificate(s) to verify the controller's certificate and name against.
     #[arg(long, env = "WEFT_CA_FILE")]
     ca_file: Option<PathBuf>,
@@ -57,19 +62,48 @@ pub struct Trust {
 }
 
 impl Trust {
-    /// The URL and the TLS settings, the flags over the config file.
-    fn resolve(&self, file: &ControllerClientConfig) -> (String, ClientTls) {
-        let url = self
-            .controller
-            .clone()
-            .or_else(|| file.url.clone())
-            .unwrap_or_else(|| "http://127.0.0.1:7100".into());
+    /// The URLs and the TLS settings, the flags over the config file.
+    fn resolve(&self, file: &ControllerClientConfig) -> Result<(Vec<String>, ClientTls)> {
+        let urls = controller_urls(
+            self.controller.as_deref(),
+            self.controller_urls.as_deref(),
+            file,
+        )?;
         let tls = ClientTls {
             ca_file: self.ca_file.clone().or_else(|| file.ca_file.clone()),
             pin: self.pin.clone().or_else(|| file.pin.clone()),
             insecure_http: self.insecure_http || file.insecure_http,
         };
-        (url, tls)
+        Ok((urls, tls))
+    }
+}
+
+/// The controller URLs a client talks to: `one` (`--controller`, `WEFT_CONTROLLER`) as a
+/// one-element list, else `list` (`--controller-urls`, `WEFT_CONTROLLER_URLS`,
+/// comma-separated), else `[controller] urls`, else `[controller] url`, else the loopback
+/// default. The file giving both `url` and `urls` is refused: which one it means is not
+/// for weft to guess.
+pub(crate) fn controller_urls(
+    one: Option<&str>,
+    list: Option<&str>,
+    file: &ControllerClientConfig,
+) -> Result<Vec<String>> {
+    if let Some(u) = one.filter(|u| !u.trim().is_empty()) {
+        return Ok(vec![u.trim().to_string()]);
+    }
+    if let Some(l) = list.filter(|l| !l.trim().is_empty()) {
+        return Ok(weft_controller::client::split_urls(l));
+    }
+    match (&file.url, &file.urls) {
+        (Some(_), Some(_)) => Err(anyhow!(
+            "[controller] gives both `url` and `urls`: keep one (`urls = [\"https://a:7100\", \"https://b:7100\"]` names every controller of the store)"
+        )),
+        (None, Some(l)) if l.is_empty() => Err(anyhow!(
+            "[controller] urls is empty: name at least one controller, e.g. urls = [\"https://ctl:7100\"]"
+        )),
+        (None, Some(l)) => Ok(l.clone()),
+        (Some(u), None) => Ok(vec![u.clone()]),
+        (None, None) => Ok(vec!["http://127.0.0.1:7100".into()]),
     }
 }
 
@@ -607,13 +641,14 @@ pub(crate) fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client
 
 /// The API client of `r` (flags over `[controller]` of weft.toml), and the URL it talks to.
 pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, String)> {
-    let (url, tls) = r.trust.resolve(file);
-    let c = Client::with_tls(
-        &url,
+    let (urls, tls) = r.trust.resolve(file)?;
+    let c = Client::over(
+        &urls,
         r.token.clone().map(Secret::new),
         Duration::from_secs(r.timeout_s.max(1)),
         &tls,
     )?;
+    let url = c.current_url().to_string();
     Ok((c, url))
 }
 
@@ -806,8 +841,9 @@ fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
 }
 
 fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
-    let (url, tls) = a.trust.resolve(file);
-    let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
+    let (urls, tls) = a.trust.resolve(file)?;
+    let mut cfg = AgentConfig::new(&urls[0], a.state_file, a.sysfs_root);
+    cfg.controllers = urls;
     cfg.tls = tls;
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));
