@@ -1556,3 +1556,124 @@ fn a_lease_ends_verified_after_kill_9_at_its_boundary() {
         .unwrap();
     assert_eq!(pool["members"].as_array().unwrap().len(), 2, "{groups}");
 }
+
+/// A list of controller URLs through the CLI and `weft agent`: two SQLite controllers, the
+/// one at the first URL stopped (killed), the second running. `WEFT_CONTROLLER_URLS` and
+/// `[controller] urls` both reach the second (a write made once, a read that sees it), an
+/// agent process given both URLs enrolls and reports there; with every URL dead the error
+/// names each URL and what it said (exit 2); `url` and `urls` together in weft.toml are
+/// refused, naming both.
+#[test]
+fn the_cli_and_an_agent_go_on_to_the_second_controller_when_the_first_is_dead() {
+    let first_dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let d = scratch.path();
+    std::fs::write(first_dir.path().join("weft.toml"), "").unwrap();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    // The first controller ran, and died.
+    stop(start_controller_with(
+        first_dir.path(),
+        p1,
+        &["--no-fabric"],
+    ));
+    let _second = start_controller_with(d, p2, &["--no-fabric"]);
+
+    let list = format!("{u1},{u2}");
+    let env = [("WEFT_CONTROLLER_URLS", list.as_str())];
+    ok(weft(d, &env, &["tenant", "create", "bob"]));
+    std::fs::write(
+        d.join("weft.toml"),
+        format!("[controller]\nurls = [\"{u1}\", \"{u2}\"]\n"),
+    )
+    .unwrap();
+    let listed = ok(weft(
+        d,
+        &[],
+        &["--config", "weft.toml", "--json", "tenant", "list"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["name"] == "bob")
+            .count(),
+        1,
+        "{v}"
+    );
+
+    // An agent with both URLs (from weft.toml) enrolls and reports at the second.
+    write_host(
+        &d.join("host-y"),
+        &HostSpec::new("nodey").with_hca(
+            HcaSpec::new("mlx5_0", Guid(0x78_0000), "0000:01:00.0")
+                .with_port(PortSpec::infiniband(1)),
+        ),
+    )
+    .unwrap();
+    let token = ok(weft(d, &env, &["nodes", "enroll", "--server", "nodey"]))
+        .trim()
+        .to_string();
+    let _agent = Proc(
+        weft_cmd(
+            d,
+            &[
+                "--config",
+                "weft.toml",
+                "agent",
+                "--state-file",
+                "y.json",
+                "--sysfs-root",
+                "host-y",
+                "--heartbeat-s",
+                "0.5",
+            ],
+        )
+        .env_remove("WEFT_CONTROLLER")
+        .env("WEFT_ENROLL_TOKEN", &token)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    until(
+        "the agent to report at the second URL",
+        Duration::from_secs(20),
+        || {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(weft(d, &env, &["--json", "nodes"]))).ok()?;
+            (v.as_array()?.len() == 1 && v[0]["liveness"] == "ok").then_some(())
+        },
+    );
+
+    // Every URL dead: exit 2 within the bound, each URL named with what it said.
+    let u3 = format!("http://127.0.0.1:{}", free_port());
+    let dead = format!("{u1},{u3}");
+    let t = Instant::now();
+    let o = weft(
+        d,
+        &[("WEFT_CONTROLLER_URLS", dead.as_str())],
+        &["--json", "tenant", "list", "--timeout-s", "2"],
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let all = text(&o);
+    assert!(
+        all.contains(&u1) && all.contains(&u3) && all.contains("refused"),
+        "{all}"
+    );
+
+    // `url` and `urls` together: refused, naming both.
+    std::fs::write(
+        d.join("weft.toml"),
+        format!("[controller]\nurl = \"{u2}\"\nurls = [\"{u1}\", \"{u2}\"]\n"),
+    )
+    .unwrap();
+    let o = weft(d, &[], &["--config", "weft.toml", "tenant", "list"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("`url` and `urls`"), "{}", text(&o));
+}
