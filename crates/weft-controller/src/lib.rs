@@ -36,6 +36,7 @@ pub mod lease;
 pub mod metrics;
 pub mod model;
 mod openapi;
+pub mod pgdump;
 pub mod reconcile;
 pub mod render;
 pub mod restore;

@@ -266,10 +266,11 @@ pub struct ControllerArgs {
 /// Operator commands on a controller's store.
 #[derive(Subcommand)]
 pub enum ControllerCommand {
-    /// Copy the store into FILE while the controller runs (SQLite's online backup API: one
-    /// consistent moment, checked with quick_check; the file is new and 0600).
+    /// Copy the store into FILE while the controller runs, as one consistent moment: SQLite's
+    /// online backup API (checked with quick_check), or on PostgreSQL `pg_dump` of one
+    /// exported snapshot (custom format). The file is new and 0600.
     #[command(
-        after_help = "Example:\n  weft --config weft.toml controller backup /backup/controller-$(date +%F).db\n  weft controller backup --db /var/lib/weft/controller.db /backup/ctl.db --json\n\nPut it back with `weft controller restore --from FILE` on a stopped controller."
+        after_help = "Example:\n  weft --config weft.toml controller backup /backup/controller-$(date +%F).db\n  weft controller backup --db /var/lib/weft/controller.db /backup/ctl.db --json\n  weft controller backup --store postgres://weft@db/weft /backup/ctl.pgdump\n\nPut it back with `weft controller restore --from FILE` on a stopped controller (on\nPostgreSQL: into a fresh, empty database)."
     )]
     Backup {
         /// The backup file to create (never overwritten).
@@ -292,7 +293,7 @@ pub enum ControllerCommand {
     /// manager holds, and raise the store's fencing number above it, so that its
     /// deliveries replace theirs and a controller still on the older number is refused.
     #[command(
-        after_help = "Example:\n  systemctl stop weft-controller\n  weft --config weft.toml controller restore --from /backup/ctl.db --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n  weft controller restore --db /var/lib/weft/controller.db   # a store copied back by hand\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
+        after_help = "Example:\n  systemctl stop weft-controller\n  weft --config weft.toml controller restore --from /backup/ctl.db --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n  weft controller restore --db /var/lib/weft/controller.db   # a store copied back by hand\n  createdb weft2 && weft controller restore --from /backup/ctl.pgdump --store postgres://weft@db/weft2\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
     )]
     Restore {
         /// The SQLite database [default: `[controller] db` of weft.toml, else
@@ -309,7 +310,8 @@ pub enum ControllerCommand {
         )]
         store: Option<String>,
         /// A backup (`weft controller backup`) to put in place of --db first (checked
-        /// before anything is replaced).
+        /// before anything is replaced); on PostgreSQL, loaded with pg_restore into the
+        /// --store database, which must be fresh and empty.
         #[arg(long)]
         from: Option<PathBuf>,
         /// No subnet managers to read (a store used with `weft controller --no-fabric`).

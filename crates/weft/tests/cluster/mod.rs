@@ -961,11 +961,13 @@ fn backup_while_running_and_restore_only_once_stopped_through_the_cli() {
 
 /// `weft controller --store URL` on a real PostgreSQL (weft_testbed::Postgres): an empty
 /// database is refused without `--init`, naming the store and the flag; with it the
-/// controller serves from PostgreSQL (`weft tenants create` lands there); `backup` is
-/// refused with pg_dump's advice and `restore --from` with pg_restore's (exit 2); `restore`
-/// is refused while the controller runs and raises the fencing number once it is stopped.
+/// controller serves from PostgreSQL (`weft tenants create` lands there); `backup` while it
+/// runs writes a new 0600 pg_dump archive (JSON report) and never over a file (exit 2);
+/// `restore --from` over a database with tables is refused (exit 2); `restore` is refused
+/// while the controller runs and raises the fencing number once it is stopped; `restore
+/// --from` into a fresh database brings the tenant back and raises its fencing number.
 #[test]
-fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
+fn a_controller_on_postgresql_through_the_cli_backed_up_with_pg_dump_and_restored_fresh() {
     if let Err(why) = weft_testbed::Postgres::available() {
         weft_netns::require::skip("weft controller --store postgres", &why);
         return;
@@ -1017,18 +1019,38 @@ fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
         "{psql:?}"
     );
 
+    // A backup while it runs: pg_dump of one snapshot, a new 0600 file, never over one.
     let o = weft(
         d,
         &[("WEFT_STORE_URL", &url)],
-        &["controller", "backup", "b.dump"],
+        &["--json", "controller", "backup", "b.pgdump"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["bytes"].as_u64().unwrap() > 0 && v["audit_lines"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.join("b.pgdump"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let o = weft(
+        d,
+        &[("WEFT_STORE_URL", &url)],
+        &["controller", "backup", "b.pgdump"],
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("pg_dump"), "{}", text(&o));
-    assert!(!d.join("b.dump").exists());
+    assert!(text(&o).contains("exists already"), "{}", text(&o));
     let restore = ["controller", "restore", "--store", &url, "--no-fabric"];
-    let o = weft(d, &[], &[&restore[..], &["--from", "b.dump"]].concat());
+    // Never over a store: the live database holds tables.
+    let o = weft(d, &[], &[&restore[..], &["--from", "b.pgdump"]].concat());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("pg_restore"), "{}", text(&o));
+    assert!(text(&o).contains("fresh, empty database"), "{}", text(&o));
     let o = weft(d, &[], &restore);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
@@ -1040,6 +1062,32 @@ fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
     let o = weft(d, &[], &restore);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
+    // Into a fresh database: bob is there, and the fencing number rose past the backup's.
+    let fresh = pg.database("fresh").unwrap();
+    let o = weft(
+        d,
+        &[],
+        &[
+            "controller",
+            "restore",
+            "--store",
+            &fresh,
+            "--no-fabric",
+            "--from",
+            "b.pgdump",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("fencing number 1 -> 2"), "{}", text(&o));
+    let psql = Command::new(std::path::Path::new(weft_testbed::PG_BIN).join("psql"))
+        .args([&fresh, "-qAt", "-c", "SELECT name FROM tenants"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&psql.stdout).trim(),
+        "bob",
+        "{psql:?}"
+    );
 }
 
 /// TLS through the binary: plain HTTP off loopback is refused (controller and client)
