@@ -664,9 +664,20 @@ pub(crate) fn failed(e: ClientError, json: bool) -> Result<u8> {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
     };
-    let extra = match e.status() {
-        Some(s) => serde_json::json!({ "http_status": s }),
-        None => serde_json::Value::Null,
+    let tried = |t: &[weft_controller::client::Tried]| -> Vec<serde_json::Value> {
+        t.iter()
+            .map(|t| serde_json::json!({ "url": t.url, "said": t.said }))
+            .collect()
+    };
+    let extra = match (&e, e.status()) {
+        (ClientError::OutcomeUnknown { url, tried: t, .. }, _) => {
+            serde_json::json!({ "outcome": "unknown", "sent_to": url, "tried": tried(t) })
+        }
+        (ClientError::NoController { tried: t, .. }, _) => {
+            serde_json::json!({ "tried": tried(t) })
+        }
+        (_, Some(s)) => serde_json::json!({ "http_status": s }),
+        (_, None) => serde_json::Value::Null,
     };
     output::error(json, code, &e.to_string(), &[], extra);
     Ok(code)

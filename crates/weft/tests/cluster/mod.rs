@@ -1714,6 +1714,17 @@ fn the_cli_and_an_agent_go_on_to_the_second_controller_when_the_first_is_dead() 
         all.contains(&u1) && all.contains(&u3) && all.contains("refused"),
         "{all}"
     );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tried: Vec<&str> = v["tried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["url"].as_str().unwrap())
+        .collect();
+    assert!(
+        tried.len() == 2 && tried[0].starts_with(&u1) && tried[1].starts_with(&u3),
+        "{v}"
+    );
 
     // `url` and `urls` together: refused, naming both.
     std::fs::write(
