@@ -12,7 +12,8 @@
 //!    crash of the process, not of the machine), R rounds alternating the two, each round
 //!    S seconds of agents each reporting once per `--period-ms P` (default 1000: ten times
 //!    a real fleet's heartbeat) at random phases, then S seconds back to back: the medians
-//!    over the rounds of p50 and p99, and the ratio PostgreSQL / SQLite.
+//!    over the rounds of p50 and p99, and the ratio PostgreSQL / SQLite. `--pg-no-fsync`
+//!    runs PostgreSQL with fsync off, to tell the disk's part from the code's.
 //! 2. From `group move` (the API call `weft group move` makes) to verified ports, on a
 //!    32-HCA two-level fat tree (Topology::fat_tree(4, 2, 32, 4)) under the real OpenSM
 //!    with a primary and a standby: median, min and max of R moves (default 9).
@@ -185,7 +186,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The same fleet against SQLite and PostgreSQL, alternating, `rounds` times.
 async fn stores(agents: usize, secs: u64, rounds: usize, period: Duration) {
     // Durable like SQLite's WAL with synchronous=NORMAL: fsync on, commits not waited for.
-    let pg = tokio::task::block_in_place(weft_testbed::Postgres::start_durable)
+    // `--pg-no-fsync`: fsync off, to tell the disk's part from the code's.
+    let start = if std::env::args().any(|a| a == "--pg-no-fsync") {
+        weft_testbed::Postgres::start
+    } else {
+        weft_testbed::Postgres::start_durable
+    };
+    let pg = tokio::task::block_in_place(start)
         .expect("PostgreSQL (Debian's postgresql package) for --stores");
     println!(
         "postgresql: fsync {}, full_page_writes {}, synchronous_commit {}",
