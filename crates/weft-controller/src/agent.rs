@@ -24,6 +24,9 @@ use crate::tls::ClientTls;
 pub struct AgentConfig {
     /// The controller's base URL.
     pub controller: String,
+    /// Every controller of the store, `controller` among them: the agent fails over between
+    /// them ([`crate::client`]). Empty: `controller` alone.
+    pub controllers: Vec<String>,
     /// A one-time enrollment token (needed only until the agent has enrolled).
     pub enroll_token: Option<Secret>,
     /// Where the agent keeps its credentials after enrolling (mode 0600).
@@ -69,6 +72,7 @@ impl AgentConfig {
     pub fn new(controller: &str, state_file: PathBuf, sysfs_root: PathBuf) -> AgentConfig {
         AgentConfig {
             controller: controller.to_string(),
+            controllers: Vec::new(),
             enroll_token: None,
             state_file,
             sysfs_root,
@@ -295,7 +299,12 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), AgentError> {
     let mut report = discover(&cfg).await?;
-    let anonymous = Client::with_tls(&cfg.controller, None, cfg.request_timeout, &cfg.tls)?;
+    let urls = if cfg.controllers.is_empty() {
+        vec![cfg.controller.clone()]
+    } else {
+        cfg.controllers.clone()
+    };
+    let anonymous = Client::over(&urls, None, cfg.request_timeout, &cfg.tls)?;
     let creds = match load(&cfg)? {
         Some(c) => c,
         None => {

@@ -38,6 +38,7 @@ pub mod links;
 pub mod metrics;
 pub mod model;
 mod openapi;
+pub mod pgdump;
 pub mod reconcile;
 pub mod render;
 pub mod restore;

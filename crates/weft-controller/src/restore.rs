@@ -45,6 +45,9 @@ pub enum RestoreError {
     /// The store.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// A PostgreSQL backup could not be loaded.
+    #[error(transparent)]
+    Dump(#[from] crate::pgdump::DumpError),
 }
 
 /// Reads every SM's file through `fabric`, and raises `store`'s fencing number above the
@@ -57,6 +60,22 @@ pub fn restore(
     now: u64,
 ) -> Result<RestoreReport, RestoreError> {
     crate::server::while_stopped(store, || restore_held(store, fabric, actor, now))?
+}
+
+/// Loads the PostgreSQL backup `dump` ([`crate::pgdump::dump`]'s) into the fresh, empty
+/// database at `url` and [`restore`]s it there: the fencing number raised above what the
+/// SMs hold. Refused when the database holds any table (never over a store), and when the
+/// file is not a `pg_dump` archive.
+pub fn restore_from_dump(
+    dump: &std::path::Path,
+    url: &str,
+    fabric: &dyn Fabric,
+    actor: &str,
+    now: u64,
+) -> Result<RestoreReport, RestoreError> {
+    crate::pgdump::load(dump, url)?;
+    let store = crate::store::PgStore::open(url, false)?;
+    restore(&store, fabric, actor, now)
 }
 
 /// Puts the backup `backup` in place of the store `db` and [`restore`]s it: refused while a

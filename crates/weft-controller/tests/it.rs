@@ -742,6 +742,7 @@ async fn openapi_describes_every_route() {
 
 // ---------------------------------------------------------------- the real fabric
 
+mod failover;
 mod fencing;
 mod storage;
 

@@ -51,6 +51,18 @@ impl Postgres {
     /// Creates a cluster in a temporary directory and starts it on a unix socket there;
     /// returns once it accepts connections (`pg_ctl -w`, bounded by `-t 30`).
     pub fn start() -> Result<Postgres, TestbedError> {
+        Self::start_with(false)
+    }
+
+    /// [`Postgres::start`], writing durably as a production server does (`fsync` and
+    /// `full_page_writes` on), with `synchronous_commit` off: a commit survives a crash of
+    /// the process, not of the machine, as SQLite's WAL with `synchronous=NORMAL`. For
+    /// benchmarks that compare the two stores.
+    pub fn start_durable() -> Result<Postgres, TestbedError> {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> Result<Postgres, TestbedError> {
         Self::available().map_err(TestbedError::Missing)?;
         let dir = tempfile::Builder::new()
             .prefix("weft-pg-")
@@ -95,8 +107,9 @@ impl Postgres {
             ],
         )?;
         let log = pg.dir.path().join("server.log").display().to_string();
+        let writes = if durable { "on" } else { "off" };
         let opts = format!(
-            "-c listen_addresses='' -k {} -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            "-c listen_addresses='' -k {} -c fsync={writes} -c synchronous_commit=off -c full_page_writes={writes}",
             pg.socket_dir().display()
         );
         if pg.as_nobody {

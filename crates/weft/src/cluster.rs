@@ -41,9 +41,14 @@ pub struct Remote {
 #[derive(Args)]
 pub struct Trust {
     /// The controller's API: https://HOST:PORT, or http:// on loopback [default:
-    /// `[controller] url` of weft.toml, else http://127.0.0.1:7100].
+    /// `--controller-urls`, else `[controller] urls` or `url` of weft.toml, else
+    /// http://127.0.0.1:7100].
     #[arg(long, env = "WEFT_CONTROLLER")]
     controller: Option<String>,
+    /// The controllers of one store, comma-separated (a leader and its followers): a call
+    /// that cannot reach one goes on to the next, and follows a follower to the leader.
+    #[arg(long, env = "WEFT_CONTROLLER_URLS", value_name = "URL,URL...")]
+    controller_urls: Option<String>,
     /// PEM CA certificate(s) to verify the controller's certificate and name against.
     #[arg(long, env = "WEFT_CA_FILE")]
     ca_file: Option<PathBuf>,
@@ -57,19 +62,48 @@ pub struct Trust {
 }
 
 impl Trust {
-    /// The URL and the TLS settings, the flags over the config file.
-    fn resolve(&self, file: &ControllerClientConfig) -> (String, ClientTls) {
-        let url = self
-            .controller
-            .clone()
-            .or_else(|| file.url.clone())
-            .unwrap_or_else(|| "http://127.0.0.1:7100".into());
+    /// The URLs and the TLS settings, the flags over the config file.
+    fn resolve(&self, file: &ControllerClientConfig) -> Result<(Vec<String>, ClientTls)> {
+        let urls = controller_urls(
+            self.controller.as_deref(),
+            self.controller_urls.as_deref(),
+            file,
+        )?;
         let tls = ClientTls {
             ca_file: self.ca_file.clone().or_else(|| file.ca_file.clone()),
             pin: self.pin.clone().or_else(|| file.pin.clone()),
             insecure_http: self.insecure_http || file.insecure_http,
         };
-        (url, tls)
+        Ok((urls, tls))
+    }
+}
+
+/// The controller URLs a client talks to: `one` (`--controller`, `WEFT_CONTROLLER`) as a
+/// one-element list, else `list` (`--controller-urls`, `WEFT_CONTROLLER_URLS`,
+/// comma-separated), else `[controller] urls`, else `[controller] url`, else the loopback
+/// default. The file giving both `url` and `urls` is refused: which one it means is not
+/// for weft to guess.
+pub(crate) fn controller_urls(
+    one: Option<&str>,
+    list: Option<&str>,
+    file: &ControllerClientConfig,
+) -> Result<Vec<String>> {
+    if let Some(u) = one.filter(|u| !u.trim().is_empty()) {
+        return Ok(vec![u.trim().to_string()]);
+    }
+    if let Some(l) = list.filter(|l| !l.trim().is_empty()) {
+        return Ok(weft_controller::client::split_urls(l));
+    }
+    match (&file.url, &file.urls) {
+        (Some(_), Some(_)) => Err(anyhow!(
+            "[controller] gives both `url` and `urls`: keep one (`urls = [\"https://a:7100\", \"https://b:7100\"]` names every controller of the store)"
+        )),
+        (None, Some(l)) if l.is_empty() => Err(anyhow!(
+            "[controller] urls is empty: name at least one controller, e.g. urls = [\"https://ctl:7100\"]"
+        )),
+        (None, Some(l)) => Ok(l.clone()),
+        (Some(u), None) => Ok(vec![u.clone()]),
+        (None, None) => Ok(vec!["http://127.0.0.1:7100".into()]),
     }
 }
 
@@ -246,10 +280,11 @@ pub enum ControllerCommand {
     /// The store's audit log: prune the lines older than a time.
     #[command(subcommand)]
     Audit(ControllerAuditCommand),
-    /// Copy the store into FILE while the controller runs (SQLite's online backup API: one
-    /// consistent moment, checked with quick_check; the file is new and 0600).
+    /// Copy the store into FILE while the controller runs, as one consistent moment: SQLite's
+    /// online backup API (checked with quick_check), or on PostgreSQL `pg_dump` of one
+    /// exported snapshot (custom format). The file is new and 0600.
     #[command(
-        after_help = "Example:\n  weft --config weft.toml controller backup /backup/controller-$(date +%F).db\n  weft controller backup --db /var/lib/weft/controller.db /backup/ctl.db --json\n\nPut it back with `weft controller restore --from FILE` on a stopped controller."
+        after_help = "Example:\n  weft --config weft.toml controller backup /backup/controller-$(date +%F).db\n  weft controller backup --db /var/lib/weft/controller.db /backup/ctl.db --json\n  weft controller backup --store postgres://weft@db/weft /backup/ctl.pgdump\n\nPut it back with `weft controller restore --from FILE` on a stopped controller (on\nPostgreSQL: into a fresh, empty database)."
     )]
     Backup {
         /// The backup file to create (never overwritten).
@@ -272,7 +307,7 @@ pub enum ControllerCommand {
     /// manager holds, and raise the store's fencing number above it, so that its
     /// deliveries replace theirs and a controller still on the older number is refused.
     #[command(
-        after_help = "Example:\n  systemctl stop weft-controller\n  weft --config weft.toml controller restore --from /backup/ctl.db --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n  weft controller restore --db /var/lib/weft/controller.db   # a store copied back by hand\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
+        after_help = "Example:\n  systemctl stop weft-controller\n  weft --config weft.toml controller restore --from /backup/ctl.db --db /var/lib/weft/controller.db\n  systemctl start weft-controller\n  weft controller restore --db /var/lib/weft/controller.db   # a store copied back by hand\n  createdb weft2 && weft controller restore --from /backup/ctl.pgdump --store postgres://weft@db/weft2\n\nUntil then, a controller on a store older than what the SMs hold delivers nothing: each\nattempt is refused at the SMs' apply lock and audited (`fence`, `refused`). The command\nprints the diff its state makes to the master's file; it refuses while a controller runs\non the store."
     )]
     Restore {
         /// The SQLite database [default: `[controller] db` of weft.toml, else
@@ -289,7 +324,8 @@ pub enum ControllerCommand {
         )]
         store: Option<String>,
         /// A backup (`weft controller backup`) to put in place of --db first (checked
-        /// before anything is replaced).
+        /// before anything is replaced); on PostgreSQL, loaded with pg_restore into the
+        /// --store database, which must be fresh and empty.
         #[arg(long)]
         from: Option<PathBuf>,
         /// No subnet managers to read (a store used with `weft controller --no-fabric`).
@@ -668,13 +704,14 @@ pub(crate) fn client(r: &Remote, file: &ControllerClientConfig) -> Result<Client
 
 /// The API client of `r` (flags over `[controller]` of weft.toml), and the URL it talks to.
 pub fn client_for(r: &Remote, file: &ControllerClientConfig) -> Result<(Client, String)> {
-    let (url, tls) = r.trust.resolve(file);
-    let c = Client::with_tls(
-        &url,
+    let (urls, tls) = r.trust.resolve(file)?;
+    let c = Client::over(
+        &urls,
         r.token.clone().map(Secret::new),
         Duration::from_secs(r.timeout_s.max(1)),
         &tls,
     )?;
+    let url = c.current_url().to_string();
     Ok((c, url))
 }
 
@@ -688,9 +725,20 @@ pub(crate) fn failed(e: ClientError, json: bool) -> Result<u8> {
         ClientError::NotApplied { .. } => EXIT_CHECK_FAILED,
         _ => EXIT_ENVIRONMENT,
     };
-    let extra = match e.status() {
-        Some(s) => serde_json::json!({ "http_status": s }),
-        None => serde_json::Value::Null,
+    let tried = |t: &[weft_controller::client::Tried]| -> Vec<serde_json::Value> {
+        t.iter()
+            .map(|t| serde_json::json!({ "url": t.url, "said": t.said }))
+            .collect()
+    };
+    let extra = match (&e, e.status()) {
+        (ClientError::OutcomeUnknown { url, tried: t, .. }, _) => {
+            serde_json::json!({ "outcome": "unknown", "sent_to": url, "tried": tried(t) })
+        }
+        (ClientError::NoController { tried: t, .. }, _) => {
+            serde_json::json!({ "tried": tried(t) })
+        }
+        (_, Some(s)) => serde_json::json!({ "http_status": s }),
+        (_, None) => serde_json::Value::Null,
     };
     output::error(json, code, &e.to_string(), &[], extra);
     Ok(code)
@@ -899,8 +947,9 @@ fn server_tls(a: &ControllerRun) -> Result<Option<ServerTls>> {
 }
 
 fn agent(a: AgentRun, file: &ControllerClientConfig, json: bool) -> Result<u8> {
-    let (url, tls) = a.trust.resolve(file);
-    let mut cfg = AgentConfig::new(&url, a.state_file, a.sysfs_root);
+    let (urls, tls) = a.trust.resolve(file)?;
+    let mut cfg = AgentConfig::new(&urls[0], a.state_file, a.sysfs_root);
+    cfg.controllers = urls;
     cfg.tls = tls;
     cfg.enroll_token = a.enroll_token.map(Secret::new);
     cfg.heartbeat = Duration::from_secs_f64(a.heartbeat_s.max(0.05));

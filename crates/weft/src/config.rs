@@ -42,9 +42,15 @@ pub struct Config {
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerClientConfig {
-    /// The controller's API, e.g. `https://ctl:7100`.
+    /// The controller's API, e.g. `https://ctl:7100` (or `urls`, not both).
     #[schemars(example = &"https://ctl:7100")]
     pub url: Option<String>,
+    /// Every controller of one store (a leader and its followers on PostgreSQL), for the CLI
+    /// and `weft agent`: a call that cannot reach one goes on to the next, and follows a
+    /// follower's `421` to the leader when it is one of these (`WEFT_CONTROLLER_URLS`,
+    /// comma-separated, and `--controller` win).
+    #[schemars(example = &["https://ctl-a:7100", "https://ctl-b:7100"])]
+    pub urls: Option<Vec<String>>,
     /// PEM CA certificates to verify the controller against.
     #[schemars(example = &"/etc/weft/ca.pem")]
     pub ca_file: Option<PathBuf>,

@@ -412,14 +412,22 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
 }
 
 /// The controller's status (drift, applied file) when one is configured (`[controller]
-/// url` or `WEFT_CONTROLLER`, token from `WEFT_TOKEN`, trust from `[controller]`,
-/// `WEFT_CA_FILE`, `WEFT_PIN`); `None` when none is.
+/// url` or `urls`, `WEFT_CONTROLLER` or `WEFT_CONTROLLER_URLS`, token from `WEFT_TOKEN`,
+/// trust from `[controller]`, `WEFT_CA_FILE`, `WEFT_PIN`); `None` when none is.
 fn controller_status(
     cfg: &Config,
 ) -> Option<Result<weft_controller::model::StatusView, weft_controller::client::ClientError>> {
+    use weft_controller::client::{Client, ClientError};
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let c = &cfg.controller;
-    let url = env("WEFT_CONTROLLER").or_else(|| c.url.clone())?;
+    let (one, list) = (env("WEFT_CONTROLLER"), env("WEFT_CONTROLLER_URLS"));
+    if one.is_none() && list.is_none() && c.url.is_none() && c.urls.is_none() {
+        return None;
+    }
+    let urls = match crate::cluster::controller_urls(one.as_deref(), list.as_deref(), c) {
+        Ok(u) => u,
+        Err(e) => return Some(Err(ClientError::Config(e.to_string()))),
+    };
     let tls = weft_controller::tls::ClientTls {
         ca_file: env("WEFT_CA_FILE")
             .map(PathBuf::from)
@@ -429,12 +437,11 @@ fn controller_status(
     };
     let token = env("WEFT_TOKEN").map(weft_controller::auth::Secret::new);
     let run = || {
-        let client =
-            weft_controller::client::Client::with_tls(&url, token, Duration::from_secs(10), &tls)?;
+        let client = Client::over(&urls, token, Duration::from_secs(10), &tls)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| weft_controller::client::ClientError::Config(e.to_string()))?;
+            .map_err(|e| ClientError::Config(e.to_string()))?;
         rt.block_on(client.status())
     };
     Some(run())

@@ -1,6 +1,6 @@
-//! `weft controller backup` and `weft controller restore`: SQLite's copy and restore, and
-//! on a PostgreSQL store the advice to use PostgreSQL's own tools (and the fencing raise);
-//! `weft controller audit prune` on either store.
+//! `weft controller backup` and `weft controller restore`: SQLite's online backup, and on
+//! a PostgreSQL store pg_dump of one snapshot and pg_restore into a fresh database; then
+//! the fencing raise. `weft controller audit prune` on either store.
 
 use std::path::PathBuf;
 
@@ -12,8 +12,8 @@ use crate::EXIT_OK;
 use crate::config::Config;
 use crate::output;
 
-/// `weft controller backup`: a SQLite store copied; a PostgreSQL store refused with
-/// pg_dump's advice.
+/// `weft controller backup`: a SQLite store copied through SQLite's online backup API, a
+/// PostgreSQL store dumped with `pg_dump` (one exported snapshot).
 pub(super) fn backup(
     file: &std::path::Path,
     db: Option<PathBuf>,
@@ -22,11 +22,27 @@ pub(super) fn backup(
     json: bool,
 ) -> Result<u8> {
     match postgres_url(store, db.as_ref(), cfg) {
-        Some(url) => Err(anyhow!(
-            "the store is on PostgreSQL ({}): back it up with PostgreSQL's own tools, e.g. `pg_dump --format=custom --file {} 'URL'` (one consistent snapshot while the controller runs), or its replication; `weft controller backup` copies SQLite stores only",
-            weft_controller::store::redact(&url),
-            file.display()
-        )),
+        Some(url) => {
+            let r = weft_controller::pgdump::dump(&url, file).with_context(|| {
+                format!(
+                    "backup of {} into {}",
+                    weft_controller::store::redact(&url),
+                    file.display()
+                )
+            })?;
+            print_backup(
+                &r,
+                [
+                    r.path.display().to_string(),
+                    r.bytes.to_string(),
+                    r.desired_generation.to_string(),
+                    r.applied_generation.to_string(),
+                    r.operations.to_string(),
+                    r.audit_lines.to_string(),
+                ],
+                json,
+            )
+        }
         None => backup_sqlite(file, db, cfg, json),
     }
 }
@@ -66,19 +82,23 @@ fn restore_postgres(
     json: bool,
 ) -> Result<u8> {
     let name = weft_controller::store::redact(url);
-    if let Some(from) = from {
-        return Err(anyhow!(
-            "the store is on PostgreSQL ({name}): put {} back with `pg_restore --dbname 'URL' {}` into an empty database first, then run `weft controller restore --store URL` without --from",
-            from.display(),
-            from.display()
-        ));
-    }
     let fabric = fabric_of(no_fabric, cfg)?;
-    let store = PgStore::open(url, false)?;
     let actor = format!(
         "operator:{}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".into())
     );
+    if let Some(from) = from {
+        let r = weft_controller::restore::restore_from_dump(
+            &from,
+            url,
+            fabric.as_ref(),
+            &actor,
+            weft_controller::unix_now(),
+        )
+        .with_context(|| format!("restore of {name} from {}", from.display()))?;
+        return print_restore(&r, json);
+    }
+    let store = PgStore::open(url, false)?;
     let r = weft_controller::restore::restore(
         &store,
         fabric.as_ref(),
@@ -105,8 +125,25 @@ fn backup_sqlite(
     let db = store_path(db, cfg);
     let r = SqliteStore::backup(&db, file)
         .with_context(|| format!("backup of {} into {}", db.display(), file.display()))?;
+    print_backup(
+        &r,
+        [
+            r.path.display().to_string(),
+            r.bytes.to_string(),
+            r.desired_generation.to_string(),
+            r.applied_generation.to_string(),
+            r.operations.to_string(),
+            r.audit_lines.to_string(),
+        ],
+        json,
+    )
+}
+
+/// A backup's report: its JSON, or a one-row table of `row` (file, bytes, generations,
+/// counts).
+fn print_backup(whole: &impl serde::Serialize, row: [String; 6], json: bool) -> Result<u8> {
     if json {
-        output::json(&r)?;
+        output::json(whole)?;
     } else {
         println!(
             "{}",
@@ -119,14 +156,7 @@ fn backup_sqlite(
                     "OPERATIONS",
                     "AUDIT LINES"
                 ],
-                [[
-                    r.path.display().to_string(),
-                    r.bytes.to_string(),
-                    r.desired_generation.to_string(),
-                    r.applied_generation.to_string(),
-                    r.operations.to_string(),
-                    r.audit_lines.to_string(),
-                ]]
+                [row]
             )
         );
     }

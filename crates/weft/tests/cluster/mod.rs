@@ -1057,11 +1057,13 @@ fn the_audit_is_pruned_through_the_cli_under_a_line_that_records_it_while_the_co
 
 /// `weft controller --store URL` on a real PostgreSQL (weft_testbed::Postgres): an empty
 /// database is refused without `--init`, naming the store and the flag; with it the
-/// controller serves from PostgreSQL (`weft tenants create` lands there); `backup` is
-/// refused with pg_dump's advice and `restore --from` with pg_restore's (exit 2); `restore`
-/// is refused while the controller runs and raises the fencing number once it is stopped.
+/// controller serves from PostgreSQL (`weft tenants create` lands there); `backup` while it
+/// runs writes a new 0600 pg_dump archive (JSON report) and never over a file (exit 2);
+/// `restore --from` over a database with tables is refused (exit 2); `restore` is refused
+/// while the controller runs and raises the fencing number once it is stopped; `restore
+/// --from` into a fresh database brings the tenant back and raises its fencing number.
 #[test]
-fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
+fn a_controller_on_postgresql_through_the_cli_backed_up_with_pg_dump_and_restored_fresh() {
     if let Err(why) = weft_testbed::Postgres::available() {
         weft_netns::require::skip("weft controller --store postgres", &why);
         return;
@@ -1113,18 +1115,38 @@ fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
         "{psql:?}"
     );
 
+    // A backup while it runs: pg_dump of one snapshot, a new 0600 file, never over one.
     let o = weft(
         d,
         &[("WEFT_STORE_URL", &url)],
-        &["controller", "backup", "b.dump"],
+        &["--json", "controller", "backup", "b.pgdump"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["bytes"].as_u64().unwrap() > 0 && v["audit_lines"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.join("b.pgdump"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let o = weft(
+        d,
+        &[("WEFT_STORE_URL", &url)],
+        &["controller", "backup", "b.pgdump"],
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("pg_dump"), "{}", text(&o));
-    assert!(!d.join("b.dump").exists());
+    assert!(text(&o).contains("exists already"), "{}", text(&o));
     let restore = ["controller", "restore", "--store", &url, "--no-fabric"];
-    let o = weft(d, &[], &[&restore[..], &["--from", "b.dump"]].concat());
+    // Never over a store: the live database holds tables.
+    let o = weft(d, &[], &[&restore[..], &["--from", "b.pgdump"]].concat());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("pg_restore"), "{}", text(&o));
+    assert!(text(&o).contains("fresh, empty database"), "{}", text(&o));
     let o = weft(d, &[], &restore);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
@@ -1138,6 +1160,32 @@ fn a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump() {
     // The controller took the leader's lease at start (fencing 1 -> 2); the restore goes
     // above that.
     assert!(text(&o).contains("fencing number 2 -> 3"), "{}", text(&o));
+    // Into a fresh database: bob is there, and the fencing number rose past the backup's.
+    let fresh = pg.database("fresh").unwrap();
+    let o = weft(
+        d,
+        &[],
+        &[
+            "controller",
+            "restore",
+            "--store",
+            &fresh,
+            "--no-fabric",
+            "--from",
+            "b.pgdump",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("fencing number 2 -> 3"), "{}", text(&o));
+    let psql = Command::new(std::path::Path::new(weft_testbed::PG_BIN).join("psql"))
+        .args([&fresh, "-qAt", "-c", "SELECT name FROM tenants"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&psql.stdout).trim(),
+        "bob",
+        "{psql:?}"
+    );
 }
 
 /// TLS through the binary: plain HTTP off loopback is refused (controller and client)
@@ -1653,4 +1701,136 @@ fn a_lease_ends_verified_after_kill_9_at_its_boundary() {
         .find(|g| g["name"] == "pool")
         .unwrap();
     assert_eq!(pool["members"].as_array().unwrap().len(), 2, "{groups}");
+}
+
+/// A list of controller URLs through the CLI and `weft agent`: two SQLite controllers, the
+/// one at the first URL stopped (killed), the second running. `WEFT_CONTROLLER_URLS` and
+/// `[controller] urls` both reach the second (a write made once, a read that sees it), an
+/// agent process given both URLs enrolls and reports there; with every URL dead the error
+/// names each URL and what it said (exit 2); `url` and `urls` together in weft.toml are
+/// refused, naming both.
+#[test]
+fn the_cli_and_an_agent_go_on_to_the_second_controller_when_the_first_is_dead() {
+    let first_dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let d = scratch.path();
+    std::fs::write(first_dir.path().join("weft.toml"), "").unwrap();
+    std::fs::write(d.join("weft.toml"), "").unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    // The first controller ran, and died.
+    stop(start_controller_with(
+        first_dir.path(),
+        p1,
+        &["--no-fabric"],
+    ));
+    let _second = start_controller_with(d, p2, &["--no-fabric"]);
+
+    let list = format!("{u1},{u2}");
+    let env = [("WEFT_CONTROLLER_URLS", list.as_str())];
+    ok(weft(d, &env, &["tenant", "create", "bob"]));
+    std::fs::write(
+        d.join("weft.toml"),
+        format!("[controller]\nurls = [\"{u1}\", \"{u2}\"]\n"),
+    )
+    .unwrap();
+    let listed = ok(weft(
+        d,
+        &[],
+        &["--config", "weft.toml", "--json", "tenant", "list"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["name"] == "bob")
+            .count(),
+        1,
+        "{v}"
+    );
+
+    // An agent with both URLs (from weft.toml) enrolls and reports at the second.
+    write_host(
+        &d.join("host-y"),
+        &HostSpec::new("nodey").with_hca(
+            HcaSpec::new("mlx5_0", Guid(0x78_0000), "0000:01:00.0")
+                .with_port(PortSpec::infiniband(1)),
+        ),
+    )
+    .unwrap();
+    let token = ok(weft(d, &env, &["nodes", "enroll", "--server", "nodey"]))
+        .trim()
+        .to_string();
+    let _agent = Proc(
+        weft_cmd(
+            d,
+            &[
+                "--config",
+                "weft.toml",
+                "agent",
+                "--state-file",
+                "y.json",
+                "--sysfs-root",
+                "host-y",
+                "--heartbeat-s",
+                "0.5",
+            ],
+        )
+        .env_remove("WEFT_CONTROLLER")
+        .env("WEFT_ENROLL_TOKEN", &token)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    until(
+        "the agent to report at the second URL",
+        Duration::from_secs(20),
+        || {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(weft(d, &env, &["--json", "nodes"]))).ok()?;
+            (v.as_array()?.len() == 1 && v[0]["liveness"] == "ok").then_some(())
+        },
+    );
+
+    // Every URL dead: exit 2 within the bound, each URL named with what it said.
+    let u3 = format!("http://127.0.0.1:{}", free_port());
+    let dead = format!("{u1},{u3}");
+    let t = Instant::now();
+    let o = weft(
+        d,
+        &[("WEFT_CONTROLLER_URLS", dead.as_str())],
+        &["--json", "tenant", "list", "--timeout-s", "2"],
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let all = text(&o);
+    assert!(
+        all.contains(&u1) && all.contains(&u3) && all.contains("refused"),
+        "{all}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tried: Vec<&str> = v["tried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["url"].as_str().unwrap())
+        .collect();
+    assert!(
+        tried.len() == 2 && tried[0].starts_with(&u1) && tried[1].starts_with(&u3),
+        "{v}"
+    );
+
+    // `url` and `urls` together: refused, naming both.
+    std::fs::write(
+        d.join("weft.toml"),
+        format!("[controller]\nurl = \"{u2}\"\nurls = [\"{u1}\", \"{u2}\"]\n"),
+    )
+    .unwrap();
+    let o = weft(d, &[], &["--config", "weft.toml", "tenant", "list"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("`url` and `urls`"), "{}", text(&o));
 }

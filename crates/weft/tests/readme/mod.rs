@@ -26,7 +26,7 @@ use weft_fabric::Guid;
 const UNMARKED: &[(&str, &str)] = &[
     (
         "createdb weft",
-        "an operator's PostgreSQL server and role; `cluster::a_controller_on_postgresql_through_the_cli_with_backup_left_to_pg_dump` runs `weft controller --store` on a real PostgreSQL it starts",
+        "an operator's PostgreSQL server and role; `cluster::a_controller_on_postgresql_through_the_cli_backed_up_with_pg_dump_and_restored_fresh` runs `weft controller --store` on a real PostgreSQL it starts",
     ),
     (
         "export WEFT_STORE_URL='postgres://weft@db.example/weft'",
