@@ -194,14 +194,8 @@ impl Connecting {
             rec.table.filter(|_| cq4),
             self.cfg.ofi_stripe_bytes,
         )?;
-        s.data = data;
-        s.stall.timeout = self.cfg.timeout;
-        s.cts_lost.timeout = cts_grace(self.cfg.timeout);
-        s.probe = alive::Probe::new(self.cfg.timeout, Instant::now());
-        if lane.is_some() {
-            s.min_bytes = self.cfg.ofi_min_bytes;
-            s.lane = lane;
-        }
+        s.watch = SendWatch::new(data, self.cfg.timeout, Instant::now());
+        s.lane = lane.map(|tx| LaneSend::new(tx, self.cfg.ofi_min_bytes));
         Ok(s)
     }
 

@@ -205,10 +205,12 @@
 //! and then stops polling its receive for `timeout`. Per-tag indexes are kept per tag seen on a
 //! connection (a map entry per distinct tag, never dropped).
 
+mod eager;
 pub mod fabric;
 mod handshake;
 mod lane;
 mod pool;
+mod rails;
 mod recv;
 mod send;
 mod shared;
@@ -240,10 +242,12 @@ use crate::slab::Slab;
 use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
 use shared::{Ctx, Event, Payload, Port, SharedEp};
 
+use eager::*;
 pub use handshake::{Connecting, Listener};
 use lane::*;
 pub use pool::Registration;
 use pool::*;
+use rails::*;
 pub use recv::RecvConn;
 pub use send::SendConn;
 use send::*;
