@@ -524,9 +524,7 @@ impl Listener {
         // Post the eager buffers before the sender can learn our address.
         let data = data_link(&p.link, &self.backend.dev_name(self.dev), &rec.addr, &eps);
         let mut conn = RecvConn::new(eps, link.clone(), sock, cq_data == 4)?;
-        conn.data = data;
-        conn.stall.timeout = self.cfg.timeout;
-        conn.quiet.timeout = self.cfg.timeout;
+        conn.watch = RecvWatch::new(data, self.cfg.timeout, Instant::now());
         // A TCP lane for small messages, when the sender asks for one.
         let lane_ip = self.backend.lane_addrs.get(self.dev).copied().flatten();
         let mut lane = None;

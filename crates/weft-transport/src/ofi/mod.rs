@@ -208,6 +208,7 @@
 mod eager;
 pub mod fabric;
 mod handshake;
+mod landing;
 mod lane;
 mod pool;
 mod rails;
@@ -244,6 +245,7 @@ use shared::{Ctx, Event, Payload, Port, SharedEp};
 
 use eager::*;
 pub use handshake::{Connecting, Listener};
+use landing::*;
 use lane::*;
 pub use pool::Registration;
 use pool::*;

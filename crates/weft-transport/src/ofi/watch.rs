@@ -149,11 +149,6 @@ impl Side {
         let _ = (&self.sock).write(&b);
     }
 
-    /// Whether the sender's process has not answered our POSTED within `bound` (stopped).
-    pub(super) fn unanswered(&self, bound: Duration) -> bool {
-        self.probed.is_some_and(|t| t.elapsed() >= bound)
-    }
-
     /// A closing receiver's notice to its sender: our end of the side channel shut down (the
     /// sender reads EOF, posts no more writes and answers STOPPED once none is in flight).
     pub(super) fn close_notice(&mut self) {
@@ -438,6 +433,122 @@ impl SendWatch {
     }
 }
 
+/// What a receiver's poll saw, for its [`RecvWatch`].
+#[derive(Debug, Default)]
+pub(super) struct RecvSeen {
+    /// A completion or lane message came.
+    pub(super) progressed: bool,
+    /// A message the sender has started is only partly here (see `RecvConn::timed_work`).
+    pub(super) timed: bool,
+    /// A receive whose CTS left still misses a message.
+    pub(super) waits: bool,
+    /// When our latest POSTED that no ALIVE has answered yet went.
+    pub(super) probed: Option<Instant>,
+    /// The sender's process ended (side channel EOF).
+    pub(super) eof: bool,
+    /// A receive is posted.
+    pub(super) open: bool,
+}
+
+/// Why a [`RecvWatch`] gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RecvGone {
+    /// A message partly here saw nothing more for the bound.
+    Stalled,
+    /// The sender's process did not answer POSTED: it is stopped.
+    Unanswered,
+    /// The sender's process ended and nothing more arrives: the connection is closed.
+    Closed,
+}
+
+/// What one [`RecvWatch::check`] asks of the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct RecvStep {
+    /// Forget the POSTED that waits for an answer (something moved, or nothing waits).
+    pub(super) settled: bool,
+    /// Send POSTED, naming what the receives whose CTS left wait for.
+    pub(super) posted: bool,
+    /// Give up (after the POSTED, if any).
+    pub(super) gone: Option<RecvGone>,
+}
+
+/// Everything that bounds a receiver's waits (see "Failure detection" in the module docs):
+/// the stall timer of a message partly here, the quiet of a receive whose CTS left (which
+/// sends POSTED, again every quarter of the timeout), the answer POSTED is owed, and the wait
+/// after the sender's EOF. Takes `now` and what the poll saw; tested on a virtual clock.
+pub(super) struct RecvWatch {
+    /// The data path, as a stall names it.
+    data: Link,
+    stall: Stall,
+    /// Bounds the wait for the data of a receive whose CTS left, before POSTED is sent.
+    quiet: Stall,
+    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
+    eof_wait: Stall,
+}
+
+impl RecvWatch {
+    pub(super) fn new(data: Link, timeout: Duration, now: Instant) -> RecvWatch {
+        let mut stall = Stall::new(now);
+        stall.timeout = timeout;
+        let mut quiet = Stall::new(now);
+        quiet.timeout = timeout;
+        RecvWatch {
+            data,
+            stall,
+            quiet,
+            eof_wait: eof_wait(now),
+        }
+    }
+
+    /// The configured timeout.
+    pub(super) fn timeout(&self) -> Duration {
+        self.stall.timeout
+    }
+
+    /// The error `gone` stands for; `link` is the connection's (management) link.
+    pub(super) fn error(&self, gone: RecvGone, link: &Link) -> Error {
+        match gone {
+            RecvGone::Stalled => self.data.timeout(Stage::Data, self.stall.timeout),
+            RecvGone::Unanswered => link.timeout(Stage::Data, self.quiet.timeout),
+            RecvGone::Closed => link.closed(Stage::Data),
+        }
+    }
+
+    /// Called on every poll, after the completion queues, the lane and the side channel were
+    /// read. The checks run in order and the first that gives up ends it.
+    pub(super) fn check(&mut self, now: Instant, seen: &RecvSeen) -> RecvStep {
+        let mut step = RecvStep::default();
+        // After reading the completion queues: what completed while nobody polled counts.
+        if self.stall.check(now, seen.progressed, seen.timed) {
+            step.gone = Some(RecvGone::Stalled);
+            return step;
+        }
+        // A receive whose CTS left and nothing since: the sender may not have sent yet (not
+        // an error), or the CTS was lost on a cut data link while the sender waits for it.
+        // Only the sender can tell: POSTED asks it (it fails if it waits for that CTS).
+        if seen.progressed || !seen.waits {
+            step.settled = true;
+        } else if seen
+            .probed
+            .is_some_and(|t| now.saturating_duration_since(t) >= answer_bound(self.quiet.timeout))
+        {
+            step.gone = Some(RecvGone::Unanswered);
+            return step;
+        }
+        if self.quiet.check(now, seen.progressed, seen.waits) {
+            step.posted = true;
+            // Again every quarter of the timeout while it lasts: the sender may have handed
+            // the message over only just before the first one came.
+            self.quiet.rearm(now, self.quiet.timeout / 4);
+        }
+        let after_eof = seen.eof && seen.open;
+        if self.eof_wait.check(now, seen.progressed, after_eof) {
+            step.gone = Some(RecvGone::Closed);
+        }
+        step
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,6 +722,149 @@ mod tests {
             ..SendSeen::default()
         };
         assert_eq!(poll_for(&mut w, &mut now, T, &idle), None);
+    }
+
+    fn recv_watch(now: Instant) -> RecvWatch {
+        let link = Link {
+            peer: SocketAddr::from(([10, 0, 0, 1], 1)),
+            iface: "data0".into(),
+        };
+        RecvWatch::new(link, T, now)
+    }
+
+    #[test]
+    fn a_receiver_with_a_message_partly_here_stalls_after_the_timeout() {
+        let mut now = Instant::now();
+        let mut w = recv_watch(now);
+        let partial = RecvSeen {
+            timed: true,
+            open: true,
+            ..RecvSeen::default()
+        };
+        let mut at = None;
+        for i in 1..=2 * T.as_millis() as u32 {
+            now += Duration::from_millis(1);
+            let s = w.check(now, &partial);
+            if s.gone.is_some() {
+                at = Some((i, s.gone));
+                break;
+            }
+        }
+        assert_eq!(at, Some((T.as_millis() as u32, Some(RecvGone::Stalled))));
+    }
+
+    #[test]
+    fn a_quiet_receive_sends_posted_every_quarter_and_an_unanswered_one_is_a_stopped_sender() {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut w = recv_watch(now);
+        let mut probed = None;
+        let mut posted = Vec::new();
+        let gone = loop {
+            now += Duration::from_millis(1);
+            assert!(now.duration_since(t0) < 3 * T, "never gave up");
+            let s = w.check(
+                now,
+                &RecvSeen {
+                    waits: true,
+                    probed,
+                    open: true,
+                    ..RecvSeen::default()
+                },
+            );
+            assert!(!s.settled);
+            if s.posted {
+                posted.push(now.duration_since(t0));
+                probed.get_or_insert(now);
+            }
+            if let Some(g) = s.gone {
+                break g;
+            }
+        };
+        assert_eq!(gone, RecvGone::Unanswered);
+        // The first POSTED after the timeout; unanswered for the answer bound (here a
+        // quarter of the timeout, when the next POSTED would go), the sender is stopped.
+        assert_eq!(answer_bound(T), T / 4);
+        assert_eq!(posted, [T]);
+        assert_eq!(now.duration_since(t0), T + answer_bound(T));
+        // A sender that answers (ALIVE clears `probed`) is asked again every quarter while
+        // the receive stays quiet, and is never an error.
+        let t1 = now;
+        let mut w2 = recv_watch(now);
+        let mut again = Vec::new();
+        while now.duration_since(t1) < 2 * T {
+            now += Duration::from_millis(1);
+            let s = w2.check(
+                now,
+                &RecvSeen {
+                    waits: true,
+                    open: true,
+                    ..RecvSeen::default()
+                },
+            );
+            assert_eq!(s.gone, None);
+            if s.posted {
+                again.push(now.duration_since(t1));
+            }
+        }
+        assert_eq!(again, [T, T + T / 4, T + T / 2, T + 3 * T / 4, 2 * T]);
+        // Something moving settles it and sends nothing.
+        let s = w.check(
+            now,
+            &RecvSeen {
+                waits: true,
+                probed,
+                progressed: true,
+                ..RecvSeen::default()
+            },
+        );
+        assert_eq!(
+            s,
+            RecvStep {
+                settled: true,
+                posted: false,
+                gone: None
+            }
+        );
+        assert_eq!(
+            w.error(RecvGone::Unanswered, &w.data).to_string(),
+            w.data.timeout(Stage::Data, T).to_string()
+        );
+    }
+
+    #[test]
+    fn after_the_senders_eof_an_open_receive_is_closed_once_nothing_lands_for_eof_quiet() {
+        let mut now = Instant::now();
+        let mut w = recv_watch(now);
+        let eof = RecvSeen {
+            eof: true,
+            open: true,
+            ..RecvSeen::default()
+        };
+        let start = now;
+        let gone = loop {
+            now += Duration::from_millis(1);
+            if let Some(g) = w.check(now, &eof).gone {
+                break g;
+            }
+        };
+        assert_eq!(
+            (gone, now.duration_since(start)),
+            (RecvGone::Closed, EOF_QUIET)
+        );
+        // Nothing posted: nothing to wait for.
+        let mut w = recv_watch(now);
+        for _ in 0..1000 {
+            now += Duration::from_millis(1);
+            let s = w.check(
+                now,
+                &RecvSeen {
+                    eof: true,
+                    ..RecvSeen::default()
+                },
+            );
+            assert_eq!(s.gone, None);
+        }
     }
 
     /// On a virtual clock: polls every `step` from `*now` for `dur`, checking with
