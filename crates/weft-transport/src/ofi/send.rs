@@ -28,7 +28,7 @@ pub(super) struct Group {
 }
 
 /// A send that waits for the CTS of its buffer, (tag, k).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Waiting {
     pub(super) tag: i32,
     pub(super) k: u64,
@@ -72,8 +72,8 @@ pub(super) struct SendReq {
 /// The sending end of an ofi connection. Its state is split by concern, each part with its
 /// own methods and tests: the eager slots and credit ([`EagerSlots`]), how writes spread over
 /// the rails ([`Rails`]), the TCP lane ([`LaneSend`]) and what bounds its waits
-/// ([`SendWatch`]); the connection matches sends to the buffers CTS announce and drives the
-/// provider.
+/// ([`SendWatch`]), which buffer each message goes into ([`Matching`]); the connection
+/// drives the provider with them.
 pub struct SendConn {
     /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
     pub(super) eps: Vec<Port>,
@@ -88,16 +88,8 @@ pub struct SendConn {
     /// Registration cache per rail.
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<SendReq>,
-    /// Per tag, the index the next isend of that tag gets (its k).
-    pub(super) next_k: FastMap<i32, u64>,
-    /// Sends that wait for the CTS of their buffer, in isend order.
-    pub(super) waiting: VecDeque<Waiting>,
-    /// Receives whose CTS came and that still have a buffer without its message, by a local
-    /// number (`next_group`).
-    pub(super) groups: FastMap<u64, Group>,
-    pub(super) next_group: u64,
-    /// Buffers whose CTS came before their message was sent: (tag, k) -> (group, buffer).
-    pub(super) cts_known: FastMap<(i32, u64), (u64, usize)>,
+    /// Which buffer each message goes into.
+    pub(super) matching: Matching,
     pub(super) writes: VecDeque<WriteOp>,
     /// RMA writes handed to the provider whose completion has not been read.
     pub(super) writes_out: usize,
@@ -161,11 +153,7 @@ impl SendConn {
             eager: EagerSlots::new(peer_slots),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
-            next_k: FastMap::default(),
-            waiting: VecDeque::new(),
-            groups: FastMap::default(),
-            next_group: 0,
-            cts_known: FastMap::default(),
+            matching: Matching::default(),
             writes: VecDeque::new(),
             writes_out: 0,
             events: Vec::new(),
@@ -298,57 +286,31 @@ impl SendConn {
             e.tag = get_u32(b, at + 24) as i32;
             // The low 32 bits of k: the buffer is far fewer than 2^31 messages of its tag
             // away from this side's next one.
-            e.k = nearest(u64::from(get_u32(b, at + 28)), 32, self.next_k_of(e.tag));
+            e.k = nearest(
+                u64::from(get_u32(b, at + 28)),
+                32,
+                self.matching.next_k(e.tag),
+            );
             for r in 1..rails {
                 let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
                 e.addr[r] = get_u64(b, at);
                 e.key[r] = get_u64(b, at + 8);
             }
         }
-        let gid = self.next_group;
-        self.next_group += 1;
-        self.groups.insert(
-            gid,
-            Group {
-                n,
-                rreq,
-                entries,
-                assigned: 0,
-            },
-        );
+        let gid = self.matching.add_group(n, rreq, entries);
         for (slot, e) in entries.iter().enumerate().take(n) {
             let tk = (e.tag, e.k);
-            if let Some(i) = self.waiting.iter().position(|w| (w.tag, w.k) == tk) {
+            match self.matching.fate(gid, slot, tk) {
                 // Its send waited for this CTS.
-                if let Some(w) = self.waiting.remove(i) {
-                    self.start(w, gid, slot)?;
-                }
-            } else if e.k < self.next_k_of(e.tag) {
+                Fate::Start(w) => self.start(w, gid, slot)?,
                 // Sent without its buffer (eagerly, or early on the lane): nothing to write;
                 // an eager send still in flight is now timed (its receive is posted).
-                self.eager.cover(tk);
-                self.group_assigned(gid);
-            } else {
+                Fate::Sent => self.eager.cover(tk),
                 // For a later isend.
-                self.cts_known.insert(tk, (gid, slot));
+                Fate::Later => {}
             }
         }
         Ok(())
-    }
-
-    /// The k the next isend of `tag` gets.
-    pub(super) fn next_k_of(&self, tag: i32) -> u64 {
-        self.next_k.get(&tag).copied().unwrap_or(0)
-    }
-
-    /// One more buffer of group `gid` has its message; the group goes once all have.
-    pub(super) fn group_assigned(&mut self, gid: u64) {
-        if let Some(g) = self.groups.get_mut(&gid) {
-            g.assigned += 1;
-            if g.assigned >= g.n {
-                self.groups.remove(&gid);
-            }
-        }
     }
 
     /// Notes that message (tag, k) was handed over now (for POSTED).
@@ -359,12 +321,10 @@ impl SendConn {
     /// Sends `u` into buffer `slot` of group `gid` (its CTS entry is `u`'s (tag, k)): over the
     /// lane with the buffer index, or queues its RMA writes (and size record).
     pub(super) fn start(&mut self, u: Waiting, gid: u64, slot: usize) -> Result<()> {
-        let Some(g) = self.groups.get(&gid) else {
+        let Some((e, grreq)) = self.matching.assign(gid, slot) else {
             return Ok(());
         };
-        let (e, grreq) = (g.entries[slot], g.rreq);
         self.log_handed((u.tag, u.k));
-        self.group_assigned(gid);
         let peer = self.link.peer;
         let req = u.req;
         if u.len as u64 > e.len {
@@ -514,8 +474,8 @@ impl SendConn {
                 };
                 // SAFETY: the caller of isend keeps its buffer valid, and the bounce slot and
                 // context stay untouched, until this send's completion makes the request done
-                // and frees the slot (`EagerSlots::completed`); they outlive it (the connection's drop
-                // waits for it, or leaks them).
+                // and frees the slot (`EagerSlots::completed`); they outlive it (the
+                // connection's drop waits for it, or leaks them).
                 unsafe { self.eps[0].send_data(p, len, desc, data, c.cast()) }
             } else {
                 let p = self.bounce.ptr(slot);
@@ -660,17 +620,12 @@ impl SendConn {
         }
         let now = Instant::now();
         // A send waits for a CTS that the receiver says left `timeout` ago?
-        let cts_left = self
-            .waiting
-            .iter()
-            .any(|w| self.side.cts_left.contains(&(w.tag, w.k)));
+        let cts_left = self.matching.waits_for_any(&self.side.cts_left);
         // Of the messages the receiver's latest POSTED waits for, those handed over (one we
         // have not sent yet is not lost).
         let posted_sent = self.side.waits_for.take().map_or_else(Vec::new, |ws| {
             ws.into_iter()
-                .filter(|&tk| {
-                    tk.1 < self.next_k_of(tk.0) && !self.waiting.iter().any(|w| (w.tag, w.k) == tk)
-                })
+                .filter(|&tk| self.matching.handed_over(tk))
                 .collect()
         });
         let seen = SendSeen {
@@ -745,8 +700,8 @@ impl SendConn {
         // Message (tag, k) goes into buffer (tag, k): by RMA (or on the lane with its index)
         // when that buffer's CTS is here, else eagerly (or early on the lane) when there is
         // credit, else it waits for that CTS.
-        let k = self.next_k_of(tag);
-        let known = self.cts_known.get(&(tag, k)).copied();
+        let k = self.matching.next_k(tag);
+        let known = self.matching.known((tag, k));
         let early = known.is_none() && self.eager.has_credit();
         let on_lane = self.lane.as_ref().is_some_and(|l| l.carries(len));
         let eager = !on_lane && early && len <= EAGER_MAX && self.eager.has_free();
@@ -764,7 +719,7 @@ impl SendConn {
         }) else {
             return Ok(None);
         };
-        self.next_k.insert(tag, k + 1);
+        self.matching.numbered(tag, k);
         let w = Waiting {
             tag,
             k,
@@ -774,7 +729,7 @@ impl SendConn {
             lane: on_lane,
         };
         if let Some((gid, slot)) = known {
-            self.cts_known.remove(&(tag, k));
+            self.matching.take_known((tag, k));
             if let Err(e) = self.start(w, gid, slot) {
                 return Err(self.fail(e));
             }
@@ -826,7 +781,7 @@ impl SendConn {
             }
             return Ok(Some(id));
         }
-        self.waiting.push_back(w);
+        self.matching.wait(w);
         self.progress()?;
         Ok(Some(id))
     }
