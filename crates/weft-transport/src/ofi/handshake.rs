@@ -194,14 +194,8 @@ impl Connecting {
             rec.table.filter(|_| cq4),
             self.cfg.ofi_stripe_bytes,
         )?;
-        s.data = data;
-        s.stall.timeout = self.cfg.timeout;
-        s.cts_lost.timeout = cts_grace(self.cfg.timeout);
-        s.probe = alive::Probe::new(self.cfg.timeout, Instant::now());
-        if lane.is_some() {
-            s.min_bytes = self.cfg.ofi_min_bytes;
-            s.lane = lane;
-        }
+        s.watch = SendWatch::new(data, self.cfg.timeout, Instant::now());
+        s.lane = lane.map(|tx| LaneSend::new(tx, self.cfg.ofi_min_bytes));
         Ok(s)
     }
 
@@ -530,9 +524,7 @@ impl Listener {
         // Post the eager buffers before the sender can learn our address.
         let data = data_link(&p.link, &self.backend.dev_name(self.dev), &rec.addr, &eps);
         let mut conn = RecvConn::new(eps, link.clone(), sock, cq_data == 4)?;
-        conn.data = data;
-        conn.stall.timeout = self.cfg.timeout;
-        conn.quiet.timeout = self.cfg.timeout;
+        conn.watch = RecvWatch::new(data, self.cfg.timeout, Instant::now());
         // A TCP lane for small messages, when the sender asks for one.
         let lane_ip = self.backend.lane_addrs.get(self.dev).copied().flatten();
         let mut lane = None;

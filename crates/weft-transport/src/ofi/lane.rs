@@ -157,6 +157,76 @@ impl LaneTx {
     }
 }
 
+/// A sender's lane with its sends: which messages it carries (those under `min_bytes`) and
+/// which requests it has completed. A lane send is complete once the kernel has all of its
+/// bytes, not when they are queued: NCCL stops testing a request that is done, and bytes
+/// still queued here would then never leave.
+pub(super) struct LaneSend {
+    tx: LaneTx,
+    /// Sends not complete yet: the stream offset each completes at, in order.
+    sends: VecDeque<(u64, RequestId)>,
+    /// Messages under this size go on the lane (`WEFT_OFI_MIN_BYTES`).
+    min_bytes: usize,
+}
+
+impl LaneSend {
+    pub(super) fn new(tx: LaneTx, min_bytes: usize) -> LaneSend {
+        LaneSend {
+            tx,
+            sends: VecDeque::new(),
+            min_bytes,
+        }
+    }
+
+    /// Whether a message of `len` bytes goes on the lane.
+    pub(super) fn carries(&self, len: usize) -> bool {
+        len < self.min_bytes
+    }
+
+    /// Queues message (tag, k) of request `req` (copied), into buffer `slot` when its CTS
+    /// named it.
+    pub(super) fn send(
+        &mut self,
+        k: u64,
+        tag: i32,
+        slot: Option<usize>,
+        payload: &[u8],
+        req: RequestId,
+    ) {
+        let end = self.tx.push(k, tag, slot, payload);
+        self.sends.push_back((end, req));
+    }
+
+    /// Writes what the lane can take; `done` gets each request whose bytes the kernel now
+    /// has all of, in order.
+    pub(super) fn flush(&mut self, link: &Link, mut done: impl FnMut(RequestId)) -> Result<()> {
+        self.tx.flush(link)?;
+        while let Some(&(end, id)) = self.sends.front() {
+            if end > self.tx.written {
+                break;
+            }
+            done(id);
+            self.sends.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Whether bytes are still queued.
+    pub(super) fn pending(&self) -> bool {
+        self.tx.pending()
+    }
+
+    /// Bytes the kernel has taken so far (a progress mark).
+    pub(super) fn written(&self) -> u64 {
+        self.tx.written
+    }
+
+    /// Messages sent so far (statistics).
+    pub(super) fn msgs(&self) -> u64 {
+        self.tx.msgs
+    }
+}
+
 /// The receiver's end of a TCP lane: its own listener on the data interface, until the
 /// sender's stream (which must start with the connection id) arrives.
 pub(super) struct LaneRx {
@@ -273,5 +343,104 @@ impl LaneRx {
         }
         self.inbuf.drain(..at);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(peer: SocketAddr) -> Link {
+        Link {
+            peer,
+            iface: "lo (lane test)".into(),
+        }
+    }
+
+    /// Flushes `tx` and polls `rx` until `want` requests are done and `msgs` messages came
+    /// (bounded: 10 s).
+    fn pump(
+        tx: &mut LaneSend,
+        rx: &mut LaneRx,
+        done: &mut Vec<RequestId>,
+        got: &mut Vec<LaneMsg>,
+        want: usize,
+        msgs: usize,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let l = link(rx.addr);
+        while done.len() < want || got.len() < msgs {
+            assert!(Instant::now() < deadline, "lane stuck: {} done", done.len());
+            tx.flush(&l, |id| done.push(id)).expect("flush");
+            rx.poll(&l, got).expect("poll");
+        }
+    }
+
+    #[test]
+    fn lane_sends_arrive_in_order_and_complete_once_the_kernel_has_them() {
+        let cfg = Config::default();
+        let mut rx = LaneRx::listen(IpAddr::from([127, 0, 0, 1]), 42, &cfg).expect("listen");
+        let l = link(rx.addr);
+        let tx = LaneTx::connect(rx.addr, None, 42, &cfg, &l).expect("connect");
+        let mut tx = LaneSend::new(tx, 1024);
+        assert!(tx.carries(1023) && !tx.carries(1024));
+        let mut ids = Slab::new(4);
+        let id: Vec<RequestId> = (0..3).map(|_| ids.insert(()).expect("room")).collect();
+        tx.send(0, 5, None, b"early", id[0]);
+        tx.send(1, 5, Some(3), b"", id[1]);
+        tx.send(0, 6, Some(0), &[7u8; 1000], id[2]);
+        assert_eq!(tx.msgs(), 3);
+        let (mut done, mut got) = (Vec::new(), Vec::new());
+        pump(&mut tx, &mut rx, &mut done, &mut got, 3, 3);
+        assert_eq!(done, id, "completed once written, in order");
+        assert!(!tx.pending());
+        let seen: Vec<(u64, i32, Option<usize>, usize)> = got
+            .iter()
+            .map(|m| (m.k, m.tag, m.slot, m.payload.len()))
+            .collect();
+        assert_eq!(
+            seen,
+            [(0, 5, None, 5), (1, 5, Some(3), 0), (0, 6, Some(0), 1000)]
+        );
+        assert_eq!(got[0].payload, b"early");
+        // The stream's id and three headers and payloads.
+        assert_eq!(tx.written(), 8 + 3 * LANE_HDR as u64 + 5 + 1000);
+    }
+
+    #[test]
+    fn a_lane_send_the_kernel_has_not_taken_is_not_complete() {
+        let cfg = Config::default();
+        let mut rx = LaneRx::listen(IpAddr::from([127, 0, 0, 1]), 7, &cfg).expect("listen");
+        let l = link(rx.addr);
+        let tx = LaneTx::connect(rx.addr, None, 7, &cfg, &l).expect("connect");
+        let mut tx = LaneSend::new(tx, LANE_MAX);
+        let mut ids = Slab::new(4);
+        let id: Vec<RequestId> = (0..3).map(|_| ids.insert(()).expect("room")).collect();
+        // More than loopback's socket buffers hold while the receiver reads nothing.
+        let big = vec![1u8; LANE_MAX];
+        tx.send(0, 1, None, b"small", id[0]);
+        tx.send(1, 1, None, &big, id[1]);
+        tx.send(2, 1, None, &big, id[2]);
+        let mut done = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done.is_empty() {
+            assert!(Instant::now() < deadline, "the small send never completed");
+            tx.flush(&l, |id| done.push(id)).expect("flush");
+        }
+        for _ in 0..50 {
+            tx.flush(&l, |id| done.push(id)).expect("flush");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(tx.pending());
+        assert!(
+            !done.contains(&id[2]),
+            "32 MiB cannot all be in the kernel yet"
+        );
+        assert_eq!(done[0], id[0]);
+        // Once the receiver reads, the rest completes.
+        let mut got = Vec::new();
+        pump(&mut tx, &mut rx, &mut done, &mut got, 3, 3);
+        assert_eq!(done, id);
+        assert_eq!(got[2].payload.len(), LANE_MAX);
     }
 }

@@ -205,10 +205,14 @@
 //! and then stops polling its receive for `timeout`. Per-tag indexes are kept per tag seen on a
 //! connection (a map entry per distinct tag, never dropped).
 
+mod eager;
 pub mod fabric;
 mod handshake;
+mod landing;
 mod lane;
+mod matching;
 mod pool;
+mod rails;
 mod recv;
 mod send;
 mod shared;
@@ -240,10 +244,14 @@ use crate::slab::Slab;
 use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
 use shared::{Ctx, Event, Payload, Port, SharedEp};
 
+use eager::*;
 pub use handshake::{Connecting, Listener};
+use landing::*;
 use lane::*;
+use matching::*;
 pub use pool::Registration;
 use pool::*;
+use rails::*;
 pub use recv::RecvConn;
 pub use send::SendConn;
 use send::*;

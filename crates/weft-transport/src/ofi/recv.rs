@@ -13,17 +13,9 @@ pub(super) struct RecvReq {
     pub(super) ks: [u64; MAX_RECVS],
     /// Its CTS left (the provider reported it sent).
     pub(super) cts_left: bool,
-    /// Taken by a message (its first data or eager message arrived).
-    pub(super) filled: [bool; MAX_RECVS],
-    /// Data writes arrived per buffer.
-    pub(super) got: [usize; MAX_RECVS],
-    /// Data writes (stripes) the message of each buffer comes in (0: not known yet).
-    pub(super) parts: [usize; MAX_RECVS],
-    /// Size of the message per buffer, once known.
-    pub(super) known: [Option<usize>; MAX_RECVS],
-    /// Complete: all of the data and its size are there.
-    pub(super) complete: [bool; MAX_RECVS],
-    pub(super) sizes: [usize; MAX_RECVS],
+    /// Per buffer, where its message stands.
+    pub(super) land: [Landing; MAX_RECVS],
+    /// Buffers whose message is complete.
     pub(super) nfilled: usize,
     pub(super) _mrs: Vec<Arc<Mr>>,
 }
@@ -59,11 +51,7 @@ pub struct RecvConn {
     pub(super) id: u64,
     /// The TCP lane, when the sender asked for one (WEFT_OFI_MIN_BYTES).
     pub(super) lane: Option<LaneRx>,
-    /// The data path, as a stall names it.
-    pub(super) data: Link,
-    pub(super) stall: Stall,
-    /// Bounds the wait for the data of a receive whose CTS left, before POSTED is sent.
-    pub(super) quiet: Stall,
+    pub(super) watch: RecvWatch,
     /// Per CTS slot in flight, the receive it is the CTS of (none: credit only).
     pub(super) cts_req: [Option<RequestId>; CTS_TX_SLOTS],
     /// Small receives whose CTS waits (see "Small receives" in the module docs), in posting
@@ -73,8 +61,6 @@ pub struct RecvConn {
     pub(super) eager_reported: u64,
     /// CTS with buffers sent (statistics).
     pub(super) cts_sent: u64,
-    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
-    pub(super) eof_wait: Stall,
     pub(super) error: Option<Error>,
 }
 
@@ -106,7 +92,7 @@ impl RecvConn {
         }
         let virt_addr = ep.dom.info.mr_mode & (sys::FI_MR_VIRT_ADDR | sys::FI_MR_BASIC) != 0;
         let caches = eps.iter().map(|_| MrCache::default()).collect();
-        let data = link.clone();
+        let watch = RecvWatch::new(link.clone(), Duration::from_secs(30), Instant::now());
         let r = RecvConn {
             eps,
             link,
@@ -127,14 +113,11 @@ impl RecvConn {
             table,
             id: key,
             lane: None,
-            data,
-            stall: Stall::new(Instant::now()),
-            quiet: Stall::new(Instant::now()),
+            watch,
             cts_req: [None; CTS_TX_SLOTS],
             deferred: VecDeque::new(),
             eager_reported: 0,
             cts_sent: 0,
-            eof_wait: eof_wait(Instant::now()),
             error: None,
         };
         Ok(r)
@@ -273,9 +256,7 @@ impl RecvConn {
             // bytes, and data.len() <= b.len.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr, data.len()) };
         }
-        r.filled[slot] = true;
-        r.complete[slot] = true;
-        r.sizes[slot] = data.len();
+        r.land[slot].placed(data.len());
         r.nfilled += 1;
         Ok(())
     }
@@ -395,7 +376,7 @@ impl RecvConn {
         let r = self
             .reqs
             .at(idx)
-            .filter(|r| slot < r.bufs.len() && !r.complete[slot]);
+            .filter(|r| slot < r.bufs.len() && !r.land[slot].complete());
         let Some(r) = r else {
             return Err(bad(&self.link, "write completion for no pending buffer"));
         };
@@ -403,41 +384,33 @@ impl RecvConn {
         // of the request slot.
         let k = r.ks[slot];
         let in_range = |check: u64| check == k & IMM_CHECK_MASK;
-        match ev {
+        let land = &mut r.land[slot];
+        let fit = match ev {
             WriteEvent::Data {
                 size, check, parts, ..
             } => {
-                if check.is_some_and(|c| !in_range(c))
-                    || (r.parts[slot] != 0 && r.parts[slot] != parts)
-                {
-                    return Err(bad(&self.link, "write completion of another message"));
+                if check.is_some_and(|c| !in_range(c)) {
+                    return Err(bad(&self.link, Misfit::Another.what()));
                 }
-                r.filled[slot] = true;
-                r.got[slot] += 1;
-                r.parts[slot] = parts;
-                if size.is_some() {
-                    r.known[slot] = size;
-                }
+                land.on_data(size, parts)
             }
             WriteEvent::Record { check, .. } => {
                 let (size, rk) = record.unwrap_or((u64::MAX, u64::MAX));
-                if !in_range(check) || rk != k || r.known[slot].is_some() {
-                    return Err(bad(&self.link, "size record of another message"));
+                if !in_range(check) || rk != k {
+                    return Err(bad(&self.link, Misfit::AnotherRecord.what()));
                 }
-                r.known[slot] = Some(size as usize);
+                land.on_record(size as usize)
             }
+        };
+        if let Err(m) = fit {
+            return Err(bad(&self.link, m.what()));
         }
         // Its message is arriving by RMA: no eager one can be its.
         self.posted.remove(&(r.bufs[slot].tag, k));
-        if let Some(size) = r.known[slot] {
-            if size > r.bufs[slot].len || (r.parts[slot] != 0 && r.got[slot] > r.parts[slot]) {
-                return Err(bad(&self.link, "write larger than its buffer"));
-            }
-            if r.parts[slot] != 0 && r.got[slot] == r.parts[slot] {
-                r.complete[slot] = true;
-                r.sizes[slot] = size;
-                r.nfilled += 1;
-            }
+        match r.land[slot].settle(r.bufs[slot].len) {
+            Ok(true) => r.nfilled += 1,
+            Ok(false) => {}
+            Err(m) => return Err(bad(&self.link, m.what())),
         }
         Ok(())
     }
@@ -453,7 +426,7 @@ impl RecvConn {
         self.order.iter().any(|id| {
             self.reqs
                 .get(*id)
-                .is_some_and(|r| (0..r.bufs.len()).any(|k| r.filled[k] && !r.complete[k]))
+                .is_some_and(|r| r.land[..r.bufs.len()].iter().any(Landing::partial))
         })
     }
 
@@ -474,40 +447,35 @@ impl RecvConn {
         if let Some(e) = self.side.poll(&self.link, "sender") {
             return Err(self.fail(e));
         }
-        // After reading the completion queues: what completed while nobody polled counts.
         let now = Instant::now();
-        let waiting = self.timed_work();
-        if self.stall.check(now, progressed, waiting) {
-            let e = self.data.timeout(Stage::Data, self.stall.timeout);
-            return Err(self.fail(e));
-        }
-        // A receive whose CTS left and nothing since: the sender may not have sent yet (not
-        // an error), or the CTS was lost on a cut data link while the sender waits for it.
-        // Only the sender can tell: POSTED asks it (it fails if it waits for that CTS).
         let waits = self.order.iter().any(|id| {
             self.reqs
                 .get(*id)
                 .is_some_and(|r| r.cts_left && r.nfilled < r.bufs.len())
         });
-        if progressed || !waits {
+        let seen = RecvSeen {
+            progressed,
+            timed: self.timed_work(),
+            waits,
+            probed: self.side.probed,
+            eof: self.side.eof,
+            open: !self.order.is_empty(),
+        };
+        let step = self.watch.check(now, &seen);
+        if step.settled {
             self.side.probed = None;
-        } else if self.side.unanswered(answer_bound(self.quiet.timeout)) {
-            let e = self.link.timeout(Stage::Data, self.quiet.timeout);
-            return Err(self.fail(e));
         }
-        if self.quiet.check(now, progressed, waits) {
+        if step.posted {
             let named = self.awaited();
             self.side.send_posted(&named);
-            // Again every quarter of the timeout while it lasts: the sender may have handed
-            // the message over only just before the first one came.
-            self.quiet.rearm(now, self.quiet.timeout / 4);
         }
-        let after_eof = self.side.eof && !self.order.is_empty();
-        if self.eof_wait.check(now, progressed, after_eof) {
-            let e = self.link.closed(Stage::Data);
-            return Err(self.fail(e));
+        match step.gone {
+            None => Ok(()),
+            Some(g) => {
+                let e = self.watch.error(g, &self.link);
+                Err(self.fail(e))
+            }
         }
-        Ok(())
     }
 
     /// What POSTED names: (tag, k) of each buffer without its whole message of the
@@ -519,7 +487,7 @@ impl RecvConn {
                 continue;
             }
             for (slot, b) in r.bufs.iter().enumerate() {
-                if !r.complete[slot] && v.len() < POSTED_MAX {
+                if !r.land[slot].complete() && v.len() < POSTED_MAX {
                     v.push((b.tag, r.ks[slot]));
                 }
             }
@@ -591,12 +559,7 @@ impl RecvConn {
             bufs: bufs.to_vec(),
             ks,
             cts_left: false,
-            filled: [false; MAX_RECVS],
-            got: [0; MAX_RECVS],
-            parts: [0; MAX_RECVS],
-            known: [None; MAX_RECVS],
-            complete: [false; MAX_RECVS],
-            sizes: [0; MAX_RECVS],
+            land: [Landing::default(); MAX_RECVS],
             nfilled: 0,
             _mrs: mrs,
         }) else {
@@ -734,7 +697,7 @@ impl RecvConn {
         if r.nfilled == r.bufs.len() {
             let c = Completed {
                 n: r.bufs.len(),
-                sizes: r.sizes,
+                sizes: std::array::from_fn(|i| r.land[i].size()),
             };
             self.reqs.remove(id);
             self.order.retain(|x| *x != id);
@@ -829,7 +792,7 @@ impl Drop for RecvConn {
                     .values_mut()
                     .flat_map(|r| std::mem::take(&mut r._mrs))
                     .collect();
-                self.eps[0].bury(mrs, self.stall.timeout * 2);
+                self.eps[0].bury(mrs, self.watch.timeout() * 2);
                 if let Some(t) = &mut self.table {
                     t.leak();
                 }

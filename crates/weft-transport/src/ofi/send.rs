@@ -28,7 +28,7 @@ pub(super) struct Group {
 }
 
 /// A send that waits for the CTS of its buffer, (tag, k).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Waiting {
     pub(super) tag: i32,
     pub(super) k: u64,
@@ -69,40 +69,30 @@ pub(super) struct SendReq {
     pub(super) _mr: Vec<Arc<Mr>>,
 }
 
-/// The sending end of an ofi connection.
+/// The sending end of an ofi connection. Its state is split by concern, each part with its
+/// own methods and tests: the eager slots and credit ([`EagerSlots`]), how writes spread over
+/// the rails ([`Rails`]), the TCP lane ([`LaneSend`]) and what bounds its waits
+/// ([`SendWatch`]), which buffer each message goes into ([`Matching`]); the connection
+/// drives the provider with them.
 pub struct SendConn {
     /// One endpoint per rail; rail 0 also carries CTS, eager messages and size records.
     pub(super) eps: Vec<Port>,
     pub(super) link: Link,
     pub(super) side: Side,
     pub(super) ctx: Box<[Ctx]>,
-    pub(super) eager: Pool,
+    /// The registered eager bounce slots (their use: `eager`).
+    pub(super) bounce: Pool,
+    pub(super) eager: EagerSlots,
     /// Events of one poll (kept for its allocation).
     pub(super) events: Vec<Event>,
-    pub(super) eager_free: Vec<usize>,
-    pub(super) eager_busy: usize,
-    /// Eager sends not yet accepted by the provider: (slot, bytes, request, tag, the caller's
-    /// buffer when the message goes from it, else 0: from the bounce slot).
-    pub(super) eager_queue: VecDeque<(usize, usize, RequestId, i32, usize)>,
     /// Registration cache per rail.
     pub(super) caches: Vec<MrCache>,
     pub(super) reqs: Slab<SendReq>,
-    /// Per tag, the index the next isend of that tag gets (its k).
-    pub(super) next_k: FastMap<i32, u64>,
-    /// Sends that wait for the CTS of their buffer, in isend order.
-    pub(super) waiting: VecDeque<Waiting>,
-    /// Receives whose CTS came and that still have a buffer without its message, by a local
-    /// number (`next_group`).
-    pub(super) groups: FastMap<u64, Group>,
-    pub(super) next_group: u64,
-    /// Buffers whose CTS came before their message was sent: (tag, k) -> (group, buffer).
-    pub(super) cts_known: FastMap<(i32, u64), (u64, usize)>,
+    /// Which buffer each message goes into.
+    pub(super) matching: Matching,
     pub(super) writes: VecDeque<WriteOp>,
     /// RMA writes handed to the provider whose completion has not been read.
     pub(super) writes_out: usize,
-    pub(super) eager_sent: u64,
-    pub(super) eager_consumed: u64,
-    pub(super) peer_slots: u64,
     pub(super) mr_local: bool,
     pub(super) max_msg: usize,
     /// 4-byte protocol: the receiver's size table (address or offset, key).
@@ -110,40 +100,11 @@ pub struct SendConn {
     /// 4-byte protocol: one registered size record per send request.
     pub(super) recs: Pool,
     pub(super) id: u64,
-    /// Messages of at least this size are striped across the rails.
-    pub(super) stripe: usize,
-    /// Rail of the next unstriped message (round robin).
-    pub(super) next_rail: usize,
-    /// Bytes written per rail (statistics).
-    pub(super) rail_bytes: [u64; MAX_RAILS],
-    /// The TCP lane for messages under `min_bytes` (WEFT_OFI_MIN_BYTES).
-    pub(super) lane: Option<LaneTx>,
-    /// Lane sends not complete yet: the stream offset each completes at, in order.
-    pub(super) lane_sends: VecDeque<(u64, RequestId)>,
-    pub(super) min_bytes: usize,
-    /// The data path, as a stall names it.
-    pub(super) data: Link,
-    pub(super) stall: Stall,
-    /// Bounds the wait for a CTS the receiver says left `timeout` ago (POSTED).
-    pub(super) cts_lost: Stall,
-    /// When the latest messages were handed over (eager, on the lane, or their writes
-    /// queued): (tag, k) and instant, oldest first, at most [`HANDED_LOG`].
-    pub(super) handed: VecDeque<((i32, u64), Instant)>,
-    /// Per eager bounce slot in use, the (tag, k) of its message.
-    pub(super) eager_tk: [Option<(i32, u64)>; EAGER_SLOTS],
-    /// Per eager bounce slot in use, whether a CTS named its buffer since (its receive is
-    /// posted, so its completion is timed).
-    pub(super) eager_covered: [bool; EAGER_SLOTS],
-    /// Per eager bounce slot handed over by `fi_send`, the request its completion completes.
-    pub(super) eager_req: [Option<RequestId>; EAGER_SLOTS],
-    /// Bounds the wait after the peer's EOF (see [`EOF_QUIET`]).
-    pub(super) eof_wait: Stall,
+    pub(super) rails: Rails,
+    /// The TCP lane for messages under `WEFT_OFI_MIN_BYTES`.
+    pub(super) lane: Option<LaneSend>,
+    pub(super) watch: SendWatch,
     pub(super) error: Option<Error>,
-    /// Whether the receiver's process still runs while a send of ours does not complete and
-    /// nothing moves (PROBE/ALIVE): a stopped receiver never sends the CTS a send waits for.
-    pub(super) probe: alive::Probe,
-    /// Grows with every completion or message this connection reads (its progress mark).
-    pub(super) moved: u64,
 }
 
 impl std::fmt::Debug for SendConn {
@@ -167,7 +128,7 @@ impl SendConn {
     ) -> Result<SendConn> {
         let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
         let ep = &eps[0];
-        let eager = Pool::messages(ep, EAGER_SLOTS, EAGER_BUF, ep.peer_key()).map_err(e)?;
+        let bounce = Pool::messages(ep, EAGER_SLOTS, EAGER_BUF, ep.peer_key()).map_err(e)?;
         let recs = Pool::new(ep, MAX_SEND_REQUESTS, REC).map_err(e)?;
         let key = ep.key();
         let mut ctx = ctx_array(EAGER_SLOTS + MAX_SEND_REQUESTS * WRITES_PER_REQ);
@@ -181,51 +142,30 @@ impl SendConn {
         }
         let info = ep.dom.info.clone();
         let caches = eps.iter().map(|_| MrCache::default()).collect();
-        let data = link.clone();
+        let rails = Rails::new(eps.len(), stripe);
+        let watch = SendWatch::new(link.clone(), Duration::from_secs(30), Instant::now());
         let s = SendConn {
             eps,
             link,
             side: Side::new(sock).answering(POSTED_TAG),
             ctx,
-            eager,
-            eager_free: (0..EAGER_SLOTS).rev().collect(),
-            eager_busy: 0,
-            eager_queue: VecDeque::new(),
+            bounce,
+            eager: EagerSlots::new(peer_slots),
             caches,
             reqs: Slab::new(MAX_SEND_REQUESTS),
-            next_k: FastMap::default(),
-            waiting: VecDeque::new(),
-            groups: FastMap::default(),
-            next_group: 0,
-            cts_known: FastMap::default(),
+            matching: Matching::default(),
             writes: VecDeque::new(),
             writes_out: 0,
             events: Vec::new(),
-            eager_sent: 0,
-            eager_consumed: 0,
-            peer_slots: u64::from(peer_slots),
             mr_local: info.mr_mode & sys::FI_MR_LOCAL != 0,
             max_msg: info.max_msg_size,
             table,
             recs,
             id: key,
-            stripe: stripe.max(4096),
-            next_rail: 0,
-            rail_bytes: [0; MAX_RAILS],
+            rails,
             lane: None,
-            lane_sends: VecDeque::new(),
-            min_bytes: 0,
-            data,
-            stall: Stall::new(Instant::now()),
-            cts_lost: Stall::new(Instant::now()),
-            handed: VecDeque::new(),
-            eager_tk: [None; EAGER_SLOTS],
-            eager_covered: [false; EAGER_SLOTS],
-            eager_req: [None; EAGER_SLOTS],
-            eof_wait: eof_wait(Instant::now()),
+            watch,
             error: None,
-            probe: alive::Probe::new(Duration::from_secs(30), Instant::now()),
-            moved: 0,
         };
         Ok(s)
     }
@@ -258,7 +198,7 @@ impl SendConn {
     /// Bytes of message data written on each rail so far (RMA writes; eager messages go on
     /// rail 0 and are not counted).
     pub fn rail_bytes(&self) -> Vec<u64> {
-        self.rail_bytes[..self.eps.len()].to_vec()
+        self.rails.bytes()
     }
 
     /// Connections of this process on the connection's rail-0 endpoint, itself included.
@@ -268,7 +208,7 @@ impl SendConn {
 
     /// Messages sent over the TCP lane so far; `None` without a lane.
     pub fn lane_msgs(&self) -> Option<u64> {
-        self.lane.as_ref().map(|l| l.msgs)
+        self.lane.as_ref().map(LaneSend::msgs)
     }
 
     /// Registers `len` bytes at `ptr` for this connection (NCCL's regMr).
@@ -315,7 +255,7 @@ impl SendConn {
         let n = (get_u32(b, 4) as usize).min(MAX_RECVS);
         let consumed = get_u64(b, 16);
         let rreq = get_u32(b, 24);
-        self.eager_consumed = self.eager_consumed.max(consumed);
+        self.eager.on_consumed(consumed);
         if n == 0 {
             // Eager credit only.
             return Ok(());
@@ -346,78 +286,45 @@ impl SendConn {
             e.tag = get_u32(b, at + 24) as i32;
             // The low 32 bits of k: the buffer is far fewer than 2^31 messages of its tag
             // away from this side's next one.
-            e.k = nearest(u64::from(get_u32(b, at + 28)), 32, self.next_k_of(e.tag));
+            e.k = nearest(
+                u64::from(get_u32(b, at + 28)),
+                32,
+                self.matching.next_k(e.tag),
+            );
             for r in 1..rails {
                 let at = at + CTS_ENTRY + (r - 1) * CTS_RAIL;
                 e.addr[r] = get_u64(b, at);
                 e.key[r] = get_u64(b, at + 8);
             }
         }
-        let gid = self.next_group;
-        self.next_group += 1;
-        self.groups.insert(
-            gid,
-            Group {
-                n,
-                rreq,
-                entries,
-                assigned: 0,
-            },
-        );
+        let gid = self.matching.add_group(n, rreq, entries);
         for (slot, e) in entries.iter().enumerate().take(n) {
             let tk = (e.tag, e.k);
-            if let Some(i) = self.waiting.iter().position(|w| (w.tag, w.k) == tk) {
+            match self.matching.fate(gid, slot, tk) {
                 // Its send waited for this CTS.
-                if let Some(w) = self.waiting.remove(i) {
-                    self.start(w, gid, slot)?;
-                }
-            } else if e.k < self.next_k_of(e.tag) {
+                Fate::Start(w) => self.start(w, gid, slot)?,
                 // Sent without its buffer (eagerly, or early on the lane): nothing to write;
                 // an eager send still in flight is now timed (its receive is posted).
-                if let Some(i) = self.eager_tk.iter().position(|x| *x == Some(tk)) {
-                    self.eager_covered[i] = true;
-                }
-                self.group_assigned(gid);
-            } else {
+                Fate::Sent => self.eager.cover(tk),
                 // For a later isend.
-                self.cts_known.insert(tk, (gid, slot));
+                Fate::Later => {}
             }
         }
         Ok(())
     }
 
-    /// The k the next isend of `tag` gets.
-    pub(super) fn next_k_of(&self, tag: i32) -> u64 {
-        self.next_k.get(&tag).copied().unwrap_or(0)
-    }
-
-    /// One more buffer of group `gid` has its message; the group goes once all have.
-    pub(super) fn group_assigned(&mut self, gid: u64) {
-        if let Some(g) = self.groups.get_mut(&gid) {
-            g.assigned += 1;
-            if g.assigned >= g.n {
-                self.groups.remove(&gid);
-            }
-        }
-    }
-
     /// Notes that message (tag, k) was handed over now (for POSTED).
     pub(super) fn log_handed(&mut self, tk: (i32, u64)) {
-        if self.handed.len() >= HANDED_LOG {
-            self.handed.pop_front();
-        }
-        self.handed.push_back((tk, Instant::now()));
+        self.watch.handed(tk, Instant::now());
     }
 
     /// Sends `u` into buffer `slot` of group `gid` (its CTS entry is `u`'s (tag, k)): over the
     /// lane with the buffer index, or queues its RMA writes (and size record).
     pub(super) fn start(&mut self, u: Waiting, gid: u64, slot: usize) -> Result<()> {
-        let Some(g) = self.groups.get(&gid) else {
+        let Some((e, grreq)) = self.matching.assign(gid, slot) else {
             return Ok(());
         };
-        let (e, grreq) = (g.entries[slot], g.rreq);
         self.log_handed((u.tag, u.k));
-        self.group_assigned(gid);
         let peer = self.link.peer;
         let req = u.req;
         if u.len as u64 > e.len {
@@ -438,26 +345,14 @@ impl SendConn {
                 // request is done, which is after this copy.
                 unsafe { std::slice::from_raw_parts(u.ptr as *const u8, u.len) }
             };
-            let end = lane.push(u.k, u.tag, Some(slot), payload);
-            self.lane_sends.push_back((end, req));
+            lane.send(u.k, u.tag, Some(slot), payload, req);
             return Ok(());
         }
         let (rreq, len) = (u64::from(grreq), u.len as u64);
         // Stripes: one per rail from the threshold on, else the whole message on the
         // next rail in turn. The receiver learns their number from the CQ data.
-        let rails = self.eps.len();
-        let parts = if rails > 1 && u.len >= self.stripe {
-            rails
-        } else {
-            1
-        };
-        let chunk = u.len.div_ceil(parts);
-        let rail0 = if parts == 1 {
-            self.next_rail = (self.next_rail + 1) % rails;
-            self.next_rail
-        } else {
-            0
-        };
+        let stripes = self.rails.split(u.len);
+        let parts = stripes.len();
         // Remote CQ data: 8 bytes `size << 32 | receiver's slot << 12 | stripes << 9 |
         // request << 3 | buffer` (stripes 0 meaning 1; the slot is the rail's, added
         // when posted); 4 bytes see IMM_*.
@@ -502,16 +397,14 @@ impl SendConn {
                 }
             }
         };
-        for k in 0..parts {
-            let off = (k * chunk).min(u.len);
-            let rail = if parts == 1 { rail0 } else { k };
+        for (k, p) in stripes.enumerate() {
             self.writes.push_back(WriteOp {
-                rail,
+                rail: p.rail,
                 req,
-                ptr: u.ptr + off,
-                len: chunk.min(u.len - off),
-                addr: e.addr[rail] + off as u64,
-                key: e.key[rail],
+                ptr: u.ptr + p.off,
+                len: p.len,
+                addr: e.addr[p.rail] + p.off as u64,
+                key: e.key[p.rail],
                 data,
                 k,
                 record: false,
@@ -538,18 +431,25 @@ impl SendConn {
     /// message goes by `fi_inject`, which has no completion to wait for. An eager send is not
     /// `posted` (timed): its receive may not be posted yet.
     pub(super) fn post_eager(&mut self) -> Result<()> {
-        while let Some(&(slot, len, id, tag, src)) = self.eager_queue.front() {
-            let desc = self.eager.mr.desc();
+        while let Some(QueuedEager {
+            slot,
+            len,
+            req: id,
+            tag,
+            src,
+        }) = self.eager.front()
+        {
+            let desc = self.bounce.mr.desc();
             let c: *mut Ctx = &mut self.ctx[slot];
             let ok = if self.table.is_none() {
-                let k = self.eager_tk[slot].map_or(0, |x| x.1);
+                let k = self.eager.k(slot);
                 let data = (u64::from(tag as u32) << 32)
                     | self.eps[0].peer_slot_bits()
                     | (k & EAGER_SEQ_MASK);
                 // From the caller's buffer, with its registration where the provider wants
                 // one (kept until the send completes); an empty message from the bounce slot.
                 let (p, desc) = if src == 0 {
-                    (self.eager.slot(slot).as_ptr(), desc)
+                    (self.bounce.slot(slot).as_ptr(), desc)
                 } else {
                     let given = self
                         .reqs
@@ -574,12 +474,12 @@ impl SendConn {
                 };
                 // SAFETY: the caller of isend keeps its buffer valid, and the bounce slot and
                 // context stay untouched, until this send's completion makes the request done
-                // and returns the slot to `eager_free`; they outlive it (the connection's drop
-                // waits for it, or leaks them).
+                // and frees the slot (`EagerSlots::completed`); they outlive it (the
+                // connection's drop waits for it, or leaks them).
                 unsafe { self.eps[0].send_data(p, len, desc, data, c.cast()) }
             } else {
-                let p = self.eager.ptr(slot);
-                let n = self.eager.wire(HDR + len);
+                let p = self.bounce.ptr(slot);
+                let n = self.bounce.wire(HDR + len);
                 // SAFETY: as above.
                 unsafe { self.eps[0].send(p, n, desc, c.cast()) }
             }
@@ -587,8 +487,7 @@ impl SendConn {
             if !ok {
                 break;
             }
-            self.eager_req[slot] = Some(id);
-            self.eager_queue.pop_front();
+            self.eager.accepted();
         }
         Ok(())
     }
@@ -651,7 +550,7 @@ impl SendConn {
                 // Kept until the write completes.
                 r._mr.extend(mr);
             }
-            self.rail_bytes[rail] += len as u64;
+            self.rails.wrote(rail, len);
             self.writes.pop_front();
         }
         Ok(())
@@ -666,24 +565,18 @@ impl SendConn {
         self.reqs.values().any(|r| !r.done)
     }
 
-    /// Writes what the lane can take; a lane send is complete once the kernel has all of its
-    /// bytes, not when they are queued: NCCL stops testing a request that is done, and bytes
-    /// still queued here would then never leave.
+    /// Writes what the lane can take; its sends the kernel has all of are done (see
+    /// [`LaneSend`]).
     pub(super) fn flush_lane(&mut self) -> Result<()> {
         let Some(lane) = &mut self.lane else {
             return Ok(());
         };
-        lane.flush(&self.link)?;
-        while let Some(&(end, id)) = self.lane_sends.front() {
-            if end > lane.written {
-                break;
-            }
-            if let Some(r) = self.reqs.get_mut(id) {
+        let reqs = &mut self.reqs;
+        lane.flush(&self.link, |id| {
+            if let Some(r) = reqs.get_mut(id) {
                 r.done = true;
             }
-            self.lane_sends.pop_front();
-        }
-        Ok(())
+        })
     }
 
     /// Whether the sender waits for the completion of data it handed over for a receive the
@@ -695,7 +588,7 @@ impl SendConn {
     pub(super) fn timed_work(&self) -> bool {
         !self.writes.is_empty()
             || self.reqs.values().any(|r| r.posted && !r.done)
-            || (self.eager_busy > 0 && self.eager_covered.iter().any(|c| *c))
+            || self.eager.timed()
     }
 
     pub(super) fn progress(&mut self) -> Result<()> {
@@ -725,71 +618,36 @@ impl SendConn {
                 return Err(self.fail(e));
             }
         }
-        // After reading the completion queues: what completed while nobody polled counts.
         let now = Instant::now();
-        let waiting = self.timed_work();
-        if self.stall.check(now, progressed, waiting) {
-            let e = self.data.timeout(Stage::Data, self.stall.timeout);
-            return Err(self.fail(e));
+        // A send waits for a CTS that the receiver says left `timeout` ago?
+        let cts_left = self.matching.waits_for_any(&self.side.cts_left);
+        // Of the messages the receiver's latest POSTED waits for, those handed over (one we
+        // have not sent yet is not lost).
+        let posted_sent = self.side.waits_for.take().map_or_else(Vec::new, |ws| {
+            ws.into_iter()
+                .filter(|&tk| self.matching.handed_over(tk))
+                .collect()
+        });
+        let seen = SendSeen {
+            progressed,
+            timed: self.timed_work(),
+            cts_left,
+            posted_sent,
+            alive: self.side.take_alive(),
+            pending: self.work_pending(),
+            eof: self.side.eof,
+            lane_written: self.lane.as_ref().map_or(0, LaneSend::written),
+        };
+        let step = self.watch.check(now, &seen);
+        if step.probe {
+            self.side.send_probe();
         }
-        // A send waits for a CTS that the receiver says left `timeout` ago: lost on the data
-        // path (after `cts_grace` more of polling, for a CTS still in the provider).
-        let lost = self
-            .waiting
-            .iter()
-            .any(|w| self.side.cts_left.contains(&(w.tag, w.k)));
-        if self.cts_lost.check(now, false, lost) {
-            let e = self.data.timeout(Stage::Data, self.stall.timeout);
-            return Err(self.fail(e));
-        }
-        // The receiver has seen nothing for `timeout` and waits for a message we handed over
-        // `timeout` ago or more (or so long ago that it left the log): lost on the way. One
-        // we have not sent yet is not an error (we are late, not dead).
-        if let Some(ws) = self.side.waits_for.take() {
-            for tk in ws {
-                let sent =
-                    tk.1 < self.next_k_of(tk.0) && !self.waiting.iter().any(|w| (w.tag, w.k) == tk);
-                if !sent {
-                    continue;
-                }
-                let old = self
-                    .handed
-                    .iter()
-                    .rev()
-                    .find(|h| h.0 == tk)
-                    .is_none_or(|h| h.1.elapsed() >= self.stall.timeout);
-                if old {
-                    let e = self.data.timeout(Stage::Data, self.stall.timeout);
-                    return Err(self.fail(e));
-                }
-            }
-        }
-        // A send that does not complete while nothing moves: is the receiver's process
-        // running? (A live receiver that is late to post answers and is never an error.)
-        if progressed {
-            self.moved = self.moved.wrapping_add(1);
-        }
-        if self.side.take_alive() {
-            self.probe.answered();
-        }
-        let pending = self.work_pending() && !self.side.eof;
-        let mark = self
-            .moved
-            .wrapping_add(self.lane.as_ref().map_or(0, |l| l.written));
-        match self.probe.check(now, pending, mark) {
-            alive::ProbeStep::Wait => {}
-            alive::ProbeStep::Send => self.side.send_probe(),
-            alive::ProbeStep::Frozen => {
-                let e = self.data.timeout(Stage::Data, self.stall.timeout);
-                return Err(self.fail(e));
-            }
-        }
-        let after_eof = self.side.eof && self.work_pending();
-        if self.eof_wait.check(now, progressed, after_eof) {
-            let e = self.link.closed(Stage::Data);
-            return Err(self.fail(e));
-        }
-        Ok(())
+        let e = match step.gone {
+            None => return Ok(()),
+            Some(Gone::Stalled) => self.watch.timeout(),
+            Some(Gone::Closed) => self.link.closed(Stage::Data),
+        };
+        Err(self.fail(e))
     }
 
     /// Starts sending `len` bytes at `data` with `tag`. `Ok(None)`: busy, retry later.
@@ -842,11 +700,11 @@ impl SendConn {
         // Message (tag, k) goes into buffer (tag, k): by RMA (or on the lane with its index)
         // when that buffer's CTS is here, else eagerly (or early on the lane) when there is
         // credit, else it waits for that CTS.
-        let k = self.next_k_of(tag);
-        let known = self.cts_known.get(&(tag, k)).copied();
-        let early = known.is_none() && self.eager_sent - self.eager_consumed < self.peer_slots;
-        let on_lane = self.lane.is_some() && len < self.min_bytes;
-        let eager = !on_lane && early && len <= EAGER_MAX && !self.eager_free.is_empty();
+        let k = self.matching.next_k(tag);
+        let known = self.matching.known((tag, k));
+        let early = known.is_none() && self.eager.has_credit();
+        let on_lane = self.lane.as_ref().is_some_and(|l| l.carries(len));
+        let eager = !on_lane && early && len <= EAGER_MAX && self.eager.has_free();
         // Not `posted` (timed by completions) until its writes are: an eager or lane send is
         // bounded otherwise.
         let Some(id) = self.reqs.insert(SendReq {
@@ -861,7 +719,7 @@ impl SendConn {
         }) else {
             return Ok(None);
         };
-        self.next_k.insert(tag, k + 1);
+        self.matching.numbered(tag, k);
         let w = Waiting {
             tag,
             k,
@@ -871,7 +729,7 @@ impl SendConn {
             lane: on_lane,
         };
         if let Some((gid, slot)) = known {
-            self.cts_known.remove(&(tag, k));
+            self.matching.take_known((tag, k));
             if let Err(e) = self.start(w, gid, slot) {
                 return Err(self.fail(e));
             }
@@ -886,26 +744,25 @@ impl SendConn {
                     // SAFETY: the caller guarantees `data..data+len` is readable.
                     unsafe { std::slice::from_raw_parts(data, len) }
                 };
-                let end = lane.push(k, tag, None, payload);
-                self.lane_sends.push_back((end, id));
-                self.eager_sent += 1;
+                lane.send(k, tag, None, payload, id);
+                self.eager.spend_credit();
             }
             self.log_handed((tag, k));
             self.progress()?;
             return Ok(Some(id));
         }
-        if eager && let Some(slot) = self.eager_free.pop() {
-            // With 8-byte remote CQ data the message is the payload alone (its CQ data says
-            // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size, and it goes straight
-            // from the caller's buffer, which stays valid until the send is done (at its
-            // completion). Else a header and a copy into the bounce slot first.
-            let src = if self.table.is_none() && len > 0 {
-                data as usize
-            } else {
-                0
-            };
+        // With 8-byte remote CQ data an eager message is the payload alone (its CQ data says
+        // the rest), so EAGER_MAX bytes fit `ofi_rxm`'s eager size, and it goes straight from
+        // the caller's buffer, which stays valid until the send is done (at its completion).
+        // Else a header and a copy into the bounce slot first.
+        let src = if self.table.is_none() && len > 0 {
+            data as usize
+        } else {
+            0
+        };
+        if eager && let Some(slot) = self.eager.take((tag, k), len, id, src) {
             if self.table.is_some() {
-                let b = self.eager.slot(slot);
+                let b = self.bounce.slot(slot);
                 put_u32(b, 0, K_EAGER);
                 put_u32(b, 4, tag as u32);
                 put_u64(b, 8, k);
@@ -917,11 +774,6 @@ impl SendConn {
                     b[HDR..HDR + len].copy_from_slice(src);
                 }
             }
-            self.eager_busy += 1;
-            self.eager_tk[slot] = Some((tag, k));
-            self.eager_covered[slot] = false;
-            self.eager_sent += 1;
-            self.eager_queue.push_back((slot, len, id, tag, src));
             self.log_handed((tag, k));
             // Straight onto the wire; completions are read by the next test.
             if let Err(e) = self.post_eager() {
@@ -929,7 +781,7 @@ impl SendConn {
             }
             return Ok(Some(id));
         }
-        self.waiting.push_back(w);
+        self.matching.wait(w);
         self.progress()?;
         Ok(Some(id))
     }
@@ -978,14 +830,7 @@ impl RailEvents for SendConn {
         let i = (id & 0xffff_ffff) as usize;
         match id >> 32 {
             C_EAGER_TX => {
-                self.eager_free.push(i);
-                self.eager_busy -= 1;
-                self.eager_tk[i] = None;
-                self.eager_covered[i] = false;
-                if let Some(r) = self.eager_req[i]
-                    .take()
-                    .and_then(|id| self.reqs.get_mut(id))
-                {
+                if let Some(r) = self.eager.completed(i).and_then(|id| self.reqs.get_mut(id)) {
                     r.done = true;
                     r._mr.clear();
                 }
@@ -1029,7 +874,8 @@ impl Drop for SendConn {
         while self.error.is_none()
             && (self.writes_out > 0
                 || (!self.side.eof
-                    && (self.eager_busy > 0 || self.lane.as_ref().is_some_and(LaneTx::pending))))
+                    && (self.eager.busy() > 0
+                        || self.lane.as_ref().is_some_and(LaneSend::pending))))
             && Instant::now() < deadline
         {
             if self
@@ -1064,10 +910,10 @@ impl Drop for SendConn {
         // The endpoint stays with the other connections: if the sends above did not finish,
         // leak what the provider may still use, registrations of the caller's buffers (eager
         // messages and writes go from them) included.
-        let idle = self.eager_busy == 0 && self.writes_out == 0;
+        let idle = self.eager.busy() == 0 && self.writes_out == 0;
         if !idle && !self.eps[0].is_private() {
             std::mem::forget(std::mem::take(&mut self.ctx));
-            self.eager.leak();
+            self.bounce.leak();
             self.recs.leak();
             std::mem::forget(std::mem::take(&mut self.caches));
             std::mem::forget(std::mem::replace(&mut self.reqs, Slab::new(0)));
