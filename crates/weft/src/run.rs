@@ -87,6 +87,7 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
     let mut a = a;
     crate::group::fill_hosts(&mut a.hosts, &a.group)?;
     let (hs, remote) = a.hosts.runners()?;
+    let mut plan_env = Vec::new();
     if let Some(p) = &a.plan {
         let what = p.display().to_string();
         let bytes = std::fs::read(p).with_context(|| format!("--plan {what}"))?;
@@ -95,13 +96,14 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         for n in notes {
             eprintln!("weft run: {n}");
         }
+        plan_env = saved.env(&cmd);
         a.cmd = cmd;
     }
     let recipe = Recipe::of(&a.cmd);
     // Every node's network, from the facts of all of them together: the interfaces
     // `weft doctor` finds on the same hosts and flags.
     let nets = run::gather_node_nets(&hs, &remote, &a.hosts.if_choice()?)?;
-    let (argvs, envs) = run::node_jobs(
+    let (argvs, mut envs) = run::node_jobs(
         recipe,
         &a.cmd,
         &nets,
@@ -109,6 +111,9 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         a.nproc_per_node,
         a.nccl,
     )?;
+    for e in &mut envs {
+        e.extend(plan_env.iter().cloned());
+    }
     if !a.no_version_check {
         let got = run::probe_versions(
             &hs,
