@@ -340,6 +340,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             .transpose()
             .context("--overhead")?,
         hardware: Some(hardware(&a.speed, engine, reported_gpu.as_deref())?),
+        ..Options::default()
     };
     let model = match source::resolve(&a.model)? {
         ModelRef::Repo(id) => {
