@@ -1,9 +1,9 @@
 //! The llama.cpp recipe: `weft run --hosts a,b,c -- llama-server -m MODEL.gguf ...` runs
 //! llama.cpp's RPC backend across the nodes.
 //!
-//! * Every node but the first runs `rpc-server --host <its data address> --port
-//!   <MASTER_PORT>` (the `rpc-server` beside the `llama-server` named, else the one on the
-//!   node's PATH). It binds the data address only: ggml's RPC protocol has no
+//! * Every node but the first runs ggml's RPC server (`ggml-rpc-server`, or `rpc-server`
+//!   as older builds name it; the one beside the `llama-server` named, else the node's PATH)
+//!   with `--host <its data address> --port <MASTER_PORT>`. It binds the data address only: ggml's RPC protocol has no
 //!   authentication, so it must not listen on a management or public network.
 //! * The first node waits until every rpc-server accepts a connection (each connection
 //!   attempt bounded by 2 s, all of them by [`RPC_WAIT_S`]; a server that never answers is a
@@ -31,12 +31,16 @@ pub fn is_llama_server(cmd: &[String]) -> bool {
         .is_some_and(|c| c.rsplit('/').next() == Some("llama-server"))
 }
 
-/// The `rpc-server` that goes with `llama_server`: the one in the same directory when the
-/// command names a path, else `rpc-server` from the PATH.
-pub fn rpc_server_for(llama_server: &str) -> String {
+/// The names of ggml's RPC server: `ggml-rpc-server` since llama.cpp renamed it, then the
+/// older `rpc-server`.
+pub const RPC_SERVERS: [&str; 2] = ["ggml-rpc-server", "rpc-server"];
+
+/// Where to look for the RPC server that goes with `llama_server`, in order: beside it when
+/// the command names a path, else on the node's PATH.
+pub fn rpc_server_for(llama_server: &str) -> Vec<String> {
     match llama_server.rsplit_once('/') {
-        Some((dir, _)) => format!("{dir}/rpc-server"),
-        None => "rpc-server".into(),
+        Some((dir, _)) => RPC_SERVERS.iter().map(|b| format!("{dir}/{b}")).collect(),
+        None => RPC_SERVERS.iter().map(|b| b.to_string()).collect(),
     }
 }
 
@@ -64,8 +68,22 @@ pub fn node_argv(
         return Ok(cmd.to_vec());
     }
     if rank > 0 {
+        // The first of the candidates the node has; none is a failure naming them.
+        let cands = rpc_server_for(&cmd[0]);
+        let list = cands
+            .iter()
+            .map(|c| shell_quote(c))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let script = format!(
+            "for b in {list}; do p=$(command -v \"$b\") && exec \"$p\" \"$@\"; done; \
+             echo \"weft run: none of {list} on this node (llama.cpp built with GGML_RPC=ON has it)\" >&2; exit 127"
+        );
         return Ok(vec![
-            rpc_server_for(&cmd[0]),
+            "bash".into(),
+            "-c".into(),
+            script,
+            "rpc-server".into(),
             "--host".into(),
             nodes[rank].data_addr.to_string(),
             "--port".into(),
@@ -172,10 +190,37 @@ mod tests {
         assert!(is_llama_server(&cmd));
         let ns = nodes(3);
         let w = node_argv(&cmd, &ns, 2, 29500).unwrap();
-        assert_eq!(
-            w.join(" "),
-            "/opt/llama/bin/rpc-server --host 10.1.0.3 --port 29500"
+        assert_eq!(w[0], "bash");
+        assert!(
+            w[2].starts_with(
+                "for b in /opt/llama/bin/ggml-rpc-server /opt/llama/bin/rpc-server; do"
+            ),
+            "{w:?}"
         );
+        assert_eq!(w[4..].join(" "), "--host 10.1.0.3 --port 29500");
+        // The script runs the first candidate there is, with the arguments.
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("rpc-server");
+        std::fs::write(&fake, "#!/bin/sh\necho \"$0 $*\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let server = format!("{}/llama-server", dir.path().display());
+        let w = node_argv(&s(&[&server]), &ns, 1, 7).unwrap();
+        let o = std::process::Command::new(&w[0])
+            .args(&w[1..])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            format!("{} --host 10.1.0.2 --port 7", fake.display())
+        );
+        std::fs::remove_file(&fake).unwrap();
+        let o = std::process::Command::new(&w[0])
+            .args(&w[1..])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(127));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("none of"));
         let h = node_argv(&cmd, &ns, 0, 29500).unwrap();
         assert_eq!(h[0], "bash");
         assert!(
@@ -191,7 +236,10 @@ mod tests {
         assert!(h[2].contains("within 120 s"), "{h:?}");
         // One node: the command as it is.
         assert_eq!(node_argv(&cmd, &ns[..1], 0, 1).unwrap(), cmd);
-        assert_eq!(rpc_server_for("llama-server"), "rpc-server");
+        assert_eq!(
+            rpc_server_for("llama-server"),
+            ["ggml-rpc-server", "rpc-server"]
+        );
         let e = node_argv(&s(&["llama-server", "--rpc", "x:1"]), &ns, 0, 1).unwrap_err();
         assert!(e.to_string().contains("--rpc: weft run starts"), "{e}");
     }
