@@ -44,7 +44,7 @@ pub struct SavedPlan {
     pub max_model_len: u64,
     pub gpu_memory_utilization: f64,
     pub kv_dtype: String,
-    /// `vllm`, `sglang` or `llama.cpp` (plans saved before it was written: vLLM).
+    /// `vllm`, `sglang` or `llama_cpp` (plans saved before it was written: vLLM).
     #[serde(default)]
     pub engine: Option<String>,
     #[serde(default)]
@@ -129,7 +129,8 @@ fn apply_llama(
     cmd: &[String],
 ) -> Result<(Vec<String>, Vec<String>), LaunchError> {
     let engine = plan.engine.as_deref().unwrap_or("vllm");
-    if engine != "llama.cpp" {
+    // `weft plan --json` writes the engine as `llama_cpp`.
+    if !matches!(engine, "llama.cpp" | "llama_cpp") {
         return Err(LaunchError::Usage(format!(
             "--plan {what} was made for {engine}, the command is llama-server: plan with --engine llama.cpp"
         )));
@@ -315,7 +316,7 @@ mod tests {
             .map(|(i, (a, b))| serde_json::json!({"rank": i, "pp_stage": i, "tp_rank": 0, "dp_rank": 0, "layers": [a, b], "weights_bytes": 1}))
             .collect();
         let j = serde_json::json!({
-            "model": "tiny.gguf", "engine": "llama.cpp",
+            "model": "tiny.gguf", "engine": "llama_cpp",
             "layout": {"tp": 1, "pp": stages.len(), "ep": false, "dp": 1},
             "cluster": {"nodes": stages.len(), "gpus_per_node": 1},
             "fits": true, "max_model_len": 2048, "gpu_memory_utilization": 0.9,
