@@ -209,3 +209,71 @@ pub fn plan_uneven(model: &Model, nodes: &[StageNode], opts: &Options) -> Result
     }
     Ok(plan)
 }
+
+/// A node as its agent reported it: its name, and each GPU's NVML name and memory.
+pub type ReportedNode = (String, Vec<(String, Option<u64>)>);
+
+/// Nodes that differ as a group's agents reported them (name, and each GPU's NVML name and
+/// memory): `Some` when every node has one GPU of known memory and the nodes differ in
+/// memory or in the device the table knows them as; `None` when the group is one the even
+/// planner models (equal nodes) or one this cannot split (several GPUs a node, unknown
+/// memory), which the cluster rules then accept or refuse by name. Bandwidth is the table's
+/// figure for each GPU; when any GPU is not in the table, every node counts as equally fast
+/// and the split follows memory alone.
+pub fn from_reports(nodes: &[ReportedNode]) -> Option<Vec<StageNode>> {
+    if nodes.len() < 2 || nodes.iter().any(|(_, g)| g.len() != 1 || g[0].1.is_none()) {
+        return None;
+    }
+    let devices: Vec<Option<&crate::speed::DeviceSpec>> = nodes
+        .iter()
+        .map(|(_, g)| crate::speed::device_from_gpu_name(&g[0].0))
+        .collect();
+    let known = devices.iter().all(Option::is_some);
+    let out: Vec<StageNode> = nodes
+        .iter()
+        .zip(&devices)
+        .map(|((name, g), d)| StageNode {
+            name: name.clone(),
+            memory_bytes: g[0].1.unwrap_or(0),
+            memory_gbs: match (known, d) {
+                (true, Some(d)) => d.memory_gbs,
+                _ => 1.0,
+            },
+        })
+        .collect();
+    let differ = out
+        .windows(2)
+        .any(|w| w[0].memory_bytes != w[1].memory_bytes || w[0].memory_gbs != w[1].memory_gbs);
+    differ.then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(name: &str, gpus: &[(&str, Option<u64>)]) -> ReportedNode {
+        (
+            name.into(),
+            gpus.iter().map(|(g, m)| (g.to_string(), *m)).collect(),
+        )
+    }
+
+    #[test]
+    fn a_group_of_single_gpu_nodes_that_differ_is_planned_unevenly() {
+        let spark = n("spark", &[("NVIDIA GB10", Some(128 << 30))]);
+        let desk = n("desk", &[("NVIDIA GeForce RTX 4090", Some(24 << 30))]);
+        let u = from_reports(&[spark.clone(), desk.clone()]).unwrap();
+        assert_eq!(u[0].memory_gbs, 273.0);
+        assert_eq!(u[1].memory_gbs, 1008.0);
+        assert_eq!(u[1].memory_bytes, 24 << 30);
+        // Equal nodes, several GPUs a node, unknown memory: not this planner's.
+        assert!(from_reports(&[spark.clone(), spark.clone()]).is_none());
+        let two = n("two", &[("NVIDIA H200", Some(1)), ("NVIDIA H200", Some(1))]);
+        assert!(from_reports(&[spark.clone(), two]).is_none());
+        assert!(from_reports(&[spark.clone(), n("x", &[("NVIDIA GB10", None)])]).is_none());
+        // A GPU the table does not know: memory alone decides.
+        let odd = n("odd", &[("Some GPU", Some(24 << 30))]);
+        let u = from_reports(&[spark, odd]).unwrap();
+        assert!(u.iter().all(|s| s.memory_gbs == 1.0));
+    }
+}

@@ -340,7 +340,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         None => Vec::new(),
     };
     let gpu_memory = memories.iter().copied().max();
-    let uneven = if memories.len() > 1 {
+    let mut uneven = if memories.len() > 1 {
         Some(uneven_nodes(a, &memories)?)
     } else {
         None
@@ -355,7 +355,25 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
                 .find_map(|n| n.gpus.first())
                 .map(|g| g.name.clone());
             let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
+            if gpu_memory.is_none() {
+                // Single-GPU nodes that differ: an uneven pipeline (weft_plan::uneven).
+                let gpus: Vec<_> = nodes
+                    .iter()
+                    .map(|n| {
+                        let g = n.gpus.iter();
+                        (
+                            n.name.clone(),
+                            g.map(|g| (g.name.clone(), g.memory_total_bytes)).collect(),
+                        )
+                    })
+                    .collect();
+                uneven = weft_plan::uneven::from_reports(&gpus);
+            }
             let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;
+            let w: Vec<String> = w
+                .into_iter()
+                .filter(|x| uneven.is_none() || !x.contains("planned with the smallest"))
+                .collect();
             cluster_warnings.push(format!(
                 "cluster from group {name}: {} node(s) ({}) x {} GPU(s) of {}",
                 c.nodes,
