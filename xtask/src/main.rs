@@ -9,6 +9,7 @@ mod deb;
 mod demo;
 mod demo_lease;
 mod fresh_demo;
+mod llamacpp;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -47,6 +48,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("chromium-driver", "/usr/bin/chromedriver"),
     // The PostgreSQL store's tests start a real PostgreSQL 15 (weft_testbed::Postgres).
     ("postgresql", "/usr/lib/postgresql/15/bin/postgres"),
+    // llama.cpp's server and RPC server are built from source for `weft run`'s llama.cpp test.
+    ("cmake", "/usr/bin/cmake"),
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -84,8 +87,11 @@ fn main() -> ExitCode {
         Some("fresh-demo") => workspace_root().and_then(|root| fresh_demo::run(&root)),
         Some("test") => ensure_packages()
             .and_then(|()| ensure_torch())
+            .and_then(|()| workspace_root().and_then(|r| llamacpp::ensure(&r)))
             .and_then(|()| test(&args[1..])),
-        Some("deps") => ensure_packages().and_then(|()| ensure_torch()),
+        Some("deps") => ensure_packages()
+            .and_then(|()| ensure_torch())
+            .and_then(|()| workspace_root().and_then(|r| llamacpp::ensure(&r))),
         Some("tidy") => workspace_root().and_then(|root| tidy::run(&root)),
         Some("deb") => {
             workspace_root().and_then(|root| deb::build(&root, deb::Build::Release).map(drop))

@@ -13,6 +13,8 @@
 //! * [`run`]: the environment of a multi-node job (ranks, master, interface variables), the
 //!   recipes for torchrun, vLLM and Ray, the pre-launch version check, and the launcher with
 //!   its per-node supervisor ([`run::supervise`], the hidden `weft run-node`).
+//! * [`llamacpp`]: the llama.cpp recipe (rpc-server on the other nodes, llama-server with
+//!   `--rpc` on the first) and the `-ngl`/`--tensor-split` that place a planned pipeline.
 //!
 //! Hosts are reached only through `weft-bench`'s [`hosts`] runner API (local, SSH,
 //! `ip netns exec`), the same as the doctor and the bench.
@@ -33,6 +35,7 @@
 
 pub mod hosts;
 pub mod layout;
+pub mod llamacpp;
 pub mod manifest;
 pub mod mesh;
 pub mod run;

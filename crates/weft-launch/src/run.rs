@@ -207,6 +207,9 @@ pub enum Recipe {
     Vllm,
     /// `ray CMD...`: a Ray head and workers, then CMD on the head.
     Ray,
+    /// `llama-server ...`: llama.cpp's RPC backend ([`crate::llamacpp`]): rpc-server on every
+    /// node but the first, llama-server with `--rpc` on the first; runs until stopped.
+    LlamaCpp,
 }
 
 impl Recipe {
@@ -220,13 +223,14 @@ impl Recipe {
             "torchrun" => Recipe::Torchrun,
             "vllm" if cmd.get(1).is_some_and(|a| a == "serve") => Recipe::Vllm,
             "ray" => Recipe::Ray,
+            "llama-server" => Recipe::LlamaCpp,
             _ => Recipe::Plain,
         }
     }
 
     /// Whether the job is over when the head (node 0) exits, the others being stopped then.
     pub fn head_decides(self) -> bool {
-        matches!(self, Recipe::Vllm | Recipe::Ray)
+        matches!(self, Recipe::Vllm | Recipe::Ray | Recipe::LlamaCpp)
     }
 
     /// The Python modules the version check compares for this recipe.
@@ -234,6 +238,8 @@ impl Recipe {
         match self {
             Recipe::Vllm => vec!["torch", "vllm"],
             Recipe::Ray => vec!["torch", "ray"],
+            // Not Python: ggml's RPC handshake refuses a server of another protocol version.
+            Recipe::LlamaCpp => vec![],
             _ => vec!["torch"],
         }
     }
@@ -291,6 +297,7 @@ pub fn node_argv(
     let master = nodes[0].mgmt_addr.to_string();
     Ok(match recipe {
         Recipe::Plain => cmd.to_vec(),
+        Recipe::LlamaCpp => crate::llamacpp::node_argv(cmd, nodes, rank, master_port)?,
         Recipe::Torchrun => {
             // Only torchrun's own options (before the script) are checked.
             let script_at = cmd[1..]

@@ -313,10 +313,21 @@ impl Comparison {
     /// concurrency, one line per run) and `PREFIX-speedup.png` (speed-up against nodes, one
     /// line per test, with the ideal line); returns their paths.
     pub fn plots(&self, prefix: &Path) -> Result<Vec<PathBuf>, LlmError> {
+        self.plots_with(prefix, &[])
+    }
+
+    /// [`Comparison::plots`], the speed-up plot with a dashed predicted line per test in
+    /// the test's colour (`predicted`: test name and (nodes, predicted speed-up) points,
+    /// as [`crate::predicted::Predicted::speedup_lines`] gives them).
+    pub fn plots_with(
+        &self,
+        prefix: &Path,
+        predicted: &[(String, Vec<(u32, f64)>)],
+    ) -> Result<Vec<PathBuf>, LlmError> {
         let depth = PathBuf::from(format!("{}-depth.png", prefix.display()));
         let speed = PathBuf::from(format!("{}-speedup.png", prefix.display()));
         plot::depth(self, &depth)?;
-        plot::speedup(self, &speed)?;
+        plot::speedup(self, &speed, predicted)?;
         Ok(vec![depth, speed])
     }
 }
@@ -348,6 +359,8 @@ mod plot {
         pub dashed: bool,
         /// (x index, y, the spread of y: one sd either side, drawn as an error bar)
         pub points: Vec<(usize, f64, f64)>,
+        /// Whether the series has its own line in the legend.
+        pub legend: bool,
     }
 
     fn e<E: std::fmt::Display>(x: E) -> String {
@@ -451,7 +464,8 @@ mod plot {
         let (w, _) = text_size(yname, PX);
         draw_text(root, yname, (ox + 6, (t + b) / 2 - w / 2), PX, true, &BLACK)?;
         // Lines, points and the legend.
-        for (k, s) in series.iter().enumerate() {
+        let mut k = 0;
+        for s in series {
             let pts: Vec<(i32, i32)> = s.points.iter().map(|&(i, y, _)| (px(i), py(y))).collect();
             // Error bars: one sd either side, with caps.
             for &(i, y, sd) in &s.points {
@@ -488,7 +502,11 @@ mod plot {
                         .map_err(e)?;
                 }
             }
-            let ly = t + 4 + k as i32 * (TH + 6);
+            if !s.legend {
+                continue;
+            }
+            let ly = t + 4 + k * (TH + 6);
+            k += 1;
             let lx = l + 12;
             root.draw(&Rectangle::new(
                 [(lx, ly + 2), (lx + 14, ly + TH - 2)],
@@ -536,6 +554,7 @@ mod plot {
                     name: id.name(),
                     colour: PALETTE[k % PALETTE.len()],
                     dashed: false,
+                    legend: true,
                     points: depths
                         .iter()
                         .enumerate()
@@ -579,9 +598,13 @@ mod plot {
     }
 
     /// Speed-up against node count: one line per test (at most 8), and the ideal.
-    pub fn speedup(c: &Comparison, path: &Path) -> Result<(), LlmError> {
+    pub fn speedup(
+        c: &Comparison,
+        path: &Path,
+        predicted: &[(String, Vec<(u32, f64)>)],
+    ) -> Result<(), LlmError> {
         let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
-        draw_speedup(c, &root).map_err(err(path))?;
+        draw_speedup(c, &root, predicted).map_err(err(path))?;
         root.present().map_err(|x| err(path)(x.to_string()))
     }
 
@@ -589,11 +612,15 @@ mod plot {
     #[cfg(test)]
     pub fn speedup_into(c: &Comparison, buf: &mut [u8], size: (u32, u32)) -> Result<(), String> {
         let root = BitMapBackend::with_buffer(buf, size).into_drawing_area();
-        draw_speedup(c, &root)?;
+        draw_speedup(c, &root, &[])?;
         root.present().map_err(e)
     }
 
-    fn draw_speedup(c: &Comparison, root: &Area<'_>) -> Result<(), String> {
+    fn draw_speedup(
+        c: &Comparison,
+        root: &Area<'_>,
+        predicted: &[(String, Vec<(u32, f64)>)],
+    ) -> Result<(), String> {
         let mut nodes: Vec<u32> = c.runs.iter().map(|r| r.nodes).collect();
         nodes.dedup();
         root.fill(&WHITE).map_err(e)?;
@@ -603,6 +630,7 @@ mod plot {
             name: "ideal".into(),
             colour: RGBColor(150, 150, 150),
             dashed: true,
+            legend: true,
             points: nodes
                 .iter()
                 .enumerate()
@@ -610,10 +638,23 @@ mod plot {
                 .collect(),
         });
         for (k, r) in c.rows.iter().take(8).enumerate() {
+            if let Some((_, line)) = predicted.iter().find(|(t, _)| *t == r.test) {
+                series.push(Series {
+                    name: String::new(),
+                    colour: PALETTE[k % PALETTE.len()],
+                    dashed: true,
+                    legend: false,
+                    points: line
+                        .iter()
+                        .filter_map(|(n, s)| Some((nodes.iter().position(|x| x == n)?, *s, 0.0)))
+                        .collect(),
+                });
+            }
             series.push(Series {
                 name: r.test.clone(),
                 colour: PALETTE[k % PALETTE.len()],
                 dashed: false,
+                legend: true,
                 points: r
                     .points
                     .iter()
@@ -622,6 +663,15 @@ mod plot {
                         p.speedup.map(|s| (i, s, p.speedup_sd.unwrap_or(0.0)))
                     })
                     .collect(),
+            });
+        }
+        if !predicted.is_empty() {
+            series.push(Series {
+                name: "dashed: predicted (plan)".into(),
+                colour: RGBColor(60, 60, 60),
+                dashed: true,
+                legend: true,
+                points: Vec::new(),
             });
         }
         let xl: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();

@@ -212,6 +212,32 @@ pub fn predicted(tests: &[Measured], scaling: &[ScalePoint]) -> Predicted {
 }
 
 impl Predicted {
+    /// Per test, the predicted speed-up over its prediction at the fewest nodes measured
+    /// (the corrected prediction where a one-node run calibrated it), node count by node
+    /// count: the dashed lines of the scaling plot ([`crate::compare::Comparison::plots_with`]).
+    pub fn speedup_lines(&self) -> Vec<(String, Vec<(u32, f64)>)> {
+        let mut out: Vec<(String, Vec<(u32, f64)>)> = Vec::new();
+        for r in &self.rows {
+            let tps = r.corrected_tps.unwrap_or(r.predicted_tps);
+            match out.iter_mut().find(|(t, _)| *t == r.test) {
+                Some((_, pts)) => {
+                    if !pts.iter().any(|(n, _)| *n == r.nodes) {
+                        pts.push((r.nodes, tps));
+                    }
+                }
+                None => out.push((r.test.clone(), vec![(r.nodes, tps)])),
+            }
+        }
+        for (_, pts) in &mut out {
+            pts.sort_by_key(|(n, _)| *n);
+            let base = pts.first().map_or(0.0, |(_, t)| *t);
+            for (_, t) in pts.iter_mut() {
+                *t = if base > 0.0 { *t / base } else { 0.0 };
+            }
+        }
+        out
+    }
+
     /// | test | nodes | layout | measured | predicted | ratio | corrected | ratio | bound by |.
     pub fn markdown(&self) -> String {
         let mut out = String::from(

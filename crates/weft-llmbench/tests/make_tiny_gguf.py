@@ -2,10 +2,10 @@
 """Writes a tiny llama-architecture GGUF model with random weights and its tokenizer, for
 weft-llmbench's tests against a real llama.cpp server (llama-cpp-python).
 
-    make_tiny_gguf.py OUT_DIR [--ctx 16384]
+    make_tiny_gguf.py OUT_DIR [--ctx 16384] [--layers 2]
 
 OUT_DIR gets:
-  tiny.gguf              2 layers, 64 wide, a byte-level BPE vocabulary of 768 tokens trained on
+  tiny.gguf              2 layers (--layers), 64 wide, a byte-level BPE vocabulary of 768 tokens trained on
                          the crate's word list, a ChatML chat template; random weights, no download
   tokenizer/tokenizer.json, tokenizer/tokenizer_config.json
                          the same tokenizer for Hugging Face loaders (weft --tokenizer, llama-benchy)
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--ctx", type=int, default=16384)
     ap.add_argument("--vocab", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     words = open(os.path.join(here, "..", "data", "words.txt")).read().split()
@@ -125,7 +126,7 @@ def main():
     if len(allowed) < 50:
         sys.exit(f"only {len(allowed)} whole-word tokens in the vocabulary; raise --vocab")
 
-    n_embd, n_layer, n_head, n_ff = 64, 2, 4, 128
+    n_embd, n_layer, n_head, n_ff = 64, a.layers, 4, 128
     path = os.path.join(a.out, "tiny.gguf")
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("weft-tiny")

@@ -50,6 +50,7 @@ pub mod source;
 pub mod speed;
 pub mod synth;
 pub mod tensor;
+pub mod uneven;
 
 pub use plan::{Cluster, Engine, KvDtype, Layout, Model, Options, Plan};
 

@@ -111,6 +111,11 @@ pub struct Options {
     /// Device and link figures: with them every plan carries a speed prediction and
     /// layouts are ranked by it.
     pub hardware: Option<Hardware>,
+    /// Nodes that differ ([`crate::uneven`]): each node's GPU memory (replacing the
+    /// cluster's), and the decoder layers of each pipeline stage (replacing the engine's
+    /// even split).
+    pub node_memory_bytes: Option<Vec<u64>>,
+    pub pp_partition: Option<Vec<u64>>,
 }
 
 impl Default for Options {
@@ -123,6 +128,8 @@ impl Default for Options {
             max_num_seqs: 1,
             overhead_bytes: None,
             hardware: None,
+            node_memory_bytes: None,
+            pp_partition: None,
         }
     }
 }
@@ -251,6 +258,10 @@ pub struct Plan {
     pub comm: Comm,
     /// One sequence's decode and prompt speed, when device figures were given.
     pub speed: Option<Prediction>,
+    /// Layers per pipeline stage when they were split unevenly (nodes that differ,
+    /// [`crate::uneven`]); vLLM's `VLLM_PP_LAYER_PARTITION`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pp_layer_partition: Option<Vec<u64>>,
     pub replicated: Vec<Flagged>,
     pub uneven: Vec<Flagged>,
     pub skipped: Vec<Flagged>,
@@ -288,6 +299,14 @@ pub fn check_layout(
                 cluster.nodes,
                 cluster.gpus_per_node
             ),
+        ));
+    }
+    if let Some(part) = &opts.pp_partition
+        && (part.len() as u64 != pp || part.iter().sum::<u64>() != arch.layers || part.contains(&0))
+    {
+        return Err(refuse(
+            "a pipeline partition gives every stage at least one layer, and all layers",
+            format!("{part:?} for pp={pp} and {} layers", arch.layers),
         ));
     }
     if opts.engine == Engine::LlamaCpp && tp > 1 {
@@ -570,7 +589,10 @@ fn plan_at(
     let llama_cpp = opts.engine == Engine::LlamaCpp;
     let stage_layers: Vec<(u64, u64)> = (0..pp)
         .map(|s| {
-            if llama_cpp {
+            if let Some(part) = &opts.pp_partition {
+                let start: u64 = part[..s as usize].iter().sum();
+                (start, start + part[s as usize])
+            } else if llama_cpp {
                 llama_cpp_layers(arch.layers, pp, s)
             } else {
                 rules::pp_layers(arch.layers, pp, s)
@@ -772,7 +794,13 @@ fn plan_at(
     // Per-rank accounting. Ranks are numbered as vLLM numbers them: dp outermost, then
     // pp, then tp.
     let per_node = cluster.gpus_per_node;
-    let budget = (cluster.gpu_memory_bytes as f64 * opts.gpu_memory_utilization) as u64;
+    let memory_of = |node: u64| {
+        opts.node_memory_bytes
+            .as_ref()
+            .and_then(|m| m.get(node as usize).copied())
+            .unwrap_or(cluster.gpu_memory_bytes)
+    };
+    let budget_of = |node: u64| (memory_of(node) as f64 * opts.gpu_memory_utilization) as u64;
     let layer_b = kv_layer_bytes(arch, tp, kv_elt);
     let mut ranks = Vec::with_capacity(layout.world() as usize);
     for d in 0..dp {
@@ -809,6 +837,7 @@ fn plan_at(
                     }
                 }
                 let kv_per_token = full_b + swa.iter().map(|x| x.0).sum::<u64>();
+                let budget = budget_of(rank / per_node);
                 let avail = budget as i128 - weights as i128 - overhead as i128;
                 let kv_tokens = if avail <= 0 || kv_per_token == 0 {
                     0
@@ -858,7 +887,7 @@ fn plan_at(
             NodePlan {
                 node: n,
                 gpus: per_node,
-                memory_bytes: per_node * cluster.gpu_memory_bytes,
+                memory_bytes: per_node * memory_of(n),
                 weights_bytes: rs.iter().map(|r| r.weights_bytes).sum(),
                 kv_tokens: rs.iter().map(|r| r.kv_tokens).min().unwrap_or(0),
                 headroom_bytes: rs.iter().map(|r| r.headroom_bytes).min().unwrap_or(0),
@@ -874,7 +903,11 @@ fn plan_at(
             .map(|r| r.max_context_per_seq)
             .min()
             .unwrap_or(0);
-        if ranks.iter().all(|r| r.weights_bytes + overhead <= budget) && best > 0 {
+        if ranks
+            .iter()
+            .all(|r| r.weights_bytes + overhead <= budget_of(r.node))
+            && best > 0
+        {
             fits_up_to = Some(best);
             warnings.push(format!(
                 "the weights fit but one sequence of max_model_len {max_model_len} does not: --max-model-len {best} would"
@@ -912,6 +945,7 @@ fn plan_at(
         skipped: skipped.into_list(),
         warnings,
         speed: None,
+        pp_layer_partition: opts.pp_partition.clone(),
     };
     plan.speed = opts
         .hardware

@@ -406,6 +406,10 @@ pub struct StageModel {
     pub tp: Option<LinkUse>,
     pub ep: Option<LinkUse>,
     pub next: Option<LinkUse>,
+    /// This stage's node's memory bandwidth (GB/s) when the nodes differ; else the
+    /// model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gbs: Option<f64>,
 }
 
 /// Everything the speed of one layout depends on, so that a saved plan can predict any
@@ -492,6 +496,7 @@ impl StepModel {
                     tp: (tp > 1).then(|| net(tp, tp > g)),
                     ep: (ep > 1 && arch.experts > 0).then(|| net(ep, ep > g)),
                     next: (s + 1 < pp).then(|| net(2, (s * tp) / g != ((s + 1) * tp) / g)),
+                    memory_gbs: None,
                 }
             })
             .collect();
@@ -539,6 +544,7 @@ impl StepModel {
                 let avg = (past as f64 + (n + 1.0) / 2.0).min(cap);
                 attn_flops += 4.0 * n * avg * self.heads_per_rank as f64 * self.head_dim as f64;
             }
+            let mem_bps = st.memory_gbs.map_or(mem_bps, |g| g * 1e9);
             let memory = st
                 .ranks
                 .iter()

@@ -303,7 +303,11 @@ fn compare_cmd(a: &CompareArgs, json: bool) -> Result<u8> {
     let plots = if a.no_plot {
         Vec::new()
     } else {
-        c.plots(&a.plot)?
+        let lines = predicted
+            .as_ref()
+            .map(weft_llmbench::predicted::Predicted::speedup_lines)
+            .unwrap_or_default();
+        c.plots_with(&a.plot, &lines)?
     };
     if json {
         let mut v = serde_json::to_value(&c)?;

@@ -25,7 +25,8 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with = "group")]
     gpus_per_node: Option<u64>,
     /// Memory of each GPU: 128GiB, 80GB, 24GiB (required without --group; with it, it
-    /// replaces what the agents reported).
+    /// replaces what the agents reported). Nodes that differ: one per node (128GiB,24GiB),
+    /// one GPU each; the layers are then split unevenly by memory and --device speed.
     #[arg(long, required_unless_present = "group")]
     gpu_memory: Option<String>,
     #[command(flatten)]
@@ -74,7 +75,8 @@ pub struct PlanArgs {
 #[derive(Args)]
 struct SpeedArgs {
     /// The GPU whose published figures predict the speed: gb10 (DGX Spark), h100, h200,
-    /// a100, l40s, rtx-4090, rtx-5090, cpu (default gb10).
+    /// a100, l40s, rtx-4090, rtx-5090, cpu (default gb10); one per node when
+    /// --gpu-memory lists nodes that differ (gb10,rtx-4090).
     #[arg(long)]
     device: Option<String>,
     /// Memory bandwidth of each GPU, GB/s (replaces the device's figure).
@@ -99,12 +101,57 @@ struct SpeedArgs {
     step_overhead_us: Option<f64>,
 }
 
+/// Nodes that differ, from `--gpu-memory A,B,...` (one per node) and `--device` (one for
+/// all, or one per node): each node's memory and bandwidth (`--memory-gbs` replaces every
+/// node's).
+fn uneven_nodes(a: &PlanArgs, memories: &[u64]) -> Result<Vec<weft_plan::uneven::StageNode>> {
+    let n = memories.len();
+    if a.group.group.is_some() {
+        bail!(
+            "--gpu-memory with {n} values lists nodes that differ; with --group give one value (it replaces every GPU's)"
+        );
+    }
+    if a.nodes.is_some_and(|x| x != n as u64) || a.gpus_per_node.is_some_and(|g| g != 1) {
+        bail!(
+            "--gpu-memory lists {n} nodes of one GPU each; --nodes and --gpus-per-node must agree (or be left out)"
+        );
+    }
+    if a.tp.is_some_and(|t| t != 1) || a.ep || a.dp != 1 {
+        bail!("nodes that differ are planned as a pipeline of one GPU each (tp=1, no ep, dp=1)");
+    }
+    let devices: Vec<&str> = a
+        .speed
+        .device
+        .as_deref()
+        .unwrap_or("gb10")
+        .split(',')
+        .collect();
+    if devices.len() != 1 && devices.len() != n {
+        bail!(
+            "--device lists {} devices for {n} nodes: give one, or one per node",
+            devices.len()
+        );
+    }
+    let mut out = Vec::new();
+    for (i, m) in memories.iter().enumerate() {
+        let dev = devices[if devices.len() == 1 { 0 } else { i }];
+        let d =
+            speed::device(dev).with_context(|| format!("--device {dev:?}: not in the table"))?;
+        out.push(weft_plan::uneven::StageNode {
+            name: format!("node{i} ({})", d.name),
+            memory_bytes: *m,
+            memory_gbs: a.speed.memory_gbs.unwrap_or(d.memory_gbs),
+        });
+    }
+    Ok(out)
+}
+
 /// The device and link figures from the flags (or the GPU the group's agents reported),
 /// each with where it came from.
 fn hardware(a: &SpeedArgs, engine: Engine, reported_gpu: Option<&str>) -> Result<Hardware> {
     let reported = reported_gpu.and_then(|g| speed::device_from_gpu_name(g).map(|d| (g, d)));
     let name = match (&a.device, reported) {
-        (Some(n), _) => n.as_str(),
+        (Some(n), _) => n.split(',').next().unwrap_or(n),
         (None, Some((_, d))) => d.name,
         (None, None) => "gb10",
     };
@@ -284,12 +331,20 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
         "bf16" | "fp16" => KvDtype::Bf16,
         o => bail!("--kv-dtype {o:?}: one of auto, fp8, bf16"),
     };
-    let gpu_memory = a
-        .gpu_memory
-        .as_deref()
-        .map(parse_size)
-        .transpose()
-        .context("--gpu-memory")?;
+    let memories: Vec<u64> = match a.gpu_memory.as_deref() {
+        Some(s) => s
+            .split(',')
+            .map(|x| parse_size(x.trim()))
+            .collect::<Result<_>>()
+            .context("--gpu-memory")?,
+        None => Vec::new(),
+    };
+    let gpu_memory = memories.iter().copied().max();
+    let mut uneven = if memories.len() > 1 {
+        Some(uneven_nodes(a, &memories)?)
+    } else {
+        None
+    };
     let mut cluster_warnings = Vec::new();
     let mut reported_gpu = None;
     let cluster = match &a.group.group {
@@ -300,7 +355,25 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
                 .find_map(|n| n.gpus.first())
                 .map(|g| g.name.clone());
             let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
+            if gpu_memory.is_none() {
+                // Single-GPU nodes that differ: an uneven pipeline (weft_plan::uneven).
+                let gpus: Vec<_> = nodes
+                    .iter()
+                    .map(|n| {
+                        let g = n.gpus.iter();
+                        (
+                            n.name.clone(),
+                            g.map(|g| (g.name.clone(), g.memory_total_bytes)).collect(),
+                        )
+                    })
+                    .collect();
+                uneven = weft_plan::uneven::from_reports(&gpus);
+            }
             let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;
+            let w: Vec<String> = w
+                .into_iter()
+                .filter(|x| uneven.is_none() || !x.contains("planned with the smallest"))
+                .collect();
             cluster_warnings.push(format!(
                 "cluster from group {name}: {} node(s) ({}) x {} GPU(s) of {}",
                 c.nodes,
@@ -316,7 +389,10 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             c
         }
         None => {
-            let (nodes, gpus) = (a.nodes.unwrap_or(1), a.gpus_per_node.unwrap_or(1));
+            let (nodes, gpus) = (
+                a.nodes.unwrap_or(memories.len().max(1) as u64),
+                a.gpus_per_node.unwrap_or(1),
+            );
             if nodes == 0 || gpus == 0 {
                 bail!("--nodes and --gpus-per-node must be at least 1");
             }
@@ -340,6 +416,7 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             .transpose()
             .context("--overhead")?,
         hardware: Some(hardware(&a.speed, engine, reported_gpu.as_deref())?),
+        ..Options::default()
     };
     let model = match source::resolve(&a.model)? {
         ModelRef::Repo(id) => {
@@ -355,6 +432,13 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
     };
     let mut model = model;
     model.warnings.splice(0..0, cluster_warnings);
+    if let Some(nodes) = &uneven {
+        return Ok(Report {
+            plan: weft_plan::uneven::plan_uneven(&model, nodes, &opts)?,
+            candidates: None,
+            scaling: Vec::new(),
+        });
+    }
     let world = cluster.nodes * cluster.gpus_per_node;
     let fixed = a.tp.is_some() || a.pp.is_some();
     if fixed {
@@ -443,6 +527,14 @@ fn print_human(r: &Report) {
         p.gpu_memory_utilization * 100.0,
         gib(p.overhead_bytes)
     );
+    if let Some(part) = &p.pp_layer_partition {
+        let list: Vec<String> = part.iter().map(u64::to_string).collect();
+        println!(
+            "        nodes differ: layers split {} by each node's memory and speed (vLLM: VLLM_PP_LAYER_PARTITION={}; weft run --plan sets it)",
+            list.join(" + "),
+            list.join(",")
+        );
+    }
     println!(
         "        overhead: {}\n        KV cache {} B/element, max-model-len {}, max-num-seqs {}",
         p.overhead_source,

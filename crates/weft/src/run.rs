@@ -13,7 +13,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_OK};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head. --plan takes the layout of a saved `weft plan --json` for `vllm serve` and checks\nit needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long, and the one
+    after_help = "Examples:\n  weft run --hosts spark1,spark2 -- torchrun --nproc-per-node=1 train.py\n  weft run --hosts spark1,spark2 --nccl weft -- vllm serve /models/Llama-3.1-70B --tensor-parallel-size 2\n  weft run --hosts spark1,spark2,spark3 -- ray python job.py\n  weft run --hosts n1,n2 --stall-timeout 120 -- python train.py\n  weft plan Qwen/Qwen3-235B-A22B --group team-a --json > plan.json\n  weft run --group team-a --plan plan.json -- vllm serve Qwen/Qwen3-235B-A22B\n  weft run --hosts n1,n2,n3 --plan plan.json -- llama-server -m /models/m.gguf --port 8080\n\nEvery node gets RANK, WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR (node 0's management\naddress), MASTER_PORT, GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME / VLLM_HOST_IP (its data\ninterface and address) and, per --nccl: weft (NCCL_NET_PLUGIN=weft, WEFT_MGMT_IFNAME,\nWEFT_DATA_IFNAME), ib (NCCL_IB_HCA, the node's RDMA devices) or socket (NCCL's sockets on the\ndata interface). Interfaces come from the hosts' own facts, as `weft doctor` finds them.\n\ntorchrun gets --nnodes/--node-rank/--master-addr/--master-port; `vllm serve` the same, and\n--headless on every node but the first; `ray CMD` starts a Ray head and workers, then CMD on\nthe head; `llama-server` runs ggml-rpc-server on every node but the first (on its data\naddress, port MASTER_PORT) and llama-server with --rpc on the first. --plan takes the layout\nof a saved `weft plan --json` for `vllm serve` (an uneven split as VLLM_PP_LAYER_PARTITION)\nor `llama-server` (-ngl, --tensor-split) and checks it needs as many nodes as the job has; --group takes the hosts from the controller. Before launching, Python, torch (vllm, ray when used), NCCL, the driver, the weft\nplugin build and --model's hash are compared: a difference is a FAIL naming the node, and\nnothing starts. Output lines are prefixed [host nN]. The first node that exits non-zero stops\nall others (SIGTERM, SIGKILL after --grace-s) and is named with its last lines; Ctrl-C stops\nevery node; --stall-timeout names the nodes that printed nothing for that long, and the one
 that froze first: a stopped process (state T), a node that stopped answering, or the rank whose
 output and CPU time stopped first (ranks waiting in a collective keep spinning).\n\nExit codes: 0 every node exited 0, 1 a node failed, stalled, was interrupted or versions\ndiffer, 2 usage or environment."
 )]
@@ -87,6 +87,7 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
     let mut a = a;
     crate::group::fill_hosts(&mut a.hosts, &a.group)?;
     let (hs, remote) = a.hosts.runners()?;
+    let mut plan_env = Vec::new();
     if let Some(p) = &a.plan {
         let what = p.display().to_string();
         let bytes = std::fs::read(p).with_context(|| format!("--plan {what}"))?;
@@ -95,13 +96,14 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         for n in notes {
             eprintln!("weft run: {n}");
         }
+        plan_env = saved.env(&cmd);
         a.cmd = cmd;
     }
     let recipe = Recipe::of(&a.cmd);
     // Every node's network, from the facts of all of them together: the interfaces
     // `weft doctor` finds on the same hosts and flags.
     let nets = run::gather_node_nets(&hs, &remote, &a.hosts.if_choice()?)?;
-    let (argvs, envs) = run::node_jobs(
+    let (argvs, mut envs) = run::node_jobs(
         recipe,
         &a.cmd,
         &nets,
@@ -109,6 +111,9 @@ pub fn run(a: RunArgs, json: bool) -> Result<u8> {
         a.nproc_per_node,
         a.nccl,
     )?;
+    for e in &mut envs {
+        e.extend(plan_env.iter().cloned());
+    }
     if !a.no_version_check {
         let got = run::probe_versions(
             &hs,

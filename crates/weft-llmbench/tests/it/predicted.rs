@@ -106,6 +106,22 @@ fn a_one_node_run_calibrates_the_step_overhead_for_the_other_node_counts() {
     assert_eq!(two.len(), 4);
     assert_eq!(two[0].layout, "tp2 pp1");
     assert!(p.markdown().contains("fitted to the one-node run: 4000 us"));
+    // The plot's predicted lines: per test, the corrected prediction over its one-node
+    // value, which here is what was "measured".
+    let lines = p.speedup_lines();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (name, pts) in &lines {
+        assert_eq!(pts.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(pts[0].1, 1.0);
+        let m = |n: u32| {
+            tests
+                .iter()
+                .find(|t| t.test == *name && t.nodes == n)
+                .unwrap()
+                .tps
+        };
+        assert!((pts[1].1 - m(2) / m(1)).abs() < 1e-3, "{name}: {pts:?}");
+    }
     // A node count the plan does not cover is named; without a one-node run nothing is fitted.
     let p = predicted(&[test(0, 3, "tg", 32, 0, 50.0)], &s);
     assert!(p.rows.is_empty() && p.calibration.is_none());

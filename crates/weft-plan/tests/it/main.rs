@@ -7,6 +7,7 @@ mod http;
 mod published;
 mod rules;
 mod speed;
+mod uneven;
 
 use serde_json::Value;
 use weft_plan::plan::{Cluster, Format, Layout, Model, Options, Plan};

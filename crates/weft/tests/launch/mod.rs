@@ -3,6 +3,7 @@
 //! binary on every host. A test that cannot run here (no root, no iproute2, no sshd, no
 //! torch) fails with the reason.
 
+mod llamacpp;
 mod mesh;
 mod roles;
 mod run;

@@ -302,6 +302,82 @@ fn run_plan_sets_the_vllm_layout_and_refuses_a_plan_for_other_hosts() {
     );
 }
 
+/// Nodes that differ: `--gpu-memory` one per node and `--device` one per node plan an uneven
+/// pipeline that --json carries (`pp_layer_partition`) and the table says; a node that
+/// cannot hold one layer is refused by name (exit 2); `weft run --plan` checks the plan's
+/// nodes against the hosts.
+#[test]
+fn nodes_that_differ_get_an_uneven_split_and_a_node_too_small_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_dir(d, "llama-3-8b");
+    let plan = |mem: &str, json: bool| {
+        let mut a = vec![
+            "plan",
+            &model,
+            "--gpu-memory",
+            mem,
+            "--device",
+            "gb10,rtx-4090",
+            "--max-model-len",
+            "8192",
+        ];
+        if json {
+            a.push("--json");
+        }
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(&a)
+            .output()
+            .unwrap()
+    };
+    let o = plan("128GiB,24GiB", true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let part: Vec<u64> = serde_json::from_value(v["pp_layer_partition"].clone()).unwrap();
+    assert_eq!(part.iter().sum::<u64>(), 32, "{v}");
+    // The RTX 4090 reads 3.7x faster than a GB10: it takes most layers.
+    assert!(part[1] > 2 * part[0], "{part:?}");
+    assert_eq!(v["nodes"][1]["memory_bytes"], 24u64 << 30);
+    std::fs::write(d.join("plan.json"), &o.stdout).unwrap();
+    let o = plan("128GiB,24GiB", false);
+    assert!(
+        text(&o).contains(&format!("VLLM_PP_LAYER_PARTITION={},{}", part[0], part[1])),
+        "{}",
+        text(&o)
+    );
+    let o = plan("128GiB,1GiB", true);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("node1 (rtx-4090) (0.90 GiB usable) cannot hold one layer"),
+        "{e}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .current_dir(d)
+        .args([
+            "run",
+            "--hosts",
+            "a,b,c",
+            "--plan",
+            "plan.json",
+            "--",
+            "vllm",
+            "serve",
+            &model,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("takes 2 node(s), but the job has 3"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// The speed prediction as a user gets it: the link from a `weft bench p2p --json` file (its
 /// median pair, half its round trip), every term in `--json`, layouts ranked by predicted
 /// decode; a file that is not p2p output is refused naming it; a default context that does
