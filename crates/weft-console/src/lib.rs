@@ -31,8 +31,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod assets;
-pub mod links;
 pub mod leases;
+pub mod links;
 pub mod pages;
 pub mod session;
 pub mod sms;
