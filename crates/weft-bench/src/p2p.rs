@@ -341,7 +341,7 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// What each host's rails should reach, Gb/s, by host name and rail (`judge::Expected` is
+/// What each host's rails should reach, Gb/s, by host name and rail (`judge::IndexedRailTargets` is
 /// the same by host index).
 pub type RailTargets = std::collections::BTreeMap<(String, usize), f64>;
 
@@ -387,7 +387,7 @@ pub fn analyse_with(
             ))
         })
         .collect();
-    let exp: judge::Expected = expected
+    let exp: judge::IndexedRailTargets = expected
         .iter()
         .filter_map(|((h, rail), g)| Some(((index(h)?, *rail), *g)))
         .collect();
