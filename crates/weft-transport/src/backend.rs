@@ -18,7 +18,7 @@ use crate::tcp;
 /// The transport of this host: the management interface, the data devices, and the backend.
 #[derive(Debug, Clone)]
 pub struct Transport {
-    tcp: tcp::Transport,
+    tcp: tcp::TcpTransport,
     ofi: Option<Arc<ofi::Backend>>,
     note: Option<String>,
 }
@@ -26,15 +26,15 @@ pub struct Transport {
 impl Transport {
     /// Selects the interfaces named by `cfg` on this host, and opens the backend.
     pub fn new(cfg: Config) -> Result<Transport> {
-        Transport::from_tcp(tcp::Transport::new(cfg)?)
+        Transport::from_tcp(tcp::TcpTransport::new(cfg)?)
     }
 
     /// Like [`Transport::new`] over a given interface list (tests, or a host model).
     pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<Transport> {
-        Transport::from_tcp(tcp::Transport::with_interfaces(cfg, all)?)
+        Transport::from_tcp(tcp::TcpTransport::with_interfaces(cfg, all)?)
     }
 
-    fn from_tcp(t: tcp::Transport) -> Result<Transport> {
+    fn from_tcp(t: tcp::TcpTransport) -> Result<Transport> {
         let cfg = t.config().clone();
         let (ofi, note) = match cfg.backend {
             BackendKind::Tcp => (None, None),
