@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Plan, Removal};
+use weft_fabric::{FabricPlan, Removal};
 use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
@@ -236,7 +236,7 @@ pub fn prepare(
 pub trait Fabric: Send + Sync + 'static {
     /// Compiles `plan` against the fabric, adds what was adopted, guards removals
     /// ([`prepare`]), delivers it with the owner header and verifies it. Blocking.
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String>;
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, String>;
     /// The partitions file the master SM holds now (`None`: none). Blocking.
     fn held(&self) -> Result<Option<String>, String> {
         Ok(None)
@@ -314,7 +314,7 @@ impl Fabric for OpenSmFabric {
         Ok(Some(v.mismatches.iter().map(|m| m.to_string()).collect()))
     }
 
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, String> {
         let before = self.applier.diag.snapshot().map_err(|e| e.to_string())?;
         let compiled = weft_fabric::compile(plan, Some(&before.inventory)).map_err(|v| {
             v.iter()
@@ -434,7 +434,7 @@ impl Fabric for RecordingFabric {
         }
     }
 
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, String> {
         let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
         let held = self.held()?;
         fence_check(ctx, held.as_deref())?;

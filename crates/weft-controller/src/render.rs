@@ -1,8 +1,10 @@
-//! From the desired state to a [`Plan`] and a partitions.conf text, and line diffs between
+//! From the desired state to a [`FabricPlan`] and a partitions.conf text, and line diffs between
 //! two such texts. Pure functions: the store calls them inside its transactions, the
 //! reconcile loop before delivery.
 
-use weft_fabric::{DefaultPartition, DefaultPolicy, Guid, PKey, Plan, PlanMember, PlanPartition};
+use weft_fabric::{
+    DefaultPartition, DefaultPolicy, FabricPlan, Guid, PKey, PlanMember, PlanPartition,
+};
 
 /// The desired state as the store holds it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,7 +38,7 @@ pub const DEFAULT_POLICY: &str = "isolate: Default=0x7fff : ALL=limited, SELF=fu
 ///
 /// GUIDs not in the fabric are accepted (a powered-off server must not block changes to
 /// other tenants); OpenSM ignores them and verification covers the ports that exist.
-pub fn plan(desired: &Desired) -> Result<Plan, String> {
+pub fn plan(desired: &Desired) -> Result<FabricPlan, String> {
     let mut partitions = Vec::new();
     for g in &desired.groups {
         let pkey = PKey::new(g.pkey).map_err(|e| format!("group `{}`: {e}", g.name))?;
@@ -52,7 +54,7 @@ pub fn plan(desired: &Desired) -> Result<Plan, String> {
         p.members = members;
         partitions.push(p);
     }
-    Ok(Plan {
+    Ok(FabricPlan {
         allow_unknown_guids: true,
         allow_shared_ports: Vec::new(),
         default: DefaultPartition {

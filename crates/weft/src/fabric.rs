@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Compiled, ImportOptions, Inventory, Plan, PortMismatch, Violation};
+use weft_fabric::{Compiled, FabricPlan, ImportOptions, Inventory, PortMismatch, Violation};
 use weft_opensm::master::{FileState, SyncState, SyncStatus};
 use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, VerifyScope};
 
@@ -489,7 +489,7 @@ fn import(
             }
         }
     }
-    let imported = match Plan::import(&text, &opts) {
+    let imported = match FabricPlan::import(&text, &opts) {
         Ok(i) => i,
         Err(errs) => return show(&errs, "errors"),
     };
@@ -580,10 +580,10 @@ fn refuse_removal(
 
 /// Reads a plan. An unreadable file is an environment error (the outer `Err`, exit 2);
 /// a plan that does not parse is a failed check (the inner `Err`, exit 1).
-fn load_plan(path: &Path) -> Result<std::result::Result<Plan, String>> {
+fn load_plan(path: &Path) -> Result<std::result::Result<FabricPlan, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(Plan::from_toml(&text).map_err(|e| format!("{}: {e}", path.display())))
+    Ok(FabricPlan::from_toml(&text).map_err(|e| format!("{}: {e}", path.display())))
 }
 
 /// Reports input that is wrong (a plan or a file that does not parse): exit 1.
@@ -609,7 +609,7 @@ macro_rules! plan_or_exit {
 }
 use plan_or_exit;
 
-fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
+fn compile(plan: &FabricPlan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
     weft_fabric::compile(plan, inventory)
 }
 
