@@ -219,7 +219,7 @@ pub fn p2p_matrix(
         servers.push(c);
         let port = match out {
             Some(o) => p2p::read_ready(o, r.timeout),
-            None => Err("no stdout".into()),
+            None => Err(p2p::ReadyError::NoStdout),
         };
         match port {
             Ok(p) if p.len() == hi.rails.len() => ports.push(p),
