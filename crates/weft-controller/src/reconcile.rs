@@ -975,7 +975,7 @@ async fn reconcile_once(
     let plan = match crate::render::plan(&desired) {
         Ok(p) => p,
         Err(e) => {
-            record_failure(store, generation, e, metrics).await;
+            record_failure(store, generation, e.into(), metrics).await;
             return Err(());
         }
     };
