@@ -202,7 +202,7 @@ pub fn hardware(f: &Figures, engine: Engine) -> Result<Hardware, PlanError> {
         hw.step_overhead_us = v;
         hw.sources[2] = format!("engine step overhead {v} us (--step-overhead-us)");
     }
-    hw.check().map_err(PlanError::Figures)?;
+    hw.check()?;
     Ok(hw)
 }
 

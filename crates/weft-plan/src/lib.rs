@@ -80,5 +80,5 @@ pub enum PlanError {
     UnknownDevice { name: String, known: String },
     /// A device or link figure that is not a positive number.
     #[error("device and link figures: {0}")]
-    Figures(String),
+    Figures(#[from] speed::FigureError),
 }
