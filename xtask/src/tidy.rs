@@ -52,7 +52,15 @@ const IO_NAMES: &[&str] = &[
 ];
 
 /// The files of weft-plan that do no I/O: bytes and values in, a plan out.
-const PLAN_CORE: &[&str] = &["tensor.rs", "arch.rs", "rules.rs", "plan.rs"];
+const PLAN_CORE: &[&str] = &[
+    "tensor.rs",
+    "arch.rs",
+    "rules.rs",
+    "plan.rs",
+    "choose.rs",
+    "speed.rs",
+    "cluster.rs",
+];
 
 /// Crates allowed more than one integration test binary, and why: the plugin's and the
 /// transport's tests that need a process of their own (a libfabric provider initialised

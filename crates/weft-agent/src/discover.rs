@@ -134,12 +134,12 @@ fn volatile(path: &Path) -> Option<String> {
     read_text(path).ok().map(|t| t.trim().to_string())
 }
 
-fn parse_with<T>(
+fn parse_with<T, E: std::fmt::Display>(
     path: &Path,
     text: &str,
-    f: impl FnOnce(&str) -> Result<T, String>,
+    f: impl FnOnce(&str) -> Result<T, E>,
 ) -> Result<T, DiscoverError> {
-    f(text).map_err(|reason| DiscoverError::parse(path, text, reason))
+    f(text).map_err(|reason| DiscoverError::parse(path, text, reason.to_string()))
 }
 
 /// Entry names of a directory, sorted; `None` when it does not exist.

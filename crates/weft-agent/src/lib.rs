@@ -54,5 +54,5 @@ pub use gpu::{NVIDIA_SMI_ARGS, NVML_LIBRARY, nvml_gpus, parse_nvidia_smi};
 pub use host::local_addresses;
 pub use types::{
     Gpu, HostReport, LinkLayer, NetDev, NodeType, OperState, PhysState, PortState, RdmaDevice,
-    RdmaPort,
+    RdmaPort, SysfsError,
 };

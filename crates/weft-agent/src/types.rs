@@ -350,7 +350,7 @@ macro_rules! coded {
         impl $ty {
             /// Parses the sysfs text `<code>: <name>`. An unknown code gives the
             /// catch-all variant; a known code with another name is refused.
-            pub fn parse_sysfs(text: &str) -> Result<Self, String> {
+            pub fn parse_sysfs(text: &str) -> Result<Self, SysfsError> {
                 parse_coded::<$ty>(text)
             }
 
@@ -414,36 +414,61 @@ coded!(
     ]
 );
 
-fn parse_coded<T: Coded>(text: &str) -> Result<T, String> {
+/// Why a sysfs word or `<code>: <name>` text was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SysfsError {
+    #[error("expected `<number>: <name>`, for example `4: ACTIVE`")]
+    NotCoded,
+    #[error("`{0}` is not a number from 0 to 255")]
+    NotACode(String),
+    #[error("no name after the number")]
+    NoName,
+    /// A known code under another name.
+    #[error("code {code} is `{known}`, but the text says `{name}`")]
+    NameMismatch {
+        code: u8,
+        known: &'static str,
+        name: String,
+    },
+    /// A word that is none of those listed.
+    #[error("expected {0}")]
+    NotOneOf(&'static str),
+}
+
+fn parse_coded<T: Coded>(text: &str) -> Result<T, SysfsError> {
     let Some((code, name)) = text.split_once(':') else {
-        return Err("expected `<number>: <name>`, for example `4: ACTIVE`".into());
+        return Err(SysfsError::NotCoded);
     };
     let code: u8 = code
         .trim()
         .parse()
-        .map_err(|_| format!("`{}` is not a number from 0 to 255", code.trim()))?;
+        .map_err(|_| SysfsError::NotACode(code.trim().to_string()))?;
     let name = name.trim();
     if name.is_empty() {
-        return Err("no name after the number".into());
+        return Err(SysfsError::NoName);
     }
     if let Some((_, known)) = T::TABLE.iter().find(|(c, _)| *c == code)
         && !known.eq_ignore_ascii_case(name)
     {
-        return Err(format!(
-            "code {code} is `{known}`, but the text says `{name}`"
-        ));
+        return Err(SysfsError::NameMismatch {
+            code,
+            known,
+            name: name.to_string(),
+        });
     }
     Ok(T::from_code(code))
 }
 
 impl LinkLayer {
     /// Parses `InfiniBand`, `Ethernet` or `Unknown`.
-    pub fn parse_sysfs(text: &str) -> Result<Self, String> {
+    pub fn parse_sysfs(text: &str) -> Result<Self, SysfsError> {
         match text {
             "InfiniBand" => Ok(LinkLayer::InfiniBand),
             "Ethernet" => Ok(LinkLayer::Ethernet),
             "Unknown" => Ok(LinkLayer::Unknown),
-            _ => Err("expected `InfiniBand`, `Ethernet` or `Unknown`".into()),
+            _ => Err(SysfsError::NotOneOf(
+                "`InfiniBand`, `Ethernet` or `Unknown`",
+            )),
         }
     }
 
@@ -475,15 +500,14 @@ impl OperState {
     ];
 
     /// Parses the kernel's word (`up`, `down`, `lowerlayerdown`, ...).
-    pub fn parse_sysfs(text: &str) -> Result<Self, String> {
+    pub fn parse_sysfs(text: &str) -> Result<Self, SysfsError> {
         Self::ALL
             .iter()
             .find(|(_, w)| *w == text)
             .map(|(s, _)| *s)
-            .ok_or_else(|| {
-                "expected one of unknown, notpresent, down, lowerlayerdown, testing, dormant, up"
-                    .into()
-            })
+            .ok_or(SysfsError::NotOneOf(
+                "one of unknown, notpresent, down, lowerlayerdown, testing, dormant, up",
+            ))
     }
 
     /// The kernel's word.
@@ -540,7 +564,24 @@ mod tests {
         assert!(PortState::parse_sysfs("4:").is_err());
         assert!(PortState::parse_sysfs("300: X").is_err());
         let e = PortState::parse_sysfs("4: DOWN").unwrap_err();
-        assert!(e.contains("ACTIVE") && e.contains("DOWN"), "{e}");
+        assert_eq!(
+            e,
+            SysfsError::NameMismatch {
+                code: 4,
+                known: "ACTIVE",
+                name: "DOWN".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "code 4 is `ACTIVE`, but the text says `DOWN`"
+        );
+        assert_eq!(
+            PortState::parse_sysfs("four: ACTIVE")
+                .unwrap_err()
+                .to_string(),
+            "`four` is not a number from 0 to 255"
+        );
     }
 
     #[test]

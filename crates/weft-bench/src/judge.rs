@@ -94,14 +94,19 @@ pub struct Verdict {
 }
 
 /// Expected rate of `host` on `rail`, Gb/s.
-pub type Expected = BTreeMap<(usize, usize), f64>;
+pub type IndexedRailTargets = BTreeMap<(usize, usize), f64>;
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
     crate::p2p::median(&mut v)
 }
 
 /// Judges `pairs` among `n_hosts` hosts: slow below `threshold` x the reference.
-pub fn judge(n_hosts: usize, pairs: &[Measured], expected: &Expected, threshold: f64) -> Verdict {
+pub fn judge(
+    n_hosts: usize,
+    pairs: &[Measured],
+    expected: &IndexedRailTargets,
+    threshold: f64,
+) -> Verdict {
     let mut rails: Vec<usize> = pairs.iter().map(|p| p.rail).collect();
     rails.sort_unstable();
     rails.dedup();
@@ -404,13 +409,13 @@ mod tests {
             ),
         ];
         for (name, n, rate, want, want_unreachable) in cases {
-            let v = judge(n, &matrix(n, rate), &Expected::new(), 0.5);
+            let v = judge(n, &matrix(n, rate), &IndexedRailTargets::new(), 0.5);
             assert_eq!(blamed(&v), want, "{name}: {v:?}");
             let un: Vec<usize> = v.unreachable.iter().map(|u| u.0).collect();
             assert_eq!(un, want_unreachable, "{name}: {v:?}");
         }
         // Failed pairs are never slow and have no reference.
-        let v = judge(3, &matrix(3, |_, _| None), &Expected::new(), 0.5);
+        let v = judge(3, &matrix(3, |_, _| None), &IndexedRailTargets::new(), 0.5);
         assert!(v.slow.is_empty() && v.blamed.is_empty(), "{v:?}");
         assert!(v.reference.iter().all(Option::is_none));
         assert_eq!(v.unreachable, [(0, 0), (1, 0), (2, 0)]);
@@ -427,7 +432,7 @@ mod tests {
                 Some(if s == 2 { 0.45 } else { 1.0 })
             }
         });
-        let v = judge(4, &m, &Expected::new(), 0.5);
+        let v = judge(4, &m, &IndexedRailTargets::new(), 0.5);
         assert_eq!(blamed(&v), [(2, Sending)], "{v:?}");
         for k in &v.slow {
             assert_eq!(m[*k].src, 2);
@@ -446,17 +451,21 @@ mod tests {
         // either, because the reference is capped by the best pair: no host is a cause the
         // matrix can show.
         let m = matrix(4, |_, _| Some(0.2));
-        let exp: Expected = (0..4).map(|h| ((h, 0), 1.0)).collect();
-        assert!(judge(4, &m, &Expected::new(), 0.5).blamed.is_empty());
+        let exp: IndexedRailTargets = (0..4).map(|h| ((h, 0), 1.0)).collect();
+        assert!(
+            judge(4, &m, &IndexedRailTargets::new(), 0.5)
+                .blamed
+                .is_empty()
+        );
         let v = judge(4, &m, &exp, 0.5);
         assert!(v.blamed.is_empty(), "{v:?}");
         assert!(v.reference.iter().all(|r| r.is_some_and(|r| r.gbps == 0.2)));
         // A host whose link is expected slower is judged against its own
         // expectation, not its faster peers: host 0 has a 0.25 Gb/s link and sends at 0.2.
         let m = matrix(4, |s, d| Some(if s == 0 || d == 0 { 0.2 } else { 1.0 }));
-        let peers_only = judge(4, &m, &Expected::new(), 0.5);
+        let peers_only = judge(4, &m, &IndexedRailTargets::new(), 0.5);
         assert_eq!(blamed(&peers_only), [(0, Both)]);
-        let mut exp = Expected::new();
+        let mut exp = IndexedRailTargets::new();
         exp.insert((0, 0), 0.25);
         let v = judge(4, &m, &exp, 0.5);
         assert!(v.blamed.is_empty(), "{v:?}");
@@ -470,7 +479,7 @@ mod tests {
         );
         // Two slow NICs of four, every host expecting 1.0: both named from expectations.
         let m = matrix(4, |s, d| Some(if s < 2 || d < 2 { 0.2 } else { 1.0 }));
-        let exp: Expected = (0..4).map(|h| ((h, 0), 1.0)).collect();
+        let exp: IndexedRailTargets = (0..4).map(|h| ((h, 0), 1.0)).collect();
         assert_eq!(blamed(&judge(4, &m, &exp, 0.5)), [(0, Both), (1, Both)]);
     }
 
@@ -485,7 +494,7 @@ mod tests {
                     p
                 }),
         );
-        let v = judge(3, &m, &Expected::new(), 0.5);
+        let v = judge(3, &m, &IndexedRailTargets::new(), 0.5);
         assert_eq!(
             v.blamed,
             [HostBlame {

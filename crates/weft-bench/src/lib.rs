@@ -68,6 +68,9 @@ pub enum BenchError {
     /// Reaching a host, or reading what it said ([`weft_hosts`]).
     #[error(transparent)]
     Hosts(#[from] weft_hosts::HostsError),
+    /// A host of a p2p run has no data interface with an address to measure.
+    #[error("{host}: no data interface with an IPv4 address (see --data-if)")]
+    NoRails { host: String },
     /// Other I/O.
     #[error("{context}: {source}")]
     Io {

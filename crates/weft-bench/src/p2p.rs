@@ -341,7 +341,7 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
-/// What each host's rails should reach, Gb/s, by host name and rail (`judge::Expected` is
+/// What each host's rails should reach, Gb/s, by host name and rail (`judge::IndexedRailTargets` is
 /// the same by host index).
 pub type RailTargets = std::collections::BTreeMap<(String, usize), f64>;
 
@@ -387,7 +387,7 @@ pub fn analyse_with(
             ))
         })
         .collect();
-    let exp: judge::Expected = expected
+    let exp: judge::IndexedRailTargets = expected
         .iter()
         .filter_map(|((h, rail), g)| Some(((index(h)?, *rail), *g)))
         .collect();
@@ -741,8 +741,26 @@ pub fn heatmap_rgb(m: &Matrix, rail: usize) -> Result<(u32, u32, Vec<u8>), Bench
     Ok((w, h, buf))
 }
 
+/// Why a p2p server's `ready PORT...` line did not come ([`read_ready`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    /// It printed something else.
+    #[error("server said {0:?} instead of `ready PORT...`")]
+    Unexpected(String),
+    #[error("reading from server: {0}")]
+    Read(#[source] io::Error),
+    #[error("server not ready within {0:?}")]
+    Timeout(Duration),
+    /// The server was started without a pipe for its output.
+    #[error("no stdout")]
+    NoStdout,
+}
+
 /// Reads the `ready PORT...` line a server prints, waiting at most `timeout`.
-pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<Vec<u16>, String> {
+pub fn read_ready(
+    out: impl Read + Send + 'static,
+    timeout: Duration,
+) -> Result<Vec<u16>, ReadyError> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
@@ -759,9 +777,9 @@ pub fn read_ready(out: impl Read + Send + 'static, timeout: Duration) -> Result<
                     .collect::<Option<Vec<u16>>>()
             })
             .filter(|v| !v.is_empty())
-            .ok_or_else(|| format!("server said {:?} instead of `ready PORT...`", l.trim())),
-        Ok(Err(e)) => Err(format!("reading from server: {e}")),
-        Err(_) => Err(format!("server not ready within {timeout:?}")),
+            .ok_or_else(|| ReadyError::Unexpected(l.trim().to_string())),
+        Ok(Err(e)) => Err(ReadyError::Read(e)),
+        Err(_) => Err(ReadyError::Timeout(timeout)),
     }
 }
 
@@ -939,5 +957,24 @@ mod tests {
         assert_eq!(cell_label(394.2), "394");
         assert_eq!(cell_label(23.45), "23.4");
         assert_eq!(cell_label(0.3), "0.30");
+    }
+
+    #[test]
+    fn ready_lines_are_ports_or_a_named_error() {
+        let t = Duration::from_secs(5);
+        assert_eq!(
+            read_ready(&b"ready 5001 5002\n"[..], t).unwrap(),
+            [5001, 5002]
+        );
+        let e = read_ready(&b"listening\n"[..], t).unwrap_err();
+        assert!(matches!(e, ReadyError::Unexpected(_)));
+        assert_eq!(
+            e.to_string(),
+            "server said \"listening\" instead of `ready PORT...`"
+        );
+        // A pipe nobody writes to: the bound ends the wait.
+        let (r, _w) = std::io::pipe().unwrap();
+        let e = read_ready(r, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.to_string(), "server not ready within 50ms");
     }
 }

@@ -5,8 +5,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use weft_hosts::remote::Remote;
+use weft_hosts::facts::{self, HostFacts};
+use weft_hosts::remote::{Remote, gather_all};
 use weft_hosts::runner::{HostRunner, spawn_tethered, wait_until};
+use weft_hosts::{IfChoice, roles_for};
 
 use crate::BenchError;
 use crate::p2p::{self, Pair, ProbeReport};
@@ -117,6 +119,43 @@ impl P2pHost {
     }
 }
 
+/// The hosts of `weft bench p2p`: their facts gathered, interface roles chosen for all of
+/// them together ([`roles_for`], as the doctor and `weft run` choose), each host's rails
+/// ([`P2pHost::from_data`]) and what each rail should reach. A host with no addressed data
+/// interface is [`BenchError::NoRails`].
+pub fn p2p_hosts(
+    hosts: &[Box<dyn HostRunner>],
+    r: &Remote,
+    choice: &IfChoice,
+    expect_speed_mbps: Option<u32>,
+) -> Result<(Vec<P2pHost>, p2p::RailTargets), BenchError> {
+    let gathered = gather_all(hosts, r)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let all: Vec<&HostFacts> = gathered.iter().map(|g| &g.facts).collect();
+    let mut expected = p2p::RailTargets::new();
+    let mut info = Vec::new();
+    for (h, role) in hosts.iter().zip(roles_for(&all, choice)) {
+        let data: Vec<RailIf> = role
+            .data
+            .iter()
+            .map(|d| RailIf {
+                name: d.name.clone(),
+                addr: facts::ipv4(d).map(|(a, _)| a),
+                link_mbps: d.pci.as_ref().and(d.speed_mbps),
+            })
+            .collect();
+        let host = P2pHost::from_data(h.name(), &data, expect_speed_mbps, &mut expected);
+        if host.rails.is_empty() {
+            return Err(BenchError::NoRails {
+                host: h.name().to_string(),
+            });
+        }
+        info.push(host);
+    }
+    Ok((info, expected))
+}
+
 /// Starts a server on every host, then measures every ordered pair on every rail, one pair at
 /// a time; stops the servers. Pairs that fail carry their error.
 pub fn p2p_matrix(
@@ -180,7 +219,7 @@ pub fn p2p_matrix(
         servers.push(c);
         let port = match out {
             Some(o) => p2p::read_ready(o, r.timeout),
-            None => Err("no stdout".into()),
+            None => Err(p2p::ReadyError::NoStdout),
         };
         match port {
             Ok(p) if p.len() == hi.rails.len() => ports.push(p),

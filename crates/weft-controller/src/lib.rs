@@ -5,7 +5,7 @@
 //! operators drive; a [`store::Store`] (SQLite in WAL mode by default) holding servers,
 //! their ports, tenants, groups, membership, the desired and the observed state, pending
 //! GUID claims and an append-only audit log; a reconcile loop ([`reconcile`]) that renders
-//! the desired state into a [`weft_fabric::Plan`], compiles it and hands it to a
+//! the desired state into a [`weft_fabric::FabricPlan`], compiles it and hands it to a
 //! [`reconcile::Fabric`] (the OpenSM driver in production), retrying with backoff; the
 //! agent's reporting loop ([`agent`]); and the API client the CLI and the tests use
 //! ([`client`]). It is not for: reading sysfs (weft-agent does), talking to OpenSM

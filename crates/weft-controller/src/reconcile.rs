@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Plan, Removal};
+use weft_fabric::{FabricPlan, Removal};
 use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
@@ -110,6 +110,39 @@ pub struct Context {
 /// newer file than this delivery ([`weft_opensm::Fence::admits`]); nothing was written.
 pub const FENCED: &str = "fenced: ";
 
+/// Why a [`Fabric`] could not read the fabric or deliver to it; each message is the text
+/// the controller recorded before these were typed.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricAccessError {
+    /// An SM holds a newer file than this delivery ([`weft_opensm::Fence::admits`]);
+    /// nothing was written. The message starts with [`FENCED`].
+    #[error("{FENCED}{0}")]
+    Fenced(String),
+    /// The delivery was refused before anything was written: the plan breaks a rule, an
+    /// adopted or foreign partition would be lost, the checksum could not be recorded.
+    #[error("{0}")]
+    Refused(String),
+    /// The master SM the fabric names is none of the configured SMs.
+    #[error("the master SM's port {0} is none of the configured SMs")]
+    UnknownMaster(weft_fabric::Guid),
+    /// The applied file, read back for the port check, does not parse.
+    #[error("the applied file: {0}")]
+    AppliedFile(#[source] weft_fabric::conf::ParseError),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error(transparent)]
+    Diag(#[from] weft_opensm::DiagError),
+    #[error(transparent)]
+    Sm(#[from] weft_opensm::SmError),
+}
+
+/// The message, for the callers that carry errors as text (the store's failure record).
+impl From<FabricAccessError> for String {
+    fn from(e: FabricAccessError) -> String {
+        e.to_string()
+    }
+}
+
 /// What [`Intent`] calls with the checksum.
 type RecordFn = dyn Fn(&str) -> Result<(), String> + Send + Sync;
 
@@ -144,11 +177,11 @@ impl Intent {
 
 /// Refuses ([`FENCED`]) a delivery that `ctx`'s fence does not admit over `held`, the
 /// master SM's file.
-fn fence_check(ctx: &Context, held: Option<&str>) -> Result<(), String> {
+fn fence_check(ctx: &Context, held: Option<&str>) -> Result<(), FabricAccessError> {
     match (&ctx.fence, held) {
-        (Some(f), Some(h)) => f
-            .admits(h.as_bytes())
-            .map_err(|why| format!("{FENCED}refused by the master SM's file: {why}")),
+        (Some(f), Some(h)) => f.admits(h.as_bytes()).map_err(|why| {
+            FabricAccessError::Fenced(format!("refused by the master SM's file: {why}"))
+        }),
         _ => Ok(()),
     }
 }
@@ -236,9 +269,9 @@ pub fn prepare(
 pub trait Fabric: Send + Sync + 'static {
     /// Compiles `plan` against the fabric, adds what was adopted, guards removals
     /// ([`prepare`]), delivers it with the owner header and verifies it. Blocking.
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String>;
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, FabricAccessError>;
     /// The partitions file the master SM holds now (`None`: none). Blocking.
-    fn held(&self) -> Result<Option<String>, String> {
+    fn held(&self) -> Result<Option<String>, FabricAccessError> {
         Ok(None)
     }
     /// Every SM's name and file (`Ok(None)`: it has none; `Err`: it cannot be read), for
@@ -254,7 +287,7 @@ pub trait Fabric: Send + Sync + 'static {
     }
     /// The ports whose P_Key tables differ from what `conf` programs, one line each;
     /// `Ok(None)` when this fabric has no ports to read. Blocking.
-    fn port_drift(&self, _conf: &str) -> Result<Option<Vec<String>>, String> {
+    fn port_drift(&self, _conf: &str) -> Result<Option<Vec<String>>, FabricAccessError> {
         Ok(None)
     }
     /// Whether a delivery reaches subnet managers and is verified on ports; `false` for a
@@ -266,7 +299,7 @@ pub trait Fabric: Send + Sync + 'static {
     /// The leaf switch each end port is cabled to (port GUID to the switch's name), for
     /// the lease loop's one-switch preference; empty for a fabric that cannot say.
     /// Blocking.
-    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, FabricAccessError> {
         Ok(BTreeMap::new())
     }
 }
@@ -279,19 +312,16 @@ pub struct OpenSmFabric {
 }
 
 impl Fabric for OpenSmFabric {
-    fn held(&self) -> Result<Option<String>, String> {
-        let master = self.applier.diag.master_sm().map_err(|e| e.to_string())?;
+    fn held(&self) -> Result<Option<String>, FabricAccessError> {
+        let master = self.applier.diag.master_sm()?;
         let sm = self
             .applier
             .sms
             .iter()
             .find(|s| s.port_guid() == master)
-            .ok_or_else(|| {
-                format!("the master SM's port {master} is none of the configured SMs")
-            })?;
+            .ok_or(FabricAccessError::UnknownMaster(master))?;
         Ok(sm
-            .read_partitions()
-            .map_err(|e| e.to_string())?
+            .read_partitions()?
             .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
@@ -310,8 +340,8 @@ impl Fabric for OpenSmFabric {
             .collect()
     }
 
-    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, String> {
-        self.applier.diag.uplinks().map_err(|e| e.to_string())
+    fn leaf_switches(&self) -> Result<BTreeMap<weft_fabric::Guid, String>, FabricAccessError> {
+        Ok(self.applier.diag.uplinks()?)
     }
 
     fn master_sm(&self) -> Result<Option<String>, String> {
@@ -324,24 +354,25 @@ impl Fabric for OpenSmFabric {
             .map(|s| s.name().to_string()))
     }
 
-    fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, String> {
-        let c = conf::parse(text).map_err(|e| format!("the applied file: {e}"))?;
-        let v = self.applier.verify(&c).map_err(|e| e.to_string())?;
+    fn port_drift(&self, text: &str) -> Result<Option<Vec<String>>, FabricAccessError> {
+        let c = conf::parse(text).map_err(FabricAccessError::AppliedFile)?;
+        let v = self.applier.verify(&c)?;
         Ok(Some(v.mismatches.iter().map(|m| m.to_string()).collect()))
     }
 
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
-        let before = self.applier.diag.snapshot().map_err(|e| e.to_string())?;
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, FabricAccessError> {
+        let before = self.applier.diag.snapshot()?;
         let compiled = weft_fabric::compile(plan, Some(&before.inventory)).map_err(|v| {
-            v.iter()
-                .map(|v| format!("{}: {}", v.subject, v.message))
-                .collect::<Vec<_>>()
-                .join("; ")
+            FabricAccessError::Refused(
+                v.iter()
+                    .map(|v| format!("{}: {}", v.subject, v.message))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
         })?;
         let held = self
             .applier
-            .master_file(&before)
-            .map_err(|e| e.to_string())?
+            .master_file(&before)?
             .map(|b| String::from_utf8_lossy(&b).into_owned());
         let on_fabric: std::collections::BTreeSet<weft_fabric::Guid> =
             before.inventory.ports.iter().map(|p| p.port_guid).collect();
@@ -356,8 +387,9 @@ impl Fabric for OpenSmFabric {
         // Fenced out first: a deposed controller is told so, not what its file would
         // remove. (The check that counts is the one under the SMs' locks.)
         fence_check(ctx, held.as_deref())?;
-        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
-        let conf = owned_text(&full, ctx)?;
+        let (full, removed) =
+            prepare(compiled.conf, held.as_deref(), ctx).map_err(FabricAccessError::Refused)?;
+        let conf = owned_text(&full, ctx).map_err(FabricAccessError::Refused)?;
         let taken = taken_from_ports(&self.applier.compare(&full, &before).mismatches, &before);
         let applied = match &ctx.fence {
             Some(f) => self.applier.apply_fenced(&full, &before, &ctx.owner, f),
@@ -387,8 +419,8 @@ impl Fabric for OpenSmFabric {
                 absent,
                 taken,
             }),
-            Err(e @ ApplyError::Fenced { .. }) => Err(format!("{FENCED}{e}")),
-            Err(e) => Err(e.to_string()),
+            Err(e @ ApplyError::Fenced { .. }) => Err(FabricAccessError::Fenced(e.to_string())),
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -438,13 +470,13 @@ impl Fabric for RecordingFabric {
         false
     }
 
-    fn held(&self) -> Result<Option<String>, String> {
+    fn held(&self) -> Result<Option<String>, FabricAccessError> {
         Ok(self.held.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
         if self.plays_sm {
-            vec![("master".into(), self.held())]
+            vec![("master".into(), self.held().map_err(String::from))]
         } else {
             Vec::new()
         }
@@ -454,17 +486,19 @@ impl Fabric for RecordingFabric {
         Ok(self.plays_sm.then(|| "master".to_string()))
     }
 
-    fn deliver(&self, plan: &Plan, ctx: &Context) -> Result<Delivered, String> {
-        let compiled = weft_fabric::compile(plan, None).map_err(|v| format!("{v:?}"))?;
+    fn deliver(&self, plan: &FabricPlan, ctx: &Context) -> Result<Delivered, FabricAccessError> {
+        let compiled = weft_fabric::compile(plan, None)
+            .map_err(|v| FabricAccessError::Refused(format!("{v:?}")))?;
         let held = self.held()?;
         fence_check(ctx, held.as_deref())?;
-        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
-        let conf = owned_text(&full, ctx)?;
+        let (full, removed) =
+            prepare(compiled.conf, held.as_deref(), ctx).map_err(FabricAccessError::Refused)?;
+        let conf = owned_text(&full, ctx).map_err(FabricAccessError::Refused)?;
         {
             let mut fail = self.fail_next.lock().unwrap_or_else(|p| p.into_inner());
             if *fail > 0 {
                 *fail -= 1;
-                return Err("injected failure".into());
+                return Err(FabricAccessError::Refused("injected failure".into()));
             }
         }
         self.delivered
@@ -1042,7 +1076,7 @@ async fn reconcile_once(
     let plan = match crate::render::plan(&desired) {
         Ok(p) => p,
         Err(e) => {
-            record_failure(store, generation, e, metrics).await;
+            record_failure(store, generation, e.into(), metrics).await;
             return Err(());
         }
     };
@@ -1191,7 +1225,9 @@ async fn reconcile_once(
             Ok(Pass::Delivered(generation, degraded))
         }
         Ok(Err(e)) => {
-            if e.starts_with(FENCED) {
+            let fenced_out = matches!(e, FabricAccessError::Fenced(_));
+            let e = e.to_string();
+            if fenced_out {
                 note_fenced(store, generation, &e, fenced).await;
             }
             record_failure(store, generation, e, metrics).await;
@@ -1296,5 +1332,18 @@ mod tests {
         let v = sm_views(&sms[..1], &Err("no SMP".into()), &want);
         assert_eq!(v[0].role, "unknown");
         assert!(v[0].error.as_deref().unwrap().contains("no SMP"));
+    }
+
+    #[test]
+    fn a_fencing_refusal_is_its_own_variant_and_keeps_the_fenced_prefix() {
+        let e = FabricAccessError::Fenced("refused by the master SM's file: newer".into());
+        assert!(e.to_string().starts_with(FENCED));
+        let e = FabricAccessError::UnknownMaster(weft_fabric::Guid(0x10));
+        assert_eq!(
+            String::from(e),
+            "the master SM's port 0x0000000000000010 is none of the configured SMs"
+        );
+        let e = FabricAccessError::AppliedFile(conf::parse("x").unwrap_err());
+        assert!(e.to_string().starts_with("the applied file: line 1"), "{e}");
     }
 }

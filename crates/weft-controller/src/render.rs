@@ -1,8 +1,10 @@
-//! From the desired state to a [`Plan`] and a partitions.conf text, and line diffs between
+//! From the desired state to a [`FabricPlan`] and a partitions.conf text, and line diffs between
 //! two such texts. Pure functions: the store calls them inside its transactions, the
 //! reconcile loop before delivery.
 
-use weft_fabric::{DefaultPartition, DefaultPolicy, Guid, PKey, Plan, PlanMember, PlanPartition};
+use weft_fabric::{
+    DefaultPartition, DefaultPolicy, FabricPlan, Guid, PKey, PlanMember, PlanPartition,
+};
 
 /// The desired state as the store holds it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +29,30 @@ pub struct DesiredGroup {
     pub members: Vec<(String, Vec<Guid>)>,
 }
 
+/// Why the desired state could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// A group whose P_Key base is not a valid P_Key.
+    #[error("group `{group}`: {source}")]
+    PKey {
+        group: String,
+        #[source]
+        source: weft_fabric::FabricError,
+    },
+    /// The plan breaks a rule that needs no fabric: every violation, `subject: message`,
+    /// joined by `; `.
+    #[error("{}", .0.iter().map(|v| format!("{}: {}", v.subject, v.message)).collect::<Vec<_>>().join("; "))]
+    Violations(Vec<weft_fabric::Violation>),
+}
+
+/// The message, for the callers (stores, the console's views, the reconcile loop's
+/// failure record) that carry errors as text.
+impl From<RenderError> for String {
+    fn from(e: RenderError) -> String {
+        e.to_string()
+    }
+}
+
 /// The controller's Default partition policy, in words: what it states when it starts (log
 /// and `GET /v1/status`). It is the policy of [`plan`].
 pub const DEFAULT_POLICY: &str = "isolate: Default=0x7fff : ALL=limited, SELF=full (every end port reaches the SM; two ports talk only through a group both are in); the first delivery takes full membership of Default away from every port that had it";
@@ -36,10 +62,13 @@ pub const DEFAULT_POLICY: &str = "isolate: Default=0x7fff : ALL=limited, SELF=fu
 ///
 /// GUIDs not in the fabric are accepted (a powered-off server must not block changes to
 /// other tenants); OpenSM ignores them and verification covers the ports that exist.
-pub fn plan(desired: &Desired) -> Result<Plan, String> {
+pub fn plan(desired: &Desired) -> Result<FabricPlan, RenderError> {
     let mut partitions = Vec::new();
     for g in &desired.groups {
-        let pkey = PKey::new(g.pkey).map_err(|e| format!("group `{}`: {e}", g.name))?;
+        let pkey = PKey::new(g.pkey).map_err(|source| RenderError::PKey {
+            group: g.name.clone(),
+            source,
+        })?;
         let mut members: Vec<PlanMember> = g
             .members
             .iter()
@@ -52,7 +81,7 @@ pub fn plan(desired: &Desired) -> Result<Plan, String> {
         p.members = members;
         partitions.push(p);
     }
-    Ok(Plan {
+    Ok(FabricPlan {
         allow_unknown_guids: true,
         allow_shared_ports: Vec::new(),
         default: DefaultPartition {
@@ -66,15 +95,9 @@ pub fn plan(desired: &Desired) -> Result<Plan, String> {
 
 /// The partitions.conf text for `desired`, compiled without an inventory (every rule
 /// that does not need the fabric is checked).
-pub fn conf_text(desired: &Desired) -> Result<String, String> {
+pub fn conf_text(desired: &Desired) -> Result<String, RenderError> {
     let plan = plan(desired)?;
-    let compiled = weft_fabric::compile(&plan, None).map_err(|violations| {
-        violations
-            .iter()
-            .map(|v| format!("{}: {}", v.subject, v.message))
-            .collect::<Vec<_>>()
-            .join("; ")
-    })?;
+    let compiled = weft_fabric::compile(&plan, None).map_err(RenderError::Violations)?;
     Ok(weft_fabric::conf::render(&compiled.conf))
 }
 
@@ -152,5 +175,33 @@ mod tests {
         assert_eq!(diff("x\na\ny\n", "x\nb\ny\n"), "-a\n+b\n");
         assert_eq!(diff("", "a\n"), "+a\n");
         assert_eq!(diff("a\n", "a\n"), "");
+    }
+
+    #[test]
+    fn a_bad_key_and_broken_rules_name_the_group_and_each_violation() {
+        let bad_key = Desired {
+            generation: 1,
+            groups: vec![group("a", "alice", 0, &[])],
+        };
+        let e = conf_text(&bad_key).unwrap_err();
+        assert!(matches!(&e, RenderError::PKey { group, .. } if group == "a"));
+        assert!(e.to_string().starts_with("group `a`: "), "{e}");
+        let twice = Desired {
+            generation: 1,
+            groups: vec![
+                group("a", "alice", 0x0a01, &[]),
+                group("b", "bob", 0x0a01, &[]),
+            ],
+        };
+        let e = conf_text(&twice).unwrap_err();
+        let RenderError::Violations(v) = &e else {
+            panic!("{e}")
+        };
+        let joined: Vec<String> = v
+            .iter()
+            .map(|v| format!("{}: {}", v.subject, v.message))
+            .collect();
+        assert_eq!(e.to_string(), joined.join("; "));
+        assert_eq!(String::from(e), joined.join("; "));
     }
 }

@@ -126,7 +126,7 @@ fn restore_held(
     let me = store.controller_id()?;
     let master = fabric.held().map_err(|error| RestoreError::Unreadable {
         sm: "master".into(),
-        error,
+        error: error.to_string(),
     })?;
     let ours =
         master.filter(|t| weft_opensm::owner_of(t.as_bytes()).as_deref() == Some(me.as_str()));

@@ -2,10 +2,10 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use weft_fabric::{
-    Guid, Inventory, NodeType, Plan, PlanMember, PlanPartition, Port, compile, conf,
+    FabricPlan, Guid, Inventory, NodeType, PlanMember, PlanPartition, Port, compile, conf,
 };
 
-fn setup() -> (Plan, Inventory) {
+fn setup() -> (FabricPlan, Inventory) {
     let ports = (0..1000u64)
         .map(|i| Port {
             node_guid: Guid(0x0002_c903_0000_0000 + (i + 1) * 0x100),
@@ -21,7 +21,7 @@ fn setup() -> (Plan, Inventory) {
         ports,
         sm_port_guid: Some(Guid(0x0002_c903_0000_0101)),
     };
-    let mut plan = Plan::default();
+    let mut plan = FabricPlan::default();
     for p in 0..100 {
         let mut part = PlanPartition::new(&format!("part{p}"), &format!("tenant{p}"));
         part.ipoib = true;

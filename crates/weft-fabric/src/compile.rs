@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::conf::{self, Conf, Flags, GroupOptions, Member, Partition, Selector};
-use crate::plan::{DefaultPolicy, Plan};
+use crate::plan::{DefaultPolicy, FabricPlan};
 use crate::types::{Guid, Inventory, Membership, NodeType, PKey, node_matches};
 
 /// The result of a successful [`compile`].
@@ -45,7 +45,10 @@ fn v(subject: String, message: String) -> Violation {
 /// `allow_unknown_guids`); no port listed twice in one partition; no port a full member
 /// in partitions of two tenants unless in `allow_shared_ports`; per-port table capacity
 /// (Default included) respected.
-pub fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
+pub fn compile(
+    plan: &FabricPlan,
+    inventory: Option<&Inventory>,
+) -> Result<Compiled, Vec<Violation>> {
     let mut errs = Vec::new();
     let part_subject = |name: &str| format!("partition `{name}`");
 
@@ -506,7 +509,7 @@ enum Resolved {
 fn resolve(
     m: &crate::plan::PlanMember,
     partition: &str,
-    plan: &Plan,
+    plan: &FabricPlan,
     inventory: Option<&Inventory>,
     known: &Option<BTreeMap<Guid, usize>>,
     node_index: &Option<BTreeMap<&str, Vec<Guid>>>,

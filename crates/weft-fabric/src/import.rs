@@ -1,4 +1,4 @@
-//! From an OpenSM partitions.conf to a [`Plan`] that means the same to OpenSM: the same
+//! From an OpenSM partitions.conf to a [`FabricPlan`] that means the same to OpenSM: the same
 //! P_Key set and index-0 entry on every port, the same multicast groups.
 //!
 //! What each construct becomes:
@@ -31,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::conf::{self, Conf, GroupOptions, Member, ParseError, Selector, Span};
-use crate::plan::{DefaultPartition, DefaultPolicy, Group, Plan, PlanMember, PlanPartition};
+use crate::plan::{DefaultPartition, DefaultPolicy, FabricPlan, Group, PlanMember, PlanPartition};
 use crate::types::{Guid, Membership, PKey};
 
 /// What the caller knows beyond the file.
@@ -47,7 +47,7 @@ pub struct ImportOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Imported {
     /// The plan.
-    pub plan: Plan,
+    pub plan: FabricPlan,
     /// One note per thing merged or normalised.
     pub notes: Vec<ParseError>,
 }
@@ -249,7 +249,7 @@ impl Building {
     }
 }
 
-impl Plan {
+impl FabricPlan {
     /// Imports partitions.conf text (see the module documentation of `import`): every
     /// fault the parser finds, and everything a plan cannot say, is an error with line
     /// and column; what was merged or normalised comes back as notes.
@@ -264,7 +264,7 @@ impl Plan {
         conf: &Conf,
         opts: &ImportOptions,
     ) -> Result<Imported, Vec<ParseError>> {
-        Plan::import(&conf::render(conf), opts)
+        FabricPlan::import(&conf::render(conf), opts)
     }
 }
 
@@ -474,9 +474,9 @@ fn import_conf(
         }
     };
 
-    let mut plan = Plan {
+    let mut plan = FabricPlan {
         default,
-        ..Plan::default()
+        ..FabricPlan::default()
     };
     for (key, name) in &order {
         let Some(mut b) = parts.remove(key) else {
@@ -656,7 +656,7 @@ mod tests {
     #[test]
     fn keyless_empty_partitions_get_a_free_key_with_a_note() {
         let text = "Default=0x7fff, ipoib : ALL=full ;\nk=0x0001 : ALL=limited ;\nt_7,ipoib : NONE ;\nbeta,defmember=full : ;\n";
-        let i = Plan::import(text, &ImportOptions::default()).unwrap();
+        let i = FabricPlan::import(text, &ImportOptions::default()).unwrap();
         let key = |n: &str| {
             i.plan
                 .partitions
@@ -685,11 +685,11 @@ mod tests {
         // Taken keys are skipped: the caller read 0x0002 for another partition.
         let mut opts = ImportOptions::default();
         opts.keys.insert("other".into(), PKey::new(0x0002).unwrap());
-        let i = Plan::import(text, &opts).unwrap();
+        let i = FabricPlan::import(text, &opts).unwrap();
         let t7 = i.plan.partitions.iter().find(|p| p.name == "t_7").unwrap();
         assert_eq!(t7.pkey.map(PKey::base), Some(0x0003));
         // A keyless partition with ports is still refused without the master's keys.
-        let e = Plan::import("g : ALL=full ;\n", &ImportOptions::default()).unwrap_err();
+        let e = FabricPlan::import("g : ALL=full ;\n", &ImportOptions::default()).unwrap_err();
         assert!(e[0].message.contains("import with --live"), "{e:?}");
         assert_eq!(
             keyless_empty(&conf::parse(text).unwrap()),

@@ -1,8 +1,8 @@
 //! The fabric model of weft's InfiniBand partition manager: pure data and rules, no I/O.
 //!
 //! It is for: inventory types ([`Guid`], [`PKey`], [`Port`], [`Inventory`]); the
-//! operator's [`Plan`] (tenants owning partitions, read from TOML, or imported from a
-//! partitions.conf with [`Plan::import`], losslessly); [`compile`], which
+//! operator's [`FabricPlan`] (tenants owning partitions, read from TOML, or imported from a
+//! partitions.conf with [`FabricPlan::import`], losslessly); [`compile`], which
 //! checks isolation invariants and allocates P_Keys; OpenSM 3.3.23's `partitions.conf`
 //! grammar ([`conf::parse`], strict where OpenSM is lenient, and [`conf::render`]); and
 //! [`expected_tables`], the P_Key tables OpenSM will program, to compare with what
@@ -10,9 +10,9 @@
 //! keeping time; the OpenSM driver and the controller do that with what this crate decides.
 //!
 //! ```
-//! use weft_fabric::{Plan, compile, conf};
+//! use weft_fabric::{FabricPlan, compile, conf};
 //!
-//! let plan = Plan::from_toml(r#"
+//! let plan = FabricPlan::from_toml(r#"
 //!     [[partition]]
 //!     name = "tenantA"
 //!     tenant = "alice"
@@ -45,7 +45,7 @@ pub use guard::{Removal, removals};
 pub use import::{ImportOptions, Imported, auto_keyed, keyless_empty, keys_from_tables};
 pub use mcast::{McastRecord, expected_mcast, expected_mcast_after, mgid_refusal, mgid_scopes};
 pub use plan::{
-    DefaultPartition, DefaultPolicy, Group, Plan, PlanError, PlanMember, PlanPartition,
+    DefaultPartition, DefaultPolicy, FabricPlan, Group, PlanError, PlanMember, PlanPartition,
 };
 pub use tables::{
     ExpectedTables, ObservedTables, PortMismatch, SmOptions, expected_index0, expected_tables,

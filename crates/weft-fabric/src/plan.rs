@@ -247,7 +247,7 @@ fn full() -> Membership {
 /// The operator's intent.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Plan {
+pub struct FabricPlan {
     /// Accept GUIDs that the inventory does not have.
     #[serde(default)]
     pub allow_unknown_guids: bool,
@@ -288,10 +288,10 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-impl Plan {
+impl FabricPlan {
     /// Reads a plan. Unknown keys are refused, naming the key.
-    pub fn from_toml(text: &str) -> Result<Plan, PlanError> {
-        let plan: Plan = toml::from_str(text).map_err(|e| {
+    pub fn from_toml(text: &str) -> Result<FabricPlan, PlanError> {
+        let plan: FabricPlan = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map_or((1, 1), |s| line_col(text, s.start));
             PlanError::Toml {
                 line,
@@ -326,7 +326,7 @@ impl Plan {
         Ok(plan)
     }
 
-    /// Writes the plan as TOML that [`Plan::from_toml`] reads back to the same plan.
+    /// Writes the plan as TOML that [`FabricPlan::from_toml`] reads back to the same plan.
     pub fn to_toml(&self) -> String {
         // Plain data with string keys: serialization cannot fail; fall back to a comment.
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot write plan: {e}\n"))

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use weft_fabric::conf::{self, Conf, Flags, Gid, McastGroup, Member, Partition, Selector};
 use weft_fabric::{
-    Guid, Inventory, Membership, NodeType, ObservedTables, PKey, Plan, PlanMember, PlanPartition,
-    Port, SmOptions, compile, expected_tables,
+    FabricPlan, Guid, Inventory, Membership, NodeType, ObservedTables, PKey, PlanMember,
+    PlanPartition, Port, SmOptions, compile, expected_tables,
 };
 
 fn g(x: u64) -> Guid {
@@ -452,7 +452,7 @@ members = [ { node = "node3" } ]
 
 #[test]
 fn compile_renders_default_first_and_allocates() {
-    let plan = Plan::from_toml(plan_toml()).unwrap();
+    let plan = FabricPlan::from_toml(plan_toml()).unwrap();
     let c = compile(&plan, Some(&sim_inventory())).unwrap();
     let text = conf::render(&c.conf);
     assert!(
@@ -478,19 +478,20 @@ fn compile_renders_default_first_and_allocates() {
 
 #[test]
 fn plan_errors_name_the_key_and_position() {
-    let e =
-        Plan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\ncolour = 3\n").unwrap_err();
+    let e = FabricPlan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\ncolour = 3\n")
+        .unwrap_err();
     let s = e.to_string();
     assert!(
         s.contains("colour") && s.starts_with("line 4, column 1"),
         "{s}"
     );
-    let e = Plan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\npkey = \"0x8001\"\n")
-        .unwrap_err();
+    let e =
+        FabricPlan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\npkey = \"0x8001\"\n")
+            .unwrap_err();
     assert!(e.to_string().contains("bit 15"), "{e}");
-    let e = Plan::from_toml("x = [").unwrap_err();
+    let e = FabricPlan::from_toml("x = [").unwrap_err();
     assert!(e.to_string().starts_with("line 1"), "{e}");
-    let e = Plan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\nmembers = [{}]\n")
+    let e = FabricPlan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"t\"\nmembers = [{}]\n")
         .unwrap_err();
     assert!(e.to_string().contains("exactly one"), "{e}");
 }
@@ -505,7 +506,7 @@ fn every_table_with_group_options_reads_and_writes_all_seven_and_refuses_a_stran
         "[default]\n{GROUP_OPTIONS}\n[[partition]]\nname = \"a\"\ntenant = \"t\"\n{GROUP_OPTIONS}\
          members = []\n\n[[partition.mcast]]\nmgid = \"ff12:401b:8001::1\"\n{GROUP_OPTIONS}"
     );
-    let plan = Plan::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let plan = FabricPlan::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let p = &plan.partitions[0];
     let g = &p.mcast[0];
     for (what, o) in [
@@ -540,7 +541,7 @@ fn every_table_with_group_options_reads_and_writes_all_seven_and_refuses_a_stran
     // Written in the same order in each table, and read back the same.
     let out = plan.to_toml();
     assert_eq!(out.matches(GROUP_OPTIONS).count(), 3, "{out}");
-    assert_eq!(Plan::from_toml(&out).unwrap(), plan);
+    assert_eq!(FabricPlan::from_toml(&out).unwrap(), plan);
     // An unknown key among the options is refused in each table, by name and line.
     for (table, line) in [
         ("[default]", 2),
@@ -549,7 +550,7 @@ fn every_table_with_group_options_reads_and_writes_all_seven_and_refuses_a_stran
     ] {
         let at = text.find(table).unwrap() + table.len() + 1;
         let bad = format!("{}mtu_bytes = 4096\n{}", &text[..at], &text[at..]);
-        let e = Plan::from_toml(&bad).unwrap_err().to_string();
+        let e = FabricPlan::from_toml(&bad).unwrap_err().to_string();
         assert!(
             e.contains("mtu_bytes") && e.starts_with(&format!("line {line},")),
             "{table}: {e}"
@@ -557,7 +558,7 @@ fn every_table_with_group_options_reads_and_writes_all_seven_and_refuses_a_stran
     }
 }
 
-fn violations(plan: &Plan, inv: Option<&Inventory>) -> Vec<String> {
+fn violations(plan: &FabricPlan, inv: Option<&Inventory>) -> Vec<String> {
     compile(plan, inv)
         .unwrap_err()
         .iter()
@@ -574,7 +575,7 @@ fn part(name: &str, tenant: &str, members: Vec<PlanMember>) -> PlanPartition {
 #[test]
 fn compile_refuses_shared_full_ports_unknowns_and_duplicates() {
     let inv = sim_inventory();
-    let mut plan = Plan::default();
+    let mut plan = FabricPlan::default();
     plan.partitions
         .push(part("a", "alice", vec![PlanMember::node("node1")]));
     plan.partitions
@@ -589,7 +590,7 @@ fn compile_refuses_shared_full_ports_unknowns_and_duplicates() {
     plan.partitions[1].tenant = "alice".into();
     assert!(compile(&plan, Some(&inv)).is_ok());
 
-    let mut plan = Plan::default();
+    let mut plan = FabricPlan::default();
     plan.partitions.push(part(
         "a",
         "alice",
@@ -622,7 +623,7 @@ fn compile_refuses_shared_full_ports_unknowns_and_duplicates() {
 fn compile_checks_table_capacity() {
     let mut inv = sim_inventory();
     inv.ports[1].pkey_capacity = 2;
-    let mut plan = Plan::default();
+    let mut plan = FabricPlan::default();
     plan.partitions
         .push(part("a", "alice", vec![PlanMember::node("node1")]));
     assert!(compile(&plan, Some(&inv)).is_ok());
@@ -637,7 +638,7 @@ fn compile_checks_table_capacity() {
 
 #[test]
 fn compile_without_inventory_needs_guids() {
-    let mut plan = Plan::default();
+    let mut plan = FabricPlan::default();
     plan.partitions
         .push(part("a", "alice", vec![PlanMember::node("node1")]));
     let v = violations(&plan, None);
@@ -646,13 +647,13 @@ fn compile_without_inventory_needs_guids() {
 
 #[test]
 fn plan_toml_round_trips_and_imports_conf() {
-    let plan = Plan::from_toml(plan_toml()).unwrap();
-    assert_eq!(Plan::from_toml(&plan.to_toml()).unwrap(), plan);
+    let plan = FabricPlan::from_toml(plan_toml()).unwrap();
+    assert_eq!(FabricPlan::from_toml(&plan.to_toml()).unwrap(), plan);
     let c = conf::parse(
         "Default=0x7fff,ipoib : ALL=full ;\nt=0x0a0a,defmember=full : 0x0101, 0x0201=limited, ALL_SWITCHES ;",
     )
     .unwrap();
-    let imported = Plan::from_conf_with_notes(&c, &Default::default()).unwrap();
+    let imported = FabricPlan::from_conf_with_notes(&c, &Default::default()).unwrap();
     let (imported, notes) = (imported.plan, imported.notes);
     assert_eq!(imported.default.policy, weft_fabric::DefaultPolicy::Open);
     assert_eq!(imported.partitions[0].tenant, "t");
@@ -796,7 +797,7 @@ fn arb_conf() -> impl Strategy<Value = Conf> {
     })
 }
 
-fn arb_plan() -> impl Strategy<Value = (Plan, Inventory)> {
+fn arb_plan() -> impl Strategy<Value = (FabricPlan, Inventory)> {
     (2usize..30, 1usize..8, any::<bool>(), any::<bool>()).prop_flat_map(
         |(nodes, parts, open, explicit)| {
             proptest::collection::vec(proptest::collection::btree_set(0..nodes, 0..5), parts)
@@ -813,7 +814,7 @@ fn arb_plan() -> impl Strategy<Value = (Plan, Inventory)> {
                             .collect(),
                         sm_port_guid: Some(Guid(0x101)),
                     };
-                    let mut plan = Plan::default();
+                    let mut plan = FabricPlan::default();
                     if open {
                         plan.default.policy = weft_fabric::DefaultPolicy::Open;
                     }
@@ -889,7 +890,7 @@ proptest! {
             let t = &e.0[&p.port_guid];
             prop_assert!(t.contains(&0x7fff) || t.contains(&0xffff));
         }
-        prop_assert_eq!(Plan::from_toml(&plan.to_toml()).unwrap(), plan);
+        prop_assert_eq!(FabricPlan::from_toml(&plan.to_toml()).unwrap(), plan);
     }
 
     #[test]
@@ -984,10 +985,10 @@ fn meaning(conf: &Conf, inv: &Inventory) -> (BTreeMap<Guid, BTreeSet<u16>>, BTre
 
 /// Import, then compile against the inventory: the conf weft would hand OpenSM.
 fn through_weft(text: &str, inv: &Inventory) -> Conf {
-    let imported = Plan::import(text, &Default::default())
+    let imported = FabricPlan::import(text, &Default::default())
         .unwrap_or_else(|e| panic!("import refused:\n{text}\n{e:?}"));
     let toml = imported.plan.to_toml();
-    let plan = Plan::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let plan = FabricPlan::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     assert_eq!(plan, imported.plan, "TOML round trip\n{toml}");
     compile(&plan, Some(inv))
         .unwrap_or_else(|v| panic!("imported plan fails weft's check: {v:?}\n{text}\n{toml}"))
@@ -1069,7 +1070,7 @@ fn corpus_imports_losslessly_under_the_model() {
 #[test]
 fn mgid_lines_opensm_drops_are_noted_at_import_and_refused_in_a_plan() {
     let text = "t=0x0a0a : mgid=ff12:601b::1\n    mgid=ff12:a01b::7\n    mgid=ff12:a01b::8,scope=5\n    0x0101=full ;\nt=0x0a0a, ipoib : 0x0201 ;";
-    let imported = Plan::import(text, &Default::default()).unwrap();
+    let imported = FabricPlan::import(text, &Default::default()).unwrap();
     let kept: Vec<String> = imported.plan.partitions[0]
         .mcast
         .iter()
@@ -1089,7 +1090,7 @@ fn mgid_lines_opensm_drops_are_noted_at_import_and_refused_in_a_plan() {
             .any(|n| n.contains("ff12:a01b::7") && n.contains("link-local")),
         "{notes:?}"
     );
-    let plan = Plan::from_toml(
+    let plan = FabricPlan::from_toml(
         "[[partition]]\nname = \"t\"\ntenant = \"t\"\npkey = 0x0a0a\n[[partition.mcast]]\nmgid = \"ff12:a01b::7\"\n",
     )
     .unwrap();
@@ -1099,7 +1100,7 @@ fn mgid_lines_opensm_drops_are_noted_at_import_and_refused_in_a_plan() {
 
 #[test]
 fn import_carries_groups_options_mgids_and_notes_merges() {
-    let imported = Plan::import(CORPUS[3], &Default::default()).unwrap();
+    let imported = FabricPlan::import(CORPUS[3], &Default::default()).unwrap();
     let p = &imported.plan;
     assert_eq!(p.default.policy, weft_fabric::DefaultPolicy::Open);
     assert_eq!(p.default.mtu, Some(5));
@@ -1110,7 +1111,7 @@ fn import_carries_groups_options_mgids_and_notes_merges() {
     assert_eq!(t1.members[1].membership, Some(Membership::Limited));
     assert!(imported.notes.is_empty(), "{:?}", imported.notes);
 
-    let imported = Plan::import(CORPUS[0], &Default::default()).unwrap();
+    let imported = FabricPlan::import(CORPUS[0], &Default::default()).unwrap();
     let t1 = &imported.plan.partitions[0];
     assert_eq!(t1.members.len(), 2);
     assert!(t1.members[0].indx0 && !t1.members[1].indx0);
@@ -1118,7 +1119,7 @@ fn import_carries_groups_options_mgids_and_notes_merges() {
     assert_eq!((note.line, note.column), (3, 1), "{note:?}");
     assert!(note.message.contains("merged"), "{note:?}");
 
-    let imported = Plan::import(CORPUS[2], &Default::default()).unwrap();
+    let imported = FabricPlan::import(CORPUS[2], &Default::default()).unwrap();
     assert_eq!(
         imported.plan.default.policy,
         weft_fabric::DefaultPolicy::Custom
@@ -1133,7 +1134,7 @@ fn import_carries_groups_options_mgids_and_notes_merges() {
 fn import_maps_tenants_and_lists_shared_ports() {
     let text =
         "a=0x10 : 0x0101=full, 0x0201=full ;\nb=0x11 : 0x0101=full ;\nc=0x12 : 0x0201=full ;";
-    let plain = Plan::import(text, &Default::default()).unwrap();
+    let plain = FabricPlan::import(text, &Default::default()).unwrap();
     assert_eq!(
         plain.plan.allow_shared_ports,
         vec!["0x0000000000000101", "0x0000000000000201"]
@@ -1148,14 +1149,14 @@ fn import_maps_tenants_and_lists_shared_ports() {
         .into(),
         ..Default::default()
     };
-    let mapped = Plan::import(text, &opts).unwrap();
+    let mapped = FabricPlan::import(text, &opts).unwrap();
     assert_eq!(mapped.plan.partitions[1].tenant, "x");
     assert_eq!(mapped.plan.allow_shared_ports, vec!["0x0000000000000201"]);
     let bad = weft_fabric::ImportOptions {
         tenant_map: [("zz".to_string(), "x".to_string())].into(),
         ..Default::default()
     };
-    let e = Plan::import(text, &bad).unwrap_err();
+    let e = FabricPlan::import(text, &bad).unwrap_err();
     assert!(e[0].message.contains("`zz`"), "{e:?}");
 }
 
@@ -1177,7 +1178,7 @@ fn import_refuses_what_a_plan_cannot_say_with_line_and_column() {
         ),
     ];
     for (text, line, column, needle) in cases {
-        let e = Plan::import(text, &Default::default()).expect_err(text);
+        let e = FabricPlan::import(text, &Default::default()).expect_err(text);
         assert!(e[0].message.contains(needle), "{text:?}: {e:?}");
         assert_eq!(
             (e[0].line, e[0].column),
@@ -1190,7 +1191,7 @@ fn import_refuses_what_a_plan_cannot_say_with_line_and_column() {
         keys: [("t".to_string(), PKey::new(0x0001).unwrap())].into(),
         ..Default::default()
     };
-    let i = Plan::import("t : 0x0101 ;", &opts).unwrap();
+    let i = FabricPlan::import("t : 0x0101 ;", &opts).unwrap();
     assert_eq!(i.plan.partitions[0].pkey, PKey::new(1).ok());
     assert!(i.notes[0].message.contains("pins 0x0001"), "{:?}", i.notes);
 }
@@ -1222,12 +1223,12 @@ fn split_statements_parse_and_conflicting_ones_do_not() {
 
 #[test]
 fn pkey_may_be_a_toml_integer() {
-    let plan = Plan::from_toml(
+    let plan = FabricPlan::from_toml(
         "[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = 0x0b0b\nmembers = [{ group = \"all_cas\" }]\n",
     )
     .unwrap();
     assert_eq!(plan.partitions[0].pkey, PKey::new(0x0b0b).ok());
-    let e = Plan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = 0x8b0b\n")
+    let e = FabricPlan::from_toml("[[partition]]\nname = \"a\"\ntenant = \"a\"\npkey = 0x8b0b\n")
         .unwrap_err();
     assert!(e.to_string().contains("bit 15"), "{e}");
 }

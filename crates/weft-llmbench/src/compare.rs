@@ -147,7 +147,7 @@ pub fn compare(inputs: &[(PathBuf, RunReport)]) -> Result<Comparison, LlmError> 
             }
             let multi = t.concurrency > 1;
             for (kind, name, size, st, total) in [
-                ("pp", &t.pp_name, t.pp, t.pp_tps, t.pp_tps_total),
+                ("pp", &t.pp_name, t.prompt_size, t.pp_tps, t.pp_tps_total),
                 ("tg", &t.tg_name, t.tg, t.tg_tps, t.tg_tps_total),
             ] {
                 let Some(tps) = (if multi { total } else { st }) else {

@@ -104,7 +104,10 @@ pub struct TestResult {
     /// `pp2048 @ d4096 (c4)` style names of its two table rows.
     pub pp_name: String,
     pub tg_name: String,
-    pub pp: u64,
+    /// The prompt size asked for, in tokens (`pp` in the JSON, llama-benchy's prompt
+    /// processing).
+    #[serde(rename = "pp")]
+    pub prompt_size: u64,
     pub tg: u64,
     pub depth: u64,
     pub concurrency: u32,
@@ -154,7 +157,7 @@ impl StatPercentiles {
 
 /// llama-bench names: `pp2048`, `tg32 @ d4096`, `(c4)` for concurrency above 1, and
 /// `ctx_pp`/`ctx_tg` for the context step of a prefix-cache run.
-pub fn test_names(pp: u64, tg: u64, depth: u64, c: u32, phase: Phase) -> (String, String) {
+pub fn test_names(prompt_size: u64, tg: u64, depth: u64, c: u32, phase: Phase) -> (String, String) {
     let d = if depth > 0 {
         format!(" @ d{depth}")
     } else {
@@ -167,13 +170,20 @@ pub fn test_names(pp: u64, tg: u64, depth: u64, c: u32, phase: Phase) -> (String
     };
     match phase {
         Phase::Context => (format!("ctx_pp{d}{cc}"), format!("ctx_tg{d}{cc}")),
-        _ => (format!("pp{pp}{d}{cc}"), format!("tg{tg}{d}{cc}")),
+        _ => (format!("pp{prompt_size}{d}{cc}"), format!("tg{tg}{d}{cc}")),
     }
 }
 
 impl TestResult {
-    pub fn new(pp: u64, tg: u64, depth: u64, c: u32, phase: Phase, runs: Vec<RunFigures>) -> Self {
-        let (pp_name, tg_name) = test_names(pp, tg, depth, c, phase);
+    pub fn new(
+        prompt_size: u64,
+        tg: u64,
+        depth: u64,
+        c: u32,
+        phase: Phase,
+        runs: Vec<RunFigures>,
+    ) -> Self {
+        let (pp_name, tg_name) = test_names(prompt_size, tg, depth, c, phase);
         let s = |g: fn(&RunFigures) -> Option<f64>| {
             Stat::of(&runs.iter().filter_map(g).collect::<Vec<_>>())
         };
@@ -181,7 +191,7 @@ impl TestResult {
         TestResult {
             pp_name,
             tg_name,
-            pp,
+            prompt_size,
             tg,
             depth,
             concurrency: c,
@@ -444,7 +454,7 @@ impl RunReport {
                 csv_cell(&self.context.model),
                 csv_cell(row.test),
                 row.kind.into(),
-                r.pp.to_string(),
+                r.prompt_size.to_string(),
                 r.tg.to_string(),
                 r.depth.to_string(),
                 r.concurrency.to_string(),

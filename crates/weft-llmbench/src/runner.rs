@@ -50,8 +50,9 @@ impl LatencyMode {
 
 /// What to measure.
 #[derive(Debug, Clone)]
-pub struct Plan {
-    pub pp: Vec<u64>,
+pub struct Sweep {
+    /// Prompt sizes in tokens (`--pp`: llama-benchy's prompt processing).
+    pub prompt_sizes: Vec<u64>,
     pub tg: Vec<u64>,
     pub depth: Vec<u64>,
     pub concurrency: Vec<u32>,
@@ -63,11 +64,11 @@ pub struct Plan {
     pub seed: u64,
 }
 
-impl Plan {
+impl Sweep {
     /// Refuses empty or zero axes.
     pub fn check(&self) -> Result<(), LlmError> {
         let bad = |flag: &str, what: &str| Err(LlmError::Input(format!("{flag}: {what}")));
-        if self.pp.is_empty() || self.tg.is_empty() || self.depth.is_empty() {
+        if self.prompt_sizes.is_empty() || self.tg.is_empty() || self.depth.is_empty() {
             return bad("--pp/--tg/--depth", "each needs at least one value");
         }
         if self.tg.contains(&0) {
@@ -92,7 +93,7 @@ impl Plan {
     pub fn tests(&self) -> Vec<(u64, u64, u64, u32)> {
         let mut v = Vec::new();
         for &d in &self.depth {
-            for &p in &self.pp {
+            for &p in &self.prompt_sizes {
                 for &t in &self.tg {
                     for &c in &self.concurrency {
                         v.push((d, p, t, c));
@@ -107,7 +108,7 @@ impl Plan {
     pub fn requests(&self) -> u64 {
         let per_test: u64 = self.concurrency.iter().map(|&c| u64::from(c)).sum();
         let steps = if self.prefix_cache { 2 } else { 1 };
-        (self.depth.len() * self.pp.len() * self.tg.len()) as u64
+        (self.depth.len() * self.prompt_sizes.len() * self.tg.len()) as u64
             * per_test
             * u64::from(self.runs)
             * steps
@@ -159,18 +160,18 @@ struct Warm {
     builder: Builder,
 }
 
-/// Runs the plan. A failing test stops the run: the report then holds the tests before it and
+/// Runs the sweep. A failing test stops the run: the report then holds the tests before it and
 /// a [`Failure`] naming it. Errors before the first test (the server cannot be reached, the
 /// model is not served) are returned as errors.
 pub async fn run(
     client: &Client,
-    plan: &Plan,
+    sweep: &Sweep,
     corpus: Corpus,
     counter: Option<&std::sync::Arc<Counter>>,
     labels: &Labels,
     progress: &(dyn Fn(Progress<'_>) + Sync),
 ) -> Result<RunReport, LlmError> {
-    plan.check()?;
+    sweep.check()?;
     let date = rfc3339(std::time::SystemTime::now());
     let server = client.probe().await?;
     let nccl = match &labels.engine_log {
@@ -187,9 +188,9 @@ pub async fn run(
         }
         None => None,
     };
-    let mut rng = Rng::new(plan.seed);
+    let mut rng = Rng::new(sweep.seed);
     let mut warnings = Vec::new();
-    let warm = warm_up(client, plan, corpus, counter.map(|c| &**c), &mut rng).await?;
+    let warm = warm_up(client, sweep, corpus, counter.map(|c| &**c), &mut rng).await?;
     let mut report = RunReport {
         schema: SCHEMA,
         context: Context {
@@ -203,32 +204,32 @@ pub async fn run(
             layout: labels.layout.clone(),
             label: labels.label.clone(),
             nccl_transport: nccl,
-            latency_mode: plan.latency_mode.name().into(),
+            latency_mode: sweep.latency_mode.name().into(),
             latency_ms: warm.latency.as_secs_f64() * 1e3,
             template_overhead: warm.overhead,
             counting: String::new(),
             prompt_time_from: String::new(),
             tokenizer: counter.map(|c| c.path.display().to_string()),
             text: warm.builder.corpus.source.clone(),
-            prefix_cache: plan.prefix_cache,
-            runs: plan.runs,
+            prefix_cache: sweep.prefix_cache,
+            runs: sweep.runs,
         },
         results: Vec::new(),
         warnings: Vec::new(),
         failure: None,
     };
-    let total = plan.requests();
+    let total = sweep.requests();
     let mut done = 0u64;
     let mut counting = CountingSeen::default();
-    for (d, p, t, c) in plan.tests() {
-        let phases: &[Phase] = if plan.prefix_cache && d > 0 {
+    for (d, p, t, c) in sweep.tests() {
+        let phases: &[Phase] = if sweep.prefix_cache && d > 0 {
             &[Phase::Context, Phase::FollowUp]
         } else {
             &[Phase::Cold]
         };
         let mut per_phase: Vec<Vec<crate::metrics::RunFigures>> = vec![Vec::new(); phases.len()];
         let name = crate::report::test_names(p, t, d, c, Phase::Cold).0;
-        for _run in 0..plan.runs {
+        for _run in 0..sweep.runs {
             // One context per run and request slot: the follow-up reuses it, nothing else does.
             let contexts: Vec<String> = (0..c)
                 .map(|_| {
@@ -241,8 +242,9 @@ pub async fn run(
                 })
                 .collect::<Result<_, _>>()?;
             for (k, &phase) in phases.iter().enumerate() {
-                let user_tokens =
-                    |over: i64| (p as i64 - if plan.adapt_prompt { over } else { 0 }).max(1) as u64;
+                let user_tokens = |over: i64| {
+                    (p as i64 - if sweep.adapt_prompt { over } else { 0 }).max(1) as u64
+                };
                 let prompts: Vec<Prompt> = contexts
                     .iter()
                     .map(|ctx| {
@@ -655,7 +657,7 @@ async fn prompt_tokens(client: &Client, p: Prompt, what: &str) -> Result<i64, Ll
 /// Latency, template overhead and tokens per word, measured with one-token requests.
 async fn warm_up(
     client: &Client,
-    plan: &Plan,
+    sweep: &Sweep,
     corpus: Corpus,
     counter: Option<&Counter>,
     rng: &mut Rng,
@@ -704,7 +706,7 @@ async fn warm_up(
             "the warm-up measured {tokens_per_word:.2} tokens per word, which no tokenizer gives; does the server count prompt tokens?"
         )));
     }
-    let latency = match plan.latency_mode {
+    let latency = match sweep.latency_mode {
         LatencyMode::None => Duration::ZERO,
         LatencyMode::Api => {
             let mut v = Vec::new();
@@ -759,9 +761,9 @@ mod tests {
     }
 
     #[test]
-    fn plans_refuse_empty_or_zero_axes() {
-        let ok = Plan {
-            pp: vec![512],
+    fn sweeps_refuse_empty_or_zero_axes() {
+        let ok = Sweep {
+            prompt_sizes: vec![512],
             tg: vec![32],
             depth: vec![0],
             concurrency: vec![1, 4],
@@ -774,7 +776,7 @@ mod tests {
         assert!(ok.check().is_ok());
         assert_eq!(ok.requests(), 15);
         assert!(
-            Plan {
+            Sweep {
                 tg: vec![0],
                 ..ok.clone()
             }
@@ -782,7 +784,7 @@ mod tests {
             .is_err()
         );
         assert!(
-            Plan {
+            Sweep {
                 runs: 0,
                 ..ok.clone()
             }
@@ -790,7 +792,7 @@ mod tests {
             .is_err()
         );
         assert!(
-            Plan {
+            Sweep {
                 prefix_cache: true,
                 ..ok.clone()
             }
@@ -798,7 +800,7 @@ mod tests {
             .is_err()
         );
         assert!(
-            Plan {
+            Sweep {
                 concurrency: vec![],
                 ..ok
             }

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use weft_fabric::{Guid, Plan, SmOptions};
+use weft_fabric::{FabricPlan, Guid, SmOptions};
 use weft_opensm::{
     Applier, DiagTools, LocalSm, RemotePaths, SmHost, SshConfig, SshSm, VerifyScope,
 };
@@ -114,7 +114,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let confs: Vec<_> = [false, true]
         .iter()
         .map(|&moved| {
-            let p = Plan::from_toml(&plan(moved)).expect("bench plan parses");
+            let p = FabricPlan::from_toml(&plan(moved)).expect("bench plan parses");
             weft_fabric::compile(&p, Some(&inventory))
                 .expect("bench plan is valid")
                 .conf

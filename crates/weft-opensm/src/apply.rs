@@ -27,6 +27,16 @@ pub enum ApplyError {
     UnknownMaster { master: Guid, configured: String },
     #[error("no standby SM became master within {timeout:?}")]
     NoFailover { timeout: Duration },
+    /// No `[[fabric.sm]]` is configured, so there is no file to read.
+    #[error("no SM is configured (add [[fabric.sm]] to the config)")]
+    NoSm,
+    #[error("SM `{sm}` has no partitions file")]
+    NoFile { sm: String },
+    #[error("SM `{sm}`'s partitions file: {error}")]
+    Unparsable {
+        sm: String,
+        error: weft_fabric::conf::ParseError,
+    },
     #[error("applied config failed ({cause}); rolled back: {rollback}")]
     RolledBack {
         cause: String,

@@ -5,12 +5,16 @@
 //! [`Applier::sync_status`] asks the fabric which port the master SM runs on (`sminfo`),
 //! reads every SM's file and sorts the answer into one of four [`SyncState`]s with
 //! [`classify`], a pure function. [`Applier::master_or_first`] is the SM whose file the
-//! fabric runs on, for reading "the last file applied".
+//! fabric runs on, for reading "the last file applied"; [`Applier::master_conf`] reads and
+//! parses that file, and [`Applier::file_states`] says of each SM's file what a plan's file
+//! would do to it (`weft fabric diff`).
 
 use serde::Serialize;
+use weft_fabric::conf::{self, Conf};
 use weft_fabric::{Guid, Inventory};
 
-use crate::apply::{Applier, SmState};
+use crate::apply::{Applier, ApplyError, SmState};
+use crate::diag::FabricSnapshot;
 use crate::owner::owner_of;
 use crate::sm::SmHost;
 
@@ -138,6 +142,55 @@ impl Applier {
             .or(self.sms.first())
             .map(|s| s.as_ref())
     }
+
+    /// The config the master SM ([`Applier::master_or_first`]) holds now, parsed strictly.
+    pub fn master_conf(&self, snapshot: &FabricSnapshot) -> Result<Conf, ApplyError> {
+        let sm = self
+            .master_or_first(&snapshot.inventory)
+            .ok_or(ApplyError::NoSm)?;
+        let bytes = sm.read_partitions()?.ok_or_else(|| ApplyError::NoFile {
+            sm: sm.name().to_string(),
+        })?;
+        conf::parse(&String::from_utf8_lossy(&bytes)).map_err(|error| ApplyError::Unparsable {
+            sm: sm.name().to_string(),
+            error,
+        })
+    }
+
+    /// What writing `planned` would do to each configured SM's file, in their order.
+    pub fn file_states(&self, planned: &str) -> Vec<FileState> {
+        self.sms
+            .iter()
+            .map(|s| FileState::of(s.as_ref(), planned))
+            .collect()
+    }
+}
+
+/// One SM's file beside the file a plan renders: current, would change (lines before and
+/// after), would be created, or unreadable (and why).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileState {
+    pub sm: String,
+    pub state: String,
+}
+
+impl FileState {
+    pub fn of(sm: &dyn SmHost, planned: &str) -> FileState {
+        let state = match sm.read_partitions() {
+            Ok(Some(b)) if b == planned.as_bytes() => "file already current".to_string(),
+            Ok(Some(b)) => format!(
+                "file would change ({} -> {} lines)",
+                String::from_utf8_lossy(&b).lines().count(),
+                planned.lines().count()
+            ),
+            Ok(None) => "no file yet; it would be created".to_string(),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        FileState {
+            sm: sm.name().to_string(),
+            state,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -180,5 +233,27 @@ mod tests {
             "CANNOT READ: cannot read SM `c`: ssh: refused; the SMs that could be read differ too"
         );
         assert_eq!(SyncState::NoMaster.as_str(), "no_master");
+    }
+
+    #[test]
+    fn a_file_is_current_changed_new_or_unreadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = |file: &str| crate::LocalSm {
+            name: "sm1".into(),
+            port_guid: Guid(1),
+            partitions_file: dir.path().join(file),
+            pid_file: dir.path().join("opensm.pid"),
+            log_file: dir.path().join("osm.log"),
+        };
+        let planned = "a\nb\nc\n";
+        let state = |file: &str| FileState::of(&sm(file), planned).state;
+        assert_eq!(state("none.conf"), "no file yet; it would be created");
+        std::fs::write(dir.path().join("same.conf"), planned).unwrap();
+        assert_eq!(state("same.conf"), "file already current");
+        std::fs::write(dir.path().join("old.conf"), "a\n").unwrap();
+        assert_eq!(state("old.conf"), "file would change (1 -> 3 lines)");
+        std::fs::create_dir(dir.path().join("dir.conf")).unwrap();
+        assert!(state("dir.conf").starts_with("unreadable: "));
+        assert_eq!(FileState::of(&sm("none.conf"), planned).sm, "sm1");
     }
 }

@@ -120,7 +120,7 @@ const PERMISSIVE_LID: u16 = 0xffff;
 const WINDOW: usize = 8;
 
 /// One packet carrier: sends a MAD to a LID over QP0, hands back answers.
-pub(crate) trait Transport {
+pub(crate) trait MadCarrier {
     fn send(&mut self, dlid: u16, mad: &[u8; MAD_SIZE]) -> Result<(), SmpError>;
     /// The next packet for this client within `wait`; `None` when none came. A packet
     /// the transport could not deliver comes back as `Err` only when it cannot say
@@ -199,7 +199,7 @@ fn be16(b: &[u8], at: usize) -> u16 {
 
 /// One client's SMP conversation with the fabric.
 pub struct SmpReader {
-    transport: Box<dyn Transport + Send>,
+    transport: Box<dyn MadCarrier + Send>,
     path: SmpPath,
     timeout: Duration,
     tid: u32,
@@ -221,7 +221,7 @@ impl SmpReader {
     /// Attaches one client at `path`; every wait is bounded by `timeout` (per batch of
     /// packets in flight, as `smpquery` bounds each of its packets).
     pub fn open(path: &SmpPath, timeout: Duration) -> Result<SmpReader, SmpError> {
-        let transport: Box<dyn Transport + Send> = match path {
+        let transport: Box<dyn MadCarrier + Send> = match path {
             SmpPath::Umad { device } => Box::new(UmadDevice::open(device.as_deref())?),
             SmpPath::Ibsim { sockname, host } => {
                 Box::new(IbsimClient::connect(sockname, host, timeout)?)
@@ -493,7 +493,7 @@ impl IbsimClient {
     }
 }
 
-impl Transport for IbsimClient {
+impl MadCarrier for IbsimClient {
     fn send(&mut self, dlid: u16, mad: &[u8; MAD_SIZE]) -> Result<(), SmpError> {
         let mut req = [0u8; REQ_SIZE];
         // dlid and slid are network-order 16-bit values in host-order u32 fields; a
@@ -641,7 +641,7 @@ mod tests {
         answer: bool,
     }
 
-    impl Transport for ScriptedFabric {
+    impl MadCarrier for ScriptedFabric {
         fn send(&mut self, dlid: u16, mad: &[u8; MAD_SIZE]) -> Result<(), SmpError> {
             let mut resp = *mad;
             resp[3] = METHOD_GET_RESP;

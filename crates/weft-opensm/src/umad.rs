@@ -20,7 +20,7 @@ use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::stat::Mode;
 
-use crate::smp::{Answer, MAD_SIZE, SmpError, Transport};
+use crate::smp::{Answer, MAD_SIZE, MadCarrier, SmpError};
 
 /// `struct ib_user_mad_reg_req`: id, method_mask[4], qpn, mgmt_class,
 /// mgmt_class_version, oui[3], rmpp_version (28 bytes with padding).
@@ -176,7 +176,7 @@ impl Drop for UmadDevice {
     }
 }
 
-impl Transport for UmadDevice {
+impl MadCarrier for UmadDevice {
     fn send(&mut self, dlid: u16, mad: &[u8; MAD_SIZE]) -> Result<(), SmpError> {
         let mut buf = vec![0u8; HDR + MAD_SIZE];
         let agent = if mad[1] == 0x81 {

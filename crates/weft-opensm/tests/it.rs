@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Guid, Inventory, Plan, SmOptions};
+use weft_fabric::{FabricPlan, Guid, Inventory, SmOptions};
 use weft_opensm::{Applier, ApplyError, DiagTools, LocalSm, SmHost, VerifyScope, checksum};
 use weft_testbed::{Signal, SimFabric, SmHandle, SmSpec, Topology};
 
@@ -77,7 +77,7 @@ impl Bed {
 }
 
 fn compile(plan: &str, inventory: &Inventory) -> Conf {
-    let plan = Plan::from_toml(plan).expect("plan parses");
+    let plan = FabricPlan::from_toml(plan).expect("plan parses");
     weft_fabric::compile(&plan, Some(inventory))
         .expect("plan is valid")
         .conf

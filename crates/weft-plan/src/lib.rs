@@ -9,8 +9,8 @@
 //! sequence's decode and prompt speed with its terms, and the layouts of a cluster that fit
 //! are ranked by it (else by what they send between nodes per generated token).
 //!
-//! The core ([`plan`], [`rules`], [`arch`], [`tensor`], [`speed`]) is pure: bytes and values in, a
-//! plan out. [`source`] is the only module that does I/O: it reads local headers and, over
+//! The core ([`plan`], [`choose`], [`rules`], [`arch`], [`tensor`], [`speed`]) is pure: bytes
+//! and values in, a plan out. [`source`] is the only module that does I/O: it reads local headers and, over
 //! HTTP Range requests, the headers of a Hugging Face repository, never the weights.
 //! [`synth`] writes header-only checkpoints for tests, benchmarks and the demo.
 //!
@@ -43,6 +43,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod arch;
+pub mod choose;
 pub mod cluster;
 pub mod plan;
 pub mod rules;
@@ -72,4 +73,13 @@ pub enum PlanError {
     /// An HTTP request that failed after its retries.
     #[error("{url}: {why}")]
     Http { url: String, why: String },
+    /// No layout of the cluster's GPUs could be planned: every refusal, joined.
+    #[error("no layout of {gpus} GPUs is possible: {why}")]
+    NoLayout { gpus: u64, why: String },
+    /// A device name the table does not have, and the names it has.
+    #[error("--device {name:?}: one of {known}")]
+    UnknownDevice { name: String, known: String },
+    /// A device or link figure that is not a positive number.
+    #[error("device and link figures: {0}")]
+    Figures(#[from] speed::FigureError),
 }

@@ -399,8 +399,12 @@ pub fn check_layout(
         return Err(refuse("max-num-seqs is at least 1", "0".into()));
     }
     if let Some(hw) = &opts.hardware {
-        hw.check()
-            .map_err(|e| refuse("device and link figures are positive numbers", e))?;
+        hw.check().map_err(|e| {
+            refuse(
+                "device and link figures are positive numbers",
+                e.to_string(),
+            )
+        })?;
     }
     Ok(())
 }

@@ -176,6 +176,14 @@ pub struct Hardware {
     pub sources: Vec<String>,
 }
 
+/// A device or link figure that is not a positive, finite number ([`Hardware::check`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{what} is {value}: it must be a positive number")]
+pub struct FigureError {
+    pub what: &'static str,
+    pub value: f64,
+}
+
 /// The engine's fixed time per step when nothing was measured.
 pub fn default_step_overhead_us(engine: Engine) -> (f64, &'static str) {
     match engine {
@@ -220,7 +228,7 @@ impl Hardware {
     }
 
     /// Every figure positive and finite, or the one that is not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FigureError> {
         for (what, v, zero_ok) in [
             ("memory bandwidth (GB/s)", self.memory_gbs, false),
             ("BF16 TFLOPS", self.bf16_tflops, false),
@@ -232,7 +240,7 @@ impl Hardware {
             ("step overhead (us)", self.step_overhead_us, true),
         ] {
             if !v.is_finite() || v < 0.0 || (v == 0.0 && !zero_ok) {
-                return Err(format!("{what} is {v}: it must be a positive number"));
+                return Err(FigureError { what, value: v });
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ use crate::tcp;
 /// The transport of this host: the management interface, the data devices, and the backend.
 #[derive(Debug, Clone)]
 pub struct Transport {
-    tcp: tcp::Transport,
+    tcp: tcp::TcpTransport,
     ofi: Option<Arc<ofi::Backend>>,
     note: Option<String>,
 }
@@ -26,15 +26,15 @@ pub struct Transport {
 impl Transport {
     /// Selects the interfaces named by `cfg` on this host, and opens the backend.
     pub fn new(cfg: Config) -> Result<Transport> {
-        Transport::from_tcp(tcp::Transport::new(cfg)?)
+        Transport::from_tcp(tcp::TcpTransport::new(cfg)?)
     }
 
     /// Like [`Transport::new`] over a given interface list (tests, or a host model).
     pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<Transport> {
-        Transport::from_tcp(tcp::Transport::with_interfaces(cfg, all)?)
+        Transport::from_tcp(tcp::TcpTransport::with_interfaces(cfg, all)?)
     }
 
-    fn from_tcp(t: tcp::Transport) -> Result<Transport> {
+    fn from_tcp(t: tcp::TcpTransport) -> Result<Transport> {
         let cfg = t.config().clone();
         let (ofi, note) = match cfg.backend {
             BackendKind::Tcp => (None, None),
@@ -91,10 +91,10 @@ impl Transport {
     /// Opens the listener of device `dev`.
     pub fn listen(&self, dev: usize) -> Result<Listener> {
         Ok(Listener(match &self.ofi {
-            None => L::Tcp(self.tcp.listen(dev)?),
+            None => ListenerImpl::Tcp(self.tcp.listen(dev)?),
             Some(b) => {
                 let m = self.tcp.mgmt();
-                L::Ofi(b.listen(self.config(), (m.addr, &m.iface), dev)?)
+                ListenerImpl::Ofi(b.listen(self.config(), (m.addr, &m.iface), dev)?)
             }
         }))
     }
@@ -131,10 +131,10 @@ impl Transport {
     /// Starts connecting device `dev` to the listener described by `handle`.
     pub fn connect(&self, dev: usize, handle: &[u8]) -> Result<Connecting> {
         Ok(Connecting(match &self.ofi {
-            None => C::Tcp(self.tcp.connect(dev, handle)?),
+            None => ConnectingImpl::Tcp(self.tcp.connect(dev, handle)?),
             Some(b) => {
                 let m = self.tcp.mgmt();
-                C::Ofi(Box::new(b.connect(
+                ConnectingImpl::Ofi(Box::new(b.connect(
                     self.config(),
                     (m.addr, &m.iface),
                     dev,
@@ -145,38 +145,39 @@ impl Transport {
     }
 }
 
+/// The backend behind a [`Listener`].
 #[derive(Debug)]
-enum L {
+enum ListenerImpl {
     Tcp(tcp::Listener),
     Ofi(ofi::Listener),
 }
 
 /// The receiver's listening side of a device.
 #[derive(Debug)]
-pub struct Listener(L);
+pub struct Listener(ListenerImpl);
 
 impl Listener {
     /// The handle to give the sender (128 bytes, see [`proto::HANDLE_SIZE`]).
     pub fn handle(&self) -> [u8; proto::HANDLE_SIZE] {
         match &self.0 {
-            L::Tcp(l) => l.handle(),
-            L::Ofi(l) => l.handle(),
+            ListenerImpl::Tcp(l) => l.handle(),
+            ListenerImpl::Ofi(l) => l.handle(),
         }
     }
 
     /// The decoded handle.
     pub fn handle_info(&self) -> &ListenHandle {
         match &self.0 {
-            L::Tcp(l) => l.handle_info(),
-            L::Ofi(l) => l.handle_info(),
+            ListenerImpl::Tcp(l) => l.handle_info(),
+            ListenerImpl::Ofi(l) => l.handle_info(),
         }
     }
 
     /// Accepts without blocking. `Ok(None)`: call again.
     pub fn accept(&mut self) -> Result<Option<RecvConn>> {
         Ok(match &mut self.0 {
-            L::Tcp(l) => l.accept()?.map(|c| RecvConn(R::Tcp(c))),
-            L::Ofi(l) => l.accept()?.map(|c| RecvConn(R::Ofi(Box::new(c)))),
+            ListenerImpl::Tcp(l) => l.accept()?.map(|c| RecvConn(RecvImpl::Tcp(c))),
+            ListenerImpl::Ofi(l) => l.accept()?.map(|c| RecvConn(RecvImpl::Ofi(Box::new(c)))),
         })
     }
 
@@ -185,46 +186,47 @@ impl Listener {
     /// as errors naming each peer: for the caller to log (the plugin logs them at INFO).
     pub fn take_discarded(&mut self) -> Vec<crate::Error> {
         match &mut self.0 {
-            L::Tcp(l) => l.take_discarded(),
-            L::Ofi(l) => l.take_discarded(),
+            ListenerImpl::Tcp(l) => l.take_discarded(),
+            ListenerImpl::Ofi(l) => l.take_discarded(),
         }
     }
 
     /// Polls until a connection arrives or the accept timeout passes.
     pub fn wait(&mut self) -> Result<RecvConn> {
         Ok(match &mut self.0 {
-            L::Tcp(l) => RecvConn(R::Tcp(l.wait()?)),
-            L::Ofi(l) => RecvConn(R::Ofi(Box::new(l.wait()?))),
+            ListenerImpl::Tcp(l) => RecvConn(RecvImpl::Tcp(l.wait()?)),
+            ListenerImpl::Ofi(l) => RecvConn(RecvImpl::Ofi(Box::new(l.wait()?))),
         })
     }
 }
 
 // The TCP variant stays inline: its path is unchanged, without an extra indirection.
 #[allow(clippy::large_enum_variant)]
+/// The backend behind a [`Connecting`].
 #[derive(Debug)]
-enum C {
+enum ConnectingImpl {
     Tcp(tcp::Connecting),
     Ofi(Box<ofi::Connecting>),
 }
 
 /// A connection being set up by the sender.
 #[derive(Debug)]
-pub struct Connecting(C);
+pub struct Connecting(ConnectingImpl);
 
 impl Connecting {
     /// Advances the handshake without blocking. `Ok(None)`: call again later.
     pub fn poll(&mut self) -> Result<Option<SendConn>> {
         Ok(match &mut self.0 {
-            C::Tcp(c) => c.poll()?.map(|s| SendConn(S::Tcp(s))),
-            C::Ofi(c) => c.poll()?.map(|s| SendConn(S::Ofi(Box::new(s)))),
+            ConnectingImpl::Tcp(c) => c.poll()?.map(|s| SendConn(SendImpl::Tcp(s))),
+            ConnectingImpl::Ofi(c) => c.poll()?.map(|s| SendConn(SendImpl::Ofi(Box::new(s)))),
         })
     }
 
     /// Polls until connected or failed.
     pub fn wait(self) -> Result<SendConn> {
         Ok(match self.0 {
-            C::Tcp(c) => SendConn(S::Tcp(c.wait()?)),
-            C::Ofi(c) => SendConn(S::Ofi(Box::new(c.wait()?))),
+            ConnectingImpl::Tcp(c) => SendConn(SendImpl::Tcp(c.wait()?)),
+            ConnectingImpl::Ofi(c) => SendConn(SendImpl::Ofi(Box::new(c.wait()?))),
         })
     }
 }
@@ -272,15 +274,16 @@ impl MemHandle {
 
 // The TCP variant stays inline: its path is unchanged, without an extra indirection.
 #[allow(clippy::large_enum_variant)]
+/// The backend behind a [`SendConn`].
 #[derive(Debug)]
-enum S {
+enum SendImpl {
     Tcp(tcp::SendConn),
     Ofi(Box<ofi::SendConn>),
 }
 
 /// The sending end of a connection.
 #[derive(Debug)]
-pub struct SendConn(S);
+pub struct SendConn(SendImpl);
 
 /// What the backend-neutral [`SendConn`] and [`RecvConn`] answer alike, over an enum with
 /// `Tcp` and `Ofi` variants (`$e`): an ofi connection has one data stream (its endpoint),
@@ -379,23 +382,23 @@ macro_rules! conn_common {
         }
     };
 }
-conn_common!(SendConn, S, "a receiving connection");
-conn_common!(RecvConn, R, "a sending connection");
+conn_common!(SendConn, SendImpl, "a receiving connection");
+conn_common!(RecvConn, RecvImpl, "a sending connection");
 
 impl SendConn {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         match &self.0 {
-            S::Tcp(c) => c.in_flight(),
-            S::Ofi(c) => c.in_flight(),
+            SendImpl::Tcp(c) => c.in_flight(),
+            SendImpl::Ofi(c) => c.in_flight(),
         }
     }
 
     /// Bytes written by RMA on each rail of an ofi connection; empty for TCP.
     pub fn ofi_rail_bytes(&self) -> Vec<u64> {
         match &self.0 {
-            S::Tcp(_) => Vec::new(),
-            S::Ofi(c) => c.rail_bytes(),
+            SendImpl::Tcp(_) => Vec::new(),
+            SendImpl::Ofi(c) => c.rail_bytes(),
         }
     }
 
@@ -403,8 +406,8 @@ impl SendConn {
     /// a lane.
     pub fn ofi_lane_msgs(&self) -> Option<u64> {
         match &self.0 {
-            S::Tcp(_) => None,
-            S::Ofi(c) => c.lane_msgs(),
+            SendImpl::Tcp(_) => None,
+            SendImpl::Ofi(c) => c.lane_msgs(),
         }
     }
 
@@ -421,9 +424,11 @@ impl SendConn {
     ) -> Result<Option<RequestId>> {
         match &mut self.0 {
             // SAFETY: forwarded under the same contract.
-            S::Tcp(c) => unsafe { c.isend(data, len, tag) },
+            SendImpl::Tcp(c) => unsafe { c.isend(data, len, tag) },
             // SAFETY: forwarded under the same contract.
-            S::Ofi(c) => unsafe { c.isend_mr(data, len, tag, mh.and_then(|h| h.ofi.as_ref())) },
+            SendImpl::Ofi(c) => unsafe {
+                c.isend_mr(data, len, tag, mh.and_then(|h| h.ofi.as_ref()))
+            },
         }
     }
 
@@ -440,17 +445,17 @@ impl SendConn {
     ) -> Result<Option<RequestId>> {
         match &mut self.0 {
             // SAFETY: forwarded under the same contract.
-            S::Tcp(c) => unsafe { c.isend(data, len, tag) },
+            SendImpl::Tcp(c) => unsafe { c.isend(data, len, tag) },
             // SAFETY: forwarded under the same contract.
-            S::Ofi(c) => unsafe { c.isend(data, len, tag) },
+            SendImpl::Ofi(c) => unsafe { c.isend(data, len, tag) },
         }
     }
 
     /// Whether request `id` is done; `Some(bytes)` once it is.
     pub fn test(&mut self, id: RequestId) -> Result<Option<usize>> {
         match &mut self.0 {
-            S::Tcp(c) => c.test(id),
-            S::Ofi(c) => c.test(id),
+            SendImpl::Tcp(c) => c.test(id),
+            SendImpl::Ofi(c) => c.test(id),
         }
     }
 
@@ -471,23 +476,24 @@ impl SendConn {
 
 // The TCP variant stays inline: its path is unchanged, without an extra indirection.
 #[allow(clippy::large_enum_variant)]
+/// The backend behind a [`RecvConn`].
 #[derive(Debug)]
-enum R {
+enum RecvImpl {
     Tcp(tcp::RecvConn),
     Ofi(Box<ofi::RecvConn>),
 }
 
 /// The receiving end of a connection.
 #[derive(Debug)]
-pub struct RecvConn(R);
+pub struct RecvConn(RecvImpl);
 
 impl RecvConn {
     /// CTS with buffers an ofi connection has sent (small receives whose messages all came
     /// eagerly send none); `None` for TCP.
     pub fn ofi_cts_sent(&self) -> Option<u64> {
         match &self.0 {
-            R::Tcp(_) => None,
-            R::Ofi(c) => Some(c.cts_sent()),
+            RecvImpl::Tcp(_) => None,
+            RecvImpl::Ofi(c) => Some(c.cts_sent()),
         }
     }
 
@@ -503,8 +509,8 @@ impl RecvConn {
     ) -> Result<Option<RequestId>> {
         match &mut self.0 {
             // SAFETY: forwarded under the same contract.
-            R::Tcp(c) => unsafe { c.irecv(bufs) },
-            R::Ofi(c) => {
+            RecvImpl::Tcp(c) => unsafe { c.irecv(bufs) },
+            RecvImpl::Ofi(c) => {
                 let mut regs: [Option<&ofi::Registration>; MAX_RECVS] = [None; MAX_RECVS];
                 for (r, h) in regs.iter_mut().zip(mhs) {
                     *r = h.and_then(|h| h.ofi.as_ref());
@@ -523,17 +529,17 @@ impl RecvConn {
     pub unsafe fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<RequestId>> {
         match &mut self.0 {
             // SAFETY: forwarded under the same contract.
-            R::Tcp(c) => unsafe { c.irecv(bufs) },
+            RecvImpl::Tcp(c) => unsafe { c.irecv(bufs) },
             // SAFETY: forwarded under the same contract.
-            R::Ofi(c) => unsafe { c.irecv(bufs) },
+            RecvImpl::Ofi(c) => unsafe { c.irecv(bufs) },
         }
     }
 
     /// Whether request `id` is done; the sizes received once it is.
     pub fn test(&mut self, id: RequestId) -> Result<Option<Completed>> {
         match &mut self.0 {
-            R::Tcp(c) => c.test(id),
-            R::Ofi(c) => c.test(id),
+            RecvImpl::Tcp(c) => c.test(id),
+            RecvImpl::Ofi(c) => c.test(id),
         }
     }
 

@@ -11,9 +11,9 @@ use weft_bench::comm::{Algo, Coll};
 use weft_bench::dtype::{DataType, RedOp};
 use weft_bench::perf::{self, Average, PerfOptions, Row};
 use weft_bench::{RankSpec, launch, net, p2p, probe};
-use weft_hosts::remote::{Remote, gather_all};
+use weft_hosts::remote::Remote;
 use weft_hosts::runner::{Local, any_ssh, hosts_from, parse_hosts_with, remote_exe, ssh_extra};
-use weft_hosts::{HostRunner, IfChoice, facts, roles_for};
+use weft_hosts::{HostRunner, IfChoice, facts};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -487,35 +487,16 @@ fn p2p(a: &P2pArgs, json: bool) -> Result<u8> {
     if hosts.len() < 2 {
         bail!("--hosts needs at least two hosts");
     }
-    let gathered = gather_all(&hosts, &remote)
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
     let choice = a.hosts.if_choice()?;
-    let all: Vec<&facts::HostFacts> = gathered.iter().map(|g| &g.facts).collect();
-    let roles = roles_for(&all, &choice);
-    let mut info = Vec::new();
-    let mut expected = p2p::RailTargets::new();
-    for (h, role) in hosts.iter().zip(roles) {
-        let data: Vec<weft_bench::remote::RailIf> = role
-            .data
-            .iter()
-            .map(|d| weft_bench::remote::RailIf {
-                name: d.name.clone(),
-                addr: facts::ipv4(d).map(|(a, _)| a),
-                link_mbps: d.pci.as_ref().and(d.speed_mbps),
-            })
-            .collect();
-        let host =
-            weft_bench::remote::P2pHost::from_data(h.name(), &data, a.expect_speed, &mut expected);
-        if host.rails.is_empty() {
-            eprintln!(
-                "weft: {}: no data interface with an IPv4 address (see --data-if)",
-                h.name()
-            );
-            return Ok(EXIT_ENVIRONMENT);
-        }
-        info.push(host);
-    }
+    let (info, expected) =
+        match weft_bench::remote::p2p_hosts(&hosts, &remote, &choice, a.expect_speed) {
+            Ok(x) => x,
+            Err(e @ weft_bench::BenchError::NoRails { .. }) => {
+                eprintln!("weft: {e}");
+                return Ok(EXIT_ENVIRONMENT);
+            }
+            Err(e) => return Err(e.into()),
+        };
     let opts = weft_bench::remote::P2pOptions {
         streams: a.streams,
         duration: Duration::from_secs_f64(a.duration),

@@ -13,7 +13,7 @@ use weft_llmbench::compare::compare;
 use weft_llmbench::count::Counter;
 use weft_llmbench::prompt::Corpus;
 use weft_llmbench::report::{Format, RunReport};
-use weft_llmbench::runner::{self, Labels, LatencyMode, Plan};
+use weft_llmbench::runner::{self, Labels, LatencyMode, Sweep};
 
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 
@@ -80,8 +80,13 @@ pub struct RunArgs {
     #[arg(long, default_value = "chat")]
     pub api: String,
     /// Prompt sizes in tokens.
-    #[arg(long, value_delimiter = ',', default_value = "2048")]
-    pub pp: Vec<u64>,
+    #[arg(
+        long = "pp",
+        value_name = "PP",
+        value_delimiter = ',',
+        default_value = "2048"
+    )]
+    pub prompt_sizes: Vec<u64>,
     /// Tokens to generate.
     #[arg(long, value_delimiter = ',', default_value = "32")]
     pub tg: Vec<u64>,
@@ -191,8 +196,8 @@ fn bench(a: &RunArgs, json: bool) -> Result<u8> {
             _ => return Err(anyhow!("--extra-body {s:?}: expected a JSON object")),
         },
     };
-    let plan = Plan {
-        pp: a.pp.clone(),
+    let sweep = Sweep {
+        prompt_sizes: a.prompt_sizes.clone(),
         tg: a.tg.clone(),
         depth: a.depth.clone(),
         concurrency: a.concurrency.clone(),
@@ -202,7 +207,7 @@ fn bench(a: &RunArgs, json: bool) -> Result<u8> {
         adapt_prompt: !a.no_adapt_prompt,
         seed: a.seed,
     };
-    plan.check()?;
+    sweep.check()?;
     let counter = match &a.tokenizer {
         Some(p) => Some(Arc::new(Counter::from_file(p)?)),
         None => None,
@@ -237,7 +242,7 @@ fn bench(a: &RunArgs, json: bool) -> Result<u8> {
         weft_version: env!("CARGO_PKG_VERSION").to_string(),
     };
     let bar = std::io::stderr().is_terminal().then(|| {
-        let b = indicatif::ProgressBar::new(plan.requests());
+        let b = indicatif::ProgressBar::new(sweep.requests());
         b.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -257,7 +262,7 @@ fn bench(a: &RunArgs, json: bool) -> Result<u8> {
         .context("tokio runtime")?;
     let report = rt.block_on(runner::run(
         &client,
-        &plan,
+        &sweep,
         corpus,
         counter.as_ref(),
         &labels,

@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use weft_fabric::conf::{self, Conf};
-use weft_fabric::{Compiled, ImportOptions, Inventory, Plan, PortMismatch, Violation};
-use weft_opensm::master::{SyncState, SyncStatus};
-use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, SmHost, VerifyScope};
+use weft_fabric::{Compiled, FabricPlan, ImportOptions, Inventory, PortMismatch, Violation};
+use weft_opensm::master::{FileState, SyncState, SyncStatus};
+use weft_opensm::{Applier, ApplyError, ApplyReport, FabricSnapshot, VerifyScope};
 
 use crate::config::{Config, FabricConfig};
 use crate::output::{json, keys, table};
@@ -131,11 +131,7 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
             };
             let v = a.compare(&compiled.conf, &snapshot);
             let text = conf::render(&compiled.conf);
-            let files: Vec<FileState> = a
-                .sms
-                .iter()
-                .map(|s| FileState::of(s.as_ref(), &text))
-                .collect();
+            let files = a.file_states(&text);
             if as_json {
                 json(&DiffJson {
                     ports: port_rows(&v.mismatches, &snapshot),
@@ -292,11 +288,11 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
                             against = format!(
                                 "the master's file (managed by {owner}; set [controller] url or WEFT_CONTROLLER to compare with what it applied)"
                             );
-                            master_conf(&a, &snapshot)?
+                            a.master_conf(&snapshot)?
                         }
                         (None, _) => {
                             against = "the master's file (the last one applied)".into();
-                            master_conf(&a, &snapshot)?
+                            a.master_conf(&snapshot)?
                         }
                     }
                 }
@@ -500,7 +496,7 @@ fn import(
             }
         }
     }
-    let imported = match Plan::import(&text, &opts) {
+    let imported = match FabricPlan::import(&text, &opts) {
         Ok(i) => i,
         Err(errs) => return show(&errs, "errors"),
     };
@@ -591,10 +587,10 @@ fn refuse_removal(
 
 /// Reads a plan. An unreadable file is an environment error (the outer `Err`, exit 2);
 /// a plan that does not parse is a failed check (the inner `Err`, exit 1).
-fn load_plan(path: &Path) -> Result<std::result::Result<Plan, String>> {
+fn load_plan(path: &Path) -> Result<std::result::Result<FabricPlan, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(Plan::from_toml(&text).map_err(|e| format!("{}: {e}", path.display())))
+    Ok(FabricPlan::from_toml(&text).map_err(|e| format!("{}: {e}", path.display())))
 }
 
 /// Reports input that is wrong (a plan or a file that does not parse): exit 1.
@@ -620,7 +616,7 @@ macro_rules! plan_or_exit {
 }
 use plan_or_exit;
 
-fn compile(plan: &Plan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
+fn compile(plan: &FabricPlan, inventory: Option<&Inventory>) -> Result<Compiled, Vec<Violation>> {
     weft_fabric::compile(plan, inventory)
 }
 
@@ -638,18 +634,6 @@ fn applier(fc: &FabricConfig, timeouts: Option<&Timeouts>) -> Result<Applier> {
         }
     }
     Ok(a)
-}
-
-/// The config the master SM holds now, parsed strictly.
-fn master_conf(a: &Applier, snapshot: &FabricSnapshot) -> Result<Conf> {
-    let sm = a
-        .master_or_first(&snapshot.inventory)
-        .context("no SM is configured (add [[fabric.sm]] to the config)")?;
-    let bytes = sm
-        .read_partitions()?
-        .with_context(|| format!("SM `{}` has no partitions file", sm.name()))?;
-    conf::parse(&String::from_utf8_lossy(&bytes))
-        .map_err(|e| anyhow::anyhow!("SM `{}`'s partitions file: {e}", sm.name()))
 }
 
 fn report_violations(v: &[Violation], as_json: bool) -> Result<u8> {
@@ -773,31 +757,6 @@ fn print_sm_states(states: &[weft_opensm::SmState]) {
         ]
     });
     println!("{}", table(["SM", "ROLE", "SHA-256"], rows));
-}
-
-#[derive(Serialize)]
-struct FileState {
-    sm: String,
-    state: String,
-}
-
-impl FileState {
-    fn of(sm: &dyn SmHost, planned: &str) -> FileState {
-        let state = match sm.read_partitions() {
-            Ok(Some(b)) if b == planned.as_bytes() => "file already current".to_string(),
-            Ok(Some(b)) => format!(
-                "file would change ({} -> {} lines)",
-                String::from_utf8_lossy(&b).lines().count(),
-                planned.lines().count()
-            ),
-            Ok(None) => "no file yet; it would be created".to_string(),
-            Err(e) => format!("unreadable: {e}"),
-        };
-        FileState {
-            sm: sm.name().to_string(),
-            state,
-        }
-    }
 }
 
 #[derive(Serialize)]

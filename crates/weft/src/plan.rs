@@ -3,10 +3,10 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use serde::Serialize;
-use weft_plan::plan::{self, Candidate, Cluster, Engine, KvDtype, Layout, Options, Plan};
+use weft_plan::choose::{self, Figures, LayoutRequest, MeasuredLink, Report};
+use weft_plan::plan::{Cluster, Engine, KvDtype, Options};
 use weft_plan::source::{self, HttpOptions, ModelRef};
-use weft_plan::speed::{self, Hardware, Speed};
+use weft_plan::speed::Speed;
 
 use crate::output::table;
 use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
@@ -135,8 +135,8 @@ fn uneven_nodes(a: &PlanArgs, memories: &[u64]) -> Result<Vec<weft_plan::uneven:
     let mut out = Vec::new();
     for (i, m) in memories.iter().enumerate() {
         let dev = devices[if devices.len() == 1 { 0 } else { i }];
-        let d =
-            speed::device(dev).with_context(|| format!("--device {dev:?}: not in the table"))?;
+        let d = weft_plan::speed::device(dev)
+            .with_context(|| format!("--device {dev:?}: not in the table"))?;
         out.push(weft_plan::uneven::StageNode {
             name: format!("node{i} ({})", d.name),
             memory_bytes: *m,
@@ -146,95 +146,42 @@ fn uneven_nodes(a: &PlanArgs, memories: &[u64]) -> Result<Vec<weft_plan::uneven:
     Ok(out)
 }
 
-/// The device and link figures from the flags (or the GPU the group's agents reported),
-/// each with where it came from.
-fn hardware(a: &SpeedArgs, engine: Engine, reported_gpu: Option<&str>) -> Result<Hardware> {
-    let reported = reported_gpu.and_then(|g| speed::device_from_gpu_name(g).map(|d| (g, d)));
-    let name = match (&a.device, reported) {
-        (Some(n), _) => n.split(',').next().unwrap_or(n),
-        (None, Some((_, d))) => d.name,
-        (None, None) => "gb10",
-    };
-    let d = speed::device(name).with_context(|| {
-        format!(
-            "--device {name:?}: one of {}",
-            speed::DEVICES
-                .iter()
-                .map(|d| d.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let mut hw = Hardware::new(d, engine);
-    match (&a.device, reported, reported_gpu) {
-        (Some(_), _, _) => {}
-        (None, Some((g, _)), _) => {
-            hw.sources[0] = format!(
-                "device {} from the agents' report ({g}): {}",
-                d.name, d.source
-            )
-        }
-        (None, None, Some(g)) => {
-            hw.sources[0] = format!(
-                "device gb10 assumed: the agents report {g:?}, which the table does not have (--device, --memory-gbs and --tflops say yours): {}",
-                d.source
-            )
-        }
-        (None, None, None) => {
-            hw.sources[0] = format!("device gb10 assumed (--device names yours): {}", d.source)
-        }
-    }
-    if let Some(v) = a.memory_gbs {
-        hw.memory_gbs = v;
-        hw.sources.push(format!("--memory-gbs {v}"));
-    }
-    if let Some(v) = a.tflops {
-        hw.bf16_tflops = v;
-        hw.fp8_tflops = v;
-        hw.sources.push(format!("--tflops {v}"));
-    }
-    if let Some(path) = &a.links {
-        let bytes = std::fs::read(path).with_context(|| format!("--links {}", path.display()))?;
-        let m: weft_bench::p2p::Matrix = serde_json::from_slice(&bytes).with_context(|| {
-            format!(
-                "--links {}: not the JSON of `weft bench p2p --json`",
-                path.display()
-            )
-        })?;
-        let measured = m.pairs.iter().filter(|p| p.error.is_none()).count();
-        if measured == 0 || m.median_gbps.is_nan() || m.median_gbps <= 0.0 {
-            bail!("--links {}: no pair was measured", path.display());
-        }
-        hw.link_gbps = m.median_gbps;
-        hw.link_latency_us = m.median_rtt_us / 2.0;
-        hw.sources[1] = format!(
-            "link {:.1} Gb/s, {:.1} us: the median of {measured} pairs in {} (half the round trip)",
-            m.median_gbps,
-            hw.link_latency_us,
-            path.display()
-        );
-    }
-    if a.link_gbps.is_some() || a.link_latency_us.is_some() {
-        hw.link_gbps = a.link_gbps.unwrap_or(hw.link_gbps);
-        hw.link_latency_us = a.link_latency_us.unwrap_or(hw.link_latency_us);
-        hw.sources[1] = format!(
-            "link {} Gb/s, {} us{}",
-            hw.link_gbps,
-            hw.link_latency_us,
-            if a.link_gbps.is_some() && a.link_latency_us.is_some() {
-                " (flags)"
-            } else {
-                " (flags, the rest assumed)"
+/// The speed figures the flags give (and the GPU the group's agents reported); `--links` is
+/// read here, the rest is weft-plan's [`choose::hardware`].
+fn figures(a: &SpeedArgs, reported_gpu: Option<&str>) -> Result<Figures> {
+    let measured_link = match &a.links {
+        None => None,
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("--links {}", path.display()))?;
+            let m: weft_bench::p2p::Matrix = serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "--links {}: not the JSON of `weft bench p2p --json`",
+                    path.display()
+                )
+            })?;
+            let measured = m.pairs.iter().filter(|p| p.error.is_none()).count();
+            if measured == 0 || m.median_gbps.is_nan() || m.median_gbps <= 0.0 {
+                bail!("--links {}: no pair was measured", path.display());
             }
-        );
-    }
-    if let Some(v) = a.step_overhead_us {
-        hw.step_overhead_us = v;
-        hw.sources[2] = format!("engine step overhead {v} us (--step-overhead-us)");
-    }
-    hw.check()
-        .map_err(|e| anyhow::anyhow!("device and link figures: {e}"))?;
-    Ok(hw)
+            Some(MeasuredLink {
+                from: path.display().to_string(),
+                median_gbps: m.median_gbps,
+                median_rtt_us: m.median_rtt_us,
+                pairs: measured,
+            })
+        }
+    };
+    Ok(Figures {
+        device: a.device.clone(),
+        reported_gpu: reported_gpu.map(str::to_string),
+        memory_gbs: a.memory_gbs,
+        tflops: a.tflops,
+        measured_link,
+        link_gbps: a.link_gbps,
+        link_latency_us: a.link_latency_us,
+        step_overhead_us: a.step_overhead_us,
+    })
 }
 
 /// A size with its unit: `128GiB`, `80GB`, `512MiB`.
@@ -285,18 +232,6 @@ fn tokens(n: u64) -> String {
         out.push(c);
     }
     out
-}
-
-#[derive(Serialize)]
-struct Report {
-    #[serde(flatten)]
-    plan: Plan,
-    /// Present when the layout was chosen by ranking: every layout considered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    candidates: Option<Vec<Candidate>>,
-    /// The fastest layout that fits on 1, 2, ... of the cluster's nodes and its speed
-    /// model: `weft bench llm compare --plan` predicts each measured run from it.
-    scaling: Vec<speed::ScalePoint>,
 }
 
 pub fn run(a: PlanArgs, json: bool) -> Result<u8> {
@@ -415,7 +350,10 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             .map(parse_size)
             .transpose()
             .context("--overhead")?,
-        hardware: Some(hardware(&a.speed, engine, reported_gpu.as_deref())?),
+        hardware: Some(choose::hardware(
+            &figures(&a.speed, reported_gpu.as_deref())?,
+            engine,
+        )?),
         ..Options::default()
     };
     let model = match source::resolve(&a.model)? {
@@ -439,56 +377,13 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
             scaling: Vec::new(),
         });
     }
-    let world = cluster.nodes * cluster.gpus_per_node;
-    let fixed = a.tp.is_some() || a.pp.is_some();
-    if fixed {
-        let tp = a.tp.unwrap_or(1);
-        let pp = match a.pp {
-            Some(p) => p,
-            None => (world / (tp * a.dp)).max(1),
-        };
-        let layout = Layout {
-            tp,
-            pp,
-            ep: a.ep,
-            dp: a.dp,
-        };
-        return Ok(Report {
-            plan: plan::plan(&model, layout, cluster, &opts)?,
-            candidates: None,
-            scaling: speed::scaling(&model, cluster, &opts),
-        });
-    }
-    if engine == Engine::LlamaCpp {
-        let layout = Layout {
-            tp: 1,
-            pp: world,
-            ep: false,
-            dp: 1,
-        };
-        return Ok(Report {
-            plan: plan::plan(&model, layout, cluster, &opts)?,
-            candidates: None,
-            scaling: speed::scaling(&model, cluster, &opts),
-        });
-    }
-    let mut cands = plan::candidates(&model, cluster, &opts);
-    if a.ep {
-        cands.retain(|(c, _)| c.layout.ep || model.arch.experts == 0);
-    }
-    let best = cands.iter().find_map(|(_, p)| p.clone());
-    let list: Vec<Candidate> = cands.into_iter().map(|(c, _)| c).collect();
-    match best {
-        Some(p) => Ok(Report {
-            plan: p,
-            candidates: Some(list),
-            scaling: speed::scaling(&model, cluster, &opts),
-        }),
-        None => {
-            let why: Vec<String> = list.iter().filter_map(|c| c.refused.clone()).collect();
-            bail!("no layout of {world} GPUs is possible: {}", why.join("; "))
-        }
-    }
+    let request = LayoutRequest {
+        tp: a.tp,
+        pp: a.pp,
+        ep: a.ep,
+        dp: a.dp,
+    };
+    Ok(choose::choose(&model, cluster, &opts, request)?)
 }
 
 fn print_human(r: &Report) {

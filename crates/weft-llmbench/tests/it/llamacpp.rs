@@ -14,7 +14,7 @@ use weft_llmbench::count::Counter;
 use weft_llmbench::prompt::Corpus;
 use weft_llmbench::runner;
 
-use crate::{client, labels, plan, quick_limits};
+use crate::{client, labels, quick_limits, sweep};
 
 const MODEL: &str = "weft-tiny";
 
@@ -160,7 +160,7 @@ fn llamacpp_prompt_and_generated_counts_match_the_servers_at_depth_and_concurren
     let r = rt()
         .block_on(runner::run(
             &c,
-            &plan(&[256], &[16], &[0, 1024], &[1, 2], 1),
+            &sweep(&[256], &[16], &[0, 1024], &[1, 2], 1),
             Corpus::words(),
             Some(&counter),
             &labels(),
@@ -199,7 +199,7 @@ fn llamacpp_prompt_and_generated_counts_match_the_servers_at_depth_and_concurren
     let r2 = rt()
         .block_on(runner::run(
             &c,
-            &plan(&[256], &[16], &[1024], &[2], 1),
+            &sweep(&[256], &[16], &[1024], &[2], 1),
             Corpus::words(),
             Some(&counter),
             &labels(),
@@ -252,7 +252,7 @@ fn llamacpp_completions_api_counts_by_finish_reason_and_the_tokenizer_agrees() {
     let r = rt()
         .block_on(runner::run(
             &c,
-            &plan(&[200], &[8], &[0], &[1], 1),
+            &sweep(&[200], &[8], &[0], &[1], 1),
             Corpus::words(),
             Some(&counter),
             &labels(),
@@ -294,7 +294,7 @@ fn llamacpp_prefix_cache_two_step_test_finds_the_cached_context_faster() {
     let s = server();
     let counter = std::sync::Arc::new(Counter::from_file(&s.dir.join("tokenizer")).unwrap());
     let c = client(&s.base_url, MODEL, Api::Chat, quick_limits());
-    let mut p = plan(&[64], &[4], &[3000], &[1], 2);
+    let mut p = sweep(&[64], &[4], &[3000], &[1], 2);
     p.prefix_cache = true;
     let r = rt()
         .block_on(runner::run(
@@ -345,7 +345,7 @@ fn llamacpp_server_killed_mid_stream_names_the_test_and_keeps_the_results_before
     let r = rt()
         .block_on(runner::run(
             &c,
-            &plan(&[32], &[4000], &[0, 256], &[1], 1),
+            &sweep(&[32], &[4000], &[0, 256], &[1], 1),
             Corpus::words(),
             None,
             &labels(),
@@ -492,7 +492,7 @@ fn llamacpp_side_by_side_with_llama_benchy_run_by_run() {
     for k in 0..=runs {
         let line = std::fs::read_to_string(&go).unwrap();
         assert_eq!(line.trim(), "run");
-        let mut p = plan(&[pp], &[tg], &[0], &[1], 1);
+        let mut p = sweep(&[pp], &[tg], &[0], &[1], 1);
         p.seed = u64::from(k) + 100;
         let r = rt()
             .block_on(runner::run(

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use weft_llmbench::client::{Api, Client, Endpoint, Limits};
-use weft_llmbench::runner::{Labels, LatencyMode, Plan};
+use weft_llmbench::runner::{Labels, LatencyMode, Sweep};
 
 pub fn client(base_url: &str, model: &str, api: Api, limits: Limits) -> Client {
     Client::new(
@@ -39,9 +39,9 @@ pub fn quick_limits() -> Limits {
     }
 }
 
-pub fn plan(pp: &[u64], tg: &[u64], depth: &[u64], c: &[u32], runs: u32) -> Plan {
-    Plan {
-        pp: pp.to_vec(),
+pub fn sweep(prompt_sizes: &[u64], tg: &[u64], depth: &[u64], c: &[u32], runs: u32) -> Sweep {
+    Sweep {
+        prompt_sizes: prompt_sizes.to_vec(),
         tg: tg.to_vec(),
         depth: depth.to_vec(),
         concurrency: c.to_vec(),

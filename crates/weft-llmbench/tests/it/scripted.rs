@@ -11,7 +11,7 @@ use weft_llmbench::prompt::Corpus;
 use weft_llmbench::runner;
 use weft_llmbench::scripted::{Fault, Script, start};
 
-use crate::{client, labels, plan, quick_limits};
+use crate::{client, labels, quick_limits, sweep};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -35,7 +35,7 @@ fn scripted_chunks_of_three_tokens_are_counted_as_three_not_one() {
         let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
         let r = runner::run(
             &c,
-            &plan(&[64], &[30], &[0], &[1], 2),
+            &sweep(&[64], &[30], &[0], &[1], 2),
             Corpus::words(),
             None,
             &labels(),
@@ -72,7 +72,7 @@ fn scripted_token_ids_win_over_usage_and_concurrency_totals_add_up() {
         let c = client(&s.base_url(), "scripted", Api::Completions, quick_limits());
         let r = runner::run(
             &c,
-            &plan(&[32], &[20], &[0, 200], &[4], 1),
+            &sweep(&[32], &[20], &[0, 200], &[4], 1),
             Corpus::words(),
             None,
             &labels(),
@@ -173,7 +173,7 @@ fn scripted_server_dying_mid_stream_names_the_test_and_keeps_earlier_results() {
         let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
         let r = runner::run(
             &c,
-            &plan(&[16], &[8], &[0, 64], &[1], 2),
+            &sweep(&[16], &[8], &[0, 64], &[1], 2),
             Corpus::words(),
             None,
             &labels(),
@@ -297,7 +297,7 @@ fn scripted_runs_compare_into_speedups_and_png_plots() {
             lb.layout = Some(format!("tp{nodes}"));
             runner::run(
                 &c,
-                &plan(&[32], &[12], &[0, 100], &[1], 1),
+                &sweep(&[32], &[12], &[0, 100], &[1], 1),
                 Corpus::words(),
                 None,
                 &lb,
@@ -380,7 +380,7 @@ fn scripted_prompt_counts_more_than_2_percent_apart_are_a_warning_and_agreeing_o
             let c = client(&s.base_url(), "scripted", Api::Chat, quick_limits());
             runner::run(
                 &c,
-                &plan(&[300], &[4], &[0], &[1], 1),
+                &sweep(&[300], &[4], &[0], &[1], 1),
                 Corpus::words(),
                 Some(&counter),
                 &labels(),
@@ -458,7 +458,7 @@ fn scripted_standin_known_schedule_weft_and_llama_benchy_within_5_percent_of_it_
     let r = rt
         .block_on(runner::run(
             &c,
-            &plan(&[PP], &[TG], &[0], &[1], RUNS),
+            &sweep(&[PP], &[TG], &[0], &[1], RUNS),
             Corpus::words(),
             Some(&counter),
             &labels(),
@@ -616,7 +616,7 @@ fn scripted_standin_role_chunk_before_prefill_pp_is_timed_to_the_first_token() {
         // late by more than 5 % of 128 ms.
         let r = runner::run(
             &c,
-            &plan(&[512], &[8], &[0], &[1], 5),
+            &sweep(&[512], &[8], &[0], &[1], 5),
             Corpus::words(),
             None,
             &labels(),

@@ -8,7 +8,7 @@
 //! with ALIVE: a frozen receiver is told from a late one); it has no keepalive, so a connection
 //! that makes progress sends no byte on it.
 //!
-//! Two connections running opposite ways between the same addresses of one [`Transport`] share
+//! Two connections running opposite ways between the same addresses of one [`TcpTransport`] share
 //! one control stream (module `ctrl`): the second one's handshake offers it (JOIN).
 //!
 //! Everything is non-blocking and driven by the caller's polls (`Connecting::poll`,
@@ -80,7 +80,7 @@ pub(super) fn flush_some(mut s: &TcpStream, out: &[u8], pos: &mut usize) -> bool
 
 /// The TCP transport of this host: the management interface and the data devices.
 #[derive(Debug, Clone)]
-pub struct Transport {
+pub struct TcpTransport {
     cfg: Config,
     mgmt: Rail,
     devices: Vec<Device>,
@@ -88,16 +88,16 @@ pub struct Transport {
     instance: u64,
 }
 
-impl Transport {
+impl TcpTransport {
     /// Selects the interfaces named by `cfg` on this host.
-    pub fn new(cfg: Config) -> Result<Transport> {
+    pub fn new(cfg: Config) -> Result<TcpTransport> {
         cfg.validate()?;
         let all = iface::list()?;
-        Transport::with_interfaces(cfg, &all)
+        TcpTransport::with_interfaces(cfg, &all)
     }
 
-    /// Like [`Transport::new`] over a given interface list (tests, or a host model).
-    pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<Transport> {
+    /// Like [`TcpTransport::new`] over a given interface list (tests, or a host model).
+    pub fn with_interfaces(cfg: Config, all: &[Interface]) -> Result<TcpTransport> {
         let names = || {
             all.iter()
                 .map(|i| i.name.as_str())
@@ -149,7 +149,7 @@ impl Transport {
                 .map(|i| dev(std::slice::from_ref(i)))
                 .collect()
         };
-        Ok(Transport {
+        Ok(TcpTransport {
             cfg,
             mgmt,
             devices,

@@ -40,10 +40,10 @@ pub(super) fn change(
 ) -> Result<Option<OperationView>> {
     let (action, subject) = change.describe();
     let before = read_desired(tx)?;
-    let before_text = render::conf_text(&before).map_err(StoreError::Invalid)?;
+    let before_text = render::conf_text(&before).map_err(|e| StoreError::Invalid(e.into()))?;
     apply_change(tx, change, now)?;
     let after = read_desired(tx)?;
-    let after_text = render::conf_text(&after).map_err(StoreError::Invalid)?;
+    let after_text = render::conf_text(&after).map_err(|e| StoreError::Invalid(e.into()))?;
     let diff = render::diff(&before_text, &after_text);
     if diff.is_empty() {
         audit(
