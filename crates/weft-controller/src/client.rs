@@ -120,6 +120,8 @@ pub struct Tried {
     pub url: String,
     /// What happened there.
     pub said: String,
+    /// It answered `421`: it is not the leader.
+    pub not_leader: bool,
 }
 
 fn tried_list(tried: &[Tried]) -> String {
@@ -208,6 +210,13 @@ impl ClientError {
         match self {
             ClientError::Refused { status, .. } | ClientError::Server { status, .. } => {
                 Some(*status)
+            }
+            // Every controller tried answered "not the leader" (and none it named was
+            // followed): that is the call's status too.
+            ClientError::NoController { tried, .. }
+                if !tried.is_empty() && tried.iter().all(|t| t.not_leader) =>
+            {
+                Some(421)
             }
             _ => None,
         }
@@ -468,6 +477,7 @@ impl Client {
                 tried.push(Tried {
                     url: format!("{}{path}", self.bases[i]),
                     said: format!("not tried: the call's bound of {:?} ran out", self.bound),
+                    not_leader: false,
                 });
                 break;
             }
@@ -484,6 +494,7 @@ impl Client {
                     tried.push(Tried {
                         url: url.clone(),
                         said: reason.clone(),
+                        not_leader: false,
                     });
                     errors.push(if untrusted {
                         ClientError::Untrusted { url, reason }
@@ -495,6 +506,7 @@ impl Client {
                     tried.push(Tried {
                         url: url.clone(),
                         said: format!("no answer: {reason}"),
+                        not_leader: false,
                     });
                     errors.push(ClientError::Unreachable { url, reason });
                 }
@@ -526,6 +538,7 @@ impl Client {
                     tried.push(Tried {
                         url: url.clone(),
                         said: what.clone(),
+                        not_leader: true,
                     });
                     errors.push(ClientError::Refused {
                         status: 421,

@@ -75,6 +75,11 @@ pub fn restore_from_dump(
 ) -> Result<RestoreReport, RestoreError> {
     crate::pgdump::load(dump, url)?;
     let store = crate::store::PgStore::open(url, false)?;
+    // The dump carries its database's leader row; no controller runs on this copy (`load`
+    // takes an empty database only), so a lease still live in it is held by nobody here.
+    if let Some((holder, _)) = crate::store::Store::leader(&store)? {
+        crate::store::Store::resign(&store, &holder)?;
+    }
     restore(&store, fabric, actor, now)
 }
 

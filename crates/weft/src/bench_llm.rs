@@ -81,6 +81,7 @@ pub struct RunArgs {
     pub api: String,
     /// Prompt sizes in tokens.
     #[arg(
+        id = "pp",
         long = "pp",
         value_name = "PP",
         value_delimiter = ',',

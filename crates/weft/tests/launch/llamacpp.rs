@@ -203,34 +203,56 @@ fn bench_on(
     let s = save.display().to_string();
     let nn = n.to_string();
     let layout = format!("pp{n}");
-    let o = weft_in(
-        &names[0],
-        &[
-            "bench",
-            "llm",
-            "--base-url",
-            &format!("http://127.0.0.1:{port}/v1"),
-            "--model",
-            "weft-tiny",
-            "--pp",
-            "512",
-            "--tg",
-            "32",
-            "--runs",
-            "5",
-            "--nodes",
-            &nn,
-            "--layout",
-            &layout,
-            "--label",
-            tag,
-            "--extra-body",
-            "{\"ignore_eos\": true}",
-            "--save",
-            &s,
-        ],
+    let bench_args: &[&str] = &[
+        "bench",
+        "llm",
+        "--base-url",
+        &format!("http://127.0.0.1:{port}/v1"),
+        "--model",
+        "weft-tiny",
+        "--pp",
+        "512",
+        "--tg",
+        "32",
+        "--runs",
+        "5",
+        "--nodes",
+        &nn,
+        "--layout",
+        &layout,
+        "--label",
+        tag,
+        "--extra-body",
+        "{\"ignore_eos\": true}",
+        "--save",
+        &s,
+    ];
+    let mut o = weft_in(&names[0], bench_args);
+    // Under a loaded CI machine llama.cpp's HTTP server (cpp-httplib) has been seen, once,
+    // closing the very first connection after it logged "listening" with RPC hosts: then
+    // the measurement alone is taken again, once, while the job still runs; the job's log
+    // so far goes into the failure message if it fails again.
+    if o.status.code() != Some(0)
+        && text(&o).contains("cannot connect")
+        && child.try_wait().ok().flatten().is_none()
+    {
+        eprintln!(
+            "{tag}: bench llm could not connect once; again in 2 s:\n{}",
+            text(&o)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        o = weft_in(&names[0], bench_args);
+    }
+    while let Ok(l) = rx.try_recv() {
+        log.push(l);
+    }
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\njob log:\n{}",
+        text(&o),
+        log.join("\n")
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     eprintln!("{tag}:\n{}", String::from_utf8_lossy(&o.stdout));
     // Ctrl-C: every node stops, nothing is left.
     nix::sys::signal::kill(
