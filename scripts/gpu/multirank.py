@@ -518,14 +518,17 @@ def phase_faults(args, report):
                         p.kill()
                         p.wait()
                         log.close()
-                    if any(not (t < float("inf")) for t in took):
+                    # weft's bounds are the check; NCCL's Socket is the baseline, whose blindness to a
+                    # frozen peer (no raise inside the window) is what the table shows, not a failure.
+                    if kind.startswith("weft") and any(not (t < float("inf")) for t in took):
                         good = False
                     lines.append(f"| {n} | {kind} | {sig.name} | {victim} | "
                                  + ", ".join(f"{t:.2f}" for t in took) + f" | {min(done) if done else 0} |")
                     print(lines[-1], flush=True)
     report.append(f"## faults (64 MiB all_reduce; WEFT_TIMEOUT_MS={args.timeout_ms}; process-group timeout "
                   f"{args.pg_timeout_s} s; TORCH_NCCL_BLOCKING_WAIT=1)\n" + "\n".join(lines)
-                  + "\n\ninf: still waiting at the end of the window; nan: exited without raising")
+                  + f"\n\ninf: still waiting at the end of the window ({args.pg_timeout_s + 15} s); "
+                  "nan: exited without raising (see its log). Only weft's rows fail the phase.")
     return good
 
 

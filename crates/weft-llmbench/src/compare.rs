@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::LlmError;
 use crate::metrics::Stat;
-use crate::report::{Phase, RunReport};
+use crate::report::{Phase, RunReport, TestResult};
 
 /// One input run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,14 +141,15 @@ pub fn compare(inputs: &[(PathBuf, RunReport)]) -> Result<Comparison, LlmError> 
     }
     let mut rows: Vec<Row> = Vec::new();
     for (k, (_, r)) in runs.iter().enumerate() {
-        for t in &r.results {
+        let names = row_names(&r.results);
+        for (t, (pp_name, tg_name)) in r.results.iter().zip(&names) {
             if t.phase == Phase::Context {
                 continue;
             }
             let multi = t.concurrency > 1;
             for (kind, name, size, st, total) in [
-                ("pp", &t.pp_name, t.prompt_size, t.pp_tps, t.pp_tps_total),
-                ("tg", &t.tg_name, t.tg, t.tg_tps, t.tg_tps_total),
+                ("pp", pp_name, t.prompt_size, t.pp_tps, t.pp_tps_total),
+                ("tg", tg_name, t.tg, t.tg_tps, t.tg_tps_total),
             ] {
                 let Some(tps) = (if multi { total } else { st }) else {
                     continue;
@@ -189,6 +190,36 @@ pub fn compare(inputs: &[(PathBuf, RunReport)]) -> Result<Comparison, LlmError> 
         rows,
         warnings,
     })
+}
+
+/// The row names of a run's tests. llama-bench's names repeat within one run when it pairs
+/// several prompt sizes with one generation length (`--pp 512,2048 --tg 128` gives two
+/// `tg128`, generated after different prompts), and a repeated name would read as another
+/// run of the same test: such a name gets the other half of its pair (`tg128 after pp2048`,
+/// `pp512 before tg32`).
+fn row_names(results: &[TestResult]) -> Vec<(String, String)> {
+    let count = |f: fn(&TestResult) -> &String, name: &String| {
+        results
+            .iter()
+            .filter(|t| t.phase != Phase::Context && f(t) == name)
+            .count()
+    };
+    results
+        .iter()
+        .map(|t| {
+            let pp = if count(|t| &t.pp_name, &t.pp_name) > 1 {
+                format!("{} before tg{}", t.pp_name, t.tg)
+            } else {
+                t.pp_name.clone()
+            };
+            let tg = if count(|t| &t.tg_name, &t.tg_name) > 1 {
+                format!("{} after pp{}", t.tg_name, t.prompt_size)
+            } else {
+                t.tg_name.clone()
+            };
+            (pp, tg)
+        })
+        .collect()
 }
 
 /// Speed-up over the row's first run (the fewest nodes), its spread, and the efficiency per
@@ -704,7 +735,7 @@ mod tests {
     use super::*;
     use crate::client::{Api, ServerInfo};
     use crate::metrics::RunFigures;
-    use crate::report::{Context, Overhead, SCHEMA, TestResult};
+    use crate::report::{Context, Overhead, SCHEMA};
 
     /// A run of `nodes` whose pp512 and tg64 figures are `pp` and `tg` (one value per run).
     fn run(nodes: u32, model: &str, pp: &[f64], tg: &[f64]) -> RunReport {
@@ -748,6 +779,36 @@ mod tests {
 
     fn inputs(v: Vec<(&str, RunReport)>) -> Vec<(PathBuf, RunReport)> {
         v.into_iter().map(|(f, r)| (PathBuf::from(f), r)).collect()
+    }
+
+    /// `--pp 512,2048 --tg 128` in one run: the two `tg128` tests (after different prompts)
+    /// are two rows of one run, not two runs of one row (the H200 validation's compare read
+    /// the second as a 1.31x speed-up at 131 % efficiency).
+    #[test]
+    fn repeated_names_in_one_run_are_separate_rows() {
+        let mut one = run(1, "m", &[1000.0], &[20.0]);
+        let f = |tg| RunFigures {
+            pp_tps: Some(4000.0),
+            tg_tps: Some(tg),
+            ..Default::default()
+        };
+        one.results = vec![
+            TestResult::new(512, 128, 0, 1, Phase::Cold, vec![f(15.0)]),
+            TestResult::new(2048, 128, 0, 1, Phase::Cold, vec![f(19.0)]),
+        ];
+        let c = compare(&inputs(vec![("a.json", one)])).unwrap();
+        let names: Vec<&str> = c.rows.iter().map(|r| r.test.as_str()).collect();
+        assert_eq!(
+            names,
+            ["pp512", "pp2048", "tg128 after pp512", "tg128 after pp2048"],
+            "{names:?}"
+        );
+        assert!(c.rows.iter().all(|r| r.points.len() == 1), "{:?}", c.rows);
+        assert!(
+            c.warnings.iter().all(|w| !w.contains("efficiency")),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]
