@@ -746,6 +746,117 @@ fn registration_through_the_connection_on(p: &str, t: &Transport) {
     assert_eq!(unsafe { libc::munmap(again.cast(), SMALL) }, 0);
 }
 
+/// NCCL's teardown after an abort (its proxy deregisters a buffer, frees it, and only then
+/// closes the receiving comm) with a receive still outstanding, its CTS gone: the buffer is
+/// unmapped before the sender writes the message it was cleared to send. Nothing may land in
+/// the freed memory (a SIGSEGV in `fi_cq_read` under closeRecv, seen with 8 ranks inside NCCL,
+/// where the registration outlived deregMr) and the sender must learn it within the bound:
+/// deregMr quiesces the receive while the memory is still the caller's and closes its
+/// registration, and the connection reads its queues no more.
+fn dereg_then_free_with_a_receive_outstanding_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    const BIG: usize = 4 << 20;
+    let base = map(None, BIG);
+    let rh = rx.reg_mr(base, BIG).unwrap();
+    let rb = RecvBuf {
+        ptr: base,
+        len: BIG,
+        tag: 1,
+    };
+    // SAFETY: `base` maps BIG writable bytes; the receive is quiesced by dereg_mr below,
+    // before the mapping goes.
+    let rr = unsafe { rx.irecv_mr(&[rb], &[Some(&rh)]) }
+        .unwrap()
+        .unwrap();
+    for _ in 0..100 {
+        assert!(rx.test(rr).unwrap().is_none(), "{p}: nothing was sent");
+    }
+    rx.dereg_mr(rh);
+    // SAFETY: our mapping; its registration was given back above.
+    assert_eq!(unsafe { libc::munmap(base.cast(), BIG) }, 0);
+    let src = pattern(BIG, 5);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    // SAFETY: `src` outlives the request, tested to its end below.
+    let sent = match unsafe { tx.isend_mr(src.as_ptr(), BIG, 1, None) } {
+        Err(e) => Err(e),
+        Ok(None) => Ok(None),
+        Ok(Some(sr)) => loop {
+            assert!(
+                Instant::now() < deadline,
+                "{p}: the sender neither finished nor failed within 15 s"
+            );
+            match tx.test(sr) {
+                Ok(None) => continue,
+                r => break r,
+            }
+        },
+    };
+    drop(rx);
+    assert!(
+        sent.is_err(),
+        "{p}: the sender reported {sent:?} into a receiver whose buffer was given back"
+    );
+    drop(tx);
+}
+
+/// The sending side of the same teardown (NCCL's proxy: deregMr, free, closeSend) with a
+/// large send in flight: its memory is unmapped while the provider may still be reading it.
+/// Nothing may be read from the freed memory, and the receiver ends within the bound.
+fn dereg_then_free_with_a_send_in_flight_on(p: &str, t: &Transport) {
+    let (mut tx, mut rx) = pair_on(t);
+    const BIG: usize = 64 << 20;
+    let base = map(None, BIG);
+    // SAFETY: `base` maps BIG writable bytes until the munmap below.
+    unsafe { std::slice::from_raw_parts_mut(base, BIG) }.fill(7);
+    let sh = tx.reg_mr(base, BIG).unwrap();
+    let mut dst = vec![0u8; BIG];
+    let rb = RecvBuf {
+        ptr: dst.as_mut_ptr(),
+        len: BIG,
+        tag: 2,
+    };
+    // SAFETY: `dst` outlives the connections.
+    let rr = unsafe { rx.irecv(&[rb]) }.unwrap().unwrap();
+    // SAFETY: the send is quiesced by dereg_mr below, before the mapping goes.
+    let sr = unsafe { tx.isend_mr(base, BIG, 2, Some(&sh)) }
+        .unwrap()
+        .unwrap();
+    // A few polls: the receiver's CTS reaches the sender, which starts its write (on
+    // tcp;ofi_rxm over lo the 64 MiB are still moving after these; shm may finish at once).
+    for _ in 0..20 {
+        let _ = rx.test(rr);
+    }
+    for _ in 0..3 {
+        let _ = tx.test(sr).unwrap();
+    }
+    tx.dereg_mr(sh);
+    // SAFETY: our mapping; its registration was given back above.
+    assert_eq!(unsafe { libc::munmap(base.cast(), BIG) }, 0);
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{p}: the receiver neither finished nor failed"
+        );
+        match rx.test(rr) {
+            Ok(None) => continue,
+            _ => break,
+        }
+    }
+    drop(rx);
+}
+
+#[test]
+fn dereg_then_free_with_a_send_in_flight() {
+    each_provider(dereg_then_free_with_a_send_in_flight_on);
+}
+
+#[test]
+fn dereg_then_free_with_a_receive_outstanding() {
+    each_provider(dereg_then_free_with_a_receive_outstanding_on);
+}
+
 #[test]
 fn registration_through_the_connection() {
     each_provider(registration_through_the_connection_on);

@@ -62,6 +62,11 @@ pub struct RecvConn {
     /// CTS with buffers sent (statistics).
     pub(super) cts_sent: u64,
     pub(super) error: Option<Error>,
+    /// The exposed receives were quiesced ([`RecvConn::quiesce`]), at a deregMr or at close.
+    pub(super) quiesced: bool,
+    /// A region an incomplete receive lands in was deregistered: its caller may have freed
+    /// it, so nothing may read the queues for this connection again (see `dereg_mr`).
+    pub(super) region_gone: bool,
 }
 
 impl std::fmt::Debug for RecvConn {
@@ -119,6 +124,8 @@ impl RecvConn {
             eager_reported: 0,
             cts_sent: 0,
             error: None,
+            quiesced: false,
+            region_gone: false,
         };
         Ok(r)
     }
@@ -156,10 +163,85 @@ impl RecvConn {
     }
 
     /// Releases a registration of [`RecvConn::reg_mr`]; see [`SendConn::dereg_mr`].
+    ///
+    /// NCCL frees a region right after its deregMr returns and calls closeRecv only after
+    /// that (its proxy's teardown: deregMr, free, closeRecv). After an abort a receive may
+    /// still be incomplete in it, its CTS gone, and reading the queues lands the rest of a
+    /// dead sender's write in it: in freed memory if that waits until close (a SIGSEGV in
+    /// `fi_cq_read` under closeRecv, seen with 8 ranks inside NCCL). So the receives are
+    /// quiesced here, while the memory is still the caller's, and once such a region is
+    /// gone the connection never reads the queues again.
     pub fn dereg_mr(&mut self, reg: Registration) {
         if reg.owner == self.id {
             for c in &mut self.caches {
                 c.invalidate(reg.ptr, reg.len);
+            }
+        }
+        if self.incomplete_in(reg.ptr, reg.len) {
+            self.region_gone = true;
+            self.quiesce();
+        }
+    }
+
+    /// Whether a receive that is not complete has a buffer in `ptr..ptr + len`.
+    fn incomplete_in(&self, ptr: usize, len: usize) -> bool {
+        let end = ptr.saturating_add(len);
+        self.order.iter().any(|id| {
+            self.reqs.get(*id).is_some_and(|r| {
+                r.bufs.iter().any(|b| {
+                    let s = b.ptr as usize;
+                    s < end && s.saturating_add(b.len) > ptr
+                })
+            })
+        })
+    }
+
+    /// Receives whose CTS left (or may have) and that are incomplete: their sender may be
+    /// writing into them. Tells it (our end of the side channel shut down: it posts no more
+    /// writes) and keeps their memory registered, reading the queues (which lands what is on
+    /// its way), until it says STOPPED (none in flight), goes away, or `CLOSE_WAIT` passes;
+    /// a sender that went away gets `DRAIN` more for what it had sent. Without STOPPED, the
+    /// registrations outlive the connection on the endpoint (see `STOPPED_TAG`), unless their
+    /// memory is being given back (`region_gone`): then they are closed now, so that a write
+    /// still coming is refused by its key instead of landing in freed memory. Once only.
+    fn quiesce(&mut self) {
+        if self.quiesced {
+            return;
+        }
+        self.quiesced = true;
+        let exposed = self
+            .order
+            .iter()
+            .any(|id| !self.deferred.iter().any(|d| d.0 == *id));
+        if !exposed {
+            return;
+        }
+        self.side.close_notice();
+        let deadline = Instant::now() + CLOSE_WAIT;
+        while !self.side.stopped && !self.side.eof && Instant::now() < deadline {
+            if self.poll_cq().is_err() || self.side.poll_now(&self.link, "sender").is_some() {
+                break;
+            }
+        }
+        if self.side.eof && !self.side.stopped {
+            let deadline = Instant::now() + DRAIN;
+            while !self.order.is_empty() && Instant::now() < deadline {
+                if self.poll_cq().is_err() {
+                    break;
+                }
+            }
+        }
+        if !self.side.stopped {
+            let mrs: Vec<Arc<Mr>> = self
+                .reqs
+                .values_mut()
+                .flat_map(|r| std::mem::take(&mut r._mrs))
+                .collect();
+            if !self.region_gone {
+                self.eps[0].bury(mrs, self.watch.timeout() * 2);
+            }
+            if let Some(t) = &mut self.table {
+                t.leak();
             }
         }
     }
@@ -761,6 +843,7 @@ impl Drop for RecvConn {
         // flight, then drop registrations before the endpoint.
         let deadline = Instant::now() + Duration::from_millis(200);
         while self.error.is_none()
+            && !self.region_gone
             && self.cts_free.len() + self.cts_queue.len() < CTS_TX_SLOTS
             && Instant::now() < deadline
         {
@@ -768,34 +851,13 @@ impl Drop for RecvConn {
                 break;
             }
         }
-        // Receives whose CTS left (or may have) and that are incomplete: their sender may be
-        // writing into them. Tell it (our end of the side channel shut down: it posts no more
-        // writes) and keep their memory registered, reading the queues (which lands what is
-        // on its way), until it says STOPPED (none in flight), goes away, or `CLOSE_WAIT`
-        // passes; without STOPPED, the registrations outlive the connection on the endpoint
-        // (see `STOPPED_TAG`).
-        let exposed = self
-            .order
-            .iter()
-            .any(|id| !self.deferred.iter().any(|d| d.0 == *id));
-        if exposed {
-            self.side.close_notice();
-            let deadline = Instant::now() + CLOSE_WAIT;
-            while !self.side.stopped && !self.side.eof && Instant::now() < deadline {
-                if self.poll_cq().is_err() || self.side.poll_now(&self.link, "sender").is_some() {
-                    break;
-                }
-            }
-            if !self.side.stopped {
-                let mrs: Vec<Arc<Mr>> = self
-                    .reqs
-                    .values_mut()
-                    .flat_map(|r| std::mem::take(&mut r._mrs))
-                    .collect();
-                self.eps[0].bury(mrs, self.watch.timeout() * 2);
-                if let Some(t) = &mut self.table {
-                    t.leak();
-                }
+        self.quiesce();
+        // A deregistered region an incomplete receive lands in may be freed memory by now:
+        // no more reading of the queues for this connection, and no closing of its
+        // endpoints either (libfabric 1.17's tcp;ofi_rxm reads what is pending when it closes).
+        if self.region_gone && !self.order.is_empty() {
+            for p in &self.eps {
+                p.taint();
             }
         }
         // With a receive pending, a sender that went away mid-write may have left the provider
@@ -803,7 +865,7 @@ impl Drop for RecvConn {
         // endpoint is closed, which libfabric 1.17's tcp;ofi_rxm does not survive otherwise
         // (SIGSEGV in fi_close).
         let deadline = Instant::now() + DRAIN;
-        while !self.order.is_empty() && Instant::now() < deadline {
+        while !self.region_gone && !self.order.is_empty() && Instant::now() < deadline {
             if self.poll_cq().is_err() {
                 break;
             }
