@@ -336,7 +336,8 @@ const POSTED_ENTRY: usize = 12;
 /// its end of the side channel down), and as its own connection closes. A receiver that closes
 /// with receives its CTS announced deregisters their memory only after STOPPED, since a write
 /// that reaches a closed registration ends the provider connection that every connection
-/// between the two processes shares (`tcp`). Peers that predate it ignore it.
+/// between the two processes shares (`tcp`); the exception is a deregMr of that memory, after
+/// which the caller frees it (see `RecvConn::dereg_mr`). Peers that predate it ignore it.
 const STOPPED_TAG: i32 = 0x4f46_4953; // "OFIS"
 /// Tag of the MSG frame (no payload) a sender sends on the side channel while a send of it
 /// has not completed and nothing moved for a quarter of the timeout (PROBE: is the receiver's
