@@ -839,8 +839,9 @@ fn leases_step(tour: &ControllerTour) -> Result<()> {
 /// `weft doctor` naming a fault planted on one of three namespace hosts (its data link's
 /// MTU lowered to 1500 where the others run 9000), then `weft bench p2p` and `weft bench
 /// collectives` through the NCCL plugin once it is fixed. With `report_to` (the tour
-/// controller's URL and admin token), the p2p pairs are stored there (`--report-to`) and
-/// its console's Links page shows them.
+/// controller's URL and admin token), the p2p pairs and the links the collectives timed
+/// through the plugin are stored there (`--report-to`) and its console's Links page shows
+/// them.
 fn checks_tour(report_to: Option<&(String, String)>) -> Result<()> {
     let debug = build(&["weft", "weft-nccl-net"])?;
     let bin = debug.join("weft");
@@ -929,6 +930,21 @@ fn checks_tour(report_to: Option<&(String, String)>) -> Result<()> {
         "-f",
         "32",
     ]);
-    expect_ok(weft(&bin, &tmp, &coll)?, "bench collectives")?;
+    match report_to {
+        None => expect_ok(weft(&bin, &tmp, &coll)?, "bench collectives")?,
+        Some((url, token)) => {
+            coll.extend(["--report-to", url.as_str()]);
+            println!("$ WEFT_TOKEN=... weft {}", coll.join(" "));
+            let status = Command::new(&bin)
+                .args(&coll)
+                .current_dir(&tmp)
+                .env("WEFT_CONFIG", tmp.join("weft.toml"))
+                .env("WEFT_TOKEN", token)
+                .status()
+                .with_context(|| format!("cannot run {}", bin.display()))?;
+            expect_ok(status.code().unwrap_or(-1), "bench collectives --report-to")?;
+            println!("  stored beside the p2p run, labelled `collectives`: {url}/console/links");
+        }
+    }
     Ok(())
 }

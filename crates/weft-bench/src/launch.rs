@@ -30,19 +30,16 @@ pub fn default_rendezvous(first: &dyn HostRunner) -> Option<String> {
 
 /// What every rank inherits from the launcher's environment: the `WEFT_*` and `NCCL_*`
 /// variables, but not `WEFT_CONFIG` (the launcher's file) nor the interface variables,
-/// which are each rank's own, nor the controller's API token `WEFT_TOKEN` (no rank needs
-/// it, and over SSH it would be in the remote command line).
+/// which are each rank's own, nor the controller's tokens (`WEFT_TOKEN`, `WEFT_ADMIN_TOKEN`:
+/// no rank needs them, and over SSH they would be in the remote command line; local and
+/// namespace runners withhold them from the inherited environment too,
+/// [`weft_hosts::runner::WITHHELD_ENV`]).
 pub fn passed_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     vars.into_iter()
         .filter(|(k, _)| k.starts_with("WEFT_") || k.starts_with("NCCL_"))
         .filter(|(k, _)| {
-            ![
-                "WEFT_CONFIG",
-                "WEFT_MGMT_IFNAME",
-                "WEFT_DATA_IFNAME",
-                "WEFT_TOKEN",
-            ]
-            .contains(&k.as_str())
+            !["WEFT_CONFIG", "WEFT_MGMT_IFNAME", "WEFT_DATA_IFNAME"].contains(&k.as_str())
+                && !weft_hosts::runner::WITHHELD_ENV.contains(&k.as_str())
         })
         .collect()
 }
@@ -184,23 +181,24 @@ pub enum RankEnd {
     TimedOut,
 }
 
-/// Starts rank `r` with `argv[r]` and `env[r]` on `runners[r]` (rank 0's stdout inherited,
-/// the others' discarded), waits for all of them until `deadline`, and kills every rank's
-/// process group when one ended badly or ran past it. Returns how each ended, in rank order.
+/// Starts rank `r` with `argv[r]` and `env[r]` on `runners[r]` (rank 0's stdout to
+/// `lead_out`: the launcher's own, or a pipe it reads; the others' discarded), waits for all
+/// of them until `deadline`, and kills every rank's process group when one ended badly or
+/// ran past it. Returns how each ended, in rank order.
 pub fn run_ranks(
     runners: &[Box<dyn HostRunner>],
     argv: &[Vec<String>],
     env: &[Vec<(String, String)>],
+    lead_out: Stdio,
     deadline: Instant,
 ) -> Result<Vec<RankEnd>, BenchError> {
     let mut kids = Vec::new();
-    for (rank, r) in runners.iter().enumerate() {
-        let out = if rank == 0 {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
+    let mut lead_out = Some(lead_out);
+    for r in runners {
+        // Rank 0 comes first: it takes `lead_out`.
+        let out = lead_out.take().unwrap_or_else(Stdio::null);
         let empty = Vec::new();
+        let rank = kids.len();
         match r.spawn(&argv[rank], env.get(rank).unwrap_or(&empty), out) {
             Ok(k) => kids.push(k),
             Err(e) => {
@@ -332,6 +330,7 @@ mod tests {
             &runners,
             &[sh("exit 1"), sh("sleep 30")],
             &[],
+            Stdio::inherit(),
             Instant::now() + std::time::Duration::from_millis(500),
         )
         .unwrap();

@@ -1,10 +1,13 @@
-//! The Links page: what `weft bench p2p` and `weft doctor`
+//! The Links page: what `weft bench p2p`, `weft bench collectives` and `weft doctor`
 //! stored with `--report-to`, and what the agents report, judged by the controller's one
 //! link check ([`weft_controller::links`], which the metrics use too):
 //! - every link flagged now, named: an RDMA NIC below its peers' or the expected speed, a
 //!   measured link below 70% of its run's median, or one that failed;
-//! - the newest p2p run as a heat map: a table of senders x receivers whose cells carry
-//!   the value in Gb/s (the colour only repeats it, in five steps);
+//! - the newest p2p run as a heat map (the newest run of another source only when no p2p
+//!   run is stored): a table of senders x receivers whose cells carry the value in Gb/s
+//!   (the colour only repeats it, in five steps);
+//! - every stored run labelled with what measured it ([`source_words`]): a collectives
+//!   run's links were timed through the plugin, not with TCP streams as p2p's;
 //! - a trend per node: the median it sent in each run, as an inline SVG drawn here (no
 //!   script; the CSP allows no inline style, and SVG presentation attributes are not
 //!   styles), with its figures in words beside it.
@@ -39,6 +42,17 @@ fn pair_words(p: &SlowPair) -> String {
             gbps(p.gbps),
             gbps(p.peers_gbps)
         ),
+    }
+}
+
+/// What measured a run, in words, after its source's name.
+pub fn source_words(source: LinkSource) -> &'static str {
+    match source {
+        LinkSource::P2p => "TCP streams between every ordered pair of hosts",
+        LinkSource::Collectives => {
+            "each ordered pair of ranks timed through the NCCL plugin before the collectives"
+        }
+        LinkSource::Doctor => "the doctor's short throughput check",
     }
 }
 
@@ -85,7 +99,7 @@ pub fn heat_map(run: &LinkRunView, slow: &[SlowPair]) -> Markup {
     html! {
         table #heatmap .heatmap data-run=(run.id) {
             caption {
-                (run.source.as_str()) " run " (run.id) ": Gb/s from each sender (row) to each receiver (column); "
+                (run.source.as_str()) " run " (run.id) " (" (source_words(run.source)) "): Gb/s from each sender (row) to each receiver (column); "
                 "median " (run_median(run).map_or("-".into(), gbps)) " Gb/s, fastest " (gbps(max)) " Gb/s. "
                 "Darker green is faster; a link marked “slow” ran below 70% of the median."
             }
@@ -187,7 +201,7 @@ pub fn page(runs: &[LinkRunView], health: &LinkHealthView, now: u64) -> Markup {
     html! {
         h1 { "Links" }
         p.muted {
-            "What " code { "weft bench p2p" } " and " code { "weft doctor" }
+            "What " code { "weft bench p2p" } ", " code { "weft bench collectives" } " and " code { "weft doctor" }
             " stored with " code { "--report-to" } ", and the speed every agent reports for its RDMA links. "
             @match health.expected_gbps {
                 Some(e) => { "Every RDMA link is expected to negotiate " (gbps(e)) " Gb/s (" code { "[controller] expected_link_gbps" } "). " }
@@ -254,7 +268,7 @@ pub fn page(runs: &[LinkRunView], health: &LinkHealthView, now: u64) -> Markup {
                 @for r in runs {
                     tr {
                         th scope="row" { (r.id) }
-                        td { (r.source.as_str()) }
+                        td data-source=(r.source.as_str()) { (r.source.as_str()) br; span.muted { (source_words(r.source)) } }
                         td { (crate::pages::ago(now, Some(r.at))) }
                         td { code { (r.actor) } }
                         td { (r.results.len()) }
@@ -312,10 +326,14 @@ mod tests {
     use super::*;
 
     fn run(id: i64, links: &[(&str, &str, f64)]) -> LinkRunView {
+        of(LinkSource::P2p, id, links)
+    }
+
+    fn of(source: LinkSource, id: i64, links: &[(&str, &str, f64)]) -> LinkRunView {
         LinkRunView {
             id,
             at: 100,
-            source: LinkSource::P2p,
+            source,
             actor: "admin:x".into(),
             results: links
                 .iter()
@@ -357,6 +375,33 @@ mod tests {
         }
         assert!(html.contains("<svg"), "{html}");
         assert!(!html.contains("style="), "no inline style under the CSP");
+    }
+
+    #[test]
+    fn a_collectives_run_is_labelled_and_the_heat_map_still_shows_the_newest_p2p_run() {
+        let links = [("a", "b", 10.0), ("b", "a", 10.0), ("b", "c", 3.0)];
+        // Newest first: a collectives run (5) after a p2p run (4).
+        let runs = vec![of(LinkSource::Collectives, 5, &links), run(4, &links)];
+        let health = weft_controller::links::health(&[], &runs, None);
+        let html = page(&runs, &health, 200).into_string();
+        assert!(html.contains("data-run=\"4\""), "{html}");
+        assert!(!html.contains("data-run=\"5\""), "{html}");
+        assert!(html.contains("data-source=\"collectives\""), "{html}");
+        assert!(
+            html.contains(source_words(LinkSource::Collectives)),
+            "{html}"
+        );
+        // Its slow link is flagged under its own source.
+        assert!(html.contains("(collectives run 5)"), "{html}");
+        // With only collectives runs, the heat map is the newest of them, labelled.
+        let only = vec![of(LinkSource::Collectives, 6, &links)];
+        let health = weft_controller::links::health(&[], &only, None);
+        let html = page(&only, &health, 200).into_string();
+        assert!(html.contains("data-run=\"6\""), "{html}");
+        assert!(
+            html.contains("collectives run 6 (each ordered pair of ranks"),
+            "{html}"
+        );
     }
 
     #[test]

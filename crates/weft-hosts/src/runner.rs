@@ -10,6 +10,12 @@ use std::time::Duration;
 
 use crate::HostsError;
 
+/// The controller's tokens: never inherited by what runs on a host. An SSH host gets only
+/// the variables a command passes; a local or namespace "host" would otherwise inherit this
+/// process's whole environment, so [`Local`] and [`Netns`] remove these (a rank or a helper
+/// has no use for an admin token; `--report-to` is sent by the command itself).
+pub const WITHHELD_ENV: &[&str] = &["WEFT_TOKEN", "WEFT_ADMIN_TOKEN"];
+
 /// Runs programs on one host.
 pub trait HostRunner: Send + Sync {
     /// How the host is named in findings (`node2`, `weftns-…-h1`, `local`).
@@ -91,6 +97,9 @@ impl HostRunner for Local {
     }
     fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
         let mut c = Command::new(&argv[0]);
+        for k in WITHHELD_ENV {
+            c.env_remove(k);
+        }
         c.args(&argv[1..]).envs(env.iter().map(|(k, v)| (k, v)));
         c
     }
@@ -169,6 +178,9 @@ impl HostRunner for Netns {
     }
     fn command(&self, argv: &[String], env: &[(String, String)]) -> Command {
         let mut c = Command::new("ip");
+        for k in WITHHELD_ENV {
+            c.env_remove(k);
+        }
         c.args(["netns", "exec", &self.ns])
             .args(argv)
             .envs(env.iter().map(|(k, v)| (k, v)));
@@ -277,6 +289,28 @@ pub use weft_proc::{ProcessError, kill_group, wait_until};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_and_namespace_hosts_do_not_inherit_the_controllers_tokens() {
+        let argv = ["weft".to_string(), "bench".into()];
+        let env = [("WEFT_PLUGIN".to_string(), "/p.so".to_string())];
+        let ns = Netns { ns: "ns1".into() };
+        for c in [Local.command(&argv, &env), ns.command(&argv, &env)] {
+            let envs: Vec<(String, Option<String>)> = c
+                .get_envs()
+                .map(|(k, v)| {
+                    (
+                        k.to_string_lossy().into_owned(),
+                        v.map(|v| v.to_string_lossy().into_owned()),
+                    )
+                })
+                .collect();
+            for k in WITHHELD_ENV {
+                assert!(envs.contains(&(k.to_string(), None)), "{k}: {envs:?}");
+            }
+            assert!(envs.contains(&("WEFT_PLUGIN".into(), Some("/p.so".into()))));
+        }
+    }
 
     #[test]
     fn ssh_command_line_quotes_arguments_and_env() {

@@ -21,7 +21,7 @@ use crate::{EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_OK};
 pub enum BenchCommand {
     /// Collectives on host memory through the NCCL net plugin (dlopen, ncclNet v8), nccl-tests style.
     #[command(
-        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw.\n\nBefore the collectives every link between two ranks is timed through the plugin\n(--link-bytes each way, one pair at a time): the report lists them as `#` lines and names\na host whose every link from it (or to it) is below half the reference (`# SLOW HOST`;\n\"links\" in --json). A slow host does not change the exit code."
+        after_help = "Examples:\n  weft bench collectives --nranks 4 -b 8 -e 64M -f 2\n  weft bench collectives all_gather reduce_scatter -d all -o all -b 1K -e 1M\n  weft bench collectives --hosts node1,node2,node3,node4 -b 64M -e 256M --min-bw 10\n  WEFT_TOKEN=wfa_... weft bench collectives --hosts node1,node2 --report-to https://ctl:7100\n\nColumns and bus bandwidth are nccl-tests': algbw = size / time (GB/s = 1e9 B/s);\nbusbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and alltoall,\n1 for broadcast, reduce and sendrecv. Exit code 1 when an element is wrong or the average\nbus bandwidth is below --min-bw.\n\nBefore the collectives every link between two ranks is timed through the plugin\n(--link-bytes each way, one pair at a time): the report lists them as `#` lines and names\na host whose every link from it (or to it) is below half the reference (`# SLOW HOST`;\n\"links\" in --json). A slow host does not change the exit code.\n\nWith --report-to (and --hosts) those per-pair link times are stored in the controller as a\n`collectives` run, one link per ordered pair of hosts (interface `plugin`); the bus bandwidth\nis one figure for the whole collective and is not stored as any link's."
     )]
     Collectives(Box<CollArgs>),
     /// Bandwidth and latency between every ordered pair of hosts on the data network (TCP).
@@ -302,7 +302,17 @@ pub struct CollArgs {
     /// Internal: the name the rank's host was given by (its --hosts entry).
     #[arg(long, hide = true)]
     rank_name: Option<String>,
+    /// Internal: rank 0 also prints its link report as one JSON line ([`LINKS_TAG`]) for
+    /// the launcher's --report-to.
+    #[arg(long, hide = true)]
+    links_line: bool,
+    #[command(flatten)]
+    report: crate::report_to::ReportTo,
 }
+
+/// How rank 0 starts the line that carries its link report to the launcher (a `#` line,
+/// so a reader of nccl-tests output skips it should one ever get through).
+const LINKS_TAG: &str = "# weft-links-json ";
 
 fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> Result<Vec<T>> {
     if s == "all" {
@@ -376,7 +386,40 @@ impl CollArgs {
         if json {
             v.push("--json".into());
         }
+        // The launcher stores the links; the ranks never see the URL nor the token.
+        if self.report.report_to.is_some() {
+            v.push("--links-line".into());
+        }
         v
+    }
+
+    /// Refuses, before anything starts, a --report-to whose links would not be between
+    /// nodes or would not be measured: local ranks, `--link-bytes 0`, a host named twice.
+    fn check_report(&self, runners: &[Box<dyn HostRunner>]) -> Result<()> {
+        self.report.check()?;
+        let Some(url) = &self.report.report_to else {
+            return Ok(());
+        };
+        if self.hosts.is_none() {
+            bail!(
+                "--report-to {url} stores links between hosts; it needs --hosts (local ranks are processes on this machine)"
+            );
+        }
+        if self.link_bytes == 0 {
+            bail!(
+                "--report-to {url} stores the link times measured before the collectives; it cannot go with --link-bytes 0"
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for r in runners {
+            if !seen.insert(r.name()) {
+                bail!(
+                    "--report-to {url}: {} is named twice in --hosts; its links could not be told apart",
+                    r.name()
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -696,6 +739,8 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
             )
         }
     };
+    a.check_report(&runners)?;
+    // Never WEFT_TOKEN: the launcher alone reports (see `passed_env`).
     let env = launch::passed_env(std::env::vars());
     // Each rank's interfaces: with --hosts the same selection as doctor and p2p, by name
     // on each host; local ranks use loopback unless told otherwise.
@@ -721,7 +766,21 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
         named: a.hosts.is_some(),
     };
     let (argvs, envs) = launch::rank_commands(&runners, &cmd, &env, &per_rank);
-    let ends = launch::run_ranks(&runners, &argvs, &envs, Instant::now() + timeout * 4)?;
+    // With --report-to, rank 0's stdout comes through a pipe that takes its link report out.
+    let (lead_out, lead) = match &a.report.report_to {
+        Some(_) => {
+            let (out, rx) = read_lead(json)?;
+            (out, Some(rx))
+        }
+        None => (std::process::Stdio::inherit(), None),
+    };
+    let ends = launch::run_ranks(
+        &runners,
+        &argvs,
+        &envs,
+        lead_out,
+        Instant::now() + timeout * 4,
+    )?;
     for (rank, e) in ends.iter().enumerate() {
         let who = runners[rank].name();
         match e {
@@ -740,7 +799,99 @@ fn launch(a: &CollArgs, json: bool) -> Result<u8> {
             ),
         }
     }
-    Ok(launch::exit_code(&ends))
+    let code = launch::exit_code(&ends);
+    match (lead, &a.report.report_to) {
+        (Some(rx), Some(url)) => report_links(a, url, rx, json, code),
+        _ => Ok(code),
+    }
+}
+
+/// What rank 0 printed, with its link report taken out.
+#[derive(Default)]
+struct LeadOutput {
+    /// The link report ([`LINKS_TAG`] line), if rank 0 got that far.
+    links: Option<weft_bench::links::LinkReport>,
+    /// With --json, the rest (rank 0's JSON document), held to add what was stored; in
+    /// the human form every other line is printed as it comes.
+    held: String,
+}
+
+/// A pipe for rank 0's stdout and a thread that reads it to its end (rank 0's exit, or
+/// its kill at the run's deadline), printing or holding each line ([`LeadOutput`]).
+fn read_lead(json: bool) -> Result<(std::process::Stdio, std::sync::mpsc::Receiver<LeadOutput>)> {
+    use std::io::{BufRead, Write};
+    let (r, w) = std::io::pipe().context("a pipe for rank 0's output")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = LeadOutput::default();
+        let mut r = std::io::BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf);
+            if let Some(j) = line.strip_prefix(LINKS_TAG) {
+                out.links = serde_json::from_str(j.trim_end()).ok();
+            } else if json {
+                out.held.push_str(&line);
+            } else {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(line.as_bytes());
+                let _ = o.flush();
+            }
+        }
+        let _ = tx.send(out);
+    });
+    Ok((std::process::Stdio::from(w), rx))
+}
+
+/// --report-to after the ranks ended: the links rank 0 timed, stored as a `collectives`
+/// run ([`crate::report_to::collective_results`]); with --json, what was stored (or why
+/// not) added to rank 0's document. A report that was not stored makes the exit code 2,
+/// as `bench p2p` does.
+fn report_links(
+    a: &CollArgs,
+    url: &str,
+    rx: std::sync::mpsc::Receiver<LeadOutput>,
+    json: bool,
+    code: u8,
+) -> Result<u8> {
+    // Rank 0 has ended (or was killed): its pipe is at its end, or about to be.
+    let out = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    let sent = match &out.links {
+        Some(l) => a.report.send(
+            weft_controller::links::LinkSource::Collectives,
+            crate::report_to::collective_results(l),
+        ),
+        None => Err(anyhow!(
+            "--report-to {url}: rank 0 reported no link times (it ended before the link check); nothing is stored"
+        )),
+    };
+    let (reported, report_error) = crate::report_to::outcome(sent);
+    if json {
+        match serde_json::from_str::<serde_json::Value>(&out.held) {
+            Ok(serde_json::Value::Object(mut o)) => {
+                o.insert("reported".into(), serde_json::to_value(&reported)?);
+                o.insert("report_error".into(), serde_json::to_value(&report_error)?);
+                crate::output::json(&o)?;
+            }
+            // Rank 0 printed no document (it failed): what it printed, as it was.
+            _ => print!("{}", out.held),
+        }
+    } else if let Some(r) = &reported {
+        println!(
+            "# {} (the link times above, through the plugin; the bus bandwidth is not a link's)",
+            crate::report_to::stored_line(url, r)
+        );
+    }
+    if let Some(e) = &report_error {
+        eprintln!("weft: {e}");
+        return Ok(EXIT_ENVIRONMENT);
+    }
+    Ok(code)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -837,6 +988,11 @@ fn worker(a: &CollArgs, rank: usize, json: bool) -> Result<u8> {
     let mut on_links = |l: &weft_bench::links::LinkReport| {
         if !json {
             say(&weft_bench::links::comment_lines(l));
+        }
+        if a.links_line
+            && let Ok(line) = serde_json::to_string(l)
+        {
+            say(&format!("{LINKS_TAG}{line}\n"));
         }
         *link_report.borrow_mut() = Some(l.clone());
     };

@@ -6,9 +6,10 @@
 //!   is flagged when it runs below the speed most of its peers (the RDMA NICs of its link
 //!   layer) run at, or below the operator's expectation (`[controller] expected_link_gbps`,
 //!   one figure for every RDMA data link of the cluster) ([`slow_nics`]);
-//! - what `weft bench p2p` and `weft doctor` measured and sent with `--report-to`
-//!   ([`LinkRunIn`], stored as runs; the API also takes `collectives` runs, which the CLI
-//!   does not send yet): a measured link is flagged when
+//! - what `weft bench p2p`, `weft bench collectives` (the links it times through the
+//!   plugin before its collectives, one per ordered pair of hosts) and `weft doctor`
+//!   measured and sent with `--report-to` ([`LinkRunIn`], stored as runs): a measured link
+//!   is flagged when
 //!   it failed, or ran below [`PEER_THRESHOLD`] x the median of the links measured with it
 //!   in the same run ([`slow_pairs`]). A measured TCP or plugin throughput is not compared
 //!   with a NIC's line rate: protocol and host costs make that comparison say little.

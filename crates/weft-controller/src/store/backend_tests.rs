@@ -579,6 +579,30 @@ fn link_runs_are_kept_newest_first_and_bounded() {
         let runs = s.link_runs(10).unwrap();
         assert_eq!(runs, vec![second.clone(), first.clone()]);
         assert_eq!(runs[1].results[0].rtt_us, Some(12.5));
+        // Every source is stored and read back as itself (`weft bench collectives`'s links
+        // timed through the plugin: interface `plugin`, no round trip, a failed one).
+        let coll = LinkRunIn {
+            source: LinkSource::Collectives,
+            results: vec![LinkResult {
+                src: "node2".into(),
+                dst: "node1".into(),
+                nic: "plugin".into(),
+                gbps: 0.0,
+                rtt_us: None,
+                error: Some("no time measured for 4194304 B through the plugin".into()),
+            }],
+        };
+        let third = s.add_link_run("admin:x", &coll, 11).unwrap();
+        let doctor = LinkRunIn {
+            source: LinkSource::Doctor,
+            ..run(90.0)
+        };
+        let fourth = s.add_link_run("admin:x", &doctor, 11).unwrap();
+        let runs = s.link_runs(2).unwrap();
+        assert_eq!(runs, vec![fourth.clone(), third.clone()]);
+        assert_eq!(runs[1].source, LinkSource::Collectives);
+        assert_eq!(runs[1].results, coll.results);
+        assert_eq!(runs[0].source, LinkSource::Doctor);
         let mut out = state_lines(s, 12);
         assert!(out.iter().any(|l| l.contains("links.report")));
         for i in 0..MAX_RUNS {

@@ -2,6 +2,7 @@
 //! real plugin, nccl-tests' table and footer, exit codes for wrong data and --min-bw.
 
 mod llm;
+mod report;
 
 use crate::text;
 use std::path::PathBuf;

@@ -41,14 +41,14 @@ fn cluster() -> Option<Cluster> {
     Some(c)
 }
 
-const ADMIN: &str = "wfa_doctor-test-admin-0123456789abcdef";
+pub(crate) const ADMIN: &str = "wfa_doctor-test-admin-0123456789abcdef";
 
 /// A `weft controller --no-fabric` on loopback, killed (by its pid) when dropped, with its API
 /// and metrics URLs.
-struct Controller {
+pub(crate) struct Controller {
     child: std::process::Child,
-    api: String,
-    metrics: String,
+    pub(crate) api: String,
+    pub(crate) metrics: String,
     _dir: tempfile::TempDir,
 }
 
@@ -59,7 +59,7 @@ impl Drop for Controller {
     }
 }
 
-fn controller() -> Controller {
+pub(crate) fn controller() -> Controller {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("controller.db");
@@ -107,7 +107,7 @@ fn controller() -> Controller {
 }
 
 /// The body of a plain-HTTP GET on loopback (bounded).
-fn http_get(url: &str) -> String {
+pub(crate) fn http_get(url: &str) -> String {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_once('/').unwrap();
