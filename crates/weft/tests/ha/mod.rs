@@ -331,7 +331,7 @@ fn cli_during_failover(
         // Whole: the token it printed speaks for the tenant on the new leader.
         let token = json["token"].as_str().unwrap().to_string();
         let as_tenant = Client::new(
-            &c.current_url().to_string(),
+            c.current_url(),
             Some(Secret::new(&token)),
             Duration::from_secs(15),
         )
