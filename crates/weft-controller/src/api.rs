@@ -180,10 +180,13 @@ pub(crate) async fn db<T: Send + 'static>(
     f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
 ) -> ApiResult<T> {
     let store = state.store.clone();
-    tokio::task::spawn_blocking(move || f(&*store))
-        .await
-        .map_err(|e| ApiError::Internal(format!("store task: {e}")))?
-        .map_err(ApiError::from)
+    tokio::task::spawn_blocking(move || {
+        crate::store::mark_blocking_thread();
+        f(&*store)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("store task: {e}")))?
+    .map_err(ApiError::from)
 }
 
 pub(crate) fn now() -> u64 {
@@ -580,13 +583,14 @@ async fn report(
             1.0 / input::REPORT_CHANGES.per_s
         )));
     }
-    let outcome = db(&state, move |s| {
-        let o = s.report(&server, &ports, &hash, now())?;
-        s.set_gpus(&server, &gpus, now())?;
-        s.set_links(&server, &links, now())?;
-        Ok(o)
-    })
-    .await?;
+    let report = crate::store::AgentReport {
+        server,
+        ports,
+        report_hash: hash,
+        gpus,
+        links,
+    };
+    let outcome = db(&state, move |s| s.report_host(report, now())).await?;
     state.metrics.reports.inc();
     if outcome.desired_changed {
         let _ = state.events.try_send(Event::Changed);

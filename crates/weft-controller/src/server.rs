@@ -434,6 +434,7 @@ impl Controller {
                     let s = state.store.clone();
                     let stale = state.stale_after_s;
                     let counts = tokio::task::spawn_blocking(move || {
+                        crate::store::mark_blocking_thread();
                         s.status(unix_now(), stale).and_then(|st| {
                             Ok((
                                 st,

@@ -733,3 +733,84 @@ fn an_audit_prune_deletes_the_older_lines_under_a_line_that_records_it() {
         },
     );
 }
+
+/// An agent's whole report for `name`: ports `guids`, one GPU named `gpu`.
+fn host(name: &str, guids: &[u64], gpu: &str) -> AgentReport {
+    AgentReport {
+        server: name.into(),
+        ports: guids.iter().map(|g| port(*g)).collect(),
+        report_hash: format!("{guids:?}"),
+        gpus: vec![weft_agent::Gpu {
+            index: 0,
+            name: gpu.into(),
+            uuid: None,
+            memory_total_bytes: None,
+            pci: None,
+        }],
+        links: crate::model::HostLinks::default(),
+    }
+}
+
+#[test]
+fn many_agents_reporting_at_once_are_answered_as_one_by_one() {
+    same_on_each_backend(
+        "many_agents_reporting_at_once_are_answered_as_one_by_one",
+        |s| {
+            let mut seen = Vec::new();
+            for i in 0..40 {
+                enrolled(s, &format!("h{i}"));
+            }
+            s.create_tenant("admin:x", "t", &"t".repeat(64), None, 3)
+                .unwrap();
+            s.change(
+                "admin:x",
+                &Change::CreateGroup {
+                    name: "g".into(),
+                    tenant: "t".into(),
+                },
+                3,
+            )
+            .unwrap();
+            // Forty agents at once (PostgreSQL commits them together): first reports,
+            // the same again (the heartbeat case), then each with a new GPU.
+            for (pass, gpu) in [(0u64, "A"), (1, "A"), (2, "B")] {
+                let acks: Vec<String> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = (0..40u64)
+                        .map(|i| {
+                            scope.spawn(move || {
+                                let r = host(&format!("h{i}"), &[0x100 + i], gpu);
+                                format!("{:?}", s.report_host(r, 10 + pass))
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                seen.extend(acks);
+            }
+            // One by one: a member's new port is an operation; another's port is a claim;
+            // an unknown server is refused and leaves nothing.
+            s.change(
+                "admin:x",
+                &Change::AddMember {
+                    group: "g".into(),
+                    server: "h0".into(),
+                },
+                20,
+            )
+            .unwrap();
+            let o = s.report_host(host("h0", &[0x100, 0x200], "B"), 21).unwrap();
+            assert!(o.desired_changed, "{o:?}");
+            seen.push(format!("{o:?}"));
+            let o = s.report_host(host("h1", &[0x101, 0x102], "B"), 22).unwrap();
+            assert_eq!(o.ack.pending, [Guid(0x102)], "{o:?}");
+            seen.push(format!("{o:?}"));
+            assert!(s.report_host(host("nobody", &[0x300], "B"), 23).is_err());
+            let servers = s.servers(30, 60).unwrap();
+            assert_eq!(servers.len(), 40);
+            assert!(servers.iter().all(|v| v.gpus[0].name == "B"), "{servers:?}");
+            assert_eq!(s.claims().unwrap().len(), 1);
+            seen.extend(state_lines(s, 30));
+            seen
+        },
+    );
+}

@@ -190,6 +190,39 @@ pub struct Applied {
     pub conf: Option<String>,
 }
 
+/// One agent's whole report, as [`Store::report_host`] records it in one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentReport {
+    /// The server it reports for (the agent's own, checked by the caller).
+    pub server: String,
+    /// Its InfiniBand ports.
+    pub ports: Vec<ReportedPort>,
+    /// The hash of `ports` ([`Store::report`]'s `report_hash`).
+    pub report_hash: String,
+    /// Its GPUs ([`Store::set_gpus`]).
+    pub gpus: Vec<weft_agent::Gpu>,
+    /// Its RoCE ports and NICs ([`Store::set_links`]).
+    pub links: crate::model::HostLinks,
+}
+
+thread_local! {
+    /// Set on a thread that is off every runtime's workers ([`mark_blocking_thread`]).
+    static BLOCKING_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one of tokio's blocking threads (`spawn_blocking`), where a
+/// store may block, and may start a runtime of its own (PostgreSQL's blocking client
+/// does): a store then runs the call on this thread instead of one started for the call.
+/// Call it only from a `spawn_blocking` closure or a plain thread; the mark stays.
+pub fn mark_blocking_thread() {
+    BLOCKING_THREAD.with(|b| b.set(true));
+}
+
+/// Whether [`mark_blocking_thread`] marked this thread.
+fn on_blocking_thread() -> bool {
+    BLOCKING_THREAD.with(std::cell::Cell::get)
+}
+
 /// What a report did to the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportOutcome {
@@ -390,6 +423,11 @@ pub trait Store: Send + Sync + 'static {
         report_hash: &str,
         now: u64,
     ) -> Result<ReportOutcome>;
+    /// Records an agent's whole report (ports as [`Store::report`], GPUs as
+    /// [`Store::set_gpus`], links as [`Store::set_links`]) in one transaction: all of it
+    /// or nothing. A store may commit several agents' reports in one transaction (group
+    /// commit); each caller is answered after the commit that holds its report.
+    fn report_host(&self, report: AgentReport, now: u64) -> Result<ReportOutcome>;
     /// Records a heartbeat.
     fn heartbeat(&self, server: &str, now: u64) -> Result<()>;
     /// Every server, with liveness computed against `stale_after_s`.

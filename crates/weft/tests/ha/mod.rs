@@ -305,6 +305,70 @@ fn move_on(ctl: &Ctl, server: &str, to: &str) -> i64 {
     )
 }
 
+/// A CLI command issued while the leader was killed (`weft --json tenant create
+/// <tenant>` against `urls`, both controllers): it succeeded against the new leader, or
+/// failed with a clear JSON error naming the controller(s); never half-applied. Read back
+/// through `c`, the new leader: the tenant exists exactly once when it succeeded, at most
+/// once when it failed (its write may have committed before the leader died, with no
+/// answer), and with a token that works when it succeeded.
+fn cli_during_failover(
+    round: usize,
+    out: &std::process::Output,
+    tenant: &str,
+    urls: &str,
+    c: &Client,
+) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!("round {round}: the CLI's --json output ({e}): {stdout} {stderr}")
+    });
+    let tenants = rt().block_on(c.tenants()).unwrap();
+    let found = tenants.iter().filter(|t| t.name == tenant).count();
+    if out.status.success() {
+        assert_eq!(json["tenant"]["name"], tenant, "round {round}: {json}");
+        assert_eq!(found, 1, "round {round}: {tenants:?}");
+        // Whole: the token it printed speaks for the tenant on the new leader.
+        let token = json["token"].as_str().unwrap().to_string();
+        let as_tenant = Client::new(
+            c.current_url(),
+            Some(Secret::new(&token)),
+            Duration::from_secs(15),
+        )
+        .unwrap();
+        let seen = rt().block_on(as_tenant.tenants()).unwrap();
+        assert!(
+            seen.iter().any(|t| t.name == tenant),
+            "round {round}: {seen:?}"
+        );
+        eprintln!("round {round}: `weft tenant create` during the failover: created");
+    } else {
+        let error = json["error"].as_str().unwrap_or_else(|| {
+            panic!("round {round}: a failed CLI call prints a JSON error: {json} {stderr}")
+        });
+        assert_eq!(
+            json["exit"].as_u64(),
+            out.status.code().map(|c| c as u64),
+            "round {round}: {json}"
+        );
+        let named = urls.split(',').any(|u| {
+            let host = u.trim_start_matches("http://");
+            error.contains(host) || json["causes"].to_string().contains(host)
+        });
+        // A write sent again after its first answer was lost meets itself: refused as a
+        // conflict that names the tenant, which then exists once.
+        let conflict = error.contains(tenant) && error.contains("exists");
+        assert!(
+            named || conflict,
+            "round {round}: the error names the controller(s) or says what exists: {json}"
+        );
+        assert!(found <= 1, "round {round}: {tenants:?}");
+        eprintln!(
+            "round {round}: `weft tenant create` during the failover failed clearly ({found} made): {error}"
+        );
+    }
+}
+
 /// What a run of [`failover_rounds`] saw.
 struct Rounds {
     /// From each kill -9 of the leader to the next move verified by the new leader.
@@ -445,6 +509,21 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
         // Killed before, during or after its delivery (a delivery here takes about a
         // second: the write, OpenSM's sweep, the ports read back).
         std::thread::sleep(Duration::from_millis(150 * (round as u64 % 6)));
+        // A CLI command while the leader is killed: the real `weft`, given both
+        // controllers (the dying leader first), started 0-40 ms before the kill.
+        let urls = format!("{},{}", l.url, f.url);
+        let tenant = format!("failover{round}");
+        let cli = {
+            let (d, urls, tenant) = (d.clone(), urls.clone(), tenant.clone());
+            std::thread::spawn(move || {
+                weft(
+                    &d,
+                    &[("WEFT_CONTROLLER_URLS", urls.as_str())],
+                    &["--json", "tenant", "create", &tenant],
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(10 * (round as u64 % 5)));
         let killed = Instant::now();
         ctls[leader].take().unwrap().kill_9();
         let f = ctls[follower].as_ref().unwrap();
@@ -458,6 +537,8 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
                 .unwrap_or_else(|e| panic!("round {round}: operation {op}: {e}"));
         }
         failover.push(killed.elapsed());
+        let out = cli.join().unwrap();
+        cli_during_failover(round, &out, &tenant, &urls, &c);
         ops.push((during, lpid, fpid));
         ops.push((after, fpid, fpid));
         assert_eq!(fabric.memberships(), expect, "round {round}");

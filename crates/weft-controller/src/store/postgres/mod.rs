@@ -5,11 +5,15 @@
 //! The bridge from the sync [`super::Store`] trait is the `postgres` crate's blocking
 //! client: the trait is called on tokio's blocking threads (`spawn_blocking`), one call is
 //! one transaction, and the client runs each statement to completion on its own small
-//! runtime, so no async code leaks into the store and no pool is needed for one
-//! connection per controller. Writers are serialized across every controller on the
-//! database by a transaction-scoped advisory lock ([`WRITE_LOCK`]), as SQLite's
-//! `BEGIN IMMEDIATE` serializes them on one file: a change reads, decides and writes
-//! without another controller's change in between.
+//! runtime, so no async code leaks into the store. Writes go through one connection;
+//! writers are serialized across every controller on the database by a
+//! transaction-scoped advisory lock ([`WRITE_LOCK`]), as SQLite's `BEGIN IMMEDIATE`
+//! serializes them on one file: a change reads, decides and writes without another
+//! controller's change in between. Reads that no delivery decides on (listings, an
+//! agent's secret, a token) run on [`READERS`] more connections, each a `REPEATABLE
+//! READ READ ONLY` snapshot of what was committed, without the lock, so they never queue
+//! behind a write. Agents' reports are committed together ([`reports`]: group commit).
+//! Each connection keeps the statements it prepared for the hot paths.
 //! The same lock makes ids as SQLite makes them: the next id of an operation, an audit
 //! line, a claim or a lease decision is one above the highest (a sequence would leave
 //! the ids of a rolled-back transaction unused, and the two backends would number apart).
@@ -21,11 +25,12 @@
 //! Layout: this file connects, migrates and runs transactions; one file per concern
 //! holds its SQL (`audit`, `fencing`, `node_leases`, ...), one function per store method.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use postgres::{Client, NoTls, Transaction};
+use postgres::{Client, NoTls, Statement, Transaction};
 
 use crate::auth::{Principal, Role};
 use crate::model::{
@@ -34,8 +39,8 @@ use crate::model::{
 };
 use crate::render::Desired;
 use crate::store::{
-    Applied, AuditLine, Change, Election, Fencing, ReportOutcome, ReportedPort, Result, Store,
-    StoreError, VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
+    AgentReport, Applied, AuditLine, Change, Election, Fencing, ReportOutcome, ReportedPort,
+    Result, Store, StoreError, VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
 };
 
 mod audit;
@@ -47,12 +52,16 @@ mod leases;
 mod links;
 mod node_leases;
 mod operations;
+mod reports;
 mod servers;
 mod tenants;
 mod tokens;
 
 /// The advisory lock key every write transaction takes (`pg_advisory_xact_lock`): "weft".
 pub(crate) const WRITE_LOCK: i64 = 0x7765_6674;
+
+/// The statement that takes [`WRITE_LOCK`].
+const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// How long a connection attempt may take before the store is unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,16 +80,69 @@ const ELECTION_OPTIONS: &str =
 /// How long the election connection may take to connect.
 const ELECTION_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How many connections serve reads ([`PgStore::read`]), beside the one for writes.
+const READERS: usize = 3;
+
+/// A connection and the statements prepared on it (made again with the connection).
+struct Conn {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+impl Conn {
+    /// The statements of `sqls`, each prepared on this connection once.
+    fn statements<const N: usize>(&mut self, sqls: [&'static str; N]) -> Result<[Statement; N]> {
+        let mut out = Vec::with_capacity(N);
+        for sql in sqls {
+            let st = match self.prepared.get(sql) {
+                Some(st) => st.clone(),
+                None => {
+                    let st = self.client.prepare(sql)?;
+                    self.prepared.insert(sql, st.clone());
+                    st
+                }
+            };
+            out.push(st);
+        }
+        out.try_into()
+            .map_err(|_| StoreError::Db("prepared statements: wrong count".into()))
+    }
+}
+
+/// One connection, made at its first call and again after a fault.
+type Slot = Mutex<Option<Conn>>;
+
+/// Which connection a call runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// The one for writes (and reads that a delivery decides on).
+    Write,
+    /// One of the [`READERS`]: read-only snapshots, never behind a write.
+    Read,
+    /// The election's.
+    Election,
+}
+
 /// The controller's store on PostgreSQL.
 pub struct PgStore {
     config: postgres::Config,
     /// The URL without its password, named in every fault.
     name: String,
-    client: Mutex<Option<Client>>,
+    client: Slot,
+    /// The read connections' config (the same, named apart in `pg_stat_activity`).
+    reader_config: postgres::Config,
+    /// Connections for reads that need no write lock (listings, an agent's secret, a
+    /// token): each a `REPEATABLE READ READ ONLY` snapshot of committed state, so a read
+    /// never waits for a write, nor a write for a read.
+    readers: [Slot; READERS],
+    /// The reader a blocked read waits for (round robin).
+    next_reader: AtomicUsize,
     /// The election's own connection ([`Store::elect`]) and its tighter bounds, so that
     /// a renewal never queues behind an API call on `client`.
     elector_config: postgres::Config,
-    elector: Mutex<Option<Client>>,
+    elector: Slot,
+    /// Agents' reports waiting to be committed together ([`Store::report_host`]).
+    reports: Mutex<reports::Queue>,
     /// Why the last call failed for the database's sake, until a call succeeds again.
     fault: Mutex<Option<String>>,
 }
@@ -88,7 +150,7 @@ pub struct PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         // The client's close blocks on its own runtime: never on a runtime's thread.
-        let clients = [
+        let mut conns: Vec<Option<Conn>> = vec![
             self.client
                 .get_mut()
                 .unwrap_or_else(|p| p.into_inner())
@@ -98,9 +160,12 @@ impl Drop for PgStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         ];
-        if tokio::runtime::Handle::try_current().is_ok() {
+        for r in &mut self.readers {
+            conns.push(r.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+        }
+        if tokio::runtime::Handle::try_current().is_ok() && !super::on_blocking_thread() {
             std::thread::scope(|scope| {
-                scope.spawn(move || drop(clients));
+                scope.spawn(move || drop(conns));
             });
         }
     }
@@ -206,12 +271,18 @@ impl PgStore {
             .unwrap_or(CONNECT_TIMEOUT);
         elector_config.connect_timeout(connect.min(ELECTION_CONNECT_TIMEOUT));
         elector_config.application_name("weft-controller election");
+        let mut reader_config = config.clone();
+        reader_config.application_name("weft-controller read");
         let store = PgStore {
             config,
             name,
             client: Mutex::new(None),
+            reader_config,
+            readers: std::array::from_fn(|_| Mutex::new(None)),
+            next_reader: AtomicUsize::new(0),
             elector_config,
             elector: Mutex::new(None),
+            reports: Mutex::new(reports::Queue::default()),
             fault: Mutex::new(None),
         };
         store.migrate(init).map_err(|e| match e {
@@ -284,9 +355,15 @@ impl PgStore {
 
     /// Runs `f` in one transaction holding [`WRITE_LOCK`].
     fn tx<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
-        self.run(|tx| {
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
-            f(tx)
+        self.off_runtime(|| {
+            self.with_conn(Which::Write, |conn| {
+                let [lock] = conn.statements([LOCK_SQL])?;
+                let mut tx = conn.client.transaction()?;
+                tx.execute(&lock, &[&WRITE_LOCK])?;
+                let out = f(&mut tx)?;
+                tx.commit()?;
+                Ok(out)
+            })
         })
     }
 
@@ -294,60 +371,108 @@ impl PgStore {
     /// a fault of the connection or the server is [`StoreError::Unavailable`] and drops
     /// the connection.
     fn run<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
-        self.run_on(false, f)
+        self.run_on(Which::Write, f)
     }
 
-    /// [`PgStore::run`] on the election connection (`elector`) or the store's.
+    /// Runs `f` in a read-only snapshot (`REPEATABLE READ READ ONLY`) on one of the
+    /// read connections: it takes no lock, so it never waits for a write; what it sees
+    /// is what was committed when it began.
+    fn read<T: Send>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send) -> Result<T> {
+        self.run_on(Which::Read, f)
+    }
+
+    /// [`PgStore::run`] on the connection `which`.
     fn run_on<T: Send>(
         &self,
-        elector: bool,
+        which: Which,
         f: impl FnOnce(&mut Transaction<'_>) -> Result<T> + Send,
     ) -> Result<T> {
+        self.off_runtime(|| {
+            self.with_conn(which, |conn| {
+                let mut tx = if which == Which::Read {
+                    conn.client
+                        .build_transaction()
+                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                        .read_only(true)
+                        .start()?
+                } else {
+                    conn.client.transaction()?
+                };
+                let out = f(&mut tx)?;
+                tx.commit()?;
+                Ok(out)
+            })
+        })
+    }
+
+    /// Runs `f` where the blocking client may run: here, off a runtime or on a blocking
+    /// thread ([`super::mark_blocking_thread`]); else on a thread of its own, joined
+    /// before returning.
+    fn off_runtime<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
         // The blocking client runs each statement on a small runtime of its own, which
         // tokio forbids on a thread that is in a runtime (a worker, or a test's single
-        // thread): there the call runs on a thread of its own, joined before returning.
-        if tokio::runtime::Handle::try_current().is_err() {
-            return self.run_here(elector, f);
+        // thread); its blocking threads are not in one.
+        if tokio::runtime::Handle::try_current().is_err() || super::on_blocking_thread() {
+            return f();
         }
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("weft-pg".into())
-                .spawn_scoped(scope, || self.run_here(elector, f))
+                .spawn_scoped(scope, f)
                 .map_err(|e| self.refuse(format!("cannot start a thread for the call: {e}")))?
                 .join()
                 .unwrap_or_else(|_| Err(self.refuse("the call panicked")))
         })
     }
 
-    fn run_here<T>(
-        &self,
-        elector: bool,
-        f: impl FnOnce(&mut Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let (slot, config) = if elector {
-            (&self.elector, &self.elector_config)
-        } else {
-            (&self.client, &self.config)
-        };
-        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-        let out = (|| {
-            if slot.as_ref().is_none_or(Client::is_closed) {
-                *slot = None;
-                *slot = Some(config.connect(NoTls)?);
+    /// The slot and config of the connection `which`: a read takes a reader that is free,
+    /// else waits for the next in turn.
+    fn slot(&self, which: Which) -> (MutexGuard<'_, Option<Conn>>, &postgres::Config) {
+        fn lock(m: &Slot) -> MutexGuard<'_, Option<Conn>> {
+            m.lock().unwrap_or_else(|p| p.into_inner())
+        }
+        match which {
+            Which::Write => (lock(&self.client), &self.config),
+            Which::Election => (lock(&self.elector), &self.elector_config),
+            Which::Read => {
+                for r in &self.readers {
+                    match r.try_lock() {
+                        Ok(g) => return (g, &self.reader_config),
+                        Err(std::sync::TryLockError::Poisoned(p)) => {
+                            return (p.into_inner(), &self.reader_config);
+                        }
+                        Err(std::sync::TryLockError::WouldBlock) => {}
+                    }
+                }
+                let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % READERS;
+                (lock(&self.readers[i]), &self.reader_config)
             }
-            let Some(client) = slot.as_mut() else {
+        }
+    }
+
+    /// Runs `f` on the connection `which`, on this thread, connecting first when there
+    /// is no live connection; a fault of the connection or the server is
+    /// [`StoreError::Unavailable`] and drops the connection.
+    fn with_conn<T>(&self, which: Which, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        let (mut slot, config) = self.slot(which);
+        let out = (|| {
+            if slot.as_ref().is_none_or(|c| c.client.is_closed()) {
+                *slot = None;
+                *slot = Some(Conn {
+                    client: config.connect(NoTls)?,
+                    prepared: HashMap::new(),
+                });
+            }
+            let Some(conn) = slot.as_mut() else {
                 return Err(StoreError::Storage("no connection".into()));
             };
-            let mut tx = client.transaction()?;
-            let out = f(&mut tx)?;
-            tx.commit()?;
-            Ok(out)
+            f(conn)
         })();
         match out {
             // The election's faults are the election's (the leader stops delivering on
-            // its own clock); the store's health is its own connection's.
-            Ok(v) if elector => Ok(v),
-            Err(StoreError::Storage(e)) if elector => {
+            // its own clock); the store's health is its other connections'.
+            Ok(v) if which == Which::Election => Ok(v),
+            Err(StoreError::Storage(e)) if which == Which::Election => {
                 *slot = None;
                 Err(self.refuse(format!("the election connection: {e}")))
             }
@@ -375,7 +500,7 @@ impl Store for PgStore {
     }
 
     fn principal(&self, hash: &str, now: u64) -> Result<Option<Principal>> {
-        self.tx(|tx| tokens::principal(tx, hash, now))
+        self.read(|tx| tokens::principal(tx, hash, now))
     }
 
     fn create_api_token(
@@ -390,7 +515,7 @@ impl Store for PgStore {
     }
 
     fn tokens(&self) -> Result<Vec<TokenView>> {
-        self.tx(tokens::tokens)
+        self.read(tokens::tokens)
     }
 
     fn revoke_token(&self, actor: &str, id: &str, now: u64) -> Result<()> {
@@ -443,7 +568,7 @@ impl Store for PgStore {
     }
 
     fn tenants(&self) -> Result<Vec<TenantView>> {
-        self.tx(tenants::tenants)
+        self.read(tenants::tenants)
     }
 
     fn create_enrollment(
@@ -484,7 +609,16 @@ impl Store for PgStore {
     }
 
     fn agent(&self, secret_hash: &str) -> Result<Option<String>> {
-        self.tx(|tx| servers::agent(tx, secret_hash))
+        // Every request of an agent asks this: one statement, prepared once, no transaction.
+        self.off_runtime(|| {
+            self.with_conn(Which::Read, |conn| {
+                let [st] = conn.statements([servers::AGENT_SQL])?;
+                match conn.client.query_opt(&st, &[&secret_hash])? {
+                    Some(r) => Ok(Some(r.try_get(0)?)),
+                    None => Ok(None),
+                }
+            })
+        })
     }
 
     fn report(
@@ -497,16 +631,21 @@ impl Store for PgStore {
         self.tx(|tx| servers::report(tx, server, ports, report_hash, now))
     }
 
+    fn report_host(&self, report: AgentReport, now: u64) -> Result<ReportOutcome> {
+        let queued = reports::Queued::new(report, now)?;
+        reports::report(self, queued)
+    }
+
     fn heartbeat(&self, server: &str, now: u64) -> Result<()> {
         self.tx(|tx| servers::heartbeat(tx, server, now))
     }
 
     fn servers(&self, now: u64, stale_after_s: u64) -> Result<Vec<ServerView>> {
-        self.tx(|tx| servers::servers(tx, now, stale_after_s))
+        self.read(|tx| servers::servers(tx, now, stale_after_s))
     }
 
     fn groups(&self) -> Result<Vec<GroupView>> {
-        self.tx(groups::groups)
+        self.read(groups::groups)
     }
 
     fn change(&self, actor: &str, change: &Change, now: u64) -> Result<Option<OperationView>> {
@@ -518,7 +657,7 @@ impl Store for PgStore {
     }
 
     fn claims(&self) -> Result<Vec<ClaimView>> {
-        self.tx(servers::claims)
+        self.read(servers::claims)
     }
 
     fn desired(&self) -> Result<Desired> {
@@ -538,11 +677,11 @@ impl Store for PgStore {
     }
 
     fn operation(&self, id: i64) -> Result<OperationView> {
-        self.tx(|tx| operations::read_operation(tx, id))
+        self.read(|tx| operations::read_operation(tx, id))
     }
 
     fn operations(&self, pending_only: bool) -> Result<Vec<OperationView>> {
-        self.tx(|tx| operations::operations(tx, pending_only))
+        self.read(|tx| operations::operations(tx, pending_only))
     }
 
     fn audit_append(&self, line: &AuditLine<'_>, now: u64) -> Result<()> {
@@ -605,7 +744,7 @@ impl Store for PgStore {
     }
 
     fn audit(&self, limit: usize) -> Result<Vec<AuditEntry>> {
-        self.tx(|tx| audit::newest(tx, limit))
+        self.read(|tx| audit::newest(tx, limit))
     }
 
     fn status(&self, now: u64, stale_after_s: u64) -> Result<StatusView> {
@@ -615,7 +754,7 @@ impl Store for PgStore {
             .filter(|s| s.liveness == Liveness::Stale)
             .map(|s| s.name)
             .collect();
-        self.tx(|tx| operations::status(tx, stale_servers))
+        self.read(|tx| operations::status(tx, stale_servers))
     }
 
     fn set_gpus(&self, server: &str, gpus: &[weft_agent::Gpu], now: u64) -> Result<()> {
@@ -625,7 +764,7 @@ impl Store for PgStore {
     }
 
     fn gpus(&self) -> Result<BTreeMap<String, Vec<weft_agent::Gpu>>> {
-        self.tx(servers::gpus)
+        self.read(servers::gpus)
     }
 
     fn lease_records(&self) -> Result<crate::store::LeaseRecords> {
@@ -651,11 +790,11 @@ impl Store for PgStore {
     }
 
     fn lease_decisions(&self, lease: u64) -> Result<Vec<crate::lease::model::LeaseDecisionView>> {
-        self.tx(|tx| node_leases::decisions(tx, lease))
+        self.read(|tx| node_leases::decisions(tx, lease))
     }
 
     fn lease_notices(&self, server: &str) -> Result<Vec<crate::lease::model::LeaseNotice>> {
-        self.tx(|tx| node_leases::notices(tx, server))
+        self.read(|tx| node_leases::notices(tx, server))
     }
 
     fn set_links(&self, server: &str, links: &crate::model::HostLinks, now: u64) -> Result<()> {
@@ -669,15 +808,17 @@ impl Store for PgStore {
     }
 
     fn elect(&self, holder: &str, url: Option<&str>, ttl_s: u64, now: u64) -> Result<Election> {
-        self.run_on(true, |tx| leader::elect(tx, holder, url, ttl_s, now))
+        self.run_on(Which::Election, |tx| {
+            leader::elect(tx, holder, url, ttl_s, now)
+        })
     }
 
     fn resign(&self, holder: &str) -> Result<()> {
-        self.run_on(true, |tx| leader::resign(tx, holder))
+        self.run_on(Which::Election, |tx| leader::resign(tx, holder))
     }
 
     fn leader(&self) -> Result<Option<(String, Option<String>)>> {
-        self.run(leader::leader)
+        self.read(leader::leader)
     }
 
     fn add_link_run(
@@ -690,7 +831,7 @@ impl Store for PgStore {
     }
 
     fn link_runs(&self, limit: usize) -> Result<Vec<crate::links::LinkRunView>> {
-        self.tx(|tx| links::newest(tx, limit))
+        self.read(|tx| links::newest(tx, limit))
     }
 
     fn console_session_create(
@@ -703,7 +844,7 @@ impl Store for PgStore {
     }
 
     fn console_session(&self, id_hash: &str) -> Result<Option<crate::store::ConsoleSession>> {
-        self.run(|tx| console::get(tx, id_hash))
+        self.read(|tx| console::get(tx, id_hash))
     }
 
     fn console_session_end(&self, id_hash: &str, now: u64) -> Result<bool> {

@@ -2,7 +2,7 @@
 //! enrollment, agent secrets, port reports (with ownership and pending claims),
 //! heartbeats, claims, GPUs, and forgetting a server.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use postgres::Transaction;
 use weft_fabric::Guid;
@@ -38,15 +38,8 @@ pub(super) fn create_enrollment(
     )
 }
 
-pub(super) fn agent(tx: &mut Transaction<'_>, secret_hash: &str) -> Result<Option<String>> {
-    match tx.query_opt(
-        "SELECT name FROM servers WHERE secret_hash = $1",
-        &[&secret_hash],
-    )? {
-        Some(r) => Ok(Some(r.try_get(0)?)),
-        None => Ok(None),
-    }
-}
+/// The server an agent secret belongs to (`$1`: the secret's hash).
+pub(super) const AGENT_SQL: &str = "SELECT name FROM servers WHERE secret_hash = $1";
 
 pub(super) fn report(
     tx: &mut Transaction<'_>,
@@ -205,6 +198,8 @@ pub(super) fn heartbeat(tx: &mut Transaction<'_>, server: &str, now: u64) -> Res
     Ok(())
 }
 
+/// Every server, in five statements whatever their number (servers with their groups,
+/// then every port, pending claim, links and GPUs, put to their servers here).
 pub(super) fn servers(
     tx: &mut Transaction<'_>,
     now: u64,
@@ -214,6 +209,42 @@ pub(super) fn servers(
         "SELECT s.name, s.last_seen, m.grp FROM servers s LEFT JOIN members m ON m.server = s.name ORDER BY s.name",
         &[],
     )?;
+    let mut ports: HashMap<String, Vec<PortView>> = HashMap::new();
+    for r in tx.query(
+        "SELECT server, guid, device, num, lid, state, rate, mtu FROM ports ORDER BY server, device, num, guid",
+        &[],
+    )? {
+        ports.entry(r.try_get(0)?).or_default().push(PortView {
+            guid: guid_from_sql(r.try_get(1)?),
+            device: r.try_get(2)?,
+            num: num(r.try_get(3)?, "port number")?,
+            lid: num(r.try_get(4)?, "LID")?,
+            state: r.try_get(5)?,
+            rate: r.try_get(6)?,
+            mtu: r
+                .try_get::<_, Option<i64>>(7)?
+                .map(|m| num(m, "MTU"))
+                .transpose()?,
+        });
+    }
+    let mut claims: HashMap<String, Vec<Guid>> = HashMap::new();
+    for r in tx.query(
+        "SELECT claimant, guid FROM claims WHERE state = 'pending' ORDER BY claimant, guid",
+        &[],
+    )? {
+        claims
+            .entry(r.try_get(0)?)
+            .or_default()
+            .push(guid_from_sql(r.try_get(1)?));
+    }
+    let mut links: HashMap<String, String> = HashMap::new();
+    for r in tx.query("SELECT server, links FROM server_links", &[])? {
+        links.insert(r.try_get(0)?, r.try_get(1)?);
+    }
+    let mut gpus: HashMap<String, String> = HashMap::new();
+    for r in tx.query("SELECT server, gpus FROM server_gpus", &[])? {
+        gpus.insert(r.try_get(0)?, r.try_get(1)?);
+    }
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let name: String = row.try_get(0)?;
@@ -224,46 +255,26 @@ pub(super) fn servers(
             Some(t) if now.saturating_sub(t) > stale_after_s => Liveness::Stale,
             Some(_) => Liveness::Ok,
         };
-        let ports = tx
-            .query(
-                "SELECT guid, device, num, lid, state, rate, mtu FROM ports WHERE server = $1 ORDER BY device, num",
-                &[&name],
-            )?
-            .iter()
-            .map(|r| {
-                Ok(PortView {
-                    guid: guid_from_sql(r.try_get(0)?),
-                    device: r.try_get(1)?,
-                    num: num(r.try_get(2)?, "port number")?,
-                    lid: num(r.try_get(3)?, "LID")?,
-                    state: r.try_get(4)?,
-                    rate: r.try_get(5)?,
-                    mtu: r
-                        .try_get::<_, Option<i64>>(6)?
-                        .map(|m| num(m, "MTU"))
-                        .transpose()?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let pending_claims = tx
-            .query(
-                "SELECT guid FROM claims WHERE claimant = $1 AND state = 'pending' ORDER BY guid",
-                &[&name],
-            )?
-            .iter()
-            .map(|r| Ok(guid_from_sql(r.try_get(0)?)))
-            .collect::<Result<_>>()?;
-        let (links, gpus) = links_and_gpus(tx, &name)?;
+        // A row that does not parse (written by another version) reads as none rather
+        // than failing every listing.
+        let host_links: HostLinks = links
+            .remove(&name)
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default();
+        let host_gpus: Vec<weft_agent::Gpu> = gpus
+            .remove(&name)
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or_default();
         out.push(ServerView {
+            ports: ports.remove(&name).unwrap_or_default(),
+            pending_claims: claims.remove(&name).unwrap_or_default(),
             name,
             liveness,
             last_seen,
-            ports,
             group,
-            pending_claims,
-            roce: links.roce,
-            nics: links.nics,
-            gpus,
+            roce: host_links.roce,
+            nics: host_links.nics,
+            gpus: host_gpus,
         });
     }
     Ok(out)
@@ -439,33 +450,6 @@ pub(super) fn set_links(
         &[&server, &json, &(now as i64)],
     )?;
     Ok(())
-}
-
-/// A server's last reported links and GPUs; a row that does not parse (written by another
-/// version) reads as none rather than failing every listing.
-fn links_and_gpus(
-    tx: &mut Transaction<'_>,
-    server: &str,
-) -> Result<(HostLinks, Vec<weft_agent::Gpu>)> {
-    let links: Option<String> = match tx.query_opt(
-        "SELECT links FROM server_links WHERE server = $1",
-        &[&server],
-    )? {
-        Some(r) => Some(r.try_get(0)?),
-        None => None,
-    };
-    let gpus: Option<String> =
-        match tx.query_opt("SELECT gpus FROM server_gpus WHERE server = $1", &[&server])? {
-            Some(r) => Some(r.try_get(0)?),
-            None => None,
-        };
-    Ok((
-        links
-            .and_then(|j| serde_json::from_str(&j).ok())
-            .unwrap_or_default(),
-        gpus.and_then(|j| serde_json::from_str(&j).ok())
-            .unwrap_or_default(),
-    ))
 }
 
 /// The server that owns the port `guid`, if any does.

@@ -16,8 +16,8 @@ use crate::model::{
 };
 use crate::render::Desired;
 use crate::store::{
-    Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store, StoreError,
-    VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
+    AgentReport, Applied, AuditLine, Change, Fencing, ReportOutcome, ReportedPort, Result, Store,
+    StoreError, VerifiedDelivery, guid_from_sql, guid_to_sql, migrations, secs,
 };
 
 mod audit;
@@ -428,6 +428,26 @@ impl Store for SqliteStore {
         now: u64,
     ) -> Result<ReportOutcome> {
         self.tx(|tx| servers::report(tx, server, ports, report_hash, now))
+    }
+
+    fn report_host(&self, report: AgentReport, now: u64) -> Result<ReportOutcome> {
+        let AgentReport {
+            server,
+            ports,
+            report_hash,
+            gpus,
+            links,
+        } = report;
+        let gpus = serde_json::to_string(&gpus)
+            .map_err(|e| StoreError::Invalid(format!("GPUs of `{server}`: {e}")))?;
+        let links = serde_json::to_string(&links)
+            .map_err(|e| StoreError::Invalid(format!("links of `{server}`: {e}")))?;
+        self.tx(|tx| {
+            let outcome = servers::report(tx, &server, &ports, &report_hash, now)?;
+            servers::set_gpus(tx, &server, &gpus, now)?;
+            servers::set_links(tx, &server, &links, now)?;
+            Ok(outcome)
+        })
     }
 
     fn heartbeat(&self, server: &str, now: u64) -> Result<()> {

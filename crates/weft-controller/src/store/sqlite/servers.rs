@@ -219,7 +219,7 @@ pub(super) fn servers(tx: &Transaction, now: u64, stale_after_s: u64) -> Result<
             Some(_) => Liveness::Ok,
         };
         let ports = tx
-            .prepare("SELECT guid, device, num, lid, state, rate, mtu FROM ports WHERE server = ?1 ORDER BY device, num")?
+            .prepare("SELECT guid, device, num, lid, state, rate, mtu FROM ports WHERE server = ?1 ORDER BY device, num, guid")?
             .query_map([&name], |r| {
                 Ok(PortView { guid: guid_from_sql(r.get(0)?), device: r.get(1)?, num: r.get(2)?, lid: r.get(3)?, state: r.get(4)?, rate: r.get(5)?, mtu: r.get(6)? })
             })?
