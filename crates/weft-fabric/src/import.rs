@@ -530,6 +530,43 @@ fn import_conf(
     }
 }
 
+/// Why [`keys_from_tables`] found no unique key for every unkeyed partition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    /// Every P_Key is on the fabric or named in the file: none is left to compute with.
+    #[error("no free P_Key to compute with")]
+    NoFreeKey,
+    /// No key on the fabric is held by exactly the partition's members.
+    #[error("no P_Key on the fabric has exactly the members of partition `{0}`")]
+    NoMatch(String),
+    /// Several keys on the fabric are held by exactly the partition's members.
+    #[error(
+        "partition `{partition}`: several P_Keys on the fabric have exactly its members ({}); the key it uses cannot be told apart",
+        hex_list(.keys)
+    )]
+    Ambiguous {
+        /// The partition's name.
+        partition: String,
+        /// The keys (bases) that fit it.
+        keys: Vec<u16>,
+    },
+    /// A key read from the ports is not a valid P_Key.
+    #[error(transparent)]
+    Key(#[from] crate::FabricError),
+    /// The file with the keys found does not give the ports the tables they show.
+    #[error(
+        "with the keys read from the ports, the file does not give every port the table it shows"
+    )]
+    Mismatch,
+}
+
+fn hex_list(keys: &[u16]) -> String {
+    keys.iter()
+        .map(|k| format!("0x{k:04x}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The P_Keys a running master uses for the partitions `conf` gives none
 /// ([`auto_keyed`]), read from the ports: each such partition's key is the one key whose
 /// members on the fabric are exactly the partition's (full and limited as the file says),
@@ -542,7 +579,7 @@ pub fn keys_from_tables(
     inventory: &crate::types::Inventory,
     observed: &crate::tables::ObservedTables,
     opts: crate::tables::SmOptions,
-) -> Result<BTreeMap<String, PKey>, String> {
+) -> Result<BTreeMap<String, PKey>, KeysError> {
     use crate::tables::expected_tables;
     // A partition without ports is in no table: its key is not on the fabric to read
     // (import gives it a free one).
@@ -595,7 +632,7 @@ pub fn keys_from_tables(
         .rev()
         .find(|k| !seen.contains(k) && !explicit.contains(k))
         .and_then(|k| PKey::new(k).ok())
-        .ok_or("no free P_Key to compute with")?;
+        .ok_or(KeysError::NoFreeKey)?;
     let mut keys = BTreeMap::new();
     let mut taken = BTreeSet::new();
     for name in &auto {
@@ -621,30 +658,19 @@ pub fn keys_from_tables(
         match candidates.as_slice() {
             [k] if !taken.contains(k) => {
                 taken.insert(*k);
-                keys.insert(name.clone(), PKey::new(*k).map_err(|e| e.to_string())?);
+                keys.insert(name.clone(), PKey::new(*k)?);
             }
-            [] => {
-                return Err(format!(
-                    "no P_Key on the fabric has exactly the members of partition `{name}`"
-                ));
-            }
+            [] => return Err(KeysError::NoMatch(name.clone())),
             _ => {
-                return Err(format!(
-                    "partition `{name}`: several P_Keys on the fabric have exactly its members ({}); the key it uses cannot be told apart",
-                    candidates
-                        .iter()
-                        .map(|k| format!("0x{k:04x}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                return Err(KeysError::Ambiguous {
+                    partition: name.clone(),
+                    keys: candidates,
+                });
             }
         }
     }
     if !matches(&with_keys(&keys)) {
-        return Err(
-            "with the keys read from the ports, the file does not give every port the table it shows"
-                .into(),
-        );
+        return Err(KeysError::Mismatch);
     }
     Ok(keys)
 }
