@@ -89,6 +89,17 @@ pub fn keyless_empty(conf: &Conf) -> Vec<String> {
         .collect()
 }
 
+/// The partitions of [`auto_keyed`] whose keys must be read from the fabric to import the
+/// file as the running master has it ([`keys_from_tables`]): those with ports or multicast
+/// groups, in file order ([`keyless_empty`] ones get a free key instead).
+pub fn live_keyed(conf: &Conf) -> Vec<String> {
+    let empty = keyless_empty(conf);
+    auto_keyed(conf)
+        .into_iter()
+        .filter(|n| !empty.contains(n))
+        .collect()
+}
+
 /// A key for the keyless empty partition of statement `i`: the one a freshly started SM
 /// would count out for it when no other partition uses it, else the lowest free one.
 fn free_key(conf: &Conf, i: usize, used: &BTreeSet<u16>) -> Option<PKey> {
@@ -583,11 +594,7 @@ pub fn keys_from_tables(
     use crate::tables::expected_tables;
     // A partition without ports is in no table: its key is not on the fabric to read
     // (import gives it a free one).
-    let empty = keyless_empty(conf);
-    let auto: Vec<String> = auto_keyed(conf)
-        .into_iter()
-        .filter(|n| !empty.contains(n))
-        .collect();
+    let auto = live_keyed(conf);
     let with_keys = |keys: &BTreeMap<String, PKey>| {
         let mut c = conf.clone();
         for p in &mut c.partitions {
@@ -678,6 +685,15 @@ pub fn keys_from_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_unkeyed_partitions_with_ports_or_groups_need_their_keys_read_live() {
+        let text = "Default=0x7fff : ALL=full ;\nk=0x0001 : ALL=limited ;\nb : 0x0002c903000a0001=full ;\nempty : NONE ;\nm, ipoib : ;\nm : ALL=limited ;\n";
+        let c = conf::parse(text).unwrap();
+        assert_eq!(auto_keyed(&c), ["b", "empty", "m"]);
+        assert_eq!(keyless_empty(&c), ["empty"]);
+        assert_eq!(live_keyed(&c), ["b", "m"]);
+    }
 
     #[test]
     fn keyless_empty_partitions_get_a_free_key_with_a_note() {
