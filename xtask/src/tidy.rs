@@ -15,7 +15,10 @@
 //! * only the crates of [`MANY_TEST_BINARIES`] have more than one integration test binary;
 //! * weft-plan's core ([`PLAN_CORE`]) does no I/O;
 //! * weft-launch reaches hosts only through `weft-hosts`, and only in `src/hosts.rs`; it does
-//!   not depend on weft-bench.
+//!   not depend on weft-bench;
+//! * no `pub fn` of a library crate (every crate but `weft`, the binary) returns
+//!   `Result<_, String>`, except those of [`STRING_ERRORS`], each with its reason: a library
+//!   names its errors with a type ([`string_error_fns`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -68,6 +71,26 @@ const PLAN_CORE: &[&str] = &[
 /// console's browser test (Chromium, a fabric) apart from its monitoring-file checks, so that
 /// the alert rules and dashboard can be checked without a browser.
 const MANY_TEST_BINARIES: &[&str] = &["weft-nccl-net", "weft-transport", "weft-console"];
+
+/// The `pub fn`s of library crates allowed to return `Result<_, String>`: (crate, function,
+/// why a `String` is the right error there).
+const STRING_ERRORS: &[(&str, &str, &str)] = &[
+    (
+        "weft-netns",
+        "available",
+        "a test's skip reason, cached in a OnceLock for the process and printed as is by the skip macro",
+    ),
+    (
+        "weft-netns",
+        "netem_available",
+        "a test's skip reason, cached in a OnceLock for the process and printed as is by the skip macro",
+    ),
+    (
+        "weft-testbed",
+        "available",
+        "a test's skip reason (PostgreSQL's binaries missing), printed as is by the skip macro",
+    ),
+];
 
 /// NCCL names that must stay in the plugin crate.
 const NCCL_NAMES: &[&str] = &[
@@ -166,6 +189,7 @@ fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
     }
     let src = c.dir.join("src");
     let files = rust_files(&src)?;
+    let library = c.name != "weft";
     let mut any_unsafe = false;
     for f in &files {
         let text = fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
@@ -211,6 +235,19 @@ fn check_crate(c: &Crate, findings: &mut Vec<String>) -> Result<()> {
                 "{}: names weft_hosts; weft-launch reaches hosts only through src/hosts.rs",
                 f.display()
             ));
+        }
+        if library {
+            for f_name in string_error_fns(&text) {
+                let allowed = STRING_ERRORS
+                    .iter()
+                    .any(|(k, n, _)| *k == c.name && *n == f_name);
+                if !allowed {
+                    findings.push(format!(
+                        "{}: `pub {f_name}` is a Result<_, String>; give it an error type naming the input and the cause (or list it in tidy's STRING_ERRORS with why)",
+                        f.display()
+                    ));
+                }
+            }
         }
         if c.name == "weft-transport" {
             for name in NCCL_NAMES {
@@ -318,6 +355,117 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
         .filter(|l| !l.trim().is_empty())
 }
 
+/// The names of the `pub fn`s in `text` (its code lines) whose return type has a
+/// `Result` whose error is `String` (`Result<T, String>`, `std::result::Result<T, String>`,
+/// nested ones too), and of the `pub type` aliases of one. `pub(crate)` and private
+/// functions are left alone.
+fn string_error_fns(text: &str) -> Vec<String> {
+    let code: String = code_lines(text).collect::<Vec<_>>().join("\n");
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(i) = code[at..].find("pub fn ") {
+        let start = at + i;
+        at = start + "pub fn ".len();
+        if code[..start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let rest = &code[at..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // The parameters end where the first `(` closes; the return type runs from there to
+        // the body, the `;` of a declaration, or a `where` clause.
+        let Some(open) = rest.find('(') else { continue };
+        let mut depth = 0usize;
+        let mut close = None;
+        for (j, ch) in rest[open..].char_indices() {
+            match ch {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(open + j);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(close) = close else { continue };
+        let after = &rest[close + 1..];
+        let end = ['{', ';']
+            .iter()
+            .filter_map(|c| after.find(*c))
+            .chain(after.find(" where"))
+            .min()
+            .unwrap_or(after.len());
+        let ret: String = after[..end]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if ret.starts_with("->") && has_string_error(&ret) {
+            out.push(name);
+        }
+    }
+    // A public alias of such a Result would let a function dodge the check.
+    let mut at = 0;
+    while let Some(i) = code[at..].find("pub type ") {
+        let start = at + i;
+        at = start + "pub type ".len();
+        let rest = &code[at..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let ty: String = rest[..rest.find(';').unwrap_or(rest.len())]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if let Some(eq) = ty.find('=')
+            && has_string_error(&ty[eq + 1..])
+        {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Whether a return type (whitespace removed) holds a `Result<.., String>`.
+fn has_string_error(ty: &str) -> bool {
+    ty.match_indices("Result<").any(|(i, m)| {
+        if ty[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            return false;
+        }
+        // The top-level generic arguments of this Result.
+        let inner = &ty[i + m.len()..];
+        let (mut depth, mut last) = (1usize, 0usize);
+        for (j, ch) in inner.char_indices() {
+            match ch {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        // One argument (`io::Result<String>`): no error type given here.
+                        return last > 0 && &inner[last..j] == "String";
+                    }
+                }
+                ',' if depth == 1 => last = j + 1,
+                _ => {}
+            }
+        }
+        false
+    })
+}
+
 /// `word` in `line` as a whole identifier.
 fn has_word(line: &str, word: &str) -> bool {
     line.match_indices(word).any(|(i, _)| {
@@ -345,6 +493,41 @@ mod tests {
         let text = "// std::fs in a comment\nlet a = 1; // std::net\n#[cfg(test)]\nuse std::fs;\n";
         let lines: Vec<_> = code_lines(text).collect();
         assert_eq!(lines, ["let a = 1; "]);
+    }
+
+    #[test]
+    fn a_pub_fn_with_a_string_error_is_found_and_others_are_not() {
+        let text = "\
+pub fn a(x: &str) -> Result<(), String> {}
+pub fn b(
+    x: &str,
+) -> std::result::Result<Vec<u8>, String> {
+pub fn c() -> Result<BTreeMap<Guid, String>, MyError> {}
+pub fn d(f: impl Fn(&str) -> Result<(), String>) -> Result<(), MyError> {}
+pub(crate) fn e() -> Result<(), String> {}
+fn f() -> Result<(), String> {}
+pub fn g() -> Result<Result<(), String>, MyError> {}
+pub fn h<T>(t: T) -> Result<T, String> where T: Clone {}
+pub fn i() -> io::Result<String> {}
+pub fn j() -> FooResult<(), String> {}
+pub type R<T> = std::result::Result<T, String>;
+pub type S = Result<(), MyError>;
+// pub fn k() -> Result<(), String> {}
+#[cfg(test)]
+pub fn l() -> Result<(), String> {}
+";
+        assert_eq!(string_error_fns(text), ["a", "b", "g", "h", "R"]);
+    }
+
+    #[test]
+    fn every_allowed_string_error_says_why() {
+        for (krate, name, why) in STRING_ERRORS {
+            assert!(
+                krate.starts_with("weft-") && !name.is_empty(),
+                "{krate} {name}"
+            );
+            assert!(why.len() > 20, "{krate}::{name} needs a reason");
+        }
     }
 
     #[test]

@@ -605,12 +605,13 @@ fn render<DB: plotters::prelude::DrawingBackend>(
 ) -> Result<(), String> {
     use plotters::prelude::*;
     let text_size = |s: &str| weft_font::text_size(s, TEXT_PX);
-    let draw_text =
-        |root: &DrawingArea<DB, plotters::coord::Shift>,
-         s: &str,
-         at: (i32, i32),
-         turned: bool,
-         ink: &RGBColor| { weft_font::draw_text(root, s, at, TEXT_PX, turned, ink) };
+    let draw_text = |root: &DrawingArea<DB, plotters::coord::Shift>,
+                     s: &str,
+                     at: (i32, i32),
+                     turned: bool,
+                     ink: &RGBColor| {
+        weft_font::draw_text(root, s, at, TEXT_PX, turned, ink).map_err(|e| e.to_string())
+    };
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let (left, top) = heatmap_origin(m);

@@ -486,7 +486,7 @@ async fn partitions(State(c): State<Console>, headers: HeaderMap) -> Result<Resp
     let names: BTreeSet<String> = groups.iter().map(|g| g.name.clone()).collect();
     let rows: Vec<&weft_controller::model::ServerView> = servers.iter().collect();
     let m = view::matrix(&desired, &rows, &names)
-        .map_err(|e| page_error(StatusCode::INTERNAL_SERVER_ERROR, &e))?;
+        .map_err(|e| page_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))?;
     Ok(v.page("Partitions", Nav::Partitions, pages::partitions(&m)))
 }
 

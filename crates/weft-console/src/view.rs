@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use weft_controller::auth::Principal;
 use weft_controller::model::{AuditEntry, GroupView, OperationView, ServerView};
-use weft_controller::render::{self, Desired, DesiredGroup};
-use weft_controller::store::Change;
+use weft_controller::render::{self, Desired, DesiredGroup, RenderError};
 use weft_controller::store::rules::{self, MemberEdit};
+use weft_controller::store::{Change, StoreError};
 use weft_fabric::{DefaultPolicy, Membership};
 
 /// The groups `p` may see: all for an admin, its own for a tenant.
@@ -89,7 +89,7 @@ pub fn matrix(
     desired: &Desired,
     servers: &[&ServerView],
     visible: &BTreeSet<String>,
-) -> Result<Matrix, String> {
+) -> Result<Matrix, RenderError> {
     let plan = render::plan(desired)?;
     // Membership of each port GUID in each partition.
     let mut member: BTreeMap<(&str, u64), Membership> = BTreeMap::new();
@@ -155,16 +155,33 @@ pub fn matrix(
     })
 }
 
+/// Why a move cannot be previewed.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// The target group does not exist.
+    #[error("there is no group `{0}`")]
+    NoGroup(String),
+    /// The change would not move the server (it would leave its group).
+    #[error("not a move")]
+    NotAMove,
+    /// The store's membership rule refuses it (the server is already there, ...).
+    #[error(transparent)]
+    Refused(StoreError),
+    /// The desired state with the move does not render.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+}
+
 /// The partitions-file diff moving `server` to `to` would make, computed as the store
 /// will (the same membership rule, the same rendering), without changing anything.
-pub fn move_diff(desired: &Desired, server: &ServerView, to: &str) -> Result<String, String> {
+pub fn move_diff(desired: &Desired, server: &ServerView, to: &str) -> Result<String, MoveError> {
     let current = desired
         .groups
         .iter()
         .find(|g| g.members.iter().any(|(s, _)| *s == server.name))
         .map(|g| g.name.clone());
     if !desired.groups.iter().any(|g| g.name == to) {
-        return Err(format!("there is no group `{to}`"));
+        return Err(MoveError::NoGroup(to.to_string()));
     }
     let change = Change::Move {
         server: server.name.clone(),
@@ -173,9 +190,9 @@ pub fn move_diff(desired: &Desired, server: &ServerView, to: &str) -> Result<Str
     match rules::member_edit(&change, current.as_deref()) {
         Some(Ok(MemberEdit::Insert(_) | MemberEdit::Update(_))) => {}
         Some(Ok(MemberEdit::Delete)) | None => {
-            return Err("not a move".into());
+            return Err(MoveError::NotAMove);
         }
-        Some(Err(e)) => return Err(e.to_string()),
+        Some(Err(e)) => return Err(MoveError::Refused(e)),
     }
     let mut after = desired.clone();
     let mut guids = server.ports.iter().map(|p| p.guid).collect::<Vec<_>>();
@@ -344,8 +361,12 @@ mod tests {
         assert!(d.contains("+b=0x0a02"), "{d}");
         assert!(d.contains("0x0000000000000101"), "{d}");
         let e = move_diff(&desired(), &server("n1", 0x101), "a").unwrap_err();
-        assert!(e.contains("already in group `a`"), "{e}");
-        assert!(move_diff(&desired(), &server("n1", 0x101), "zz").is_err());
+        assert!(matches!(e, MoveError::Refused(_)), "{e:?}");
+        assert!(e.to_string().contains("already in group `a`"), "{e}");
+        assert!(matches!(
+            move_diff(&desired(), &server("n1", 0x101), "zz"),
+            Err(MoveError::NoGroup(g)) if g == "zz"
+        ));
         // A server in no group joins with the ports it reported.
         let d = move_diff(&desired(), &server("n3", 0x301), "a").unwrap();
         assert!(d.contains("0x0000000000000301=full"), "{d}");

@@ -134,6 +134,12 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::input::InputError> for ApiError {
+    fn from(e: crate::input::InputError) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message) = match self {
@@ -335,8 +341,7 @@ async fn healthz(State(state): State<AppState>) -> ApiResult<&'static str> {
     let store = state.store.clone();
     tokio::task::spawn_blocking(move || store.health())
         .await
-        .map_err(|e| ApiError::Internal(format!("store task: {e}")))?
-        .map_err(ApiError::Unavailable)?;
+        .map_err(|e| ApiError::Internal(format!("store task: {e}")))??;
     Ok("ok\n")
 }
 
@@ -491,7 +496,7 @@ async fn enroll(
     Body(req): Body<EnrollRequest>,
 ) -> ApiResult<Json<Enrolled>> {
     // Checked before anything is stored or audited: a refused name leaves no trace.
-    input::name("host name", &req.hostname).map_err(bad)?;
+    input::name("host name", &req.hostname)?;
     let secret = auth::generate(TokenKind::Agent).map_err(|e| ApiError::Internal(e.to_string()))?;
     let (token_hash, secret_hash, hostname) = (req.token.hash(), secret.hash(), req.hostname);
     let server = db(&state, move |s| {
@@ -627,9 +632,9 @@ async fn create_enrollment(
 ) -> ApiResult<Json<EnrollmentToken>> {
     admin(&p)?;
     if let Some(s) = &req.server {
-        input::name("server", s).map_err(bad)?;
+        input::name("server", s)?;
     }
-    let ttl = input::seconds("ttl_s", req.ttl_s.unwrap_or(86_400), 60, 30 * 86_400).map_err(bad)?;
+    let ttl = input::seconds("ttl_s", req.ttl_s.unwrap_or(86_400), 60, 30 * 86_400)?;
     let token =
         auth::generate(TokenKind::Enrollment).map_err(|e| ApiError::Internal(e.to_string()))?;
     let expires = now() + ttl;
@@ -684,7 +689,7 @@ async fn remove_server(
     Param(server): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
-    input::name("server", &server).map_err(bad)?;
+    input::name("server", &server)?;
     db(&state, move |s| s.remove_server(&p.actor, &server, now())).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -787,7 +792,7 @@ async fn create_tenant(
     Body(req): Body<CreateTenant>,
 ) -> ApiResult<(StatusCode, Json<TenantCreated>)> {
     admin(&p)?;
-    input::name("tenant name", &req.name).map_err(bad)?;
+    input::name("tenant name", &req.name)?;
     let token = auth::generate(TokenKind::Api).map_err(|e| ApiError::Internal(e.to_string()))?;
     let hash = token.hash();
     let tenant = db(&state, move |s| {
@@ -819,7 +824,7 @@ async fn delete_tenant(
     Param(tenant): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
-    input::name("tenant", &tenant).map_err(bad)?;
+    input::name("tenant", &tenant)?;
     db(&state, move |s| s.delete_tenant(&p.actor, &tenant, now())).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -883,7 +888,7 @@ async fn create_token(
             ));
         }
         (TokenRole::Tenant, Some(t)) => {
-            input::name("tenant", &t).map_err(bad)?;
+            input::name("tenant", &t)?;
             Role::Tenant(t)
         }
         (TokenRole::Tenant, None) => {
@@ -893,7 +898,7 @@ async fn create_token(
         }
     };
     let ttl = match (req.ttl_s, &role) {
-        (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S).map_err(bad)?),
+        (Some(t), _) => Some(input::seconds("ttl_s", t, 60, MAX_TOKEN_TTL_S)?),
         (None, Role::Tenant(_)) => Some(DEFAULT_TENANT_TOKEN_TTL_S),
         (None, Role::Admin) => Some(DEFAULT_ADMIN_TOKEN_TTL_S),
     };

@@ -43,35 +43,81 @@ pub fn shown(s: &str) -> String {
     }
 }
 
+/// A value a caller sent that the controller refuses; the message names the field (`what`)
+/// and shows the value as [`shown`] does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// A name that is empty.
+    #[error("{what}: empty")]
+    Empty {
+        /// The field, as the caller knows it ("host name", "tenant").
+        what: &'static str,
+    },
+    /// A name longer than partitions.conf allows.
+    #[error("{what} {shown}: longer than {max} characters")]
+    TooLong {
+        /// The field.
+        what: &'static str,
+        /// The value as [`shown`] writes it.
+        shown: String,
+        /// The most characters allowed.
+        max: usize,
+    },
+    /// A name with a character partitions.conf refuses, or a bad first character.
+    #[error(
+        "{what} {shown}: must start with a letter or `_` and hold only letters, digits, `_`, `-` and `.`"
+    )]
+    BadName {
+        /// The field.
+        what: &'static str,
+        /// The value as [`shown`] writes it.
+        shown: String,
+    },
+    /// A number of seconds outside its range.
+    #[error("{what} = {value}: must be between {min} and {max} seconds")]
+    Seconds {
+        /// The field.
+        what: &'static str,
+        /// The value sent.
+        value: u64,
+        /// The least allowed.
+        min: u64,
+        /// The most allowed.
+        max: u64,
+    },
+}
+
 /// Checks a name (a host, a tenant, a group) the way partitions.conf names are checked:
 /// 1 to 31 characters, a letter or `_` first, then letters, digits, `_`, `-`, `.`.
-pub fn name(what: &str, value: &str) -> Result<(), String> {
+pub fn name(what: &'static str, value: &str) -> Result<(), InputError> {
     let max = weft_fabric::conf::MAX_NAME_LEN;
     if value.is_empty() {
-        return Err(format!("{what}: empty"));
+        return Err(InputError::Empty { what });
     }
     if value.len() > max {
-        return Err(format!(
-            "{what} {}: longer than {max} characters",
-            shown(value)
-        ));
+        return Err(InputError::TooLong {
+            what,
+            shown: shown(value),
+            max,
+        });
     }
-    weft_fabric::conf::validate_name(value).map_err(|_| {
-        format!(
-            "{what} {}: must start with a letter or `_` and hold only letters, digits, `_`, `-` and `.`",
-            shown(value)
-        )
+    weft_fabric::conf::validate_name(value).map_err(|_| InputError::BadName {
+        what,
+        shown: shown(value),
     })
 }
 
 /// Checks that `value` seconds lie in `min..=max`.
-pub fn seconds(what: &str, value: u64, min: u64, max: u64) -> Result<u64, String> {
+pub fn seconds(what: &'static str, value: u64, min: u64, max: u64) -> Result<u64, InputError> {
     if (min..=max).contains(&value) {
         Ok(value)
     } else {
-        Err(format!(
-            "{what} = {value}: must be between {min} and {max} seconds"
-        ))
+        Err(InputError::Seconds {
+            what,
+            value,
+            min,
+            max,
+        })
     }
 }
 
@@ -163,12 +209,25 @@ mod tests {
     #[test]
     fn names_are_checked_without_echoing_what_was_refused() {
         assert!(name("host name", "node7").is_ok());
-        let e = name("host name", &format!("a{}", "x".repeat(100))).unwrap_err();
+        let e = name("host name", &format!("a{}", "x".repeat(100)))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("longer than 31") && e.len() < 120, "{e}");
-        let e = name("host name", "evil\x1b]0;x\x07").unwrap_err();
+        let e = name("host name", "evil\x1b]0;x\x07")
+            .unwrap_err()
+            .to_string();
         assert!(!e.chars().any(|c| c.is_control()), "{e}");
-        assert!(name("host name", "").is_err());
-        assert!(name("host name", "7up").is_err());
+        assert_eq!(
+            name("host name", ""),
+            Err(InputError::Empty { what: "host name" })
+        );
+        assert!(matches!(
+            name("host name", "7up"),
+            Err(InputError::BadName {
+                what: "host name",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -33,7 +33,7 @@ use weft_opensm::{Applier, ApplyError};
 
 use crate::metrics::Metrics;
 use crate::model::{DriftState, DriftView};
-use crate::store::{AuditLine, Store, VerifiedDelivery};
+use crate::store::{AuditLine, Store, StoreError, VerifiedDelivery};
 
 /// Everything that makes the loop look at the desired state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,16 @@ pub enum FabricAccessError {
     /// The applied file, read back for the port check, does not parse.
     #[error("the applied file: {0}")]
     AppliedFile(#[source] weft_fabric::conf::ParseError),
+    /// This fabric cannot say which SM is the master (one that only records).
+    #[error("this fabric cannot name its master SM")]
+    NoMaster,
+    /// The checksum of the file about to be written could not be recorded
+    /// ([`Context::intent`]); nothing was written.
+    #[error("cannot record the delivery: {0}")]
+    Record(#[source] StoreError),
+    /// The file would break what [`prepare`] guards; nothing was written.
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
     #[error(transparent)]
     Apply(#[from] ApplyError),
     #[error(transparent)]
@@ -144,7 +154,7 @@ impl From<FabricAccessError> for String {
 }
 
 /// What [`Intent`] calls with the checksum.
-type RecordFn = dyn Fn(&str) -> Result<(), String> + Send + Sync;
+type RecordFn = dyn Fn(&str) -> Result<(), StoreError> + Send + Sync;
 
 /// A callback that records a delivery's checksum before the first write.
 #[derive(Clone, Default)]
@@ -162,14 +172,14 @@ impl std::fmt::Debug for Intent {
 
 impl Intent {
     /// An intent that calls `f` with the checksum.
-    pub fn new(f: impl Fn(&str) -> Result<(), String> + Send + Sync + 'static) -> Intent {
+    pub fn new(f: impl Fn(&str) -> Result<(), StoreError> + Send + Sync + 'static) -> Intent {
         Intent(Some(Arc::new(f)))
     }
 
     /// Records `checksum` (nothing without a callback).
-    pub fn record(&self, checksum: &str) -> Result<(), String> {
+    pub fn record(&self, checksum: &str) -> Result<(), FabricAccessError> {
         match &self.0 {
-            Some(f) => f(checksum).map_err(|e| format!("cannot record the delivery: {e}")),
+            Some(f) => f(checksum).map_err(FabricAccessError::Record),
             None => Ok(()),
         }
     }
@@ -188,7 +198,7 @@ fn fence_check(ctx: &Context, held: Option<&str>) -> Result<(), FabricAccessErro
 
 /// The file text for `full` with `ctx`'s owner header, and its stamp when fenced; the
 /// checksum recorded through [`Context::intent`] before anything is written.
-fn owned_text(full: &Conf, ctx: &Context) -> Result<String, String> {
+fn owned_text(full: &Conf, ctx: &Context) -> Result<String, FabricAccessError> {
     let body = conf::render(full);
     let text = match &ctx.fence {
         Some(f) => weft_opensm::with_owner_stamped(&ctx.owner, f.stamp, body),
@@ -196,6 +206,29 @@ fn owned_text(full: &Conf, ctx: &Context) -> Result<String, String> {
     };
     ctx.intent.record(&weft_opensm::checksum(text.as_bytes()))?;
     Ok(text)
+}
+
+/// Why [`prepare`] refuses a delivery before anything is written.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The partitions adopted from the SMs ([`Context::adopted`]) do not parse.
+    #[error("the adopted partitions: {0}")]
+    Adopted(#[source] weft_fabric::conf::ParseError),
+    /// An adopted partition has the name or P_Key of a group's partition.
+    #[error("adopted partition `{0}` collides with a group's name or P_Key")]
+    Collides(String),
+    /// The master's file does not parse, and neither `--adopt` nor a drift repair allows
+    /// replacing it.
+    #[error(
+        "the master SM holds a partitions file weft cannot parse; refusing to replace what the controller did not write (start it with --adopt to take the fabric over)"
+    )]
+    Unparsable,
+    /// The file would remove what this controller did not write, one line each.
+    #[error(
+        "refusing to remove from the SMs what this controller did not write:\n{}\n(start the controller with --adopt to keep those partitions as its own, or remove them from the SMs first)",
+        .0.join("\n")
+    )]
+    Foreign(Vec<String>),
 }
 
 /// The file to write for `compiled` and what it removes from `held` (the master's file),
@@ -207,19 +240,16 @@ pub fn prepare(
     mut compiled: Conf,
     held: Option<&str>,
     ctx: &Context,
-) -> Result<(Conf, Vec<String>), String> {
+) -> Result<(Conf, Vec<String>), PrepareError> {
     if let Some(adopted) = &ctx.adopted {
-        let a = conf::parse(adopted).map_err(|e| format!("the adopted partitions: {e}"))?;
+        let a = conf::parse(adopted).map_err(PrepareError::Adopted)?;
         for p in a.partitions {
             if compiled
                 .partitions
                 .iter()
                 .any(|c| c.pkey == p.pkey || c.name == p.name)
             {
-                return Err(format!(
-                    "adopted partition `{}` collides with a group's name or P_Key",
-                    p.name
-                ));
+                return Err(PrepareError::Collides(p.name));
             }
             compiled.partitions.push(p);
         }
@@ -234,7 +264,7 @@ pub fn prepare(
                 vec!["- the master's file, which weft cannot parse, is replaced".into()],
             ));
         }
-        return Err("the master SM holds a partitions file weft cannot parse; refusing to replace what the controller did not write (start it with --adopt to take the fabric over)".into());
+        return Err(PrepareError::Unparsable);
     };
     let removed = weft_fabric::removals(&old, &compiled);
     let own = ctx
@@ -255,10 +285,8 @@ pub fn prepare(
         .filter(|r| !key(r).0.is_default())
         .collect();
     if !foreign.is_empty() && !ctx.repair {
-        let list: Vec<String> = foreign.iter().map(|r| r.to_string()).collect();
-        return Err(format!(
-            "refusing to remove from the SMs what this controller did not write:\n{}\n(start the controller with --adopt to keep those partitions as its own, or remove them from the SMs first)",
-            list.join("\n")
+        return Err(PrepareError::Foreign(
+            foreign.iter().map(|r| r.to_string()).collect(),
         ));
     }
     Ok((compiled, removed.iter().map(|r| r.to_string()).collect()))
@@ -276,14 +304,14 @@ pub trait Fabric: Send + Sync + 'static {
     }
     /// Every SM's name and file (`Ok(None)`: it has none; `Err`: it cannot be read), for
     /// the drift check. Blocking.
-    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, FabricAccessError>)> {
         Vec::new()
     }
     /// The name of the SM (among [`Fabric::sm_files`]' names) the fabric runs on, as the
     /// fabric reports its master (`sminfo`): `Ok(None)` when the master is none of them,
     /// `Err` when it cannot be asked. Blocking.
-    fn master_sm(&self) -> Result<Option<String>, String> {
-        Err("this fabric cannot name its master SM".into())
+    fn master_sm(&self) -> Result<Option<String>, FabricAccessError> {
+        Err(FabricAccessError::NoMaster)
     }
     /// The ports whose P_Key tables differ from what `conf` programs, one line each;
     /// `Ok(None)` when this fabric has no ports to read. Blocking.
@@ -325,7 +353,7 @@ impl Fabric for OpenSmFabric {
             .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
-    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, FabricAccessError>)> {
         self.applier
             .sms
             .iter()
@@ -334,7 +362,7 @@ impl Fabric for OpenSmFabric {
                     s.name().to_string(),
                     s.read_partitions()
                         .map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()))
-                        .map_err(|e| e.to_string()),
+                        .map_err(FabricAccessError::from),
                 )
             })
             .collect()
@@ -344,8 +372,8 @@ impl Fabric for OpenSmFabric {
         Ok(self.applier.diag.uplinks()?)
     }
 
-    fn master_sm(&self) -> Result<Option<String>, String> {
-        let master = self.applier.diag.master_sm().map_err(|e| e.to_string())?;
+    fn master_sm(&self) -> Result<Option<String>, FabricAccessError> {
+        let master = self.applier.diag.master_sm()?;
         Ok(self
             .applier
             .sms
@@ -387,9 +415,8 @@ impl Fabric for OpenSmFabric {
         // Fenced out first: a deposed controller is told so, not what its file would
         // remove. (The check that counts is the one under the SMs' locks.)
         fence_check(ctx, held.as_deref())?;
-        let (full, removed) =
-            prepare(compiled.conf, held.as_deref(), ctx).map_err(FabricAccessError::Refused)?;
-        let conf = owned_text(&full, ctx).map_err(FabricAccessError::Refused)?;
+        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
+        let conf = owned_text(&full, ctx)?;
         let taken = taken_from_ports(&self.applier.compare(&full, &before).mismatches, &before);
         let applied = match &ctx.fence {
             Some(f) => self.applier.apply_fenced(&full, &before, &ctx.owner, f),
@@ -474,15 +501,15 @@ impl Fabric for RecordingFabric {
         Ok(self.held.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
-    fn sm_files(&self) -> Vec<(String, Result<Option<String>, String>)> {
+    fn sm_files(&self) -> Vec<(String, Result<Option<String>, FabricAccessError>)> {
         if self.plays_sm {
-            vec![("master".into(), self.held().map_err(String::from))]
+            vec![("master".into(), self.held())]
         } else {
             Vec::new()
         }
     }
 
-    fn master_sm(&self) -> Result<Option<String>, String> {
+    fn master_sm(&self) -> Result<Option<String>, FabricAccessError> {
         Ok(self.plays_sm.then(|| "master".to_string()))
     }
 
@@ -491,9 +518,8 @@ impl Fabric for RecordingFabric {
             .map_err(|v| FabricAccessError::Refused(format!("{v:?}")))?;
         let held = self.held()?;
         fence_check(ctx, held.as_deref())?;
-        let (full, removed) =
-            prepare(compiled.conf, held.as_deref(), ctx).map_err(FabricAccessError::Refused)?;
-        let conf = owned_text(&full, ctx).map_err(FabricAccessError::Refused)?;
+        let (full, removed) = prepare(compiled.conf, held.as_deref(), ctx)?;
+        let conf = owned_text(&full, ctx)?;
         {
             let mut fail = self.fail_next.lock().unwrap_or_else(|p| p.into_inner());
             if *fail > 0 {
@@ -907,8 +933,8 @@ async fn check_drift(
 /// Each SM's role, checksum and agreement with the applied file (checksum `want`), from
 /// what [`Fabric::sm_files`] and [`Fabric::master_sm`] read.
 pub fn sm_views(
-    sms: &[(String, Result<Option<String>, String>)],
-    master: &Result<Option<String>, String>,
+    sms: &[(String, Result<Option<String>, FabricAccessError>)],
+    master: &Result<Option<String>, FabricAccessError>,
     want: &str,
 ) -> Vec<crate::model::SmView> {
     sms.iter()
@@ -921,7 +947,7 @@ pub fn sm_views(
             let (checksum, file_error) = match file {
                 Ok(Some(t)) => (Some(weft_opensm::checksum(t.as_bytes())), None),
                 Ok(None) => (None, None),
-                Err(e) => (None, Some(e.clone())),
+                Err(e) => (None, Some(e.to_string())),
             };
             let error = file_error.or_else(|| {
                 master
@@ -1097,9 +1123,7 @@ async fn reconcile_once(
             in_flight: fencing.in_flight,
             until: licence.until,
         }),
-        intent: Intent::new(move |sum| {
-            s.begin_delivery(generation, sum).map_err(|e| e.to_string())
-        }),
+        intent: Intent::new(move |sum| s.begin_delivery(generation, sum)),
     };
     let f = fabric.clone();
     let started = Instant::now();
@@ -1318,7 +1342,10 @@ mod tests {
         let sms = vec![
             ("sm-a".to_string(), Ok(Some("a".to_string()))),
             ("sm-b".to_string(), Ok(Some("b".to_string()))),
-            ("sm-c".to_string(), Err("host unreachable".to_string())),
+            (
+                "sm-c".to_string(),
+                Err(FabricAccessError::Refused("host unreachable".to_string())),
+            ),
             ("sm-d".to_string(), Ok(None)),
         ];
         let v = sm_views(&sms, &Ok(Some("sm-b".into())), &want);
@@ -1329,9 +1356,16 @@ mod tests {
         assert_eq!(v[0].checksum.as_deref(), Some(want.as_str()));
         assert_eq!(v[2].error.as_deref(), Some("host unreachable"));
         assert_eq!(v[3].checksum, None);
-        let v = sm_views(&sms[..1], &Err("no SMP".into()), &want);
+        let v = sm_views(&sms[..1], &Err(FabricAccessError::NoMaster), &want);
         assert_eq!(v[0].role, "unknown");
-        assert!(v[0].error.as_deref().unwrap().contains("no SMP"));
+        assert!(
+            v[0].error
+                .as_deref()
+                .unwrap()
+                .contains("cannot name its master"),
+            "{:?}",
+            v[0].error
+        );
     }
 
     #[test]

@@ -38,7 +38,13 @@ pub struct RestoreReport {
 pub enum RestoreError {
     /// An SM's file could not be read: what it holds is unknown.
     #[error("cannot read what SM `{sm}` holds, so the restore cannot know what to fence: {error}")]
-    Unreadable { sm: String, error: String },
+    Unreadable {
+        /// The SM's configured name (`master` for the master's file).
+        sm: String,
+        /// Why it could not be read (boxed: the fabric's errors are large).
+        #[source]
+        error: Box<crate::reconcile::FabricAccessError>,
+    },
     /// A controller runs on the store (or could not be ruled out).
     #[error(transparent)]
     Running(#[from] crate::StartError),
@@ -115,7 +121,7 @@ fn restore_held(
     for (name, file) in fabric.sm_files() {
         let file = file.map_err(|error| RestoreError::Unreadable {
             sm: name.clone(),
-            error,
+            error: Box::new(error),
         })?;
         sms.push((name, file.and_then(|t| weft_opensm::stamp_of(t.as_bytes()))));
     }
@@ -131,7 +137,7 @@ fn restore_held(
     let me = store.controller_id()?;
     let master = fabric.held().map_err(|error| RestoreError::Unreadable {
         sm: "master".into(),
-        error: error.to_string(),
+        error: Box::new(error),
     })?;
     let ours =
         master.filter(|t| weft_opensm::owner_of(t.as_bytes()).as_deref() == Some(me.as_str()));

@@ -57,7 +57,7 @@ pub fn compile(
     let mut used: BTreeMap<u16, &str> = BTreeMap::new();
     for p in &plan.partitions {
         if let Err(m) = conf::validate_name(&p.name) {
-            errs.push(v(part_subject(&p.name), m));
+            errs.push(v(part_subject(&p.name), m.to_string()));
         }
         if crate::alloc::is_reserved_name(&p.name) {
             errs.push(v(

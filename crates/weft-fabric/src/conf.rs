@@ -737,7 +737,7 @@ impl<'a> Parser<'a> {
                 format!("expected a partition name, found {}", self.found()),
             );
         }
-        check_name(name).or_else(|msg| self.err_at(nm, msg))?;
+        validate_name(name).or_else(|e| self.err_at(nm, e.to_string()))?;
         let mut key_mark = nm;
         let mut pkey = None;
         self.skip_inline();
@@ -1106,35 +1106,41 @@ impl<'a> Parser<'a> {
     }
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+/// Why a partition name is refused; names the name and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The first character is not a letter or `_`.
+    #[error(
+        "partition name `{0}` must start with a letter or `_` (OpenSM reads a leading digit as a P_Key)"
+    )]
+    BadStart(String),
+    /// A character other than letters, digits, `_`, `-` and `.`.
+    #[error("partition name `{0}` may hold only letters, digits, `_`, `-` and `.`")]
+    BadChar(String),
+    /// Longer than [`MAX_NAME_LEN`].
+    #[error("partition name `{0}` is longer than {max} characters (OpenSM's limit)", max = MAX_NAME_LEN)]
+    TooLong(String),
+}
+
+/// Checks a partition name against the rules of [`parse`].
+pub fn validate_name(name: &str) -> Result<(), NameError> {
     let mut chars = name.chars();
     let first_ok = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if !first_ok {
-        return Err(format!(
-            "partition name `{name}` must start with a letter or `_` (OpenSM reads a leading digit as a P_Key)"
-        ));
+        return Err(NameError::BadStart(name.to_string()));
     }
     if !name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     {
-        return Err(format!(
-            "partition name `{name}` may hold only letters, digits, `_`, `-` and `.`"
-        ));
+        return Err(NameError::BadChar(name.to_string()));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "partition name `{name}` is longer than {MAX_NAME_LEN} characters (OpenSM's limit)"
-        ));
+        return Err(NameError::TooLong(name.to_string()));
     }
     Ok(())
-}
-
-/// Checks a partition name against the rules of [`parse`].
-pub fn validate_name(name: &str) -> Result<(), String> {
-    check_name(name)
 }
 
 /// Parses partitions.conf text strictly (see the module documentation); the first

@@ -89,6 +89,17 @@ pub fn keyless_empty(conf: &Conf) -> Vec<String> {
         .collect()
 }
 
+/// The partitions of [`auto_keyed`] whose keys must be read from the fabric to import the
+/// file as the running master has it ([`keys_from_tables`]): those with ports or multicast
+/// groups, in file order ([`keyless_empty`] ones get a free key instead).
+pub fn live_keyed(conf: &Conf) -> Vec<String> {
+    let empty = keyless_empty(conf);
+    auto_keyed(conf)
+        .into_iter()
+        .filter(|n| !empty.contains(n))
+        .collect()
+}
+
 /// A key for the keyless empty partition of statement `i`: the one a freshly started SM
 /// would count out for it when no other partition uses it, else the lowest free one.
 fn free_key(conf: &Conf, i: usize, used: &BTreeSet<u16>) -> Option<PKey> {
@@ -530,6 +541,43 @@ fn import_conf(
     }
 }
 
+/// Why [`keys_from_tables`] found no unique key for every unkeyed partition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    /// Every P_Key is on the fabric or named in the file: none is left to compute with.
+    #[error("no free P_Key to compute with")]
+    NoFreeKey,
+    /// No key on the fabric is held by exactly the partition's members.
+    #[error("no P_Key on the fabric has exactly the members of partition `{0}`")]
+    NoMatch(String),
+    /// Several keys on the fabric are held by exactly the partition's members.
+    #[error(
+        "partition `{partition}`: several P_Keys on the fabric have exactly its members ({}); the key it uses cannot be told apart",
+        hex_list(.keys)
+    )]
+    Ambiguous {
+        /// The partition's name.
+        partition: String,
+        /// The keys (bases) that fit it.
+        keys: Vec<u16>,
+    },
+    /// A key read from the ports is not a valid P_Key.
+    #[error(transparent)]
+    Key(#[from] crate::FabricError),
+    /// The file with the keys found does not give the ports the tables they show.
+    #[error(
+        "with the keys read from the ports, the file does not give every port the table it shows"
+    )]
+    Mismatch,
+}
+
+fn hex_list(keys: &[u16]) -> String {
+    keys.iter()
+        .map(|k| format!("0x{k:04x}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The P_Keys a running master uses for the partitions `conf` gives none
 /// ([`auto_keyed`]), read from the ports: each such partition's key is the one key whose
 /// members on the fabric are exactly the partition's (full and limited as the file says),
@@ -542,15 +590,11 @@ pub fn keys_from_tables(
     inventory: &crate::types::Inventory,
     observed: &crate::tables::ObservedTables,
     opts: crate::tables::SmOptions,
-) -> Result<BTreeMap<String, PKey>, String> {
+) -> Result<BTreeMap<String, PKey>, KeysError> {
     use crate::tables::expected_tables;
     // A partition without ports is in no table: its key is not on the fabric to read
     // (import gives it a free one).
-    let empty = keyless_empty(conf);
-    let auto: Vec<String> = auto_keyed(conf)
-        .into_iter()
-        .filter(|n| !empty.contains(n))
-        .collect();
+    let auto = live_keyed(conf);
     let with_keys = |keys: &BTreeMap<String, PKey>| {
         let mut c = conf.clone();
         for p in &mut c.partitions {
@@ -595,7 +639,7 @@ pub fn keys_from_tables(
         .rev()
         .find(|k| !seen.contains(k) && !explicit.contains(k))
         .and_then(|k| PKey::new(k).ok())
-        .ok_or("no free P_Key to compute with")?;
+        .ok_or(KeysError::NoFreeKey)?;
     let mut keys = BTreeMap::new();
     let mut taken = BTreeSet::new();
     for name in &auto {
@@ -621,30 +665,19 @@ pub fn keys_from_tables(
         match candidates.as_slice() {
             [k] if !taken.contains(k) => {
                 taken.insert(*k);
-                keys.insert(name.clone(), PKey::new(*k).map_err(|e| e.to_string())?);
+                keys.insert(name.clone(), PKey::new(*k)?);
             }
-            [] => {
-                return Err(format!(
-                    "no P_Key on the fabric has exactly the members of partition `{name}`"
-                ));
-            }
+            [] => return Err(KeysError::NoMatch(name.clone())),
             _ => {
-                return Err(format!(
-                    "partition `{name}`: several P_Keys on the fabric have exactly its members ({}); the key it uses cannot be told apart",
-                    candidates
-                        .iter()
-                        .map(|k| format!("0x{k:04x}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                return Err(KeysError::Ambiguous {
+                    partition: name.clone(),
+                    keys: candidates,
+                });
             }
         }
     }
     if !matches(&with_keys(&keys)) {
-        return Err(
-            "with the keys read from the ports, the file does not give every port the table it shows"
-                .into(),
-        );
+        return Err(KeysError::Mismatch);
     }
     Ok(keys)
 }
@@ -652,6 +685,15 @@ pub fn keys_from_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_unkeyed_partitions_with_ports_or_groups_need_their_keys_read_live() {
+        let text = "Default=0x7fff : ALL=full ;\nk=0x0001 : ALL=limited ;\nb : 0x0002c903000a0001=full ;\nempty : NONE ;\nm, ipoib : ;\nm : ALL=limited ;\n";
+        let c = conf::parse(text).unwrap();
+        assert_eq!(auto_keyed(&c), ["b", "empty", "m"]);
+        assert_eq!(keyless_empty(&c), ["empty"]);
+        assert_eq!(live_keyed(&c), ["b", "m"]);
+    }
 
     #[test]
     fn keyless_empty_partitions_get_a_free_key_with_a_note() {

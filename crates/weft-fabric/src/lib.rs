@@ -42,7 +42,9 @@ mod types;
 pub use alloc::{DEFAULT_PARTITION, is_reserved_name, lowest_free_pkey};
 pub use compile::{Compiled, Violation, compile};
 pub use guard::{Removal, removals};
-pub use import::{ImportOptions, Imported, auto_keyed, keyless_empty, keys_from_tables};
+pub use import::{
+    ImportOptions, Imported, KeysError, auto_keyed, keyless_empty, keys_from_tables, live_keyed,
+};
 pub use mcast::{McastRecord, expected_mcast, expected_mcast_after, mgid_refusal, mgid_scopes};
 pub use plan::{
     DefaultPartition, DefaultPolicy, FabricPlan, Group, PlanError, PlanMember, PlanPartition,

@@ -30,15 +30,32 @@ pub const FAMILY: &str = "weft-dejavu-sans";
 /// DejaVu Sans Book.
 static TTF: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
 
+/// Why text could not be drawn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FontError {
+    /// The font built in is not a font plotters can read (never, which a test checks).
+    #[error("the built-in font (DejaVu Sans) could not be read")]
+    Unreadable,
+    /// The drawing backend refused the text (plotters' message; its error type is the
+    /// backend's, so it is kept as text).
+    #[error("cannot draw the text `{text}`: {cause}")]
+    Draw {
+        /// The text that was to be drawn.
+        text: String,
+        /// The backend's message.
+        cause: String,
+    },
+}
+
 /// Registers the font with plotters once; `Err` when its bytes are not a font (never, for
 /// the file built in, which a test checks).
-pub fn register() -> Result<(), String> {
+pub fn register() -> Result<(), FontError> {
     static DONE: OnceLock<bool> = OnceLock::new();
     let ok = *DONE.get_or_init(|| register_font(FAMILY, FontStyle::Normal, TTF).is_ok());
     if ok {
         Ok(())
     } else {
-        Err("the built-in font (DejaVu Sans) could not be read".into())
+        Err(FontError::Unreadable)
     }
 }
 
@@ -73,7 +90,7 @@ pub fn draw_text<DB: DrawingBackend>(
     px: u32,
     turned: bool,
     colour: &RGBColor,
-) -> Result<(), String> {
+) -> Result<(), FontError> {
     register()?;
     let (w, _) = text_size(s, px);
     let off = top_offset(px);
@@ -86,7 +103,10 @@ pub fn draw_text<DB: DrawingBackend>(
         (font(px).color(colour), (at.0, at.1 + off))
     };
     area.draw(&Text::new(s.to_string(), pos, style))
-        .map_err(|e| e.to_string())
+        .map_err(|e| FontError::Draw {
+            text: s.to_string(),
+            cause: e.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -394,16 +394,26 @@ mod plot {
         pub legend: bool,
     }
 
-    fn e<E: std::fmt::Display>(x: E) -> String {
-        x.to_string()
+    /// Why a plot could not be drawn: the font's error, or the backend's message (plotters'
+    /// drawing errors are generic over the backend, so they are kept as text).
+    #[derive(Debug, thiserror::Error)]
+    pub enum DrawError {
+        #[error(transparent)]
+        Font(#[from] weft_font::FontError),
+        #[error("{0}")]
+        Backend(String),
+    }
+
+    fn e<E: std::fmt::Display>(x: E) -> DrawError {
+        DrawError::Backend(x.to_string())
     }
 
     type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
-    fn err(path: &Path) -> impl Fn(String) -> LlmError + '_ {
+    fn err(path: &Path) -> impl Fn(DrawError) -> LlmError + '_ {
         move |reason| LlmError::Plot {
             path: path.to_path_buf(),
-            reason,
+            reason: reason.to_string(),
         }
     }
 
@@ -442,7 +452,7 @@ mod plot {
         yname: &str,
         series: &[Series],
         ymax: Option<f64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), DrawError> {
         let (l, r, t, b) = (ox + 70, ox + PW - 20, oy + 40, oy + PH - 60);
         draw_text(root, title, (ox + 10, oy + 10), PX, false, &BLACK)?;
         let top = nice_max(
@@ -567,7 +577,7 @@ mod plot {
         let (cols, rows) = grid(keys.len());
         let size = ((cols * PW) as u32, (rows * PH) as u32);
         let root = BitMapBackend::new(path, size).into_drawing_area();
-        root.fill(&WHITE).map_err(|x| err(path)(x.to_string()))?;
+        root.fill(&WHITE).map_err(|x| err(path)(e(x)))?;
         for (n, (kind, sz, cc)) in keys.iter().enumerate() {
             let mut depths: Vec<u64> = c
                 .rows
@@ -625,7 +635,7 @@ mod plot {
             )
             .map_err(err(path))?;
         }
-        root.present().map_err(|x| err(path)(x.to_string()))
+        root.present().map_err(|x| err(path)(e(x)))
     }
 
     /// Speed-up against node count: one line per test (at most 8), and the ideal.
@@ -636,12 +646,12 @@ mod plot {
     ) -> Result<(), LlmError> {
         let root = BitMapBackend::new(path, (PW as u32, (PH + 40) as u32)).into_drawing_area();
         draw_speedup(c, &root, predicted).map_err(err(path))?;
-        root.present().map_err(|x| err(path)(x.to_string()))
+        root.present().map_err(|x| err(path)(e(x)))
     }
 
     /// [`speedup`] into RGB pixels of `size`.
     #[cfg(test)]
-    pub fn speedup_into(c: &Comparison, buf: &mut [u8], size: (u32, u32)) -> Result<(), String> {
+    pub fn speedup_into(c: &Comparison, buf: &mut [u8], size: (u32, u32)) -> Result<(), DrawError> {
         let root = BitMapBackend::with_buffer(buf, size).into_drawing_area();
         draw_speedup(c, &root, &[])?;
         root.present().map_err(e)
@@ -651,7 +661,7 @@ mod plot {
         c: &Comparison,
         root: &Area<'_>,
         predicted: &[(String, Vec<(u32, f64)>)],
-    ) -> Result<(), String> {
+    ) -> Result<(), DrawError> {
         let mut nodes: Vec<u32> = c.runs.iter().map(|r| r.nodes).collect();
         nodes.dedup();
         root.fill(&WHITE).map_err(e)?;

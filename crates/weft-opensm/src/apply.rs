@@ -18,7 +18,12 @@ pub enum ApplyError {
     /// An SM's file is newer than this delivery ([`crate::Fence::admits`]); nothing was
     /// written.
     #[error("refused at SM `{sm}`'s apply lock: {why}")]
-    Fenced { sm: String, why: String },
+    Fenced {
+        /// The SM whose file or lock refused the delivery.
+        sm: String,
+        /// Why.
+        why: crate::FenceRefusal,
+    },
     #[error(transparent)]
     Sm(#[from] SmError),
     #[error(transparent)]
@@ -447,11 +452,10 @@ impl Applier {
             {
                 return Err(ApplyError::Fenced {
                     sm: self.sms[master].name().to_string(),
-                    why: format!(
-                        "the delivery of {} comes {} ms after this controller's leadership ran out by its own clock; it writes nothing (a new leader may take over)",
-                        fence.stamp,
-                        Instant::now().saturating_duration_since(until).as_millis()
-                    ),
+                    why: crate::FenceRefusal::Expired {
+                        stamp: fence.stamp,
+                        late_ms: Instant::now().saturating_duration_since(until).as_millis(),
+                    },
                 });
             }
         }

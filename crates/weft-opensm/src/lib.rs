@@ -48,7 +48,8 @@ pub use diag::{
     parse_sminfo, parse_smpquery_pkeys,
 };
 pub use owner::{
-    FENCE_PREFIX, Fence, OWNER_PREFIX, Stamp, owner_of, stamp_of, with_owner, with_owner_stamped,
+    FENCE_PREFIX, Fence, FenceRefusal, OWNER_PREFIX, Stamp, owner_of, stamp_of, with_owner,
+    with_owner_stamped,
 };
 pub use process::{Invocation, ProcessError, run_bounded, run_bounded_bytes};
 pub use sm::{LocalSm, SmError, SmHost, SmLock, checksum, lock_file_name, write_atomically};

@@ -67,7 +67,7 @@ pub struct SyncStatus {
 pub fn classify(
     states: &[SmState],
     master: Option<usize>,
-    fabric_master: &Result<Guid, String>,
+    fabric_master: &Result<Guid, crate::DiagError>,
 ) -> (SyncState, String) {
     let unreadable: Vec<String> = states
         .iter()
@@ -114,7 +114,7 @@ impl Applier {
     /// Asks the fabric for its master SM, reads every configured SM's file and says how
     /// they stand ([`classify`]) and who owns the master's file.
     pub fn sync_status(&self) -> SyncStatus {
-        let fabric_master = self.diag.master_sm().map_err(|e| e.to_string());
+        let fabric_master = self.diag.master_sm();
         let master = fabric_master
             .as_ref()
             .ok()
@@ -214,8 +214,16 @@ mod tests {
         let (state, message) = classify(&same, None, &fabric);
         assert_eq!(state, SyncState::NoMaster);
         assert!(message.contains("0x0000000000000010"), "{message}");
-        let (_, message) = classify(&same, None, &Err("sminfo: timed out".into()));
-        assert!(message.contains("cannot be read: sminfo"), "{message}");
+        let timed_out = crate::DiagError::Parse {
+            tool: "sminfo",
+            line: 1,
+            message: "timed out".into(),
+        };
+        let (_, message) = classify(&same, None, &Err(timed_out));
+        assert!(
+            message.contains("cannot be read: cannot read the output of `sminfo`"),
+            "{message}"
+        );
         let differ = [sm("a", Some("x"), None), sm("b", Some("y"), None)];
         assert_eq!(classify(&differ, Some(0), &fabric).0, SyncState::Differ);
         let missing = [sm("a", Some("x"), None), sm("b", None, None)];

@@ -84,20 +84,57 @@ pub struct Fence {
     pub until: Option<std::time::Instant>,
 }
 
+/// Why a fenced delivery may not replace an SM's file; names both stamps.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceRefusal {
+    /// The file carries a higher fencing number: this delivery's store is deposed.
+    #[error(
+        "it holds {held}, and this delivery carries {mine}: a controller with a higher fencing number (a restored or newer store) has delivered since; this store is deposed"
+    )]
+    Deposed {
+        /// The stamp of the file the SM holds.
+        held: Stamp,
+        /// This delivery's stamp.
+        mine: Stamp,
+    },
+    /// The same fencing number, a newer generation than the store verified, and a file
+    /// the store did not begin to write: the store is older than the fabric.
+    #[error(
+        "it holds {held}, and this delivery carries {mine} from a store that verified generation {applied} last and never wrote that file: the store is older than the fabric (a stale copy or a restore); run `weft controller restore` on it to raise its fencing number, or stop it"
+    )]
+    Stale {
+        /// The stamp of the file the SM holds.
+        held: Stamp,
+        /// This delivery's stamp.
+        mine: Stamp,
+        /// The last generation the store verified.
+        applied: u64,
+    },
+    /// The delivery's [`Fence::until`] has passed: the leadership it was made under ran
+    /// out by this process's clock.
+    #[error(
+        "the delivery of {stamp} comes {late_ms} ms after this controller's leadership ran out by its own clock; it writes nothing (a new leader may take over)"
+    )]
+    Expired {
+        /// This delivery's stamp.
+        stamp: Stamp,
+        /// How long after the bound the check ran, in milliseconds.
+        late_ms: u128,
+    },
+}
+
 impl Fence {
     /// Whether this delivery may replace `held` (an SM's file): refused when the file's
     /// stamp has a higher fencing number, or the same fencing number and a generation
     /// above what this store verified that the store did not write itself (another
     /// controller on a copy of this store delivered it). The error names both stamps.
-    pub fn admits(&self, held: &[u8]) -> Result<(), String> {
+    pub fn admits(&self, held: &[u8]) -> Result<(), FenceRefusal> {
         let Some(h) = stamp_of(held) else {
             return Ok(());
         };
         let mine = self.stamp;
         if h.fencing > mine.fencing {
-            return Err(format!(
-                "it holds {h}, and this delivery carries {mine}: a controller with a higher fencing number (a restored or newer store) has delivered since; this store is deposed"
-            ));
+            return Err(FenceRefusal::Deposed { held: h, mine });
         }
         if h.fencing < mine.fencing || h.generation <= self.applied {
             return Ok(());
@@ -106,10 +143,11 @@ impl Fence {
         if self.in_flight.contains(&sum) {
             return Ok(());
         }
-        Err(format!(
-            "it holds {h}, and this delivery carries {mine} from a store that verified generation {} last and never wrote that file: the store is older than the fabric (a stale copy or a restore); run `weft controller restore` on it to raise its fencing number, or stop it",
-            self.applied
-        ))
+        Err(FenceRefusal::Stale {
+            held: h,
+            mine,
+            applied: self.applied,
+        })
     }
 }
 
@@ -254,6 +292,8 @@ mod tests {
         let e = fence(1, 50, 50, vec![])
             .admits(held.as_bytes())
             .unwrap_err();
+        assert!(matches!(e, FenceRefusal::Deposed { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("fencing 2 generation 9") && e.contains("fencing 1 generation 50"),
             "{e}"
@@ -264,6 +304,8 @@ mod tests {
         fence(2, 10, 9, vec![]).admits(held.as_bytes()).unwrap();
         // ...newer is refused unless the store began that very delivery itself.
         let e = fence(2, 12, 5, vec![]).admits(held.as_bytes()).unwrap_err();
+        assert!(matches!(e, FenceRefusal::Stale { applied: 5, .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("restore") && e.contains("generation 5"), "{e}");
         let sum = crate::sm::checksum(held.as_bytes());
         fence(2, 12, 5, vec![sum]).admits(held.as_bytes()).unwrap();

@@ -485,11 +485,7 @@ fn import(
             Err(errs) => return show(&errs, "errors"),
         };
         // Partitions without ports are in no port's table: import gives them a free key.
-        let empty = weft_fabric::keyless_empty(&parsed);
-        if weft_fabric::auto_keyed(&parsed)
-            .iter()
-            .any(|n| !empty.contains(n))
-        {
+        if !weft_fabric::live_keyed(&parsed).is_empty() {
             match live_keys(fc, &parsed)? {
                 Ok(keys) => opts.keys = keys,
                 Err(msg) => return bad_input(&format!("{}: {msg}", file.display()), as_json),
@@ -528,11 +524,7 @@ fn live_keys(
 ) -> Result<std::result::Result<std::collections::BTreeMap<String, weft_fabric::PKey>, String>> {
     let a = applier(fc, None)?;
     let snapshot = a.diag.snapshot()?;
-    let empty = weft_fabric::keyless_empty(parsed);
-    let auto: Vec<String> = weft_fabric::auto_keyed(parsed)
-        .into_iter()
-        .filter(|n| !empty.contains(n))
-        .collect();
+    let auto = weft_fabric::live_keyed(parsed);
     Ok(weft_fabric::keys_from_tables(
         parsed,
         &snapshot.inventory,

@@ -216,7 +216,7 @@ async fn set_quota(
     Body(req): Body<SetLeaseQuota>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
-    crate::input::name("tenant", &tenant).map_err(bad)?;
+    crate::input::name("tenant", &tenant)?;
     if req.period_s == 0 {
         return Err(bad(
             "period_s: a quota period needs at least one second".into()
@@ -254,7 +254,7 @@ async fn delete_quota(
     Param(tenant): Param<String>,
 ) -> ApiResult<StatusCode> {
     admin(&p)?;
-    crate::input::name("tenant", &tenant).map_err(bad)?;
+    crate::input::name("tenant", &tenant)?;
     db(&state, move |s| {
         s.set_lease_quota(&p.actor, &tenant, None, now())
     })

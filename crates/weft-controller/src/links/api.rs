@@ -79,7 +79,7 @@ async fn add_run(
     Body(run): Body<LinkRunIn>,
 ) -> ApiResult<Json<LinkRunAccepted>> {
     admin(&p)?;
-    super::check_run(&run).map_err(bad)?;
+    super::check_run(&run).map_err(|e| bad(e.to_string()))?;
     let actor = p.actor.clone();
     let stored = db(&state, move |s| s.add_link_run(&actor, &run, now())).await?;
     let slow = super::slow_pairs(&stored);

@@ -173,79 +173,130 @@ pub struct LinkHealthView {
     pub pairs: Vec<SlowPair>,
 }
 
+/// Why a run of link measurements is refused: the result and its field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LinkRunError {
+    /// A run with no results.
+    #[error("results: empty; a run carries at least one link")]
+    Empty,
+    /// More results than one run may carry.
+    #[error("results: {count} links; at most {max} in one run", max = MAX_RESULTS)]
+    TooMany {
+        /// How many the run carried.
+        count: usize,
+    },
+    /// One field of one result.
+    #[error("results[{index}].{field}: {problem}")]
+    Field {
+        /// The result's index in the run.
+        index: usize,
+        /// The field's name in the request body (`src`, `gbps`, ...).
+        field: &'static str,
+        /// What is wrong with it.
+        problem: LinkFieldError,
+    },
+}
+
+/// What is wrong with one field of a measured link.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LinkFieldError {
+    /// An empty name.
+    #[error("empty")]
+    Empty,
+    /// A name longer than allowed (`shown` as [`crate::input::shown`] writes it).
+    #[error("{shown} is longer than {max} characters")]
+    TooLong {
+        /// The value, shortened and escaped.
+        shown: String,
+        /// The most characters allowed.
+        max: usize,
+    },
+    /// A name with a character outside the allowed set.
+    #[error("{shown} holds a character other than letters, digits, `_`, `.`, `-`, `:`")]
+    BadChar {
+        /// The value, shortened and escaped.
+        shown: String,
+    },
+    /// A link whose sender is its receiver.
+    #[error("{0} is the sender too; a link joins two nodes")]
+    ToItself(String),
+    /// A throughput that is not a number in range.
+    #[error("{0} is not a throughput in [0, {max}] Gb/s", max = MAX_GBPS)]
+    Gbps(f64),
+    /// A round-trip time that is not a number in range.
+    #[error("{0} is not a time in [0, 1e9] us")]
+    RttUs(f64),
+    /// An error text longer than allowed (its length in characters).
+    #[error("{0} characters; at most {max}", max = MAX_ERROR)]
+    ErrorTooLong(usize),
+}
+
 /// Why a run is refused: names the result and what is wrong with it.
-pub fn check_run(run: &LinkRunIn) -> Result<(), String> {
+pub fn check_run(run: &LinkRunIn) -> Result<(), LinkRunError> {
     if run.results.is_empty() {
-        return Err("results: empty; a run carries at least one link".into());
+        return Err(LinkRunError::Empty);
     }
     if run.results.len() > MAX_RESULTS {
-        return Err(format!(
-            "results: {} links; at most {MAX_RESULTS} in one run",
-            run.results.len()
-        ));
+        return Err(LinkRunError::TooMany {
+            count: run.results.len(),
+        });
     }
-    for (i, r) in run.results.iter().enumerate() {
-        let at = |what: &str, e: String| format!("results[{i}].{what}: {e}");
+    for (index, r) in run.results.iter().enumerate() {
+        let at = |field: &'static str, problem: LinkFieldError| LinkRunError::Field {
+            index,
+            field,
+            problem,
+        };
         node_name(&r.src).map_err(|e| at("src", e))?;
         node_name(&r.dst).map_err(|e| at("dst", e))?;
         nic_name(&r.nic).map_err(|e| at("nic", e))?;
         if r.src == r.dst {
-            return Err(at(
-                "dst",
-                format!("{} is the sender too; a link joins two nodes", r.dst),
-            ));
+            return Err(at("dst", LinkFieldError::ToItself(r.dst.clone())));
         }
         if !(r.gbps.is_finite() && (0.0..=MAX_GBPS).contains(&r.gbps)) {
-            return Err(at(
-                "gbps",
-                format!("{} is not a throughput in [0, {MAX_GBPS}] Gb/s", r.gbps),
-            ));
+            return Err(at("gbps", LinkFieldError::Gbps(r.gbps)));
         }
         if let Some(t) = r.rtt_us
             && !(t.is_finite() && (0.0..=1e9).contains(&t))
         {
-            return Err(at("rtt_us", format!("{t} is not a time in [0, 1e9] us")));
+            return Err(at("rtt_us", LinkFieldError::RttUs(t)));
         }
         if let Some(e) = &r.error
             && e.chars().count() > MAX_ERROR
         {
-            return Err(at(
-                "error",
-                format!("{} characters; at most {MAX_ERROR}", e.chars().count()),
-            ));
+            return Err(at("error", LinkFieldError::ErrorTooLong(e.chars().count())));
         }
     }
     Ok(())
 }
 
 /// A node as the commands name it: 1 to 64 of letters, digits, `_ . - :`.
-fn node_name(s: &str) -> Result<(), String> {
+fn node_name(s: &str) -> Result<(), LinkFieldError> {
     word(s, 64)
 }
 
 /// An interface name (or `plugin`): 1 to 32 of letters, digits, `_ . - :`.
-fn nic_name(s: &str) -> Result<(), String> {
+fn nic_name(s: &str) -> Result<(), LinkFieldError> {
     word(s, 32)
 }
 
-fn word(s: &str, max: usize) -> Result<(), String> {
+fn word(s: &str, max: usize) -> Result<(), LinkFieldError> {
     if s.is_empty() {
-        return Err("empty".into());
+        return Err(LinkFieldError::Empty);
     }
     if s.len() > max {
-        return Err(format!(
-            "{} is longer than {max} characters",
-            crate::input::shown(s)
-        ));
+        return Err(LinkFieldError::TooLong {
+            shown: crate::input::shown(s),
+            max,
+        });
     }
     if !s
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "_.-:".contains(c))
     {
-        return Err(format!(
-            "{} holds a character other than letters, digits, `_`, `.`, `-`, `:`",
-            crate::input::shown(s)
-        ));
+        return Err(LinkFieldError::BadChar {
+            shown: crate::input::shown(s),
+        });
     }
     Ok(())
 }
@@ -548,6 +599,7 @@ mod tests {
                 results: vec![result("a", "b", 1.0), r],
             })
             .unwrap_err()
+            .to_string()
         };
         assert!(bad(result("a", "b", f64::NAN)).starts_with("results[1].gbps"));
         assert!(bad(result("a", "b", 1e6)).starts_with("results[1].gbps"));
@@ -558,7 +610,8 @@ mod tests {
             results: vec![],
         })
         .unwrap_err();
-        assert!(e.contains("empty"), "{e}");
+        assert_eq!(e, LinkRunError::Empty);
+        assert!(e.to_string().contains("empty"), "{e}");
         let json = r#"{"source":"p2p","results":[],"extra":1}"#;
         assert!(serde_json::from_str::<LinkRunIn>(json).is_err());
     }

@@ -383,7 +383,9 @@ pub trait Store: Send + Sync + 'static {
     fn remove_server(&self, actor: &str, name: &str, now: u64) -> Result<()>;
     /// Takes the lease `name` for `holder` until `now + ttl_s`, if no live holder has it;
     /// `steal` says whether a holder whose lease has not run out may be replaced (its
-    /// process is known dead). Answers the holder that keeps it.
+    /// process is known dead). Answers the holder that keeps it: the inner `Err` is not a
+    /// failure but the answer "someone else holds it", and it carries that holder's name
+    /// (which is all a caller does with it), so it stays a `String`.
     fn acquire_lease(
         &self,
         name: &str,
@@ -498,8 +500,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64>;
     /// Whether the store can take writes now: `Err` names the store and the cause (its
     /// last write failed for want of space or an I/O error and no write has succeeded
-    /// since, or its file system is nearly full). Readiness (`/healthz`) asks this.
-    fn health(&self) -> std::result::Result<(), String> {
+    /// since, or its file system is nearly full), as [`StoreError::Unavailable`].
+    /// Readiness (`/healthz`) asks this.
+    fn health(&self) -> Result<()> {
         Ok(())
     }
     /// The newest `limit` audit lines, oldest first.

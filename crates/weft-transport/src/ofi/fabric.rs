@@ -11,9 +11,57 @@ use std::sync::{Arc, OnceLock};
 
 use super::sys::{self, Lib};
 
+/// A libfabric failure: what was asked (a call, loading the library), the provider and
+/// domain when one was involved, and libfabric's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FiError {
+    /// libfabric could not be loaded, or lacks a symbol weft calls.
+    #[error("{library}: {message}")]
+    Load {
+        /// The library's file name (`WEFT_OFI_LIBRARY` or [`sys::LIB_NAME`]).
+        library: String,
+        /// The loader's message (with the symbol, for a missing one).
+        message: String,
+    },
+    /// A call returned an error code: `call (provider/domain): message`.
+    #[error("{call}{}: {message}", .at.as_ref().map_or(String::new(), |a| format!(" ({a})")))]
+    Call {
+        /// The call, with its arguments where they say what was asked.
+        call: String,
+        /// `provider/domain`, when the call was on a domain.
+        at: Option<String>,
+        /// `fi_strerror` of the code.
+        message: String,
+    },
+    /// A completion reported an error.
+    #[error("completion error ({at}): {message} (provider errno {prov_errno})")]
+    Completion {
+        /// `provider/domain`.
+        at: String,
+        /// `fi_strerror` of the completion's error.
+        message: String,
+        /// The provider's own error number.
+        prov_errno: c_int,
+    },
+    /// A failure libfabric gives no message for: an operation the provider's ops table
+    /// lacks (`no writedata`), an allocation that failed.
+    #[error("{0}")]
+    Other(&'static str),
+    /// A name handed to libfabric holds a NUL byte.
+    #[error("{0} contains NUL")]
+    Nul(&'static str),
+}
+
+/// An operation missing from a provider's ops table (`ok_or("no send")?`).
+impl From<&'static str> for FiError {
+    fn from(what: &'static str) -> FiError {
+        FiError::Other(what)
+    }
+}
+
 /// libfabric, opened once per process; `Err` says why it is unavailable.
-pub fn lib() -> Result<Arc<Lib>, String> {
-    static LIB: OnceLock<Result<Arc<Lib>, String>> = OnceLock::new();
+pub fn lib() -> Result<Arc<Lib>, FiError> {
+    static LIB: OnceLock<Result<Arc<Lib>, FiError>> = OnceLock::new();
     LIB.get_or_init(|| {
         let name = std::env::var("WEFT_OFI_LIBRARY")
             .ok()
@@ -64,13 +112,13 @@ pub const MR_MODES_SUPPORTED: c_int = sys::FI_MR_LOCAL
 
 /// Queries the providers named `provider` for reliable-datagram endpoints with send/receive and
 /// RMA write with remote CQ data; returns every domain offered, in the provider's order.
-pub fn query(lib: &Arc<Lib>, provider: &str) -> Result<Vec<(DomainInfo, InfoList)>, String> {
+pub fn query(lib: &Arc<Lib>, provider: &str) -> Result<Vec<(DomainInfo, InfoList)>, FiError> {
     // SAFETY: fi_dupinfo(NULL) is fi_allocinfo: a zeroed fi_info with every attr allocated.
     let hints = unsafe { (lib.dupinfo)(ptr::null()) };
     if hints.is_null() {
-        return Err("fi_allocinfo failed".into());
+        return Err(FiError::Other("fi_allocinfo failed"));
     }
-    let prov = CString::new(provider).map_err(|_| "provider name contains NUL".to_string())?;
+    let prov = CString::new(provider).map_err(|_| FiError::Nul("provider name"))?;
     // SAFETY: `hints` and its attrs were allocated by fi_allocinfo above; strings we put in
     // are strdup'ed so that fi_freeinfo can free them.
     unsafe {
@@ -104,10 +152,11 @@ pub fn query(lib: &Arc<Lib>, provider: &str) -> Result<Vec<(DomainInfo, InfoList
     // SAFETY: hints came from fi_allocinfo and is not used after this.
     unsafe { (lib.freeinfo)(hints) };
     if rc != 0 {
-        return Err(format!(
-            "fi_getinfo({provider}, FI_EP_RDM, FI_MSG|FI_RMA): {}",
-            lib.error_string(rc as isize)
-        ));
+        return Err(FiError::Call {
+            call: format!("fi_getinfo({provider}, FI_EP_RDM, FI_MSG|FI_RMA)"),
+            at: None,
+            message: lib.error_string(rc as isize),
+        });
     }
     let mut v = Vec::new();
     let mut p = out;
@@ -208,13 +257,17 @@ impl std::fmt::Debug for Domain {
 
 impl Domain {
     /// Opens the fabric and domain of one `fi_info` from [`query`].
-    pub fn open(info: DomainInfo, fi: InfoList) -> Result<Domain, String> {
+    pub fn open(info: DomainInfo, fi: InfoList) -> Result<Domain, FiError> {
         let lib = fi.lib.clone();
         let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
         // SAFETY: fabric_attr of a valid info; `fabric` receives a new object.
         let rc = unsafe { (lib.fabric)((*fi.ptr).fabric_attr, &mut fabric, ptr::null_mut()) };
         if rc != 0 {
-            return Err(format!("fi_fabric: {}", lib.error_string(rc as isize)));
+            return Err(FiError::Call {
+                call: "fi_fabric".into(),
+                at: None,
+                message: lib.error_string(rc as isize),
+            });
         }
         let mut domain: *mut sys::fid_domain = ptr::null_mut();
         // SAFETY: fi_domain(fabric, info, &domain, NULL) through the fabric's ops table.
@@ -226,7 +279,11 @@ impl Domain {
         };
         if rc != 0 {
             close_fid(fabric.cast());
-            return Err(format!("fi_domain: {}", lib.error_string(rc as isize)));
+            return Err(FiError::Call {
+                call: "fi_domain".into(),
+                at: None,
+                message: lib.error_string(rc as isize),
+            });
         }
         Ok(Domain {
             lib,
@@ -238,13 +295,17 @@ impl Domain {
         })
     }
 
-    fn err(&self, what: &str, rc: isize) -> String {
-        format!(
-            "{what} ({}/{}): {}",
-            self.info.provider,
-            self.info.domain,
-            self.lib.error_string(rc)
-        )
+    fn err(&self, what: &str, rc: isize) -> FiError {
+        FiError::Call {
+            call: what.to_string(),
+            at: Some(self.at()),
+            message: self.lib.error_string(rc),
+        }
+    }
+
+    /// `provider/domain`, for messages.
+    fn at(&self) -> String {
+        format!("{}/{}", self.info.provider, self.info.domain)
     }
 }
 
@@ -276,15 +337,15 @@ pub struct CqError {
     /// FI_* flags of the error entry.
     pub flags: u64,
     /// libfabric's message, with provider and domain.
-    pub message: String,
+    pub error: FiError,
 }
 
 impl CqError {
-    fn plain(message: impl Into<String>) -> CqError {
+    fn plain(error: impl Into<FiError>) -> CqError {
         CqError {
             ctx: ptr::null_mut(),
             flags: 0,
-            message: message.into(),
+            error: error.into(),
         }
     }
 }
@@ -303,7 +364,7 @@ pub struct Endpoint {
 unsafe impl Send for Endpoint {}
 
 /// A libfabric failure: the call and libfabric's message.
-pub type FiResult<T> = Result<T, String>;
+pub type FiResult<T> = Result<T, FiError>;
 
 impl Endpoint {
     /// Opens an enabled endpoint bound to a fresh CQ (size `cq_size`) and AV.
@@ -573,7 +634,7 @@ impl Endpoint {
     /// Reads up to `out.len()` completions (fi_cq_read), which also drives a manual-progress
     /// provider. An error completion becomes `Err` with libfabric's message.
     pub fn poll(&self, out: &mut [sys::fi_cq_data_entry]) -> FiResult<usize> {
-        self.read_cq(out).map_err(|e| e.message)
+        self.read_cq(out).map_err(|e| e.error)
     }
 
     /// As [`Endpoint::poll`], with an error completion's context (null when it has none, or
@@ -610,13 +671,11 @@ impl Endpoint {
                 return Err(CqError {
                     ctx: e.op_context,
                     flags: e.flags,
-                    message: format!(
-                        "completion error ({}/{}): {} (provider errno {})",
-                        self.dom.info.provider,
-                        self.dom.info.domain,
-                        self.dom.lib.error_string(e.err as isize),
-                        e.prov_errno
-                    ),
+                    error: FiError::Completion {
+                        at: self.dom.at(),
+                        message: self.dom.lib.error_string(e.err as isize),
+                        prov_errno: e.prov_errno,
+                    },
                 });
             }
         }

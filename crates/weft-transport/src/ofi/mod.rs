@@ -241,7 +241,7 @@ use crate::config::Config;
 use crate::error::{Error, Link, Result, Stage};
 use crate::proto::{self, AbortReason, Frame, FrameDecoder, ListenHandle, RejectReason};
 use crate::slab::Slab;
-use fabric::{Domain, DomainInfo, FiResult, Mr, MrCache};
+use fabric::{Domain, DomainInfo, FiError, FiResult, Mr, MrCache};
 use shared::{Ctx, Event, Payload, Port, SharedEp};
 
 use eager::*;
@@ -387,10 +387,41 @@ pub struct Backend {
     shared: std::sync::Mutex<std::collections::HashMap<(usize, usize), std::sync::Weak<SharedEp>>>,
 }
 
+/// Why the libfabric backend could not be opened (the transport then falls back to TCP and
+/// says why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// `WEFT_OFI_DOMAIN` names more domains than there are rails.
+    #[error("WEFT_OFI_DOMAIN names {0} domains (at most {max} rails)", max = MAX_RAILS)]
+    TooManyDomains(usize),
+    /// `WEFT_OFI_DOMAIN` names a domain the provider does not offer (usable).
+    #[error("{provider}: no domain named {name:?} (WEFT_OFI_DOMAIN)")]
+    NoSuchDomain {
+        /// The provider asked.
+        provider: String,
+        /// The domain named.
+        name: String,
+    },
+    /// The provider offers no domain for a device.
+    #[error("{provider}: no domain for device {device}")]
+    NoDomainFor {
+        /// The provider asked.
+        provider: String,
+        /// The device's name.
+        device: String,
+    },
+    /// No provider tried offered a usable domain; why, one entry per provider or domain.
+    #[error("no usable libfabric provider: {}", .0.join("; "))]
+    NoProvider(Vec<String>),
+    /// libfabric itself failed (loading it, a query, opening a domain).
+    #[error(transparent)]
+    Fi(#[from] FiError),
+}
+
 impl Backend {
     /// Opens libfabric and, per device, a domain of the configured provider; `Err` says why the
     /// backend is unavailable.
-    pub fn open(cfg: &Config, devices: &[Device]) -> std::result::Result<Backend, String> {
+    pub fn open(cfg: &Config, devices: &[Device]) -> std::result::Result<Backend, OpenError> {
         let lib = fabric::lib()?;
         let wanted: Vec<String> = match &cfg.ofi_provider {
             Some(p) => vec![p.clone()],
@@ -409,10 +440,7 @@ impl Backend {
             })
             .unwrap_or_default();
         if names.len() > MAX_RAILS {
-            return Err(format!(
-                "WEFT_OFI_DOMAIN names {} domains (at most {MAX_RAILS} rails)",
-                names.len()
-            ));
+            return Err(OpenError::TooManyDomains(names.len()));
         }
         let mut why = Vec::new();
         for prov in &wanted {
@@ -423,7 +451,7 @@ impl Backend {
                     continue;
                 }
                 Err(e) => {
-                    why.push(e);
+                    why.push(e.to_string());
                     continue;
                 }
             };
@@ -475,9 +503,10 @@ impl Backend {
                         Some(dom)
                     }
                     None if cfg.ofi_domain.is_some() => {
-                        return Err(format!(
-                            "{prov}: no domain named {name:?} (WEFT_OFI_DOMAIN)"
-                        ));
+                        return Err(OpenError::NoSuchDomain {
+                            provider: prov.clone(),
+                            name,
+                        });
                     }
                     None => match opened.first() {
                         Some((_, d)) => Some(d.clone()),
@@ -493,7 +522,12 @@ impl Backend {
                 };
                 match dom {
                     Some(d) => domains.push(d),
-                    None => return Err(format!("{prov}: no domain for device {}", d.name)),
+                    None => {
+                        return Err(OpenError::NoDomainFor {
+                            provider: prov.clone(),
+                            device: d.name.clone(),
+                        });
+                    }
                 }
             }
             let mut more = Vec::new();
@@ -503,8 +537,9 @@ impl Backend {
                     let (info, fi) = fabric::query(&lib, prov)?
                         .into_iter()
                         .find(|(i, _)| i.domain == *name && usable_cq_data(i))
-                        .ok_or_else(|| {
-                            format!("{prov}: no domain named {name:?} (WEFT_OFI_DOMAIN)")
+                        .ok_or_else(|| OpenError::NoSuchDomain {
+                            provider: prov.clone(),
+                            name: name.clone(),
                         })?;
                     rails.push(Arc::new(Domain::open(info, fi)?));
                 }
@@ -522,7 +557,7 @@ impl Backend {
                 shared: Default::default(),
             });
         }
-        Err(format!("no usable libfabric provider: {}", why.join("; ")))
+        Err(OpenError::NoProvider(why))
     }
 
     /// `provider/domain` of device `dev` (`provider/a+b` with several rails).
@@ -714,14 +749,14 @@ fn usable_cq_data(i: &DomainInfo) -> bool {
     i.cq_data_size >= 4
 }
 
-fn ofi_err(link: &Link, op: &'static str, stage: Stage, message: String) -> Error {
+fn ofi_err(link: &Link, op: &'static str, stage: Stage, error: FiError) -> Error {
     Error::Io {
         op,
         peer: link.peer,
         iface: link.iface.clone(),
         stage,
         kind: io::ErrorKind::Other,
-        message,
+        message: error.to_string(),
     }
 }
 
@@ -749,7 +784,7 @@ trait RailEvents {
     /// The buffer of one read's events (kept for its allocation).
     fn events(&mut self) -> &mut Vec<Event>;
     fn on_event(&mut self, ev: Event) -> Result<()>;
-    fn fi(&self, op: &'static str, m: String) -> Error;
+    fn fi(&self, op: &'static str, m: FiError) -> Error;
 }
 
 /// Reads every rail's events of `c` and hands each to it; whether there were any.

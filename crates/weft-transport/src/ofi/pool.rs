@@ -15,7 +15,7 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(ep: &Port, n: usize, size: usize) -> std::result::Result<Pool, String> {
+    pub(super) fn new(ep: &Port, n: usize, size: usize) -> FiResult<Pool> {
         let buf = vec![0u8; n * size].into_boxed_slice();
         let mr = ep.register(buf.as_ptr(), buf.len())?;
         Ok(Pool {
@@ -27,12 +27,7 @@ impl Pool {
     }
 
     /// Slots of `size` bytes for messages to the connection `key`.
-    pub(super) fn messages(
-        ep: &Port,
-        n: usize,
-        size: usize,
-        key: u64,
-    ) -> std::result::Result<Pool, String> {
+    pub(super) fn messages(ep: &Port, n: usize, size: usize, key: u64) -> FiResult<Pool> {
         let stride = shared::KEY_BYTES + size;
         let mut buf = vec![0u8; n * stride].into_boxed_slice();
         for s in buf.chunks_mut(stride) {
@@ -116,7 +111,7 @@ pub(super) fn register(
     owner: u64,
     ptr: usize,
     len: usize,
-) -> std::result::Result<Registration, String> {
+) -> FiResult<Registration> {
     let mut mrs = Vec::with_capacity(eps.len());
     for (cache, ep) in caches.iter_mut().zip(eps) {
         // Anything cached over this range may be of memory freed since without a

@@ -81,7 +81,7 @@ impl std::fmt::Debug for RecvConn {
 
 impl RecvConn {
     pub(super) fn new(eps: Vec<Port>, link: Link, sock: TcpStream, cq4: bool) -> Result<RecvConn> {
-        let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Accept, m);
+        let e = |m: FiError| ofi_err(&link, "fi_mr_reg", Stage::Accept, m);
         let ep = &eps[0];
         let cts = Pool::messages(ep, CTS_TX_SLOTS, CTS_BUF, ep.peer_key()).map_err(e)?;
         let table = if cq4 {
@@ -258,7 +258,7 @@ impl RecvConn {
         })
     }
 
-    pub(super) fn fi(&self, op: &'static str, m: String) -> Error {
+    pub(super) fn fi(&self, op: &'static str, m: FiError) -> Error {
         ofi_err(&self.link, op, Stage::Data, m)
     }
 
@@ -825,7 +825,7 @@ impl RailEvents for RecvConn {
         Ok(())
     }
 
-    fn fi(&self, op: &'static str, m: String) -> Error {
+    fn fi(&self, op: &'static str, m: FiError) -> Error {
         RecvConn::fi(self, op, m)
     }
 }

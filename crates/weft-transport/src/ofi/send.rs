@@ -126,7 +126,7 @@ impl SendConn {
         table: Option<(u64, u64)>,
         stripe: usize,
     ) -> Result<SendConn> {
-        let e = |m: String| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
+        let e = |m: FiError| ofi_err(&link, "fi_mr_reg", Stage::Handshake, m);
         let ep = &eps[0];
         let bounce = Pool::messages(ep, EAGER_SLOTS, EAGER_BUF, ep.peer_key()).map_err(e)?;
         let recs = Pool::new(ep, MAX_SEND_REQUESTS, REC).map_err(e)?;
@@ -227,7 +227,7 @@ impl SendConn {
         }
     }
 
-    pub(super) fn fi(&self, op: &'static str, m: String) -> Error {
+    pub(super) fn fi(&self, op: &'static str, m: FiError) -> Error {
         ofi_err(&self.link, op, Stage::Data, m)
     }
 
@@ -851,7 +851,7 @@ impl RailEvents for SendConn {
         Ok(())
     }
 
-    fn fi(&self, op: &'static str, m: String) -> Error {
+    fn fi(&self, op: &'static str, m: FiError) -> Error {
         SendConn::fi(self, op, m)
     }
 }

@@ -532,7 +532,7 @@ impl Port {
                 match q.pop_front() {
                     None => break,
                     Some(Routed::Event(e)) => out.push(e),
-                    Some(Routed::Failed(e)) if out.len() == start => return Err(e.message),
+                    Some(Routed::Failed(e)) if out.len() == start => return Err(e.error),
                     Some(f @ Routed::Failed(_)) => {
                         q.push_front(f);
                         return Ok(out.len() - start);
@@ -563,7 +563,7 @@ impl Port {
                     }
                     if owner == self.key {
                         if out.len() == start {
-                            return Err(e.message);
+                            return Err(e.error);
                         }
                         if let Some(q) = r.inbox.get_mut(&self.key) {
                             q.push_back(Routed::Failed(e));

@@ -552,17 +552,21 @@ pub const LIB_NAME: &str = "libfabric.so.1";
 
 impl Lib {
     /// Opens `name` (default [`LIB_NAME`]) and resolves the symbols; the error says why not.
-    pub fn open(name: &str) -> Result<Lib, String> {
+    pub fn open(name: &str) -> Result<Lib, super::fabric::FiError> {
+        let load = |message: String| super::fabric::FiError::Load {
+            library: name.to_string(),
+            message,
+        };
         // SAFETY: loading libfabric runs its constructors, which only initialise its own state
         // (provider list, logging); nothing of ours runs concurrently with them.
-        let lib = unsafe { libloading::Library::new(name) }.map_err(|e| format!("{name}: {e}"))?;
+        let lib = unsafe { libloading::Library::new(name) }.map_err(|e| load(e.to_string()))?;
         macro_rules! sym {
             ($n:literal, $t:ty) => {{
                 // SAFETY: the symbol is declared in fabric.h / fi_errno.h with exactly this
                 // signature (checked against libfabric 1.17's headers); `lib` outlives the copy
                 // because both are moved into the returned `Lib`.
                 let s: libloading::Symbol<'_, $t> = unsafe { lib.get($n) }
-                    .map_err(|e| format!("{name}: {}: {e}", String::from_utf8_lossy($n)))?;
+                    .map_err(|e| load(format!("{}: {e}", String::from_utf8_lossy($n))))?;
                 *s
             }};
         }

@@ -387,7 +387,7 @@ pub(super) fn enroll(
     };
     let refuse = |why: &str| Ok(Err(why.to_string()));
     // The name is checked before anything, the refusal's audit line included.
-    crate::input::name("host name", hostname).map_err(StoreError::Invalid)?;
+    crate::input::name("host name", hostname).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let Some((bound, expires, used)) = row else {
         return refuse("unknown enrollment token");
     };

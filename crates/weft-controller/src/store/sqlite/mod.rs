@@ -525,14 +525,14 @@ impl Store for SqliteStore {
         self.tx(|tx| groups::adopt(tx, conf, pkeys, names, detail, now))
     }
 
-    fn health(&self) -> std::result::Result<(), String> {
+    fn health(&self) -> Result<()> {
         if let Some(free) = self.free_bytes()
             && free < MIN_FREE_BYTES
         {
-            return Err(format!(
+            return Err(StoreError::Unavailable(format!(
                 "the store {} cannot write: its file system has {free} bytes free (under {MIN_FREE_BYTES})",
                 self.path.display()
-            ));
+            )));
         }
         let fault = self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(fault) = fault {
@@ -540,7 +540,7 @@ impl Store for SqliteStore {
             let probe =
                 self.tx(|tx| set_meta(tx, "health_probe", &crate::server::unix_now().to_string()));
             if probe.is_err() {
-                return Err(fault);
+                return Err(StoreError::Unavailable(fault));
             }
         }
         Ok(())
