@@ -433,9 +433,11 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
         "{body}"
     );
 
-    // Four agents enroll and report once through the leader (then stop: the moves need
-    // their ports in the store, not their heartbeats).
+    // Four agents enroll through the leader and keep reporting, every second, to both
+    // controllers' URLs (the follower first: it sends them on to the leader) through every
+    // failover below; at the end each must have reached the last leader.
     let env = [("WEFT_CONTROLLER", ctl(0, &ctls))];
+    let agent_urls = format!("{},{}", ctl(1, &ctls), ctl(0, &ctls));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut agents = Vec::new();
     for h in topology.end_nodes().filter(|h| h.name.starts_with("node")) {
@@ -456,9 +458,11 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
                 &format!("{}.json", h.name),
                 "--sysfs-root",
                 root.to_str().unwrap(),
+                "--heartbeat-s",
+                "1",
             ],
         )
-        .env("WEFT_CONTROLLER", ctl(0, &ctls))
+        .env("WEFT_CONTROLLER_URLS", &agent_urls)
         .env("WEFT_ENROLL_TOKEN", token)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -475,7 +479,6 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
             (s.len() == 4 && s.iter().all(|s| !s.ports.is_empty())).then_some(())
         },
     );
-    drop(agents);
     ok(weft(&d, &env, &["tenant", "create", "alice"]));
     ok(weft(&d, &env, &["tenant", "create", "bob"]));
     ok(weft(
@@ -492,6 +495,7 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
 
     let mut leader = 0usize;
     let mut failover = Vec::new();
+    let mut last_kill_s = 0;
     // (operation, pid of the leader that took it, pid of the one that took over).
     let mut ops: Vec<(i64, u32, u32)> = Vec::new();
     for round in 0..rounds {
@@ -525,6 +529,7 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
         };
         std::thread::sleep(Duration::from_millis(10 * (round as u64 % 5)));
         let killed = Instant::now();
+        last_kill_s = unix_ms() / 1000 + 1;
         ctls[leader].take().unwrap().kill_9();
         let f = ctls[follower].as_ref().unwrap();
         let m = (round + 1) % 4;
@@ -556,9 +561,23 @@ fn failover_rounds(rounds: usize) -> Option<Rounds> {
         leader = follower;
     }
 
+    // The agents kept reporting through the failovers: each has reached the last leader
+    // since its takeover (its heartbeat every second, through whichever URL leads now).
+    let c = ctls[leader].as_ref().unwrap().client();
+    until(
+        "every agent to report to the last leader",
+        Duration::from_secs(30),
+        || {
+            let s = rt().block_on(c.servers()).ok()?;
+            (s.len() == 4
+                && s.iter()
+                    .all(|s| s.last_seen.is_some_and(|t| t > last_kill_s)))
+            .then_some(())
+        },
+    );
+    drop(agents);
     // Every operation ended applied, and verified exactly once; the audit says which
     // leader delivered each (the one that took it, or the one that took over).
-    let c = ctls[leader].as_ref().unwrap().client();
     let audit = rt().block_on(c.audit(100_000)).unwrap();
     assert!(rt().block_on(c.operations(true)).unwrap().is_empty());
     for (op, took, over) in &ops {
