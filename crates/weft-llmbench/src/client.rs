@@ -176,6 +176,22 @@ pub struct ServerInfo {
     pub engine_version: Option<String>,
 }
 
+/// Whether `e` is a connection closed before any of the response arrived (hyper's "connection
+/// closed before message completed" on a reused connection). hyper is not a direct dependency,
+/// so its error is recognised by its message in the source chain.
+fn closed_before_answer(e: &reqwest::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = src {
+        if s.to_string()
+            .contains("connection closed before message completed")
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
 impl Client {
     pub fn new(endpoint: Endpoint, limits: Limits) -> Result<Client, LlmError> {
         let http = reqwest::Client::builder()
@@ -461,6 +477,19 @@ impl Client {
                 return Err(Attempt::Retry {
                     status: None,
                     wait: None,
+                    error: LlmError::Connect {
+                        url: url.into(),
+                        reason: error_chain(&e),
+                    },
+                });
+            }
+            // A kept-alive connection the server closed just as this request went out on it
+            // (llama.cpp's server closes idle ones): no answer was begun, so the request is
+            // sent again at once, on a new connection, within the same bound on attempts.
+            Ok(Err(e)) if closed_before_answer(&e) => {
+                return Err(Attempt::Retry {
+                    status: None,
+                    wait: Some(Duration::ZERO),
                     error: LlmError::Connect {
                         url: url.into(),
                         reason: error_chain(&e),

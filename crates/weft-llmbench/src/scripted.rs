@@ -86,6 +86,12 @@ pub enum Fault {
     },
     /// Every path answers 200 with an HTML page.
     Html,
+    /// The first `times` completion requests that arrive on a connection which already
+    /// answered one are not answered: the connection is closed, as a server closes an idle
+    /// kept-alive connection just as the client sends on it (llama.cpp's server does).
+    CloseReused {
+        times: u64,
+    },
 }
 
 /// What the stand-in did for one streamed request (kept when [`Script::trace`] is set), on
@@ -131,6 +137,8 @@ struct Shared {
     script: Script,
     requests: Arc<AtomicU64>,
     served: Arc<Mutex<Vec<Served>>>,
+    /// Requests left unanswered by [`Fault::CloseReused`].
+    closed_reused: AtomicU64,
 }
 
 impl Drop for ScriptedServer {
@@ -149,6 +157,7 @@ pub async fn start(script: Script) -> std::io::Result<ScriptedServer> {
         script,
         requests: requests.clone(),
         served: served.clone(),
+        closed_reused: AtomicU64::new(0),
     });
     let task = tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
@@ -228,10 +237,19 @@ async fn sleep_precisely(at: Instant, spin: Duration) {
 /// Answers the requests of one connection until the client closes it (or a fault does).
 async fn serve(mut s: TcpStream, sh: &Shared) -> std::io::Result<()> {
     let mut buf = Vec::new();
+    let mut answered = 0u64;
     loop {
         let Some((line, body)) = read_request(&mut s, &mut buf).await? else {
             return Ok(());
         };
+        if let Fault::CloseReused { times } = sh.script.fault
+            && answered > 0
+            && line.contains("completions")
+            && sh.closed_reused.fetch_add(1, Ordering::SeqCst) < times
+        {
+            return s.shutdown().await;
+        }
+        answered += 1;
         if !answer(&mut s, sh, &line, &body).await? {
             return s.shutdown().await;
         }
