@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use weft_controller::model::NodeView;
 use weft_plan::choose::{self, Figures, LayoutRequest, MeasuredLink, Report};
 use weft_plan::plan::{Cluster, Engine, KvDtype, Options};
 use weft_plan::source::{self, HttpOptions, ModelRef};
@@ -254,19 +255,10 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
                 .iter()
                 .find_map(|n| n.gpus.first())
                 .map(|g| g.name.clone());
-            let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
+            let reported: Vec<_> = nodes.iter().map(NodeView::plan_node).collect();
             if gpu_memory.is_none() {
                 // Single-GPU nodes that differ: an uneven pipeline (weft_plan::uneven).
-                let gpus: Vec<_> = nodes
-                    .iter()
-                    .map(|n| {
-                        let g = n.gpus.iter();
-                        (
-                            n.name.clone(),
-                            g.map(|g| (g.name.clone(), g.memory_total_bytes)).collect(),
-                        )
-                    })
-                    .collect();
+                let gpus: Vec<_> = nodes.iter().map(NodeView::reported).collect();
                 uneven = weft_plan::uneven::from_reports(&gpus);
             }
             let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;
