@@ -628,6 +628,30 @@ pub struct NodeView {
     pub gpus: Vec<weft_agent::Gpu>,
 }
 
+impl NodeView {
+    /// The planner's view of the node (`weft plan --group`): each GPU's memory, and whether
+    /// its agent reports now.
+    pub fn plan_node(&self) -> weft_plan::cluster::NodeGpus {
+        weft_plan::cluster::NodeGpus {
+            name: self.name.clone(),
+            memory_bytes: self.gpus.iter().map(|g| g.memory_total_bytes).collect(),
+            live: self.liveness == Liveness::Ok,
+        }
+    }
+
+    /// The node as the uneven planner reads a report: its name, and each GPU's NVML name and
+    /// memory ([`weft_plan::uneven::from_reports`]).
+    pub fn reported(&self) -> weft_plan::uneven::ReportedNode {
+        (
+            self.name.clone(),
+            self.gpus
+                .iter()
+                .map(|g| (g.name.clone(), g.memory_total_bytes))
+                .collect(),
+        )
+    }
+}
+
 /// The schema of [`weft_agent::Gpu`] in the API document (weft-agent does not depend on
 /// utoipa); a test checks it names exactly the fields a serialized `Gpu` has.
 #[derive(ToSchema)]
@@ -647,4 +671,54 @@ pub(crate) struct GpuSchema {
     /// PCI address in sysfs form (`0000:01:00.0`).
     #[schema(required = true)]
     pci: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(name: &str, memory: Option<u64>) -> weft_agent::Gpu {
+        weft_agent::Gpu {
+            index: 0,
+            name: name.into(),
+            uuid: None,
+            memory_total_bytes: memory,
+            pci: None,
+        }
+    }
+
+    #[test]
+    fn the_planner_sees_each_gpus_memory_and_only_a_reporting_agent_as_live() {
+        let mut n = NodeView {
+            name: "spark1".into(),
+            liveness: Liveness::Ok,
+            last_seen: Some(1),
+            gpus: vec![
+                gpu("NVIDIA GB10", None),
+                gpu("NVIDIA H200", Some(141 << 30)),
+            ],
+        };
+        assert_eq!(
+            n.plan_node(),
+            weft_plan::cluster::NodeGpus {
+                name: "spark1".into(),
+                memory_bytes: vec![None, Some(141 << 30)],
+                live: true,
+            }
+        );
+        assert_eq!(
+            n.reported(),
+            (
+                "spark1".to_string(),
+                vec![
+                    ("NVIDIA GB10".to_string(), None),
+                    ("NVIDIA H200".to_string(), Some(141 << 30))
+                ]
+            )
+        );
+        for l in [Liveness::Stale, Liveness::Never] {
+            n.liveness = l;
+            assert!(!n.plan_node().live);
+        }
+    }
 }

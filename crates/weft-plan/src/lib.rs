@@ -82,4 +82,8 @@ pub enum PlanError {
     /// A device or link figure that is not a positive number.
     #[error("device and link figures: {0}")]
     Figures(#[from] speed::FigureError),
+    /// Flags that contradict one another or name what the tables do not have (the message
+    /// names the flag to change).
+    #[error("{0}")]
+    Flags(String),
 }

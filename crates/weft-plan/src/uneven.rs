@@ -247,6 +247,68 @@ pub fn from_reports(nodes: &[ReportedNode]) -> Option<Vec<StageNode>> {
     differ.then_some(out)
 }
 
+/// What the flags say beside `--gpu-memory A,B,...` (one value per node): the shape they
+/// ask for, which must be the uneven planner's (one GPU a node, tp=1, no ep, dp=1), and the
+/// device for all nodes or one per node (`--device a,b`; gb10 when none is named) whose
+/// bandwidth `--memory-gbs` replaces.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFlags<'a> {
+    /// `--group` was given (its nodes would replace these).
+    pub group: bool,
+    pub nodes: Option<u64>,
+    pub gpus_per_node: Option<u64>,
+    pub tp: Option<u64>,
+    pub ep: bool,
+    pub dp: u64,
+    pub device: Option<&'a str>,
+    pub memory_gbs: Option<f64>,
+}
+
+/// Nodes that differ, from one memory per node and the flags: each node's memory and the
+/// bandwidth of its device in [`crate::speed::DEVICES`]. A shape other than a pipeline of
+/// one GPU a node, a device count that is neither one nor one per node, and a device the
+/// table does not have are refused with the flag to change.
+pub fn stage_nodes(memories: &[u64], f: &NodeFlags) -> Result<Vec<StageNode>, PlanError> {
+    let n = memories.len();
+    let flags = |why: String| Err(PlanError::Flags(why));
+    if f.group {
+        return flags(format!(
+            "--gpu-memory with {n} values lists nodes that differ; with --group give one value (it replaces every GPU's)"
+        ));
+    }
+    if f.nodes.is_some_and(|x| x != n as u64) || f.gpus_per_node.is_some_and(|g| g != 1) {
+        return flags(format!(
+            "--gpu-memory lists {n} nodes of one GPU each; --nodes and --gpus-per-node must agree (or be left out)"
+        ));
+    }
+    if f.tp.is_some_and(|t| t != 1) || f.ep || f.dp != 1 {
+        return flags(
+            "nodes that differ are planned as a pipeline of one GPU each (tp=1, no ep, dp=1)"
+                .into(),
+        );
+    }
+    let devices: Vec<&str> = f.device.unwrap_or("gb10").split(',').collect();
+    if devices.len() != 1 && devices.len() != n {
+        return flags(format!(
+            "--device lists {} devices for {n} nodes: give one, or one per node",
+            devices.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for (i, m) in memories.iter().enumerate() {
+        let dev = devices[if devices.len() == 1 { 0 } else { i }];
+        let Some(d) = crate::speed::device(dev) else {
+            return flags(format!("--device {dev:?}: not in the table"));
+        };
+        out.push(StageNode {
+            name: format!("node{i} ({})", d.name),
+            memory_bytes: *m,
+            memory_gbs: f.memory_gbs.unwrap_or(d.memory_gbs),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +337,85 @@ mod tests {
         let odd = n("odd", &[("Some GPU", Some(24 << 30))]);
         let u = from_reports(&[spark, odd]).unwrap();
         assert!(u.iter().all(|s| s.memory_gbs == 1.0));
+    }
+
+    #[test]
+    fn flags_name_one_device_or_one_per_node_and_a_pipeline_of_single_gpus() {
+        let flags = NodeFlags {
+            dp: 1,
+            ..Default::default()
+        };
+        let mem = [128 << 30, 24 << 30];
+        let u = stage_nodes(&mem, &flags).unwrap();
+        assert_eq!(u[0].name, "node0 (gb10)");
+        assert_eq!(u[1].memory_bytes, 24 << 30);
+        assert!(u.iter().all(|s| s.memory_gbs == 273.0));
+        let each = NodeFlags {
+            device: Some("gb10,4090"),
+            ..flags.clone()
+        };
+        let u = stage_nodes(&mem, &each).unwrap();
+        assert_eq!(u[1].name, "node1 (rtx-4090)");
+        assert_eq!(u[1].memory_gbs, 1008.0);
+        let fixed = NodeFlags {
+            memory_gbs: Some(500.0),
+            ..each.clone()
+        };
+        assert!(
+            stage_nodes(&mem, &fixed)
+                .unwrap()
+                .iter()
+                .all(|s| s.memory_gbs == 500.0)
+        );
+        let err = |f: NodeFlags| stage_nodes(&mem, &f).unwrap_err().to_string();
+        assert!(
+            err(NodeFlags {
+                group: true,
+                ..flags.clone()
+            })
+            .contains("with --group give one value")
+        );
+        assert!(
+            err(NodeFlags {
+                nodes: Some(3),
+                ..flags.clone()
+            })
+            .contains("--nodes and --gpus-per-node must agree")
+        );
+        assert!(
+            err(NodeFlags {
+                gpus_per_node: Some(2),
+                ..flags.clone()
+            })
+            .contains("must agree")
+        );
+        assert!(
+            err(NodeFlags {
+                tp: Some(2),
+                ..flags.clone()
+            })
+            .contains("(tp=1, no ep, dp=1)")
+        );
+        assert!(
+            err(NodeFlags {
+                ep: true,
+                ..flags.clone()
+            })
+            .contains("(tp=1, no ep, dp=1)")
+        );
+        assert_eq!(
+            err(NodeFlags {
+                device: Some("gb10,gb10,gb10"),
+                ..flags.clone()
+            }),
+            "--device lists 3 devices for 2 nodes: give one, or one per node"
+        );
+        assert_eq!(
+            err(NodeFlags {
+                device: Some("gb10,abacus"),
+                ..flags
+            }),
+            "--device \"abacus\": not in the table"
+        );
     }
 }

@@ -37,6 +37,27 @@ pub struct Remote {
     timeout_s: u64,
 }
 
+impl Remote {
+    /// The controller as the environment alone names it (`WEFT_CONTROLLER`,
+    /// `WEFT_CONTROLLER_URLS`, `WEFT_TOKEN`, `WEFT_CA_FILE`, `WEFT_PIN`,
+    /// `WEFT_INSECURE_HTTP`; `[controller]` of weft.toml under them in [`client_for`]), for a
+    /// command that has none of these flags: read through the flags' own definitions, so as
+    /// every controller command reads them. A blank token, CA file or pin counts as unset.
+    pub(crate) fn from_env() -> std::result::Result<Remote, clap::Error> {
+        #[derive(clap::Parser)]
+        struct FromEnv {
+            #[command(flatten)]
+            remote: Remote,
+        }
+        let mut r = <FromEnv as clap::Parser>::try_parse_from(["weft"])?.remote;
+        let blank = |v: &std::ffi::OsStr| v.to_string_lossy().trim().is_empty();
+        r.token = r.token.filter(|t| !blank(t.as_ref()));
+        r.trust.pin = r.trust.pin.filter(|p| !blank(p.as_ref()));
+        r.trust.ca_file = r.trust.ca_file.filter(|f| !blank(f.as_os_str()));
+        Ok(r)
+    }
+}
+
 /// The controller's URL and how it is trusted (flags, then `WEFT_*`, then `[controller]`
 /// in weft.toml).
 #[derive(Args)]
@@ -84,7 +105,7 @@ impl Trust {
 /// comma-separated), else `[controller] urls`, else `[controller] url`, else the loopback
 /// default. The file giving both `url` and `urls` is refused: which one it means is not
 /// for weft to guess.
-pub(crate) fn controller_urls(
+fn controller_urls(
     one: Option<&str>,
     list: Option<&str>,
     file: &ControllerClientConfig,

@@ -408,32 +408,35 @@ pub fn run(cmd: FabricCommand, cfg: &Config, as_json: bool) -> Result<u8> {
 }
 
 /// The controller's status (drift, applied file) when one is configured (`[controller]
-/// url` or `urls`, `WEFT_CONTROLLER` or `WEFT_CONTROLLER_URLS`, token from `WEFT_TOKEN`,
-/// trust from `[controller]`, `WEFT_CA_FILE`, `WEFT_PIN`); `None` when none is.
+/// url` or `urls`, `WEFT_CONTROLLER` or `WEFT_CONTROLLER_URLS`); `None` when none is. The
+/// client is every controller command's ([`crate::cluster::client_for`]): the `WEFT_*`
+/// variables of their flags ([`crate::cluster::Remote::from_env`]) over `[controller]`.
 fn controller_status(
     cfg: &Config,
 ) -> Option<Result<weft_controller::model::StatusView, weft_controller::client::ClientError>> {
-    use weft_controller::client::{Client, ClientError};
+    use weft_controller::client::ClientError;
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let c = &cfg.controller;
-    let (one, list) = (env("WEFT_CONTROLLER"), env("WEFT_CONTROLLER_URLS"));
-    if one.is_none() && list.is_none() && c.url.is_none() && c.urls.is_none() {
+    if env("WEFT_CONTROLLER").is_none()
+        && env("WEFT_CONTROLLER_URLS").is_none()
+        && c.url.is_none()
+        && c.urls.is_none()
+    {
         return None;
     }
-    let urls = match crate::cluster::controller_urls(one.as_deref(), list.as_deref(), c) {
-        Ok(u) => u,
-        Err(e) => return Some(Err(ClientError::Config(e.to_string()))),
-    };
-    let tls = weft_controller::tls::ClientTls {
-        ca_file: env("WEFT_CA_FILE")
-            .map(PathBuf::from)
-            .or_else(|| c.ca_file.clone()),
-        pin: env("WEFT_PIN").or_else(|| c.pin.clone()),
-        insecure_http: c.insecure_http || env("WEFT_INSECURE_HTTP").is_some_and(|v| v != "false"),
-    };
-    let token = env("WEFT_TOKEN").map(weft_controller::auth::Secret::new);
     let run = || {
-        let client = Client::over(&urls, token, Duration::from_secs(10), &tls)?;
+        let remote = crate::cluster::Remote::from_env().map_err(|e| {
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            ClientError::Config(format!(
+                "{} (the WEFT_* environment)",
+                first.trim_start_matches("error: ")
+            ))
+        })?;
+        let (client, _url) = crate::cluster::client_for(&remote, c).map_err(|e| {
+            e.downcast::<ClientError>()
+                .unwrap_or_else(|e| ClientError::Config(e.to_string()))
+        })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use weft_controller::model::{Liveness, NodeView};
+use weft_controller::model::NodeView;
 
 /// Where the controller is, for `--group`: the same flags, variables and `[controller]`
 /// section of weft.toml (URL, token, CA file or pin) as every other controller command.
@@ -28,15 +28,6 @@ pub fn nodes(a: &GroupArgs, name: &str) -> Result<Vec<NodeView>> {
         .build()?;
     rt.block_on(client.group_nodes(name))
         .with_context(|| format!("--group {name}: the nodes of the group"))
-}
-
-/// The planner's view of a node.
-pub fn plan_node(n: &NodeView) -> weft_plan::cluster::NodeGpus {
-    weft_plan::cluster::NodeGpus {
-        name: n.name.clone(),
-        memory_bytes: n.gpus.iter().map(|g| g.memory_total_bytes).collect(),
-        live: n.liveness == Liveness::Ok,
-    }
 }
 
 /// `--group NAME` in place of `--hosts`: the group's members, reached by name over SSH

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use weft_controller::model::NodeView;
 use weft_plan::choose::{self, Figures, LayoutRequest, MeasuredLink, Report};
 use weft_plan::plan::{Cluster, Engine, KvDtype, Options};
 use weft_plan::source::{self, HttpOptions, ModelRef};
@@ -99,51 +100,6 @@ struct SpeedArgs {
     /// `weft bench llm compare --plan` fits it from a measured run).
     #[arg(long)]
     step_overhead_us: Option<f64>,
-}
-
-/// Nodes that differ, from `--gpu-memory A,B,...` (one per node) and `--device` (one for
-/// all, or one per node): each node's memory and bandwidth (`--memory-gbs` replaces every
-/// node's).
-fn uneven_nodes(a: &PlanArgs, memories: &[u64]) -> Result<Vec<weft_plan::uneven::StageNode>> {
-    let n = memories.len();
-    if a.group.group.is_some() {
-        bail!(
-            "--gpu-memory with {n} values lists nodes that differ; with --group give one value (it replaces every GPU's)"
-        );
-    }
-    if a.nodes.is_some_and(|x| x != n as u64) || a.gpus_per_node.is_some_and(|g| g != 1) {
-        bail!(
-            "--gpu-memory lists {n} nodes of one GPU each; --nodes and --gpus-per-node must agree (or be left out)"
-        );
-    }
-    if a.tp.is_some_and(|t| t != 1) || a.ep || a.dp != 1 {
-        bail!("nodes that differ are planned as a pipeline of one GPU each (tp=1, no ep, dp=1)");
-    }
-    let devices: Vec<&str> = a
-        .speed
-        .device
-        .as_deref()
-        .unwrap_or("gb10")
-        .split(',')
-        .collect();
-    if devices.len() != 1 && devices.len() != n {
-        bail!(
-            "--device lists {} devices for {n} nodes: give one, or one per node",
-            devices.len()
-        );
-    }
-    let mut out = Vec::new();
-    for (i, m) in memories.iter().enumerate() {
-        let dev = devices[if devices.len() == 1 { 0 } else { i }];
-        let d = weft_plan::speed::device(dev)
-            .with_context(|| format!("--device {dev:?}: not in the table"))?;
-        out.push(weft_plan::uneven::StageNode {
-            name: format!("node{i} ({})", d.name),
-            memory_bytes: *m,
-            memory_gbs: a.speed.memory_gbs.unwrap_or(d.memory_gbs),
-        });
-    }
-    Ok(out)
 }
 
 /// The speed figures the flags give (and the GPU the group's agents reported); `--links` is
@@ -276,7 +232,17 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
     };
     let gpu_memory = memories.iter().copied().max();
     let mut uneven = if memories.len() > 1 {
-        Some(uneven_nodes(a, &memories)?)
+        let flags = weft_plan::uneven::NodeFlags {
+            group: a.group.group.is_some(),
+            nodes: a.nodes,
+            gpus_per_node: a.gpus_per_node,
+            tp: a.tp,
+            ep: a.ep,
+            dp: a.dp,
+            device: a.speed.device.as_deref(),
+            memory_gbs: a.speed.memory_gbs,
+        };
+        Some(weft_plan::uneven::stage_nodes(&memories, &flags)?)
     } else {
         None
     };
@@ -289,19 +255,10 @@ fn plan_report(a: &PlanArgs) -> Result<Report> {
                 .iter()
                 .find_map(|n| n.gpus.first())
                 .map(|g| g.name.clone());
-            let reported: Vec<_> = nodes.iter().map(crate::group::plan_node).collect();
+            let reported: Vec<_> = nodes.iter().map(NodeView::plan_node).collect();
             if gpu_memory.is_none() {
                 // Single-GPU nodes that differ: an uneven pipeline (weft_plan::uneven).
-                let gpus: Vec<_> = nodes
-                    .iter()
-                    .map(|n| {
-                        let g = n.gpus.iter();
-                        (
-                            n.name.clone(),
-                            g.map(|g| (g.name.clone(), g.memory_total_bytes)).collect(),
-                        )
-                    })
-                    .collect();
+                let gpus: Vec<_> = nodes.iter().map(NodeView::reported).collect();
                 uneven = weft_plan::uneven::from_reports(&gpus);
             }
             let (c, w) = weft_plan::cluster::from_nodes(name, &reported, gpu_memory)?;

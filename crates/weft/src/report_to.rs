@@ -104,20 +104,19 @@ pub fn outcome(r: Result<Option<LinkRunAccepted>>) -> (Option<LinkRunAccepted>, 
 }
 
 /// The measured pairs of `weft bench p2p` or of `weft doctor`'s throughput check as links
-/// for the controller (an error text cut to what the API takes).
+/// for the controller ([`LinkResult::measured`]).
 pub fn pair_results(pairs: &[weft_bench::p2p::Pair]) -> Vec<LinkResult> {
     pairs
         .iter()
-        .map(|p| LinkResult {
-            src: p.src.clone(),
-            dst: p.dst.clone(),
-            nic: p.src_if.clone(),
-            gbps: p.gbps,
-            rtt_us: (p.error.is_none() && p.rtt_us.is_finite()).then_some(p.rtt_us),
-            error: p
-                .error
-                .as_ref()
-                .map(|e| e.chars().take(weft_controller::links::MAX_ERROR).collect()),
+        .map(|p| {
+            LinkResult::measured(
+                &p.src,
+                &p.dst,
+                &p.src_if,
+                p.gbps,
+                p.rtt_us,
+                p.error.as_deref(),
+            )
         })
         .collect()
 }

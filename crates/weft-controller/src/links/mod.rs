@@ -92,6 +92,29 @@ pub struct LinkResult {
     pub error: Option<String>,
 }
 
+impl LinkResult {
+    /// A pair measured from `src` over its `nic` to `dst` (`weft bench p2p`, `weft doctor`'s
+    /// throughput check): the round trip is kept only where the pair did not fail and it is a
+    /// number, and an error is cut to what the API takes ([`MAX_ERROR`] characters).
+    pub fn measured(
+        src: &str,
+        dst: &str,
+        nic: &str,
+        gbps: f64,
+        rtt_us: f64,
+        error: Option<&str>,
+    ) -> LinkResult {
+        LinkResult {
+            src: src.to_string(),
+            dst: dst.to_string(),
+            nic: nic.to_string(),
+            gbps,
+            rtt_us: (error.is_none() && rtt_us.is_finite()).then_some(rtt_us),
+            error: error.map(|e| e.chars().take(MAX_ERROR).collect()),
+        }
+    }
+}
+
 /// One run of measurements, as a command sends it (`POST /v1/link-results`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -524,6 +547,38 @@ mod tests {
             rtt_us: None,
             error: None,
         }
+    }
+
+    #[test]
+    fn a_measured_pair_keeps_its_round_trip_only_when_it_did_not_fail_and_cuts_its_error() {
+        let ok = LinkResult::measured("n1", "n2", "eth0", 98.5, 12.0, None);
+        assert_eq!(
+            ok,
+            LinkResult {
+                src: "n1".into(),
+                dst: "n2".into(),
+                nic: "eth0".into(),
+                gbps: 98.5,
+                rtt_us: Some(12.0),
+                error: None,
+            }
+        );
+        assert_eq!(
+            LinkResult::measured("n1", "n2", "eth0", 98.5, f64::NAN, None).rtt_us,
+            None
+        );
+        let long = "x".repeat(MAX_ERROR + 50);
+        let failed = LinkResult::measured("n1", "n2", "eth0", 0.0, 12.0, Some(&long));
+        assert_eq!(failed.rtt_us, None);
+        assert_eq!(
+            failed.error.as_deref().map(|e| e.chars().count()),
+            Some(MAX_ERROR)
+        );
+        check_run(&LinkRunIn {
+            source: LinkSource::P2p,
+            results: vec![ok, failed],
+        })
+        .unwrap();
     }
 
     #[test]
