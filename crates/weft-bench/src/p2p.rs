@@ -341,6 +341,28 @@ pub struct Matrix {
     pub blamed: Vec<Blame>,
 }
 
+/// What a matrix says of its links as one figure (`weft plan --links`): the medians over the
+/// measured pairs, and how many there were.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkSummary {
+    pub median_gbps: f64,
+    pub median_rtt_us: f64,
+    pub pairs: usize,
+}
+
+impl Matrix {
+    /// The medians of the measured pairs; none when no pair was measured or the median is not
+    /// a positive speed.
+    pub fn link_summary(&self) -> Option<LinkSummary> {
+        let pairs = self.pairs.iter().filter(|p| p.error.is_none()).count();
+        (pairs > 0 && self.median_gbps > 0.0).then_some(LinkSummary {
+            median_gbps: self.median_gbps,
+            median_rtt_us: self.median_rtt_us,
+            pairs,
+        })
+    }
+}
+
 /// What each host's rails should reach, Gb/s, by host name and rail (`judge::IndexedRailTargets` is
 /// the same by host index).
 pub type RailTargets = std::collections::BTreeMap<(String, usize), f64>;
@@ -800,6 +822,22 @@ mod tests {
             mss,
             error: None,
         }
+    }
+
+    #[test]
+    fn a_link_summary_needs_a_measured_pair() {
+        let hosts = vec!["a".to_string(), "b".to_string()];
+        let m = analyse(
+            hosts.clone(),
+            vec![pair("a", "b", 10.0, 8948), pair("b", "a", 20.0, 8948)],
+            0.5,
+        );
+        let l = m.link_summary().unwrap();
+        assert_eq!((l.pairs, l.median_gbps), (2, m.median_gbps));
+        assert!(l.median_gbps > 0.0);
+        let mut failed = pair("a", "b", 0.0, 8948);
+        failed.error = Some("refused".into());
+        assert_eq!(analyse(hosts, vec![failed], 0.5).link_summary(), None);
     }
 
     #[test]

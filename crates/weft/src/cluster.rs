@@ -56,6 +56,13 @@ impl Remote {
         r.trust.ca_file = r.trust.ca_file.filter(|f| !blank(f.as_os_str()));
         Ok(r)
     }
+
+    /// How the controller is trusted (`--ca-file`, `--pin`, `--insecure-http` or their
+    /// `WEFT_*` variables, over `[controller]` of weft.toml), for a client of a URL given
+    /// some other way (`--report-to`).
+    pub(crate) fn tls(&self, file: &ControllerClientConfig) -> ClientTls {
+        self.trust.tls(file)
+    }
 }
 
 /// The controller's URL and how it is trusted (flags, then `WEFT_*`, then `[controller]`
@@ -91,12 +98,16 @@ impl Trust {
             self.controller_urls.as_deref(),
             file,
         )?;
-        let tls = ClientTls {
+        Ok((urls, self.tls(file)))
+    }
+
+    /// The TLS settings alone, the flags over the config file.
+    fn tls(&self, file: &ControllerClientConfig) -> ClientTls {
+        ClientTls {
             ca_file: self.ca_file.clone().or_else(|| file.ca_file.clone()),
             pin: self.pin.clone().or_else(|| file.pin.clone()),
             insecure_http: self.insecure_http || file.insecure_http,
-        };
-        Ok((urls, tls))
+        }
     }
 }
 

@@ -116,15 +116,14 @@ fn figures(a: &SpeedArgs, reported_gpu: Option<&str>) -> Result<Figures> {
                     path.display()
                 )
             })?;
-            let measured = m.pairs.iter().filter(|p| p.error.is_none()).count();
-            if measured == 0 || m.median_gbps.is_nan() || m.median_gbps <= 0.0 {
+            let Some(l) = m.link_summary() else {
                 bail!("--links {}: no pair was measured", path.display());
-            }
+            };
             Some(MeasuredLink {
                 from: path.display().to_string(),
-                median_gbps: m.median_gbps,
-                median_rtt_us: m.median_rtt_us,
-                pairs: measured,
+                median_gbps: l.median_gbps,
+                median_rtt_us: l.median_rtt_us,
+                pairs: l.pairs,
             })
         }
     };

@@ -1,8 +1,9 @@
 //! `--report-to`: the link measurements of `weft bench p2p`, `weft bench collectives` and
 //! `weft doctor` sent to the controller (`POST /v1/link-results`), where the console shows
 //! them and the metrics flag a slow link. The token is the usual one (`--token`,
-//! `WEFT_TOKEN`); how the controller is trusted comes from `[controller]` of weft.toml
-//! (`ca_file`, `pin`, `insecure_http`) or `WEFT_CA_FILE` / `WEFT_PIN`.
+//! `WEFT_TOKEN`); how the controller is trusted comes from `WEFT_CA_FILE`, `WEFT_PIN` and
+//! `WEFT_INSECURE_HTTP` over `[controller]` of weft.toml, read as every controller command
+//! reads them (`cluster::Remote`).
 //!
 //! `WEFT_TOKEN` is read here, not through clap's `env`: clap counts a value from the
 //! environment as given, so `requires = "report_to"` would refuse every run of these
@@ -17,7 +18,6 @@ use weft_controller::auth::Secret;
 use weft_controller::client::Client;
 use weft_controller::links::api::LinkRunAccepted;
 use weft_controller::links::{LinkResult, LinkRunIn, LinkSource};
-use weft_controller::tls::ClientTls;
 
 /// Where to store the results.
 #[derive(Args, Clone, Default)]
@@ -73,13 +73,10 @@ impl ReportTo {
         let file = crate::config::Config::load(crate::config_path().as_deref())
             .with_context(|| format!("--report-to {url}: reading weft.toml for [controller]"))?
             .controller;
-        let tls = ClientTls {
-            ca_file: std::env::var_os("WEFT_CA_FILE")
-                .map(Into::into)
-                .or(file.ca_file),
-            pin: std::env::var("WEFT_PIN").ok().or(file.pin),
-            insecure_http: file.insecure_http,
-        };
+        // Trusted as every controller command trusts it (one rule: `cluster::Remote`).
+        let tls = crate::cluster::Remote::from_env()
+            .map_err(|e| anyhow!("--report-to {url}: the WEFT_* environment: {e}"))?
+            .tls(&file);
         let client = Client::with_tls(url, Some(Secret::new(token)), Duration::from_secs(10), &tls)
             .with_context(|| format!("--report-to {url}"))?;
         let run = LinkRunIn { source, results };
@@ -141,16 +138,13 @@ pub fn collective_results(report: &weft_bench::links::LinkReport) -> Vec<LinkRes
         .links
         .iter()
         .map(|l| {
-            let ok = l.seconds.is_finite() && l.seconds > 0.0 && l.gbps.is_finite();
-            LinkResult {
-                src: host(l.src_rank),
-                dst: host(l.dst_rank),
-                nic: "plugin".into(),
-                gbps: if ok { l.gbps } else { 0.0 },
-                rtt_us: None,
-                error: (!ok)
-                    .then(|| format!("no time measured for {} B through the plugin", report.bytes)),
-            }
+            LinkResult::timed(
+                &host(l.src_rank),
+                &host(l.dst_rank),
+                report.bytes as u64,
+                l.seconds,
+                l.gbps,
+            )
         })
         .collect()
 }

@@ -113,6 +113,22 @@ impl LinkResult {
             error: error.map(|e| e.chars().take(MAX_ERROR).collect()),
         }
     }
+
+    /// A link timed by sending `bytes` from `src` to `dst` through the NCCL plugin (`weft
+    /// bench collectives`, before its collectives): interface `plugin` (the plugin picks it
+    /// among the data interfaces), no round trip; a time that is not a positive number, or a
+    /// speed that is not finite, makes it a failed link at 0 Gb/s saying so.
+    pub fn timed(src: &str, dst: &str, bytes: u64, seconds: f64, gbps: f64) -> LinkResult {
+        let ok = seconds.is_finite() && seconds > 0.0 && gbps.is_finite();
+        LinkResult {
+            src: src.to_string(),
+            dst: dst.to_string(),
+            nic: "plugin".into(),
+            gbps: if ok { gbps } else { 0.0 },
+            rtt_us: None,
+            error: (!ok).then(|| format!("no time measured for {bytes} B through the plugin")),
+        }
+    }
 }
 
 /// One run of measurements, as a command sends it (`POST /v1/link-results`).
@@ -546,6 +562,28 @@ mod tests {
             gbps,
             rtt_us: None,
             error: None,
+        }
+    }
+
+    #[test]
+    fn a_link_timed_through_the_plugin_is_failed_when_its_time_is_not_a_positive_number() {
+        let ok = LinkResult::timed("a", "b", 4 << 20, 0.004, 8.4);
+        assert_eq!(
+            (ok.nic.as_str(), ok.gbps, ok.rtt_us, ok.error),
+            ("plugin", 8.4, None, None)
+        );
+        for (seconds, gbps) in [
+            (0.0, 8.4),
+            (f64::NAN, 8.4),
+            (-1.0, 1.0),
+            (0.5, f64::INFINITY),
+        ] {
+            let bad = LinkResult::timed("a", "b", 4096, seconds, gbps);
+            assert_eq!(bad.gbps, 0.0, "{seconds} {gbps}");
+            assert_eq!(
+                bad.error.as_deref(),
+                Some("no time measured for 4096 B through the plugin")
+            );
         }
     }
 
