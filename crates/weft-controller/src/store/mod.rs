@@ -96,7 +96,7 @@ fn expiry(expires: Option<u64>) -> String {
 }
 
 /// Why a store call did not succeed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The named thing does not exist.
     #[error("{0}")]

@@ -68,19 +68,6 @@ impl Queued {
     }
 }
 
-/// The same error again, for every report of a batch that failed whole.
-fn again(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::NotFound(m) => StoreError::NotFound(m.clone()),
-        StoreError::Conflict(m) => StoreError::Conflict(m.clone()),
-        StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
-        StoreError::Refused(m) => StoreError::Refused(m.clone()),
-        StoreError::Db(m) => StoreError::Db(m.clone()),
-        StoreError::Storage(m) => StoreError::Storage(m.clone()),
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-    }
-}
-
 /// Records `queued`, committed with whatever else is waiting; answers after the commit.
 pub(super) fn report(store: &PgStore, queued: Queued) -> Result<ReportOutcome> {
     let Queued {
@@ -150,10 +137,10 @@ fn commit_next(store: &PgStore) {
         let outcome = match &outcomes {
             Ok(Ok(each)) => match each.get(i) {
                 Some(Ok(o)) => Ok(o.clone()),
-                Some(Err(e)) => Err(again(e)),
+                Some(Err(e)) => Err(e.clone()),
                 None => Err(store.refuse("the report's commit lost it")),
             },
-            Ok(Err(e)) => Err(again(e)),
+            Ok(Err(e)) => Err(e.clone()),
             Err(_) => Err(store.refuse("the report's commit panicked")),
         };
         // A caller that is gone (it cannot be: it waits) needs no answer.
